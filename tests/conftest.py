@@ -1,0 +1,92 @@
+"""Fixtures shared by every test layer.
+
+The broker comes from ``KDELAY_BOOTSTRAP_SERVERS`` when set, else from
+``tools/kafka start`` (Docker where an engine answers, else Kafka's jars run
+with ``java``). Missing infrastructure skips a Kafka test locally and fails it
+when ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from kdelay import callbacks
+
+ROOT = Path(__file__).resolve().parent.parent
+TopicFactory = Callable[..., str]
+
+
+def _unavailable(reason: str) -> None:
+    """Fail under CI, skip elsewhere: CI must never pass by skipping Kafka tests."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"Kafka broker unavailable under CI: {reason}")
+    pytest.skip(f"Kafka broker unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    """The bootstrap address of a real broker, started for the session if needed."""
+    external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    running = subprocess.run(
+        [str(ROOT / "tools" / "kafka"), "status"], capture_output=True, text=True, check=False
+    )
+    started_here = running.returncode != 0
+    proc = subprocess.run(
+        [str(ROOT / "tools" / "kafka"), "start"], capture_output=True, text=True, check=False
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
+    if proc.returncode != 0 or not lines:
+        _unavailable(proc.stderr.strip()[-2000:] or "tools/kafka start printed no bootstrap")
+    yield lines[0].removeprefix("bootstrap=")
+    if started_here:
+        subprocess.run([str(ROOT / "tools" / "kafka"), "stop"], check=False)
+
+
+@pytest.fixture(scope="session")
+def admin(bootstrap: str) -> AdminClient:
+    """An AdminClient on the session's broker."""
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+@pytest.fixture
+def topic_factory(admin: AdminClient) -> Iterator[TopicFactory]:
+    """Create topics with random names; delete them when the test ends."""
+    created: list[str] = []
+
+    def create(
+        prefix: str = "t", partitions: int = 1, config: dict[str, str] | None = None
+    ) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1,
+                      config=config or {})]
+        )
+        futures[name].result(timeout=30)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in admin.delete_topics(created).values():
+            future.result(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def _callback_error_guard() -> Iterator[None]:
+    """Fail the test when an error raised inside a Kafka callback was latched."""
+    callbacks.drain_errors()
+    yield
+    errors = callbacks.drain_errors()
+    if errors:
+        pytest.fail(f"errors raised inside Kafka callbacks: {errors!r}")

@@ -1,0 +1,319 @@
+"""Start, stop and inspect a single-node KRaft Apache Kafka broker.
+
+``start`` prints exactly one line, ``bootstrap=HOST:PORT``, on stdout and
+everything else on stderr. It is idempotent: a second ``start`` finds the
+broker it started before and prints the same line. The broker comes from, in
+order of preference:
+
+1. ``KDELAY_BOOTSTRAP_SERVERS``: a broker somebody else runs; nothing starts.
+2. A Docker engine that answers: the ``kafka`` service of ``compose.yml``.
+3. Kafka's jars from Maven Central (fetched with Maven into ``.cache/``) run
+   with ``java`` on 127.0.0.1.
+
+``stop`` ends only the broker this tool started (by its recorded pid, or the
+compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
+``start`` reuses its log directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("KDELAY_CACHE_DIR", ROOT / ".cache"))
+LIBS = CACHE / "kafka-libs"
+RUN = CACHE / "broker"
+POM = ROOT / "tools" / "maven" / "kafka-broker.pom.xml"
+COMPOSE = ROOT / "compose.yml"
+DOCKER_BOOTSTRAP = "127.0.0.1:9092"
+READY_TIMEOUT_S = 120.0
+
+
+def log(message: str) -> None:
+    """Write a progress line to stderr; stdout carries only the bootstrap line."""
+    print(f"tools/kafka: {message}", file=sys.stderr, flush=True)
+
+
+def port_open(host: str, port: int) -> bool:
+    """Return whether a TCP connection to ``host:port`` succeeds."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on now."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(bootstrap: str, deadline: float, pid: int | None = None) -> None:
+    """Block until an AdminClient lists topics on ``bootstrap``.
+
+    Raises ``SystemExit`` when ``deadline`` passes or the broker process dies.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    while not port_open(host, int(port)):
+        if pid is not None and not pid_alive(pid):
+            sys.exit(f"tools/kafka: broker exited during start; see {RUN / 'broker.log'}")
+        if time.monotonic() > deadline:
+            sys.exit(f"tools/kafka: nothing listens on {bootstrap}")
+        time.sleep(0.2)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    while True:
+        try:
+            admin.list_topics(timeout=5)
+            return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                sys.exit(f"tools/kafka: broker at {bootstrap} does not answer: {exc}")
+            time.sleep(0.5)
+
+
+def pid_alive(pid: int) -> bool:
+    """Return whether ``pid`` is a live (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def recorded_pid() -> int | None:
+    """Return the pid of the broker this tool started, if it still runs."""
+    try:
+        pid = int((RUN / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def docker_available() -> bool:
+    """Return whether a Docker engine answers (not just a client installed)."""
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"],
+        capture_output=True,
+        check=False,
+        timeout=20,
+    )
+    return probe.returncode == 0
+
+
+def fetch_jars() -> None:
+    """Download the broker's jars with Maven once; later calls find them cached."""
+    marker = LIBS / ".complete"
+    if marker.exists():
+        return
+    if shutil.which("mvn") is None:
+        sys.exit("tools/kafka: Maven (mvn) is needed to fetch Kafka's jars; install it")
+    log(f"fetching Kafka jars with Maven into {LIBS}")
+    started = time.monotonic()
+    LIBS.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "mvn", "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}",
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    size = sum(p.stat().st_size for p in LIBS.glob("*.jar"))
+    log(f"fetched {size / 1e6:.1f} MB of jars in {time.monotonic() - started:.1f}s")
+    marker.touch()
+
+
+def write_config(port: int, controller_port: int) -> Path:
+    """Write server.properties and a WARN-level log4j2 config; return the former."""
+    data = RUN / "data"
+    config = RUN / "server.properties"
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": (
+            f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
+        ),
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "0",
+        "log.cleaner.dedupe.buffer.size": "2097152",
+        "log.retention.check.interval.ms": "1000",
+        "log.cleaner.backoff.ms": "1000",
+        "auto.create.topics.enable": "false",
+        "delete.topic.enable": "true",
+    }
+    config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    (RUN / "log4j2.properties").write_text(
+        "status = warn\n"
+        "appender.err.type = Console\n"
+        "appender.err.name = STDERR\n"
+        "appender.err.target = SYSTEM_ERR\n"
+        "appender.err.layout.type = PatternLayout\n"
+        "appender.err.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = warn\n"
+        "rootLogger.appenderRef.err.ref = STDERR\n"
+    )
+    return config
+
+
+def java_command(*args: str) -> list[str]:
+    """Return a ``java`` command line with the broker's classpath and JVM options."""
+    heap = os.environ.get("KDELAY_BROKER_HEAP", "512m")
+    return [
+        "java", f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC",
+        f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
+        "-cp", f"{LIBS}/*", *args,
+    ]
+
+
+def start_jars() -> str:
+    """Start (or find) the broker run from jars and return its bootstrap address."""
+    pid = recorded_pid()
+    if pid is not None:
+        bootstrap = (RUN / "bootstrap").read_text().strip()
+        wait_ready(bootstrap, time.monotonic() + READY_TIMEOUT_S, pid)
+        return bootstrap
+    fetch_jars()
+    RUN.mkdir(parents=True, exist_ok=True)
+    ports_file = RUN / "ports"
+    if ports_file.exists():
+        port, controller_port = (int(p) for p in ports_file.read_text().split())
+    else:
+        port, controller_port = free_port(), free_port()
+        ports_file.write_text(f"{port} {controller_port}\n")
+    config = write_config(port, controller_port)
+    started = time.monotonic()
+    if not (RUN / "data" / "meta.properties").exists():
+        cluster_id = subprocess.run(
+            java_command("kafka.tools.StorageTool", "random-uuid"),
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        subprocess.run(
+            java_command(
+                "kafka.tools.StorageTool", "format", "--standalone",
+                "--cluster-id", cluster_id, "--config", str(config), "--ignore-formatted",
+            ),
+            check=True, stdout=sys.stderr,
+        )
+    with (RUN / "broker.log").open("ab") as out:
+        proc = subprocess.Popen(
+            java_command("kafka.Kafka", str(config)),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (RUN / "pid").write_text(f"{proc.pid}\n")
+    bootstrap = f"127.0.0.1:{port}"
+    (RUN / "bootstrap").write_text(bootstrap + "\n")
+    wait_ready(bootstrap, time.monotonic() + READY_TIMEOUT_S, proc.pid)
+    log(f"broker pid {proc.pid} ready on {bootstrap} in {time.monotonic() - started:.1f}s")
+    return bootstrap
+
+
+def start_docker() -> str:
+    """Start (or find) the compose ``kafka`` service and return its address."""
+    subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE), "up", "-d", "--wait", "kafka"],
+        check=True, stdout=sys.stderr,
+    )
+    RUN.mkdir(parents=True, exist_ok=True)
+    (RUN / "docker").write_text("compose\n")
+    wait_ready(DOCKER_BOOTSTRAP, time.monotonic() + READY_TIMEOUT_S)
+    return DOCKER_BOOTSTRAP
+
+
+def start() -> int:
+    """Print the bootstrap line of a ready broker, starting one when needed."""
+    external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    if external:
+        wait_ready(external.split(",")[0], time.monotonic() + READY_TIMEOUT_S)
+        bootstrap = external
+    elif recorded_pid() is None and docker_available():
+        bootstrap = start_docker()
+    else:
+        bootstrap = start_jars()
+    print(f"bootstrap={bootstrap}", flush=True)
+    return 0
+
+
+def stop(sig: signal.Signals = signal.SIGTERM) -> int:
+    """Stop the broker this tool started; with SIGKILL, leave its data for a restart."""
+    if (RUN / "docker").exists():
+        action = "kill" if sig == signal.SIGKILL else "stop"
+        subprocess.run(["docker", "compose", "-f", str(COMPOSE), action, "kafka"], check=True)
+        return 0
+    pid = recorded_pid()
+    if pid is None:
+        log("no broker started by this tool is running")
+        return 0
+    os.kill(pid, sig)
+    deadline = time.monotonic() + 60
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            log(f"broker pid {pid} ignored {sig.name} for 60s; sending SIGKILL")
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+        time.sleep(0.1)
+    (RUN / "pid").unlink(missing_ok=True)
+    log(f"broker pid {pid} stopped ({sig.name})")
+    return 0
+
+
+def status() -> int:
+    """Print the bootstrap line and exit 0 if a broker of this tool runs, else exit 1."""
+    pid = recorded_pid()
+    if pid is None:
+        log("not running")
+        return 1
+    print(f"bootstrap={(RUN / 'bootstrap').read_text().strip()}")
+    log(f"running, pid {pid}")
+    return 0
+
+
+def main() -> int:
+    """Parse the command line and run one of start, stop, kill, status."""
+    parser = argparse.ArgumentParser(prog="tools/kafka", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["start", "stop", "kill", "status", "reset"])
+    command = parser.parse_args().command
+    if command == "start":
+        return start()
+    if command == "stop":
+        return stop()
+    if command == "kill":
+        return stop(signal.SIGKILL)
+    if command == "reset":
+        stop()
+        shutil.rmtree(RUN, ignore_errors=True)
+        log(f"removed {RUN}")
+        return 0
+    return status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
