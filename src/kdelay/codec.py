@@ -1,0 +1,198 @@
+"""Every byte layout kdelay persists, as encode/decode pairs.
+
+These bytes live in RocksDB and in the compacted ``kdelay.changelog``, so they
+outlast any one process: a layout here may only change together with a
+migration. All integers are big-endian, which makes the byte order of a due key
+its time order. Encoders raise :class:`ValueError` for values the layout cannot
+hold; decoders raise :class:`ValueError` for bytes that are not a valid
+encoding, so corrupt state is reported instead of being misread.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+_DUE_KEY = struct.Struct(">QIQ")
+_INDEX_HEAD = struct.Struct(">qI")
+_FIELD_HEAD = struct.Struct(">BI")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+
+DUE_KEY_SIZE = _DUE_KEY.size
+"""Length in bytes of an encoded due key (20)."""
+
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+_I64_MIN = -(2**63)
+_I64_MAX = 2**63 - 1
+
+_PENDING = b"P"
+_DELIVERED = b"D"
+_ABSENT_FIELD = b"\x00"
+
+
+class DueKey(NamedTuple):
+    """A key of the due index: when an entry is due and where its request lies."""
+
+    due_ms: int
+    partition: int
+    offset: int
+
+
+class Fingerprint(NamedTuple):
+    """A small summary of a request record, checked when the record is read back."""
+
+    timestamp_ms: int
+    crc: int
+
+
+class IndexValue(NamedTuple):
+    """The value stored under a due key: the request's fingerprint and optional id."""
+
+    fingerprint: Fingerprint
+    schedule_id: str | None
+
+
+class IdState(NamedTuple):
+    """What a schedule id refers to; exactly one field is set.
+
+    ``pending_key`` is the encoded due key of the pending request that holds the
+    id; ``delivered_ms`` is the due time of the request that was delivered
+    under it.
+    """
+
+    pending_key: bytes | None
+    delivered_ms: int | None
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    """Raise ValueError unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def _check_size(what: str, raw: bytes, size: int) -> None:
+    """Raise ValueError unless ``raw`` is exactly ``size`` bytes long."""
+    if len(raw) != size:
+        raise ValueError(f"{what} must be {size} bytes, got {len(raw)}")
+
+
+def encode_due_key(due_ms: int, partition: int, offset: int) -> bytes:
+    """Encode a due key as ``u64 due_ms | u32 partition | u64 offset``, big-endian.
+
+    Byte order equals the order of ``(due_ms, partition, offset)``, so a
+    RocksDB scan yields entries in due order, ties broken by partition then
+    offset. Re-reading the same request gives the same key, which keeps intake
+    idempotent. Raises ValueError for a negative or oversized field.
+    """
+    _check_range("due_ms", due_ms, 0, _U64_MAX)
+    _check_range("partition", partition, 0, _U32_MAX)
+    _check_range("offset", offset, 0, _U64_MAX)
+    return _DUE_KEY.pack(due_ms, partition, offset)
+
+
+def decode_due_key(raw: bytes) -> DueKey:
+    """Decode a key made by :func:`encode_due_key`; ValueError on a wrong length."""
+    _check_size("a due key", raw, DUE_KEY_SIZE)
+    return DueKey(*_DUE_KEY.unpack(raw))
+
+
+def due_upper_bound(now_ms: int) -> bytes:
+    """Return an exclusive ``iterate_upper_bound`` admitting every key due by ``now_ms``.
+
+    This is the smallest key due at ``now_ms + 1``, so every key with
+    ``due_ms <= now_ms`` sorts below it and nothing due later does.
+    """
+    return encode_due_key(now_ms + 1, 0, 0)
+
+
+def _crc_field(crc: int, field: bytes | None) -> int:
+    """Fold one framed field into ``crc``: a presence flag, a u32 length, the bytes."""
+    if field is None:
+        return zlib.crc32(_ABSENT_FIELD, crc)
+    crc = zlib.crc32(_FIELD_HEAD.pack(1, len(field)), crc)
+    return zlib.crc32(field, crc)
+
+
+def fingerprint(key: bytes | None, value: bytes | None, timestamp_ms: int) -> Fingerprint:
+    """Fingerprint a record by its timestamp and a CRC-32 of its key and value.
+
+    Each field is framed by a presence flag and its length before it enters the
+    CRC, so a null key differs from an empty one and bytes cannot move between
+    key and value unnoticed. The CRC is persisted: its framing must not change.
+    """
+    return Fingerprint(timestamp_ms, _crc_field(_crc_field(0, key), value))
+
+
+def encode_index_value(v: IndexValue) -> bytes:
+    """Encode ``i64 timestamp | u32 crc`` followed by the schedule id in UTF-8.
+
+    An absent id encodes as nothing after the fixed head. Raises ValueError for
+    an empty id (it could not be told from an absent one) or a field out of
+    range.
+    """
+    timestamp_ms, crc = v.fingerprint
+    _check_range("fingerprint timestamp_ms", timestamp_ms, _I64_MIN, _I64_MAX)
+    _check_range("fingerprint crc", crc, 0, _U32_MAX)
+    head = _INDEX_HEAD.pack(timestamp_ms, crc)
+    if v.schedule_id is None:
+        return head
+    if not v.schedule_id:
+        raise ValueError("a schedule id must not be empty")
+    return head + v.schedule_id.encode("utf-8")
+
+
+def decode_index_value(raw: bytes) -> IndexValue:
+    """Decode :func:`encode_index_value`; ValueError if short or the id is not UTF-8."""
+    if len(raw) < _INDEX_HEAD.size:
+        raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
+    timestamp_ms, crc = _INDEX_HEAD.unpack_from(raw)
+    tail = raw[_INDEX_HEAD.size :]
+    try:
+        schedule_id = tail.decode("utf-8") if tail else None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
+    return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
+
+
+def encode_id_state(state: IdState) -> bytes:
+    """Encode ``b"P" + due key`` for a pending id, ``b"D" + u64 ms`` for a delivered one.
+
+    Raises ValueError unless exactly one field is set, the pending key is a
+    full due key, and the delivered time is a non-negative u64.
+    """
+    pending_key, delivered_ms = state
+    if pending_key is not None and delivered_ms is None:
+        _check_size("a pending due key", pending_key, DUE_KEY_SIZE)
+        return _PENDING + pending_key
+    if delivered_ms is not None and pending_key is None:
+        _check_range("delivered_ms", delivered_ms, 0, _U64_MAX)
+        return _DELIVERED + _U64.pack(delivered_ms)
+    raise ValueError("an IdState needs exactly one of pending_key and delivered_ms")
+
+
+def decode_id_state(raw: bytes) -> IdState:
+    """Decode :func:`encode_id_state`; ValueError on an unknown tag or a wrong length."""
+    tag, body = raw[:1], raw[1:]
+    if tag == _PENDING:
+        _check_size("a pending id state's due key", body, DUE_KEY_SIZE)
+        return IdState(body, None)
+    if tag == _DELIVERED:
+        _check_size("a delivered id state's time", body, _U64.size)
+        return IdState(None, _U64.unpack(body)[0])
+    raise ValueError(f"an id state must start with b'P' or b'D', got {tag!r}")
+
+
+def encode_offset(offset: int) -> bytes:
+    """Encode a Kafka offset as i64 big-endian; ``-1`` means "no offset yet"."""
+    _check_range("offset", offset, _I64_MIN, _I64_MAX)
+    return _I64.pack(offset)
+
+
+def decode_offset(raw: bytes) -> int:
+    """Decode :func:`encode_offset`; ValueError unless ``raw`` is 8 bytes."""
+    _check_size("an offset", raw, _I64.size)
+    value: int = _I64.unpack(raw)[0]
+    return value

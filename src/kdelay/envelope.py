@@ -1,0 +1,454 @@
+"""The request envelope: the ``kdelay-*`` headers that say where and when.
+
+kdelay reads only a request's headers, never its value. :func:`parse` turns
+them into a :class:`Schedule`, a :class:`Cancel` or a :class:`Rejection` with a
+stable :class:`ErrorCode`; it never raises, so a malformed record goes to the
+DLQ instead of stopping its partition. The same module builds the headers of
+requests (for the client library), of delivered records and of rejections, so
+every header name and value format lives in one place.
+
+Header values are ASCII, except schedule ids, which are UTF-8. Times are
+integer milliseconds since the Unix epoch, UTC.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeAlias
+
+PREFIX = "kdelay-"
+TARGET = "kdelay-target"
+DUE_MS = "kdelay-due-ms"
+DELAY_MS = "kdelay-delay-ms"
+LEVEL = "kdelay-level"
+PARTITION = "kdelay-partition"
+SCHEDULE_ID = "kdelay-id"
+CANCEL = "kdelay-cancel"
+ORIGIN = "kdelay-origin"
+ERROR = "kdelay-error"
+ERROR_DETAIL = "kdelay-error-detail"
+
+HeaderValue: TypeAlias = str | bytes | None
+Headers: TypeAlias = list[tuple[str, HeaderValue]]
+"""Headers as kdelay builds them: the list form confluent-kafka's ``produce()`` takes.
+
+Values kdelay writes are always bytes; user values are passed through as given.
+"""
+AnyHeaders: TypeAlias = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue] | None
+"""Headers as ``Message.headers()`` may return them: pairs, a dict, or None."""
+
+DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+"""RocketMQ's delay-level table; level 1 is 1 s, level 18 is 2 h."""
+
+MAX_TIME_MS = 2**63 - 1
+"""The latest due time kdelay accepts: Kafka timestamps are signed 64-bit."""
+
+_MAX_PARTITION = 2**31 - 1
+_DETAIL_LIMIT = 200
+_SHOWN_BYTES = 60
+_LEVEL_DIGITS = 9
+
+_REQUEST_HEADERS = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL})
+_TIME_HEADERS = (DUE_MS, DELAY_MS, LEVEL)
+_MILLIS = re.compile(rb"0*([0-9]{1,19})")
+_POSITIVE = re.compile(rb"0*([1-9][0-9]*)")
+_TOPIC = re.compile(rb"[A-Za-z0-9._-]{1,249}")
+_DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)?")
+_UNIT_MS = {None: 1, "ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class ErrorCode(StrEnum):
+    """Stable reason codes carried by ``kdelay-error`` on DLQ records."""
+
+    MISSING_TARGET = "missing-target"
+    MISSING_TIME = "missing-time"
+    CONFLICTING_TIME = "conflicting-time"
+    BAD_TIME = "bad-time"
+    UNKNOWN_LEVEL = "unknown-level"
+    DELAY_TOO_LONG = "delay-too-long"
+    BAD_CANCEL = "bad-cancel"
+    BAD_PARTITION = "bad-partition"
+    BAD_HEADER = "bad-header"
+    MISMATCH = "mismatch"
+    EXPIRED = "expired"
+    UNDELIVERABLE = "undeliverable"
+
+
+def parse_duration_ms(text: str) -> int:
+    """Parse ``"1500"``, ``"1500ms"``, ``"30s"``, ``"5m"``, ``"2h"`` or ``"7d"`` to ms.
+
+    A plain integer is milliseconds. Raises ValueError for anything else,
+    including negative numbers and unknown units.
+    """
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            f"not a duration: {text!r}; expected a non-negative integer with an optional "
+            "unit ms, s, m, h or d, such as '1500ms' or '2h'"
+        )
+    return int(match[1]) * _UNIT_MS[match[2]]
+
+
+def _check_levels(levels: tuple[int, ...]) -> None:
+    """Raise ValueError unless ``levels`` is non-empty, positive and strictly increasing."""
+    if not levels:
+        raise ValueError("a delay-level table needs at least one level")
+    if levels[0] <= 0:
+        raise ValueError(f"delay levels must be positive, got {levels[0]} ms")
+    if any(b <= a for a, b in itertools.pairwise(levels)):
+        raise ValueError(f"delay levels must be strictly increasing, got {levels}")
+
+
+def parse_levels(spec: str) -> tuple[int, ...]:
+    """Parse a delay-level table such as ``"1s 5s 1m"`` (spaces or commas) to ms.
+
+    Level ``n`` (1-based) is element ``n - 1``. Raises ValueError for a bad
+    duration, an empty table, or levels that are not strictly increasing.
+    """
+    levels = tuple(parse_duration_ms(part) for part in re.split(r"[\s,]+", spec) if part)
+    _check_levels(levels)
+    return levels
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What intake accepts: the level table and how far ahead a due time may lie.
+
+    ``max_due_after_ms`` bounds ``due_ms - record timestamp``: the payload lives
+    only in the requests topic, so a due time past its retention would find the
+    record deleted. ``None`` means unlimited.
+    """
+
+    levels: tuple[int, ...]
+    max_due_after_ms: int | None
+
+    def __post_init__(self) -> None:
+        """Raise ValueError for a bad level table or a negative maximum."""
+        _check_levels(self.levels)
+        if self.max_due_after_ms is not None and self.max_due_after_ms < 0:
+            raise ValueError(f"max_due_after_ms must not be negative, got {self.max_due_after_ms}")
+
+
+def limits_for_retention(
+    retention_ms: int | None, margin_ms: int, levels: tuple[int, ...]
+) -> Limits:
+    """Build :class:`Limits` from the requests topic's ``retention.ms``.
+
+    ``None`` or ``-1`` (infinite retention) gives no limit. A margin larger than
+    the retention leaves a maximum of 0: only requests due no later than their
+    own timestamp are accepted. Raises ValueError for a negative margin or any
+    other negative retention.
+    """
+    if margin_ms < 0:
+        raise ValueError(f"the retention safety margin must not be negative, got {margin_ms}")
+    if retention_ms is None or retention_ms == -1:
+        return Limits(levels, None)
+    if retention_ms < 0:
+        raise ValueError(f"retention.ms must be -1 or non-negative, got {retention_ms}")
+    return Limits(levels, max(retention_ms - margin_ms, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A valid request: deliver to ``target`` (optionally ``partition``) at ``due_ms``."""
+
+    target: str
+    due_ms: int
+    partition: int | None
+    schedule_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """A request to cancel the pending schedule with ``schedule_id``."""
+
+    schedule_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A malformed request: a stable code and one sentence naming the bad header."""
+
+    code: ErrorCode
+    detail: str
+
+
+class _Rejected(Exception):
+    """Raised inside this module to abandon a parse; :func:`parse` turns it into a value."""
+
+    def __init__(self, code: ErrorCode, detail: str) -> None:
+        super().__init__(detail)
+        if len(detail) > _DETAIL_LIMIT:
+            detail = detail[: _DETAIL_LIMIT - 3] + "..."
+        self.rejection = Rejection(code, detail)
+
+
+def _show(raw: bytes | None) -> str:
+    """Quote a header value for a detail sentence: ASCII, escaped and shortened."""
+    if raw is None:
+        return "null"
+    shown = repr(raw[:_SHOWN_BYTES])[1:]
+    return shown + "..." if len(raw) > _SHOWN_BYTES else shown
+
+
+def _utf8(raw: bytes | None) -> str | None:
+    """Decode ``raw`` as UTF-8, or None when it is null or not UTF-8."""
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def parse(headers: AnyHeaders, timestamp_ms: int, limits: Limits) -> Schedule | Cancel | Rejection:
+    """Read a request's envelope; never raises.
+
+    ``timestamp_ms`` is the record's own timestamp: ``kdelay-delay-ms`` and
+    ``kdelay-level`` count from it, so consumer lag never lengthens a delay, and
+    ``limits.max_due_after_ms`` is measured from it. A due time in the past is
+    valid (the request is due at once). Headers outside the request set, such
+    as user headers, ``kdelay-origin`` and ``kdelay-error*``, are ignored.
+    """
+    try:
+        found = _collect(headers)
+        if CANCEL in found:
+            return _cancel(found)
+        return _schedule(found, timestamp_ms, limits)
+    except _Rejected as rejected:
+        return rejected.rejection
+
+
+def _pairs(headers: AnyHeaders) -> Iterable[tuple[str, HeaderValue]]:
+    """Iterate ``headers`` as (name, value) pairs, whichever form they come in."""
+    if headers is None:
+        return ()
+    return headers.items() if isinstance(headers, Mapping) else headers
+
+
+def _collect(headers: AnyHeaders) -> dict[str, bytes | None]:
+    """Map each request header to its value as bytes; a repeated one is BAD_HEADER.
+
+    A str value is encoded as UTF-8, lone surrogates included, so that it never
+    raises here and is rejected later wherever UTF-8 or ASCII is required.
+    """
+    found: dict[str, bytes | None] = {}
+    for name, value in _pairs(headers):
+        if name not in _REQUEST_HEADERS:
+            continue
+        if name in found:
+            raise _Rejected(ErrorCode.BAD_HEADER, f"header {name} appears more than once")
+        found[name] = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    return found
+
+
+def _cancel(found: dict[str, bytes | None]) -> Cancel:
+    """Validate a cancel: an id, no target or time, and no conflicting ``kdelay-id``."""
+    clash = [name for name in (TARGET, *_TIME_HEADERS) if name in found]
+    if clash:
+        raise _Rejected(
+            ErrorCode.BAD_CANCEL, f"a {CANCEL} request must not also carry {', '.join(clash)}"
+        )
+    raw = found[CANCEL]
+    schedule_id = _utf8(raw)
+    if not schedule_id:
+        raise _Rejected(
+            ErrorCode.BAD_CANCEL,
+            f"header {CANCEL} must hold a non-empty UTF-8 schedule id, got {_show(raw)}",
+        )
+    if SCHEDULE_ID in found and _utf8(found[SCHEDULE_ID]) != schedule_id:
+        raise _Rejected(
+            ErrorCode.BAD_CANCEL,
+            f"header {SCHEDULE_ID} {_show(found[SCHEDULE_ID])} differs from {CANCEL} {_show(raw)}",
+        )
+    return Cancel(schedule_id)
+
+
+def _schedule(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits) -> Schedule:
+    """Validate a schedule request, checking target, time, partition and id in turn."""
+    return Schedule(
+        target=_target(found),
+        due_ms=_due_ms(found, timestamp_ms, limits),
+        partition=_partition(found.get(PARTITION)) if PARTITION in found else None,
+        schedule_id=_schedule_id(found.get(SCHEDULE_ID)) if SCHEDULE_ID in found else None,
+    )
+
+
+def _target(found: dict[str, bytes | None]) -> str:
+    """Return the target topic; MISSING_TARGET if absent, BAD_HEADER if not a topic name."""
+    if TARGET not in found:
+        raise _Rejected(
+            ErrorCode.MISSING_TARGET, f"the request has no {TARGET} header naming its topic"
+        )
+    raw = found[TARGET]
+    if raw is None or _TOPIC.fullmatch(raw) is None or raw in (b".", b".."):
+        raise _Rejected(
+            ErrorCode.BAD_HEADER, f"header {TARGET} value {_show(raw)} is not a valid topic name"
+        )
+    return raw.decode("ascii")
+
+
+def _due_ms(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits) -> int:
+    """Resolve the one time header to an absolute due time within ``limits``."""
+    given = [name for name in _TIME_HEADERS if name in found]
+    if not given:
+        raise _Rejected(
+            ErrorCode.MISSING_TIME, f"the request has none of {', '.join(_TIME_HEADERS)}"
+        )
+    if len(given) > 1:
+        raise _Rejected(
+            ErrorCode.CONFLICTING_TIME,
+            f"the request has {' and '.join(given)}; exactly one time header is allowed",
+        )
+    name, raw = given[0], found[given[0]]
+    if name == DUE_MS:
+        due_ms = _millis(name, raw)
+    else:
+        delay = _level_ms(raw, limits.levels) if name == LEVEL else _millis(name, raw)
+        due_ms = _after_record(name, timestamp_ms, delay)
+    _check_horizon(due_ms, timestamp_ms, limits.max_due_after_ms)
+    return due_ms
+
+
+def _millis(name: str, raw: bytes | None) -> int:
+    """Parse a non-negative decimal millisecond count; BAD_TIME otherwise."""
+    match = _MILLIS.fullmatch(raw) if raw is not None else None
+    if match is None or int(match[1]) > MAX_TIME_MS:
+        raise _Rejected(
+            ErrorCode.BAD_TIME,
+            f"header {name} value {_show(raw)} is not a non-negative integer of milliseconds",
+        )
+    return int(match[1])
+
+
+def _level_ms(raw: bytes | None, levels: tuple[int, ...]) -> int:
+    """Map a 1-based level to its delay, clamping above the top; UNKNOWN_LEVEL if not >= 1."""
+    match = _POSITIVE.fullmatch(raw) if raw is not None else None
+    if match is None:
+        raise _Rejected(
+            ErrorCode.UNKNOWN_LEVEL, f"header {LEVEL} value {_show(raw)} is not an integer >= 1"
+        )
+    digits = match[1]
+    level = int(digits) if len(digits) <= _LEVEL_DIGITS else len(levels)
+    return levels[min(level, len(levels)) - 1]
+
+
+def _after_record(name: str, timestamp_ms: int, delay_ms: int) -> int:
+    """Add a relative delay to the record's timestamp; BAD_TIME if it has none."""
+    if timestamp_ms < 0:
+        raise _Rejected(ErrorCode.BAD_TIME, f"the record has no timestamp to measure {name} from")
+    return timestamp_ms + delay_ms
+
+
+def _check_horizon(due_ms: int, timestamp_ms: int, max_after_ms: int | None) -> None:
+    """Reject a due time beyond 64 bits (BAD_TIME) or past the retention bound."""
+    if due_ms > MAX_TIME_MS:
+        raise _Rejected(ErrorCode.BAD_TIME, f"due time {due_ms} is beyond {MAX_TIME_MS}")
+    if max_after_ms is not None and due_ms > timestamp_ms + max_after_ms:
+        raise _Rejected(
+            ErrorCode.DELAY_TOO_LONG,
+            f"due time {due_ms} is {due_ms - timestamp_ms} ms after the record timestamp "
+            f"{timestamp_ms}; the requests topic's retention allows at most {max_after_ms} ms",
+        )
+
+
+def _partition(raw: bytes | None) -> int:
+    """Parse a target partition in ``[0, 2**31 - 1]``; BAD_PARTITION otherwise."""
+    match = _MILLIS.fullmatch(raw) if raw is not None else None
+    if match is None or int(match[1]) > _MAX_PARTITION:
+        raise _Rejected(
+            ErrorCode.BAD_PARTITION,
+            f"header {PARTITION} value {_show(raw)} is not a partition number",
+        )
+    return int(match[1])
+
+
+def _schedule_id(raw: bytes | None) -> str:
+    """Decode a schedule id; BAD_HEADER unless it is non-empty UTF-8."""
+    schedule_id = _utf8(raw)
+    if not schedule_id:
+        raise _Rejected(
+            ErrorCode.BAD_HEADER,
+            f"header {SCHEDULE_ID} value {_show(raw)} is not a non-empty UTF-8 schedule id",
+        )
+    return schedule_id
+
+
+def user_headers(headers: AnyHeaders) -> Headers:
+    """Return ``headers`` without any ``kdelay-*`` header, order and duplicates kept."""
+    return [(name, value) for name, value in _pairs(headers) if not name.startswith(PREFIX)]
+
+
+def origin_of(topic: str, partition: int, offset: int) -> str:
+    """Return the ``kdelay-origin`` value of a request: ``topic/partition/offset``."""
+    return f"{topic}/{partition}/{offset}"
+
+
+def delivery_headers(headers: AnyHeaders, origin: str, due_ms: int) -> Headers:
+    """Headers of a delivered record: the user's, then ``kdelay-origin`` and ``kdelay-due-ms``.
+
+    Every ``kdelay-*`` header of the request is dropped, so a delivered record
+    re-sent through kdelay does not carry stale request headers.
+    """
+    return [
+        *user_headers(headers),
+        (ORIGIN, origin.encode("utf-8")),
+        (DUE_MS, str(due_ms).encode("ascii")),
+    ]
+
+
+_CHECK_LIMITS = Limits(levels=(1,), max_due_after_ms=None)
+
+
+def _validated(headers: Headers) -> Headers:
+    """Return ``headers`` if :func:`parse` accepts them; else ValueError with its detail."""
+    result = parse(headers, 0, _CHECK_LIMITS)
+    if isinstance(result, Rejection):
+        raise ValueError(f"{result.code}: {result.detail}")
+    return headers
+
+
+def schedule_headers(
+    target: str,
+    *,
+    due_ms: int | None = None,
+    delay_ms: int | None = None,
+    level: int | None = None,
+    partition: int | None = None,
+    schedule_id: str | None = None,
+) -> Headers:
+    """Build the headers of a schedule request, as the client library sends them.
+
+    Exactly one of ``due_ms`` (absolute), ``delay_ms`` (after the record's
+    timestamp) and ``level`` must be given. Raises ValueError for anything
+    :func:`parse` would reject regardless of the service's limits: a bad topic
+    name, a negative time, a level below 1, a negative partition or an empty id.
+    The level table and retention bound are the service's and are checked there.
+    """
+    given = zip(_TIME_HEADERS, (due_ms, delay_ms, level), strict=True)
+    times = [(name, str(value).encode("ascii")) for name, value in given if value is not None]
+    if len(times) != 1:
+        raise ValueError("give exactly one of due_ms, delay_ms and level")
+    headers: Headers = [(TARGET, target.encode("utf-8")), *times]
+    if partition is not None:
+        headers.append((PARTITION, str(partition).encode("ascii")))
+    if schedule_id is not None:
+        headers.append((SCHEDULE_ID, schedule_id.encode("utf-8")))
+    return _validated(headers)
+
+
+def cancel_headers(schedule_id: str) -> Headers:
+    """Build the headers of a cancel request; ValueError for an empty id."""
+    return _validated([(CANCEL, schedule_id.encode("utf-8"))])
+
+
+def rejection_headers(rejection: Rejection) -> Headers:
+    """Return the ``kdelay-error`` and ``kdelay-error-detail`` headers of a DLQ record."""
+    return [
+        (ERROR, rejection.code.value.encode("ascii")),
+        (ERROR_DETAIL, rejection.detail.encode("utf-8")),
+    ]
