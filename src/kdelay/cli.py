@@ -1,0 +1,323 @@
+"""The ``kdelay`` command line (typer).
+
+Commands hold no logic: each builds :class:`~kdelay.settings.Settings` once,
+from the common options, and calls a library function. Every option can also
+be set by an environment variable named after it: ``--bootstrap-servers`` is
+``KDELAY_BOOTSTRAP_SERVERS``, ``--kafka-config`` is ``KDELAY_KAFKA_CONFIG``.
+
+Errors a user can cause (an unreadable ``--kafka-config``, an invalid value,
+missing or misconfigured topics) print one line ``error[<code>]: <message>``
+to stderr and exit 2; Kafka failures print ``error[kafka]`` (or
+``error[delivery-failed]``) and exit 1. Neither shows a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from confluent_kafka import KafkaError, KafkaException
+
+from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
+from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
+from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
+from kdelay.topics import LayoutError, admin_client, create_topics
+
+_DEFAULTS = Settings()
+_COMMON_PANEL = "Common options"
+_WEEK_MS = 7 * 24 * 3_600_000
+USER_ERROR_EXIT = 2
+KAFKA_ERROR_EXIT = 1
+
+app = typer.Typer(
+    name="kdelay",
+    help="Delayed and scheduled delivery for Apache Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals can hold SASL passwords
+)
+topics_app = typer.Typer(help="Manage kdelay's topics.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+
+def envvar(option: str) -> str:
+    """The environment variable of ``--option``: ``KDELAY_`` + upper snake case."""
+    return "KDELAY_" + option.upper().replace("-", "_")
+
+
+def _option(
+    name: str,
+    help: str,
+    *,
+    shown: object = None,
+    common: bool = False,
+    metavar: str | None = None,
+) -> Any:
+    """A ``--name`` option also read from :func:`envvar`; ``shown`` is the default shown."""
+    return typer.Option(
+        f"--{name}",
+        envvar=envvar(name),
+        help=help,
+        show_default=str(shown) if shown is not None else False,
+        rich_help_panel=_COMMON_PANEL if common else None,
+        metavar=metavar,
+    )
+
+
+def _common(name: str, help: str, shown: object = None) -> Any:
+    """A common option: ``None`` when not given, so the settings default applies."""
+    return _option(name, help, shown=shown, common=True)
+
+
+BootstrapServers = Annotated[str | None, _common(
+    "bootstrap-servers",
+    "Kafka bootstrap servers; wins over bootstrap.servers in --kafka-config.",
+    _DEFAULTS.bootstrap_servers)]
+RequestsTopic = Annotated[str | None, _common(
+    "requests-topic", "Topic producers write delay requests to.", _DEFAULTS.requests_topic)]
+ChangelogTopic = Annotated[str | None, _common(
+    "changelog-topic", "Compacted topic holding the index.", _DEFAULTS.changelog_topic)]
+DlqTopic = Annotated[str | None, _common(
+    "dlq-topic", "Topic for records kdelay cannot schedule or deliver.", _DEFAULTS.dlq_topic)]
+GroupId = Annotated[str | None, _common(
+    "group-id", "Consumer group of the service instances.", _DEFAULTS.group_id)]
+StateDir = Annotated[Path | None, _common(
+    "state-dir", "Directory of the local RocksDB indexes.", _DEFAULTS.state_dir)]
+GuaranteeOpt = Annotated[Guarantee | None, _common(
+    "guarantee", "Delivery guarantee.", _DEFAULTS.guarantee.value)]
+MetricsPort = Annotated[int | None, _common(
+    "metrics-port", "Port of the Prometheus endpoint; none when not given.")]
+KafkaConfig = Annotated[Path | None, _common(
+    "kafka-config", "A client.properties file with any Kafka client setting (SASL, TLS, ...).")]
+Levels = Annotated[str | None, _common(
+    "levels", "Delay-level table, level 1 first.", DEFAULT_LEVELS)]
+RetentionMarginMs = Annotated[int | None, _common(
+    "retention-margin-ms", "Safety margin kept below the requests topic's retention.",
+    _DEFAULTS.retention_margin_ms)]
+DeliveryAttempts = Annotated[int | None, _common(
+    "delivery-attempts", "Attempts per record before it goes to the DLQ as undeliverable.",
+    _DEFAULTS.delivery_attempts)]
+RetryBackoffMs = Annotated[int | None, _common(
+    "retry-backoff-ms", "First backoff after a failed delivery.", _DEFAULTS.retry_backoff_ms)]
+RetryBackoffMaxMs = Annotated[int | None, _common(
+    "retry-backoff-max-ms", "Longest backoff between delivery attempts.",
+    _DEFAULTS.retry_backoff_max_ms)]
+LookaheadMs = Annotated[int | None, _common(
+    "lookahead-ms", "How far ahead due originals are read.", _DEFAULTS.lookahead_ms)]
+BatchSize = Annotated[int | None, _common(
+    "batch-size", "Most records handled per batch.", _DEFAULTS.batch_size)]
+TransactionalId = Annotated[str | None, _common(
+    "transactional-id", "Transactional id for exactly-once; derived from --group-id if not given.")]
+
+_COMMON_FIELDS = (
+    "bootstrap_servers", "requests_topic", "changelog_topic", "dlq_topic", "group_id",
+    "state_dir", "guarantee", "metrics_port", "levels", "retention_margin_ms",
+    "delivery_attempts", "retry_backoff_ms", "retry_backoff_max_ms", "lookahead_ms",
+    "batch_size", "transactional_id",
+)
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    """Build the settings from the common options of the running command.
+
+    Every command declares the common options with the aliases above and
+    reads them here, from the parsed parameters, so no command passes them by
+    hand. Raises :class:`SettingsError` as :func:`build_settings` does.
+    """
+    params = ctx.params
+    common = {name: params[name] for name in _COMMON_FIELDS}
+    return build_settings(kafka_config_path=params["kafka_config"], **common)
+
+
+def _fail(code: str, message: str, exit_code: int) -> NoReturn:
+    """Print ``error[code]: message`` to stderr and exit with ``exit_code``."""
+    typer.echo(f"error[{code}]: {message}", err=True)
+    raise typer.Exit(exit_code)
+
+
+@contextmanager
+def _reported(*, value_errors: bool = True) -> Iterator[None]:
+    """Report the errors a user or the cluster causes as one line, without a traceback.
+
+    With ``value_errors`` a plain ValueError counts as a bad argument; the
+    ``run`` command turns that off around the service, where a ValueError is
+    a bug and keeps its traceback.
+    """
+    try:
+        yield
+    except (SettingsError, LayoutError) as exc:
+        _fail(exc.code, str(exc), USER_ERROR_EXIT)
+    except DeliveryError as exc:
+        _fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
+    except KafkaException as exc:
+        _fail("kafka", _kafka_message(exc), KAFKA_ERROR_EXIT)
+    except ValueError as exc:
+        if not value_errors:
+            raise
+        _fail("invalid-argument", str(exc), USER_ERROR_EXIT)
+
+
+def _kafka_message(exc: KafkaException) -> str:
+    """The readable part of a KafkaException: its KafkaError's text and name."""
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError):
+        return f"{error.str()} ({error.name()})"
+    return str(exc)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    check: Annotated[bool, _option(
+        "check", "Check the settings and the topic layout, then exit.")] = False,
+    bootstrap_servers: BootstrapServers = None,
+    requests_topic: RequestsTopic = None,
+    changelog_topic: ChangelogTopic = None,
+    dlq_topic: DlqTopic = None,
+    group_id: GroupId = None,
+    state_dir: StateDir = None,
+    guarantee: GuaranteeOpt = None,
+    metrics_port: MetricsPort = None,
+    kafka_config: KafkaConfig = None,
+    levels: Levels = None,
+    retention_margin_ms: RetentionMarginMs = None,
+    delivery_attempts: DeliveryAttempts = None,
+    retry_backoff_ms: RetryBackoffMs = None,
+    retry_backoff_max_ms: RetryBackoffMaxMs = None,
+    lookahead_ms: LookaheadMs = None,
+    batch_size: BatchSize = None,
+    transactional_id: TransactionalId = None,
+) -> None:
+    """Run the delay service: schedule requests and deliver them when due."""
+    with _reported():
+        settings = _settings(ctx)
+    from kdelay.service import run_service
+
+    with _reported(value_errors=False):
+        exit_code = run_service(settings, check=check)
+    raise typer.Exit(exit_code)
+
+
+@topics_app.command("create")
+def topics_create(
+    ctx: typer.Context,
+    partitions: Annotated[int, _option(
+        "partitions", "Partitions of the requests and changelog topics.", shown=3)] = 3,
+    replication_factor: Annotated[int, _option(
+        "replication-factor", "Replication factor; -1 is the broker default.", shown=1)] = 1,
+    retention_ms: Annotated[int, _option(
+        "retention-ms", "retention.ms of the requests topic: bounds the longest delay.",
+        shown=_WEEK_MS)] = _WEEK_MS,
+    bootstrap_servers: BootstrapServers = None,
+    requests_topic: RequestsTopic = None,
+    changelog_topic: ChangelogTopic = None,
+    dlq_topic: DlqTopic = None,
+    group_id: GroupId = None,
+    state_dir: StateDir = None,
+    guarantee: GuaranteeOpt = None,
+    metrics_port: MetricsPort = None,
+    kafka_config: KafkaConfig = None,
+    levels: Levels = None,
+    retention_margin_ms: RetentionMarginMs = None,
+    delivery_attempts: DeliveryAttempts = None,
+    retry_backoff_ms: RetryBackoffMs = None,
+    retry_backoff_max_ms: RetryBackoffMaxMs = None,
+    lookahead_ms: LookaheadMs = None,
+    batch_size: BatchSize = None,
+    transactional_id: TransactionalId = None,
+) -> None:
+    """Create the requests, changelog and dlq topics; existing ones are checked, not changed."""
+    with _reported():
+        settings = _settings(ctx)
+        lines = create_topics(admin_client(settings), settings, partitions=partitions,
+                              replication_factor=replication_factor, retention_ms=retention_ms)
+    for line in lines:
+        typer.echo(line)
+
+
+@app.command()
+def send(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(help="Topic to deliver the record to.")],
+    value: Annotated[str | None, _option("value", "Record value (UTF-8); null if not given.")]
+    = None,
+    key: Annotated[str | None, _option("key", "Record key (UTF-8).")] = None,
+    header: Annotated[list[str] | None, _option(
+        "header", "A user header; repeatable.", metavar="NAME=VALUE")] = None,
+    delay: Annotated[str | None, _option(
+        "delay", "Delay after the record's timestamp: 1500, 1500ms, 30s, 5m, 2h, 1d.")] = None,
+    due: Annotated[str | None, _option(
+        "due", "Due time: epoch ms or ISO-8601 with a timezone.")] = None,
+    level: Annotated[int | None, _option("level", "Delay level, 1-based.")] = None,
+    schedule_id: Annotated[str | None, _option(
+        "id", "Schedule id: dedupes, and is the handle for cancel.")] = None,
+    partition: Annotated[int | None, _option("partition", "Target partition.")] = None,
+    bootstrap_servers: BootstrapServers = None,
+    requests_topic: RequestsTopic = None,
+    changelog_topic: ChangelogTopic = None,
+    dlq_topic: DlqTopic = None,
+    group_id: GroupId = None,
+    state_dir: StateDir = None,
+    guarantee: GuaranteeOpt = None,
+    metrics_port: MetricsPort = None,
+    kafka_config: KafkaConfig = None,
+    levels: Levels = None,
+    retention_margin_ms: RetentionMarginMs = None,
+    delivery_attempts: DeliveryAttempts = None,
+    retry_backoff_ms: RetryBackoffMs = None,
+    retry_backoff_max_ms: RetryBackoffMaxMs = None,
+    lookahead_ms: LookaheadMs = None,
+    batch_size: BatchSize = None,
+    transactional_id: TransactionalId = None,
+) -> None:
+    """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
+
+    Give exactly one of --delay, --due and --level.
+    """
+    with _reported():
+        settings = _settings(ctx)
+        with DelayProducer(settings) as producer:
+            coordinates = producer.send(
+                target, value, key=key, headers=[parse_header(h) for h in header or ()],
+                delay=parse_duration_ms(delay) if delay is not None else None,
+                due=parse_due(due) if due is not None else None,
+                level=level, partition=partition, id=schedule_id,
+            )
+    typer.echo(str(coordinates))
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
+    bootstrap_servers: BootstrapServers = None,
+    requests_topic: RequestsTopic = None,
+    changelog_topic: ChangelogTopic = None,
+    dlq_topic: DlqTopic = None,
+    group_id: GroupId = None,
+    state_dir: StateDir = None,
+    guarantee: GuaranteeOpt = None,
+    metrics_port: MetricsPort = None,
+    kafka_config: KafkaConfig = None,
+    levels: Levels = None,
+    retention_margin_ms: RetentionMarginMs = None,
+    delivery_attempts: DeliveryAttempts = None,
+    retry_backoff_ms: RetryBackoffMs = None,
+    retry_backoff_max_ms: RetryBackoffMaxMs = None,
+    lookahead_ms: LookaheadMs = None,
+    batch_size: BatchSize = None,
+    transactional_id: TransactionalId = None,
+) -> None:
+    """Cancel the pending schedule ID; print the cancel request's topic/partition/offset."""
+    with _reported():
+        settings = _settings(ctx)
+        with DelayProducer(settings) as producer:
+            coordinates = producer.cancel(schedule_id)
+    typer.echo(str(coordinates))
+
+
+def main() -> None:
+    """Entry point of the ``kdelay`` console script."""
+    app()

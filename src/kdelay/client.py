@@ -1,0 +1,431 @@
+"""The client library: send records through kdelay, and cancel them (DESIGN §7).
+
+A :class:`DelayProducer` writes the real record once, to the requests topic,
+with the ``kdelay-*`` headers that tell the service where and when to deliver
+it; nothing is sent to the target until then. Records that carry a schedule id
+are placed on the request partition chosen by :func:`id_partition`, so a
+cancel for that id lands on the same partition as the schedule it cancels.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import NamedTuple, Self, TypeAlias
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from kdelay import envelope
+from kdelay.callbacks import guarded
+from kdelay.envelope import Headers, HeaderValue
+from kdelay.settings import Settings
+from kdelay.topics import LayoutError
+
+UserHeaders: TypeAlias = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]]
+"""User headers, as a mapping or as (name, value) pairs; str values are UTF-8 encoded."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+_PRODUCER_CONFIG: Mapping[str, str | int | bool] = {
+    "enable.idempotence": True,
+    # A metadata request must never create the requests topic with broker defaults.
+    "allow.auto.create.topics": False,
+}
+
+
+class Coordinates(NamedTuple):
+    """Where a request was written; ``str()`` gives ``topic/partition/offset``."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        """Format as ``kdelay-origin`` does: ``topic/partition/offset``."""
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+class DeliveryError(Exception):
+    """A request was not written to the requests topic; ``error`` is Kafka's reason."""
+
+    code = "delivery-failed"
+
+    def __init__(self, error: KafkaError, topic: str) -> None:
+        super().__init__(f"a request to {topic} was not written: {error.str()} ({error.name()})")
+        self.error = error
+
+
+def id_partition(schedule_id: str, partitions: int) -> int:
+    """The request partition of every record that carries ``schedule_id``.
+
+    Kafka's murmur2 partitioner applied to the UTF-8 id, as the Java client's
+    default partitioner computes it for a key: a Java producer gets the same
+    partition with ``Utils.toPositive(Utils.murmur2(id.getBytes(UTF_8))) % n``.
+    """
+    if partitions < 1:
+        raise ValueError(f"a topic has at least one partition, got {partitions}")
+    return confluent_kafka.murmur2(schedule_id.encode("utf-8"), partitions)
+
+
+def delay_ms(delay: timedelta | int) -> int:
+    """A relative delay in whole milliseconds (sub-millisecond parts are dropped).
+
+    Raises ValueError for a negative delay, TypeError for a bool or other type.
+    """
+    if isinstance(delay, timedelta):
+        millis = delay // _ONE_MS
+    elif isinstance(delay, int) and not isinstance(delay, bool):
+        millis = delay
+    else:
+        raise TypeError(f"delay must be a timedelta or milliseconds, got {delay!r}")
+    if millis < 0:
+        raise ValueError(f"delay must not be negative, got {delay!r}")
+    return millis
+
+
+def due_ms(due: datetime | int) -> int:
+    """An absolute due time in milliseconds since the epoch.
+
+    A datetime must be timezone-aware: a naive one raises ValueError, since
+    guessing the zone would shift the due time by hours. A negative epoch time
+    raises ValueError; a bool or other type raises TypeError.
+    """
+    if isinstance(due, datetime):
+        if due.utcoffset() is None:
+            raise ValueError(
+                f"due time {due.isoformat()} has no timezone; give an aware time "
+                f"such as {due.isoformat()}+00:00"
+            )
+        millis = (due - _EPOCH) // _ONE_MS
+    elif isinstance(due, int) and not isinstance(due, bool):
+        millis = due
+    else:
+        raise TypeError(f"due must be an aware datetime or epoch milliseconds, got {due!r}")
+    if millis < 0:
+        raise ValueError(f"due must not be before the Unix epoch, got {due!r}")
+    return millis
+
+
+def parse_due(text: str) -> int:
+    """Parse a due time given as epoch milliseconds or ISO-8601 with a timezone.
+
+    ``"1767225600000"``, ``"2026-01-01T00:00:00Z"`` and
+    ``"2026-01-01T01:00:00+01:00"`` are the same instant. Raises ValueError for
+    anything else, including an ISO time without a timezone.
+    """
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    try:
+        parsed = datetime.fromisoformat(stripped)
+    except ValueError:
+        raise ValueError(
+            f"not a due time: {text!r}; expected epoch milliseconds or ISO-8601 "
+            "with a timezone, such as 2026-01-01T09:00:00+01:00"
+        ) from None
+    return due_ms(parsed)
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """Split ``"name=value"`` at the first ``=``; ValueError without one or a name."""
+    name, separator, value = text.partition("=")
+    if not separator or not name:
+        raise ValueError(f"not a header: {text!r}; expected name=value")
+    return name, value
+
+
+def request_headers(
+    target: str,
+    headers: UserHeaders | None = None,
+    *,
+    delay: timedelta | int | None = None,
+    due: datetime | int | None = None,
+    level: int | None = None,
+    partition: int | None = None,
+    schedule_id: str | None = None,
+) -> Headers:
+    """The headers of a schedule request: the user's, then the ``kdelay-*`` envelope.
+
+    Raises ValueError unless exactly one of ``delay``, ``due`` and ``level`` is
+    given, for a user header named ``kdelay-*`` (any case: the prefix is
+    reserved), and for anything the envelope rejects (bad topic name, level
+    below 1, negative partition, empty id).
+    """
+    given = [name for name, value in (("delay", delay), ("due", due), ("level", level))
+             if value is not None]
+    if len(given) != 1:
+        raise ValueError(
+            f"give exactly one of delay, due and level, got {' and '.join(given) or 'none'}"
+        )
+    if isinstance(level, bool):
+        raise TypeError("level must be an int, got a bool")
+    envelope_headers = envelope.schedule_headers(
+        target,
+        due_ms=due_ms(due) if due is not None else None,
+        delay_ms=delay_ms(delay) if delay is not None else None,
+        level=level,
+        partition=partition,
+        schedule_id=schedule_id,
+    )
+    return [*_user_headers(headers), *envelope_headers]
+
+
+def _user_headers(headers: UserHeaders | None) -> Headers:
+    """Normalise user headers to (name, bytes) pairs, rejecting reserved names."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    result: Headers = []
+    for name, value in pairs:
+        if name.lower().startswith(envelope.PREFIX):
+            raise ValueError(f"header {name!r}: names starting with kdelay- are reserved")
+        result.append((name, value.encode("utf-8") if isinstance(value, str) else value))
+    return result
+
+
+def _encode(data: bytes | str | None) -> bytes | None:
+    """Keys and values: str is UTF-8 encoded, bytes and None pass through."""
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
+class DelayProducer:
+    """Writes delay requests and cancels to the requests topic.
+
+    Lazy: constructing one touches no network; the producer and the requests
+    topic's partition count (fetched once, then cached) come with the first
+    send. Idempotence is always on and topics are never auto-created.
+
+    Every record has a delivery callback. The first delivery error of an
+    asynchronous send is latched and raised by the next ``send``,
+    ``send_async``, ``cancel``, ``flush`` or ``close`` (once); a synchronous
+    :meth:`send` or :meth:`cancel` raises its own record's error directly.
+    Thread-safe, like the librdkafka producer it wraps.
+    """
+
+    def __init__(
+        self,
+        source: Settings | Mapping[str, str | int | bool],
+        *,
+        requests_topic: str | None = None,
+        metadata_timeout: float = 10.0,
+    ) -> None:
+        """Configure from :class:`Settings`, or from a librdkafka config dict.
+
+        ``requests_topic`` defaults to the settings' (or ``kdelay.requests``
+        for a config dict). ``metadata_timeout`` bounds the one partition-count
+        lookup.
+        """
+        base = source.client_config() if isinstance(source, Settings) else dict(source)
+        default_topic = source.requests_topic if isinstance(source, Settings) else None
+        self._config = {**base, **_PRODUCER_CONFIG}
+        self._topic = requests_topic or default_topic or Settings().requests_topic
+        self._metadata_timeout = metadata_timeout
+        self._lock = threading.Lock()
+        self._producer: Producer | None = None
+        self._partitions: int | None = None
+        self._error: DeliveryError | None = None
+        self._closed = False
+
+    @property
+    def requests_topic(self) -> str:
+        """The topic requests are written to."""
+        return self._topic
+
+    def send(
+        self,
+        target: str,
+        value: bytes | str | None,
+        *,
+        key: bytes | str | None = None,
+        headers: UserHeaders | None = None,
+        delay: timedelta | int | None = None,
+        due: datetime | int | None = None,
+        level: int | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+    ) -> Coordinates:
+        """Send ``value`` to ``target`` later; wait for the write and return its coordinates.
+
+        ``delay`` (timedelta or ms) counts from the record's timestamp, ``due``
+        is an aware datetime or epoch ms, ``level`` a 1-based delay level:
+        exactly one. ``partition`` is the target partition (else the target's
+        partitioner places ``key``). ``id`` names the schedule, for dedupe and
+        :meth:`cancel`. Raises ValueError/TypeError for bad arguments (before
+        any network), :class:`LayoutError` ``requests-missing`` when the
+        requests topic does not exist, :class:`DeliveryError` when the write
+        fails. Waits as long as librdkafka's ``delivery.timeout.ms``.
+        """
+        future = self.send_async(target, value, key=key, headers=headers, delay=delay, due=due,
+                                 level=level, partition=partition, id=id)
+        return self._wait(future)
+
+    def send_async(
+        self,
+        target: str,
+        value: bytes | str | None,
+        *,
+        key: bytes | str | None = None,
+        headers: UserHeaders | None = None,
+        delay: timedelta | int | None = None,
+        due: datetime | int | None = None,
+        level: int | None = None,
+        partition: int | None = None,
+        id: str | None = None,
+    ) -> Future[Coordinates]:
+        """Like :meth:`send`, but return a future of the coordinates at once.
+
+        The future completes when a later ``send*``, :meth:`poll`,
+        :meth:`flush` or :meth:`close` serves the delivery report; it fails
+        with :class:`DeliveryError`. Argument errors raise here, not in the
+        future.
+        """
+        record_headers = request_headers(target, headers, delay=delay, due=due, level=level,
+                                         partition=partition, schedule_id=id)
+        return self._produce(_encode(value), _encode(key), record_headers, id)
+
+    def cancel(self, id: str) -> Coordinates:
+        """Ask the service to cancel the pending schedule ``id``; return the cancel's coordinates.
+
+        The cancel goes to the same request partition as every schedule with
+        this id. Cancelling an id that is not pending is not an error here:
+        the service records it as ``unknown`` or ``already-delivered``. Raises
+        as :meth:`send` does.
+        """
+        headers = envelope.cancel_headers(id)
+        return self._wait(self._produce(id.encode("utf-8"), None, headers, id))
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery reports for up to ``timeout`` seconds; return how many were served."""
+        return self._producer.poll(timeout) if self._producer is not None else 0
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait up to ``timeout`` seconds for every outstanding record.
+
+        Raises the latched delivery error if there is one, then TimeoutError
+        naming how many records are still undelivered.
+        """
+        remaining = self._producer.flush(timeout) if self._producer is not None else 0
+        self._raise_latched()
+        if remaining:
+            raise TimeoutError(
+                f"{remaining} records to {self._topic} still undelivered after {timeout} s"
+            )
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush (raising as :meth:`flush` does), then release the producer; idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            self._closed = True
+            self._producer = None
+
+    def __enter__(self) -> Self:
+        """Return self; :meth:`close` runs on exit."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close, flushing outstanding records."""
+        self.close()
+
+    def _produce(
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers,
+        schedule_id: str | None,
+    ) -> Future[Coordinates]:
+        """Write one request; the id, when given, chooses the partition."""
+        self._raise_latched()
+        producer = self._ensure_producer()
+        count = self._partition_count(producer)
+        partition = id_partition(schedule_id, count) if schedule_id is not None else -1
+        future: Future[Coordinates] = Future()
+        future.set_running_or_notify_cancel()
+        on_delivery = guarded(functools.partial(self._on_delivery, future))
+        while True:
+            try:
+                producer.produce(self._topic, value, key, partition=partition,
+                                 on_delivery=on_delivery, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.1)  # the local queue is full: serve reports to drain it
+            except KafkaException as exc:
+                raise DeliveryError(exc.args[0], self._topic) from None
+        producer.poll(0)
+        return future
+
+    def _on_delivery(
+        self, future: Future[Coordinates], error: KafkaError | None, message: Message
+    ) -> None:
+        """Complete ``future``; latch the first error so it is never lost."""
+        if error is not None:
+            failure = DeliveryError(error, self._topic)
+            with self._lock:
+                self._error = self._error or failure
+            future.set_exception(failure)
+            return
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if topic is None or partition is None or offset is None:
+            raise RuntimeError(f"a delivery report without coordinates: {message!r}")
+        future.set_result(Coordinates(topic, partition, offset))
+
+    def _wait(self, future: Future[Coordinates]) -> Coordinates:
+        """Poll until ``future`` completes; raise its error, un-latching it as reported."""
+        producer = self._ensure_producer()
+        while not future.done():
+            producer.poll(0.1)
+        failure = future.exception()
+        if failure is not None:
+            self._unlatch(failure)
+            raise failure
+        return future.result()
+
+    def _unlatch(self, failure: BaseException) -> None:
+        """Forget ``failure`` if it is the latched error: its caller has it now."""
+        with self._lock:
+            if self._error is failure:
+                self._error = None
+
+    def _raise_latched(self) -> None:
+        """Raise (once) the first delivery error not yet reported."""
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _ensure_producer(self) -> Producer:
+        """Create the librdkafka producer on first use."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this DelayProducer is closed")
+            if self._producer is None:
+                self._producer = Producer(self._config)
+            return self._producer
+
+    def _partition_count(self, producer: Producer) -> int:
+        """The requests topic's partition count, looked up once.
+
+        Raises :class:`LayoutError` ``requests-missing`` when the topic does
+        not exist; a broker that does not answer within ``metadata_timeout``
+        raises KafkaException.
+        """
+        if self._partitions is None:
+            metadata = producer.list_topics(self._topic, timeout=self._metadata_timeout)
+            topic = metadata.topics.get(self._topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise LayoutError(
+                    "requests-missing",
+                    f"requests topic {self._topic} does not exist: run `kdelay topics create`",
+                )
+            self._partitions = len(topic.partitions)
+        return self._partitions
