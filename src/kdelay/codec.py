@@ -59,8 +59,8 @@ class IdState(NamedTuple):
     """What a schedule id refers to; exactly one field is set.
 
     ``pending_key`` is the encoded due key of the pending request that holds the
-    id; ``delivered_ms`` is the due time of the request that was delivered
-    under it.
+    id; ``delivered_ms`` is when the request held under it was delivered (by
+    the service clock).
     """
 
     pending_key: bytes | None

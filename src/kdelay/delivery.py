@@ -1,0 +1,387 @@
+"""Delivery: republish due originals to their targets, or dead-letter them.
+
+Each tick reads ahead: entries due within ``lookahead_ms`` are taken from the
+partition indexes (a bounded scan) and their originals fetched as sorted offset
+ranges, so that when an entry comes due only a produce is left to do. Due
+entries go out in key order (due time, then request partition, then offset).
+
+An entry leaves the index only after its produce is acknowledged (target or
+DLQ); that is what makes delivery at-least-once. A target that fails is retried
+with exponential backoff; after ``attempts`` failures the original goes to the
+DLQ as ``undeliverable``. Entries waiting for a retry sit apart, so they never
+block entries to other targets. Nothing is produced before its due time by the
+injected clock, and the republished record carries that clock's time.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from kdelay import codec, envelope
+from kdelay.callbacks import guarded
+from kdelay.changelog import Positions
+from kdelay.clock import Clock
+from kdelay.codec import IdState
+from kdelay.envelope import ErrorCode, Limits, Schedule
+from kdelay.index import Changes, Entry, PartitionIndex
+from kdelay.intake import fingerprint_of
+from kdelay.metrics import Metrics
+from kdelay.originals import Found, Missing, OriginalReader
+
+log = logging.getLogger(__name__)
+
+UNLIMITED = Limits(levels=(1,), max_due_after_ms=None)
+MAX_WAIT_MS = 100
+# Entries waiting for a retry do not count against a partition's read-ahead
+# room (so a failing target never hides entries behind it), but a partition
+# holds at most this many batches in memory, whatever their state.
+MAX_HELD_BATCHES = 20
+
+
+class Sink(Enum):
+    """Where a produce for an entry went."""
+
+    TARGET = "target"
+    DLQ = "dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryConfig:
+    """What delivery needs from the settings."""
+
+    requests_topic: str
+    changelog_topic: str
+    dlq_topic: str
+    lookahead_ms: int = 2_000
+    batch_size: int = 1_000
+    attempts: int = 5
+    backoff_ms: int = 500
+    backoff_max_ms: int = 30_000
+
+
+@dataclass(slots=True)
+class Task:
+    """An entry read ahead: its original, and how its delivery is going."""
+
+    entry: Entry
+    original: Found
+    attempts: int = 0
+    not_before_ms: int = 0
+    in_flight: bool = False
+    backing_off: bool = False
+    failure: tuple[ErrorCode, str] | None = None
+    detail: str = ""
+
+    @property
+    def partition(self) -> int:
+        return self.entry.due.partition
+
+
+@dataclass(slots=True)
+class _Reports:
+    """Delivery reports collected by callbacks, applied by :meth:`Delivery.settle`."""
+
+    done: list[tuple[bytes, Sink]] = field(default_factory=list)
+    failed: list[tuple[bytes, Sink, str]] = field(default_factory=list)
+
+
+def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
+    """Return the wait before retry number ``attempt`` (1-based): doubling, capped."""
+    return int(min(cap_ms, base_ms * 2 ** max(0, attempt - 1)))
+
+
+class Delivery:
+    """Reads due entries ahead, produces them when due, and settles the outcomes."""
+
+    def __init__(self, config: DeliveryConfig, targets: Producer, internal: Producer,
+                 reader: OriginalReader, clock: Clock, metrics: Metrics,
+                 positions: Positions) -> None:
+        self._config = config
+        self._producer = targets
+        self._internal = internal
+        self._reader = reader
+        self._clock = clock
+        self._metrics = metrics
+        self._positions = positions
+        self._tasks: dict[bytes, Task] = {}
+        self._per_partition: Counter[int] = Counter()
+        self._backing_off: Counter[int] = Counter()
+        self._ready: list[bytes] = []
+        self._waiting: list[tuple[int, bytes]] = []
+        self._covered: dict[int, int] = {}
+        self._truncated: set[int] = set()
+        self._reports = _Reports()
+
+    def in_flight(self, key: bytes) -> bool:
+        """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
+        task = self._tasks.get(key)
+        return task is not None and task.in_flight
+
+    def idle(self) -> bool:
+        """Return whether no produce awaits a report."""
+        return not any(task.in_flight for task in self._tasks.values())
+
+    def forget(self, keys: list[bytes]) -> None:
+        """Drop read-ahead entries that left the index by other means (cancel)."""
+        for key in keys:
+            task = self._tasks.get(key)
+            if task is not None and not task.in_flight:
+                self._drop(key)
+
+    def drop_partition(self, partition: int) -> None:
+        """Forget every task of a partition this instance no longer owns."""
+        for key in [k for k, t in self._tasks.items() if t.partition == partition]:
+            self._drop(key)
+        self._covered.pop(partition, None)
+        self._truncated.discard(partition)
+
+    def tick(self, indexes: Mapping[int, PartitionIndex]) -> int:
+        """Read ahead, produce what is due; return the milliseconds until there is more to do."""
+        now = self._clock.now_ms()
+        self._read_ahead(indexes, now)
+        self._promote_retries(now)
+        self._dispatch(now)
+        return self._next_wakeup_ms(now)
+
+    def settle(self, indexes: Mapping[int, PartitionIndex]) -> None:
+        """Apply the delivery reports collected since the last call."""
+        reports, self._reports = self._reports, _Reports()
+        changes: dict[int, Changes] = {}
+        now = self._clock.now_ms()
+        for key, sink in reports.done:
+            self._succeeded(key, sink, now, changes)
+        for key, sink, reason in reports.failed:
+            self._failed(key, sink, reason, now)
+        for partition, change in changes.items():
+            if partition in indexes:
+                change.changelog = self._positions.get(partition)
+                indexes[partition].apply(change)
+
+    # -- read-ahead -------------------------------------------------------------
+
+    def _read_ahead(self, indexes: Mapping[int, PartitionIndex], now: int) -> None:
+        horizon = now + self._config.lookahead_ms
+        wanted: dict[int, list[Entry]] = {}
+        for partition, index in indexes.items():
+            if self._needs_scan(partition, index, now):
+                room = self._room(partition)
+                if room <= 0:
+                    continue
+                entries = index.scan(horizon, room, skip=self._tasks)
+                self._covered[partition] = horizon
+                self._mark_truncated(partition, len(entries) >= room)
+                if entries:
+                    wanted[partition] = entries
+        if wanted:
+            self._fetch(wanted)
+
+    def _room(self, partition: int) -> int:
+        """Return how many more entries of ``partition`` the read-ahead may take."""
+        held = self._per_partition[partition]
+        active = held - self._backing_off[partition]
+        cap = MAX_HELD_BATCHES * self._config.batch_size - held
+        return min(self._config.batch_size - active, cap)
+
+    def _needs_scan(self, partition: int, index: PartitionIndex, now: int) -> bool:
+        lowest = index.take_lowest_put()
+        covered = self._covered.get(partition)
+        if covered is None or partition in self._truncated:
+            return True
+        if lowest is not None and codec.decode_due_key(lowest).due_ms <= covered:
+            return True
+        return now + self._config.lookahead_ms // 2 >= covered
+
+    def _mark_truncated(self, partition: int, truncated: bool) -> None:
+        if truncated:
+            self._truncated.add(partition)
+        else:
+            self._truncated.discard(partition)
+
+    def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
+        originals = self._reader.read({p: [e.due.offset for e in es] for p, es in wanted.items()})
+        for partition, entries in wanted.items():
+            for entry in entries:
+                found = originals.get((partition, entry.due.offset))
+                if found is None:
+                    self._covered.pop(partition, None)
+                    continue
+                self._tasks[entry.key] = Task(entry, found)
+                self._per_partition[partition] += 1
+                heapq.heappush(self._ready, entry.key)
+
+    # -- dispatch ---------------------------------------------------------------
+
+    def _promote_retries(self, now: int) -> None:
+        while self._waiting and self._waiting[0][0] <= now:
+            _, key = heapq.heappop(self._waiting)
+            task = self._tasks.get(key)
+            if task is not None and task.backing_off:
+                task.backing_off = False
+                self._backing_off[task.partition] -= 1
+                heapq.heappush(self._ready, key)
+
+    def _dispatch(self, now: int) -> None:
+        while self._ready:
+            key = self._ready[0]
+            task = self._tasks.get(key)
+            if task is None or task.in_flight or task.not_before_ms > now:
+                heapq.heappop(self._ready)
+                continue
+            if task.entry.due.due_ms > now:
+                return
+            try:
+                self._send(key, task, now)
+            except BufferError:
+                self._producer.poll(0)
+                self._internal.poll(0)
+                return
+            heapq.heappop(self._ready)
+
+    def _send(self, key: bytes, task: Task, now: int) -> None:
+        """Produce the task's record to its target, or to the DLQ with a reason."""
+        if task.failure is None:
+            task.failure = self._verify(task)
+        sink = Sink.TARGET if task.failure is None else Sink.DLQ
+        try:
+            if task.failure is not None:
+                self._produce_dead_letter(key, task, *task.failure)
+            elif isinstance(task.original, Message):
+                self._produce_target(key, task, task.original, now)
+        except KafkaException as exc:
+            self._reports.failed.append((key, sink, str(exc.args[0])))
+        task.in_flight = True
+
+    def _verify(self, task: Task) -> tuple[ErrorCode, str] | None:
+        """Return why the fetched original cannot be delivered, or None if it can."""
+        due = task.entry.due
+        where = f"{self._config.requests_topic}/{due.partition}/{due.offset}"
+        if task.original is Missing.EXPIRED:
+            return ErrorCode.EXPIRED, f"{where} is below the log start offset (retention)"
+        if task.original is Missing.ABSENT:
+            return ErrorCode.MISMATCH, f"{where} holds no record any more"
+        assert isinstance(task.original, Message)  # noqa: S101 - Missing handled above
+        expected = task.entry.value.fingerprint
+        found = fingerprint_of(task.original)
+        if found != expected:
+            return ErrorCode.MISMATCH, f"{where} fingerprint {found} differs from {expected}"
+        if not isinstance(self._schedule_of(task.original), Schedule):
+            return ErrorCode.MISMATCH, f"{where} no longer carries a valid schedule"
+        return None
+
+    @staticmethod
+    def _schedule_of(original: Message) -> object:
+        return envelope.parse(original.headers(), 0, UNLIMITED)
+
+    def _produce_target(self, key: bytes, task: Task, original: Message, now: int) -> None:
+        schedule = self._schedule_of(original)
+        assert isinstance(schedule, Schedule)  # noqa: S101 - verified before
+        due = task.entry.due
+        origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
+        headers = envelope.delivery_headers(original.headers(), origin, due.due_ms)
+        self._producer.produce(
+            schedule.target, value=original.value(), key=original.key(),
+            partition=-1 if schedule.partition is None else schedule.partition,
+            headers=headers, timestamp=now, on_delivery=self._callback(key, Sink.TARGET),
+        )
+        self._metrics.lateness.observe((now - due.due_ms) / 1000)
+
+    def _produce_dead_letter(self, key: bytes, task: Task, code: ErrorCode, detail: str) -> None:
+        due = task.entry.due
+        origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
+        reason = envelope.rejection_headers(envelope.Rejection(code, detail))
+        tail = [*reason, (envelope.ORIGIN, origin.encode()),
+                (envelope.DUE_MS, str(due.due_ms).encode())]
+        if isinstance(task.original, Message) and code is ErrorCode.UNDELIVERABLE:
+            # The original's own kdelay-* headers are replaced by the target and
+            # due time, so the DLQ record can be sent back as a request as is.
+            original = task.original
+            schedule = self._schedule_of(original)
+            target = schedule.target if isinstance(schedule, Schedule) else ""
+            headers = [*envelope.user_headers(original.headers()),
+                       (envelope.TARGET, target.encode()), *tail]
+            self._internal.produce(self._config.dlq_topic, value=original.value(),
+                                   key=original.key(), headers=headers,
+                                   on_delivery=self._callback(key, Sink.DLQ))
+        else:
+            self._internal.produce(self._config.dlq_topic, value=None, key=None, headers=tail,
+                                   on_delivery=self._callback(key, Sink.DLQ))
+
+    def _callback(self, key: bytes, sink: Sink) -> Callable[[KafkaError | None, Message], None]:
+        return guarded(functools.partial(self._on_report, key, sink))
+
+    def _on_report(self, key: bytes, sink: Sink, error: KafkaError | None, _: Message) -> None:
+        if error is None:
+            self._reports.done.append((key, sink))
+        else:
+            self._reports.failed.append((key, sink, error.str()))
+
+    # -- settling ---------------------------------------------------------------
+
+    def _succeeded(self, key: bytes, sink: Sink, now: int, changes: dict[int, Changes]) -> None:
+        task = self._tasks.get(key)
+        if task is None:
+            return
+        self._drop(key)
+        change = changes.setdefault(task.partition, Changes())
+        change.deletes.append(key)
+        sid = task.entry.value.schedule_id
+        if sid is not None:
+            change.ids[sid] = IdState(None, now) if sink is Sink.TARGET else None
+        self._internal.produce(self._config.changelog_topic, value=None, key=key,
+                               partition=task.partition,
+                               on_delivery=guarded(self._on_tombstone))
+        if sink is Sink.TARGET:
+            self._metrics.delivered.inc()
+        else:
+            code = task.failure[0] if task.failure else ErrorCode.UNDELIVERABLE
+            self._metrics.dead_lettered.labels(reason=str(code)).inc()
+
+    def _on_tombstone(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            self._positions.confirm(message)
+        else:
+            self._metrics.changelog_errors.inc()
+            log.error("changelog tombstone for %r failed: %s", message.key(), error.str())
+
+    def _failed(self, key: bytes, sink: Sink, reason: str, now: int) -> None:
+        task = self._tasks.get(key)
+        if task is None:
+            return
+        task.in_flight = False
+        task.attempts += 1
+        task.detail = reason
+        if sink is Sink.TARGET and task.attempts >= self._config.attempts:
+            task.failure = (ErrorCode.UNDELIVERABLE,
+                            f"{task.attempts} attempts failed; last: {reason}")
+            wait = 0
+        else:
+            wait = backoff_ms(task.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
+        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms",
+                    task.entry.due, reason, task.attempts, wait)
+        self._metrics.retries.inc()
+        task.not_before_ms = now + wait
+        task.backing_off = True
+        self._backing_off[task.partition] += 1
+        heapq.heappush(self._waiting, (task.not_before_ms, key))
+
+    def _drop(self, key: bytes) -> None:
+        task = self._tasks.pop(key)
+        self._per_partition[task.partition] -= 1
+        if task.backing_off:
+            self._backing_off[task.partition] -= 1
+
+    def _next_wakeup_ms(self, now: int) -> int:
+        candidates = [MAX_WAIT_MS]
+        for key in self._ready[:1]:
+            candidates.append(codec.decode_due_key(key).due_ms - now)
+        if self._waiting:
+            candidates.append(self._waiting[0][0] - now)
+        return max(0, min(candidates))

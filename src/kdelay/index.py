@@ -1,0 +1,211 @@
+"""The RocksDB index of one request partition.
+
+One store (rocksdict, raw mode) per request partition, three column families:
+
+- ``default``: the due index, ``due key -> index value`` (see :mod:`kdelay.codec`);
+- ``ids``: ``schedule id -> pending due key | delivered marker``, for dedup and cancel;
+- ``meta``: the offsets the index covers (``consumed``: the next requests offset
+  to read; ``changelog``: the next changelog offset to replay).
+
+Every change, with the offsets it covers, is written in one ``WriteBatch``, so
+the store is never ahead of or behind its own offsets. Scans are bounded by an
+``iterate_upper_bound`` and start from a remembered head instead of the first
+key: delivered entries leave tombstones at the front of a queue-like keyspace,
+and seeking past them again on every tick would cost more the longer a store
+lives.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Container, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
+
+from kdelay import codec
+from kdelay.codec import IdState, IndexValue
+
+IDS_CF = "ids"
+META_CF = "meta"
+CONSUMED = b"consumed"
+CHANGELOG = b"changelog"
+
+
+class IndexCorrupt(Exception):
+    """The store on disk cannot be opened or read; it must be rebuilt from the changelog."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A pending request: where its original lives and how to recognise it."""
+
+    key: bytes
+    value: IndexValue
+
+    @property
+    def due(self) -> codec.DueKey:
+        """The decoded due key: due time, request partition, request offset."""
+        return codec.decode_due_key(self.key)
+
+
+@dataclass(slots=True)
+class Changes:
+    """Writes for one partition's store, applied atomically by :meth:`PartitionIndex.apply`."""
+
+    puts: list[Entry] = field(default_factory=list)
+    deletes: list[bytes] = field(default_factory=list)
+    ids: dict[str, IdState | None] = field(default_factory=dict)
+    consumed: int | None = None
+    changelog: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.puts or self.deletes or self.ids) or (
+            self.consumed is not None or self.changelog is not None
+        )
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    return options
+
+
+class PartitionIndex:
+    """The index of one request partition, stored under ``path``.
+
+    Not thread-safe: the service's single loop owns it. Raises
+    :class:`IndexCorrupt` when the store cannot be opened.
+    """
+
+    def __init__(self, path: Path, partition: int) -> None:
+        self.path = path
+        self.partition = partition
+        path.parent.mkdir(parents=True, exist_ok=True)
+        families = {IDS_CF: _options(), META_CF: _options()}
+        try:
+            self._db = Rdict(str(path), _options(), column_families=families,
+                             access_type=AccessType.read_write())
+        except Exception as exc:
+            raise IndexCorrupt(f"cannot open index {path}: {exc}") from exc
+        self._ids = self._db.get_column_family(IDS_CF)
+        self._meta = self._db.get_column_family(META_CF)
+        self._ids_handle = self._db.get_column_family_handle(IDS_CF)
+        self._meta_handle = self._db.get_column_family_handle(META_CF)
+        self._head = b""
+        self._lowest_put: bytes | None = None
+
+    def close(self) -> None:
+        """Close the store and release its lock; the object is unusable afterwards."""
+        self._ids.close()
+        self._meta.close()
+        del self._ids_handle, self._meta_handle
+        self._db.close()
+
+    @staticmethod
+    def destroy(path: Path) -> None:
+        """Remove a store from disk, whatever state it is in."""
+        shutil.rmtree(path, ignore_errors=True)
+
+    def offset(self, name: bytes) -> int | None:
+        """Return a covered offset (``CONSUMED`` or ``CHANGELOG``), or None if never set."""
+        raw = self._meta.get(name)
+        return None if raw is None else codec.decode_offset(raw)
+
+    def id_state(self, schedule_id: str) -> IdState | None:
+        """Return what the index knows of a schedule id, or None."""
+        raw = self._ids.get(schedule_id.encode())
+        return None if raw is None else codec.decode_id_state(raw)
+
+    def get(self, key: bytes) -> IndexValue | None:
+        """Return the index value stored under a due key, or None."""
+        raw = self._db.get(key)
+        return None if raw is None else codec.decode_index_value(raw)
+
+    def apply(self, changes: Changes) -> None:
+        """Write ``changes`` and the offsets they cover in one atomic batch."""
+        batch = WriteBatch(raw_mode=True)
+        for entry in changes.puts:
+            batch.put(entry.key, codec.encode_index_value(entry.value))
+            if self._head and entry.key < self._head:
+                self._head = entry.key
+            if self._lowest_put is None or entry.key < self._lowest_put:
+                self._lowest_put = entry.key
+        for key in changes.deletes:
+            batch.delete(key)
+        for schedule_id, state in changes.ids.items():
+            if state is None:
+                batch.delete(schedule_id.encode(), self._ids_handle)
+            else:
+                batch.put(schedule_id.encode(), codec.encode_id_state(state), self._ids_handle)
+        if changes.consumed is not None:
+            batch.put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
+        if changes.changelog is not None:
+            batch.put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
+        self._db.write(batch)
+
+    def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = ()) -> list[Entry]:
+        """Return up to ``limit`` entries due at or before ``upper_ms``, in key order.
+
+        Keys in ``skip`` (entries in flight or waiting for a retry) are passed
+        over without counting towards ``limit``, so a failing target never
+        hides the entries behind it.
+        """
+        found: list[Entry] = []
+        if limit <= 0:
+            return found
+        first_live = b""
+        for key, raw in self._iterate(codec.due_upper_bound(upper_ms)):
+            first_live = first_live or key
+            if key in skip:
+                continue
+            found.append(Entry(key, codec.decode_index_value(raw)))
+            if len(found) >= limit:
+                break
+        # Everything below the bound that is not found is deleted: start the next
+        # scan past those tombstones. Inserts below the head move it back.
+        self._head = first_live or codec.due_upper_bound(upper_ms)
+        return found
+
+    def take_lowest_put(self) -> bytes | None:
+        """Return the smallest key put since the last call, and forget it.
+
+        Delivery uses this to learn that an entry landed inside the window it
+        has already read ahead.
+        """
+        lowest, self._lowest_put = self._lowest_put, None
+        return lowest
+
+    def entries(self, upper_ms: int | None = None) -> Iterator[Entry]:
+        """Iterate over every pending entry (due at or before ``upper_ms``), in key order."""
+        bound = None if upper_ms is None else codec.due_upper_bound(upper_ms)
+        for key, raw in self._iterate(bound, from_head=False):
+            yield Entry(key, codec.decode_index_value(raw))
+
+    def first_key(self) -> bytes | None:
+        """Return the smallest pending due key, or None when nothing is pending."""
+        for key, _ in self._iterate(None):
+            self._head = key
+            return key
+        return None
+
+    def estimate_pending(self) -> int:
+        """Return RocksDB's estimate of the number of pending entries (cheap, approximate)."""
+        return self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def _iterate(
+        self, upper: bytes | None, *, from_head: bool = True
+    ) -> Iterator[tuple[bytes, bytes]]:
+        options = ReadOptions()
+        if upper is not None:
+            options.set_iterate_upper_bound(upper)
+        it = self._db.iter(options)
+        if from_head and self._head:
+            it.seek(self._head)
+        else:
+            it.seek_to_first()
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()

@@ -1,0 +1,160 @@
+"""Intake: turn request records into index changes, changelog records and DLQ records.
+
+Intake reads headers only, never the value. For each request partition, a batch
+of records in offset order becomes one :class:`Plan`: the index changes (with
+the next offset to consume), the changelog records that mirror them, the
+records to dead-letter, and the outcome of every cancel. Planning is pure; the
+service applies a plan (index write, changelog and DLQ produce) and only then
+stores the consumed offset, so a crash at any point re-reads the batch and
+re-derives the same keys: intake is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from kdelay import codec, envelope
+from kdelay.codec import IdState, IndexValue
+from kdelay.envelope import Cancel, Headers, Limits, Rejection, Schedule
+from kdelay.index import Changes, Entry
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    """What became of one request record; counted and logged."""
+
+    SCHEDULED = "scheduled"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+    ALREADY_DELIVERED = "already-delivered"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to produce: to the changelog, the DLQ or a target."""
+
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Headers = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything one batch of one request partition changes."""
+
+    partition: int
+    changes: Changes = field(default_factory=Changes)
+    changelog: list[Record] = field(default_factory=list)
+    dead_letters: list[Record] = field(default_factory=list)
+    outcomes: list[tuple[Outcome, str]] = field(default_factory=list)
+
+
+IdLookup = Callable[[str], IdState | None]
+InFlight = Callable[[bytes], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The topic names intake writes to."""
+
+    requests: str
+    changelog: str
+    dlq: str
+
+
+def record_time(message: Message, fallback_ms: int) -> int:
+    """Return the record's timestamp, or ``fallback_ms`` when the record has none."""
+    kind, timestamp = message.timestamp()
+    return fallback_ms if kind == TIMESTAMP_NOT_AVAILABLE else timestamp
+
+
+def fingerprint_of(message: Message) -> codec.Fingerprint:
+    """Return the fingerprint of a request record, as stored in its index entry."""
+    return codec.fingerprint(message.key(), message.value(), record_time(message, 0))
+
+
+def dead_letter(message: Message, rejection: Rejection, dlq: str) -> Record:
+    """Return the DLQ copy of a request: the record intact plus reason headers."""
+    origin = envelope.origin_of(str(message.topic()), int(message.partition() or 0),
+                                int(message.offset() or 0))
+    headers = [*(message.headers() or []), *envelope.rejection_headers(rejection),
+               (envelope.ORIGIN, origin.encode())]
+    return Record(dlq, None, message.key(), message.value(), headers)
+
+
+class Planner:
+    """Plans the batches of one request partition against its index."""
+
+    def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
+                 in_flight: InFlight) -> None:
+        self._topics = topics
+        self._limits = limits
+        self._lookup = lookup
+        self._in_flight = in_flight
+
+    def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
+        """Plan a batch of records of ``partition``, given in offset order."""
+        plan = Plan(partition)
+        for message in messages:
+            offset = int(message.offset() or 0)
+            # A record without a timestamp gets -1: relative delays are then
+            # rejected (bad-time) instead of being measured from "now", which
+            # would give a different key each time the record is re-read.
+            parsed = envelope.parse(message.headers(), record_time(message, -1), self._limits)
+            if isinstance(parsed, Rejection):
+                self._reject(plan, message, parsed)
+            elif isinstance(parsed, Cancel):
+                self._cancel(plan, parsed.schedule_id)
+            else:
+                self._schedule(plan, message, parsed)
+            plan.changes.consumed = offset + 1
+        return plan
+
+    def _id_state(self, plan: Plan, schedule_id: str) -> IdState | None:
+        if schedule_id in plan.changes.ids:
+            return plan.changes.ids[schedule_id]
+        return self._lookup(schedule_id)
+
+    def _reject(self, plan: Plan, message: Message, rejection: Rejection) -> None:
+        plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
+        plan.outcomes.append((Outcome.REJECTED, f"{rejection.code}: {rejection.detail}"))
+
+    def _schedule(self, plan: Plan, message: Message, schedule: Schedule) -> None:
+        offset = int(message.offset() or 0)
+        key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
+        sid = schedule.schedule_id
+        if sid is not None:
+            state = self._id_state(plan, sid)
+            if state is not None and state.pending_key not in (None, key):
+                plan.outcomes.append((Outcome.DUPLICATE, sid))
+                return
+            plan.changes.ids[sid] = IdState(key, None)
+        value = IndexValue(fingerprint_of(message), sid)
+        plan.changes.puts.append(Entry(key, value))
+        plan.changelog.append(Record(self._topics.changelog, plan.partition, key,
+                                     codec.encode_index_value(value)))
+        plan.outcomes.append((Outcome.SCHEDULED, sid or ""))
+
+    def _cancel(self, plan: Plan, schedule_id: str) -> None:
+        state = self._id_state(plan, schedule_id)
+        if state is None:
+            plan.outcomes.append((Outcome.UNKNOWN, schedule_id))
+        elif state.pending_key is None or self._in_flight(state.pending_key):
+            plan.outcomes.append((Outcome.ALREADY_DELIVERED, schedule_id))
+        else:
+            key = state.pending_key
+            plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
+            plan.changes.deletes.append(key)
+            plan.changes.ids[schedule_id] = None
+            plan.changelog.append(Record(self._topics.changelog, plan.partition, key, None))
+            plan.outcomes.append((Outcome.CANCELLED, schedule_id))

@@ -1,0 +1,46 @@
+"""Prometheus metrics of one kdelay process.
+
+Each :class:`Metrics` owns its registry, so two services in one process (as in
+tests) never clash; ``serve`` exposes it over HTTP on ``--metrics-port``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The counters, gauges and histograms the service updates."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.intake = Counter("kdelay_intake_records", "Request records read, by outcome",
+                              ["outcome"], registry=r)
+        self.delivered = Counter("kdelay_delivered_records",
+                                 "Records republished to their target", registry=r)
+        self.dead_lettered = Counter("kdelay_dead_lettered_records",
+                                     "Records sent to the DLQ, by reason", ["reason"], registry=r)
+        self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
+                               registry=r)
+        self.changelog_errors = Counter("kdelay_changelog_errors",
+                                        "Changelog writes that failed", registry=r)
+        self.lateness = Histogram("kdelay_lateness_seconds",
+                                  "Produce time minus due time, by the service clock",
+                                  buckets=LATENESS_BUCKETS, registry=r)
+        self.pending = Gauge("kdelay_pending_entries", "Pending entries (estimate), by partition",
+                             ["partition"], registry=r)
+        self.headroom = Gauge("kdelay_retention_headroom_records",
+                              "Oldest pending offset minus log start offset, by partition",
+                              ["partition"], registry=r)
+        self.restored = Counter("kdelay_restored_changelog_records",
+                                "Changelog records replayed into local indexes", registry=r)
+        self.restoring = Gauge("kdelay_restoring_partitions",
+                               "Partitions being restored from the changelog", registry=r)
+
+    def serve(self, port: int) -> None:
+        """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""
+        start_http_server(port, registry=self.registry)

@@ -1,0 +1,344 @@
+"""The kdelay service: one loop that owns some request partitions.
+
+Each :meth:`Service.step` does, in order: delivery (read ahead, produce what is
+due), intake (consume up to a batch, waiting no longer than until the next due
+entry), and settling (apply delivery reports to the indexes). Partitions come
+and go through an ordinary consumer group; on assignment a partition's index is
+opened and caught up from the changelog before it serves, on revocation the
+work in flight is finished and offsets committed, and the index is closed in
+``finally``.
+
+Intake stores a request offset only after the changelog and DLQ records
+derived from it are acknowledged and the index batch is written, so a crash at
+any point re-reads the request and re-derives the same index keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from types import FrameType
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from kdelay import envelope
+from kdelay.callbacks import guarded
+from kdelay.changelog import Positions, Progress, Restorer, StaleIndex
+from kdelay.clock import Clock, SystemClock
+from kdelay.delivery import Delivery, DeliveryConfig
+from kdelay.index import CONSUMED, IndexCorrupt, PartitionIndex
+from kdelay.intake import Outcome, Planner, Record, Topics
+from kdelay.metrics import Metrics
+from kdelay.originals import OriginalReader
+from kdelay.settings import Settings
+from kdelay.topics import Layout, check_layout
+
+log = logging.getLogger(__name__)
+
+GAUGE_EVERY_S = 5.0
+
+
+class ServiceError(Exception):
+    """The service cannot go on (its own topics refuse writes); ``code`` is stable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Service:
+    """The delay service for the partitions its consumer group assigns it.
+
+    Clients are created by :meth:`start`, not in ``__init__``. Drive it with
+    :meth:`run` (until :meth:`stop`) or, in tests, with :meth:`step`.
+    """
+
+    def __init__(self, settings: Settings, clock: Clock, layout: Layout,
+                 metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._clock = clock
+        self._limits = envelope.limits_for_retention(
+            layout.retention_ms, settings.retention_margin_ms, settings.levels)
+        self._topics = Topics(settings.requests_topic, settings.changelog_topic,
+                              settings.dlq_topic)
+        self._indexes: dict[int, PartitionIndex] = {}
+        self._planners: dict[int, Planner] = {}
+        self._positions = Positions()
+        self._stopping = False
+        self._next_gauges = 0.0
+        self._consumer: Consumer | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the Kafka clients and join the consumer group."""
+        s = self.settings
+        self._targets = Producer(s.client_config(**{
+            "enable.idempotence": True, "linger.ms": 2,
+            "message.timeout.ms": s.delivery_timeout_ms}))
+        self._internal = Producer(s.client_config(**{
+            "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0}))
+        self._reader = OriginalReader(s.client_config(), s.requests_topic)
+        self._restorer = Restorer(s.client_config(), s.changelog_topic)
+        self._delivery = Delivery(
+            DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
+                           s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
+                           s.retry_backoff_max_ms),
+            self._targets, self._internal, self._reader, self._clock, self.metrics,
+            self._positions)
+        group: dict[str, str | int | bool] = {
+            "group.id": s.group_id, "enable.auto.commit": True, "auto.commit.interval.ms": 1000,
+            "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed"}
+        self._consumer = Consumer(s.client_config(**group))
+        self._consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
+                                 on_revoke=guarded(self._on_revoke),
+                                 on_lost=guarded(self._on_lost))
+
+    def run(self) -> None:
+        """Step until :meth:`stop` is called, then finish the work in flight and close."""
+        self.start()
+        try:
+            while not self._stopping:
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current step (signal-safe)."""
+        self._stopping = True
+
+    def close(self) -> None:
+        """Finish produces in flight, commit stored offsets, leave the group, close stores."""
+        if self._consumer is None:
+            return
+        consumer, self._consumer = self._consumer, None
+        try:
+            consumer.close()
+        finally:
+            self._close_partitions(list(self._indexes))
+            self._internal.flush(10)
+            self._reader.close()
+            self._restorer.close()
+
+    def owned(self) -> list[int]:
+        """Return the request partitions this instance serves now."""
+        return sorted(self._indexes)
+
+    def step(self, max_wait_ms: int | None = None) -> None:
+        """Deliver what is due, take in one batch of requests, settle delivery reports.
+
+        The step waits for requests no longer than until the next due entry, and
+        no longer than ``max_wait_ms`` (for tests that move a manual clock).
+        """
+        if self._consumer is None:
+            raise RuntimeError("Service.step() before start()")
+        wait_ms = self._delivery.tick(self._indexes)
+        if max_wait_ms is not None:
+            wait_ms = min(wait_ms, max_wait_ms)
+        messages = self._consumer.consume(self.settings.batch_size, timeout=wait_ms / 1000)
+        if messages:
+            self._intake(messages)
+        self._targets.poll(0)
+        self._internal.poll(0)
+        self._delivery.settle(self._indexes)
+        self._update_gauges()
+
+    # -- intake -----------------------------------------------------------------
+
+    def _intake(self, messages: list[Message]) -> None:
+        by_partition: dict[int, list[Message]] = defaultdict(list)
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                log.warning("requests consumer: %s", error.str())
+                continue
+            by_partition[int(message.partition() or 0)].append(message)
+        plans = [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
+                 if p in self._planners]
+        records = [r for plan in plans for r in (*plan.changelog, *plan.dead_letters)]
+        if not self._produce_durably(records):
+            return
+        consumer = self._consumer
+        assert consumer is not None  # noqa: S101 - step() checked it
+        for plan in plans:
+            plan.changes.changelog = self._positions.get(plan.partition)
+            self._indexes[plan.partition].apply(plan.changes)
+            self._delivery.forget(plan.changes.deletes)
+            if plan.changes.consumed is not None:
+                consumer.store_offsets(offsets=[TopicPartition(
+                    self.settings.requests_topic, plan.partition, plan.changes.consumed)])
+            for outcome, detail in plan.outcomes:
+                self._count(outcome, detail)
+
+    def _count(self, outcome: Outcome, detail: str) -> None:
+        self.metrics.intake.labels(outcome=str(outcome)).inc()
+        if outcome is Outcome.REJECTED:
+            self.metrics.dead_lettered.labels(reason=detail.split(":", 1)[0]).inc()
+        if outcome not in (Outcome.SCHEDULED, Outcome.REJECTED):
+            log.info("request %s: %s", outcome, detail)
+
+    def _produce_durably(self, records: Iterable[Record]) -> bool:
+        """Produce changelog and DLQ records and wait for every acknowledgement.
+
+        Returns False when the service is asked to stop before they are all
+        acknowledged (the batch is then re-read by whoever owns it next).
+        Raises :class:`ServiceError` when a changelog write fails for good.
+        """
+        failures: list[tuple[Record, KafkaError]] = []
+        for record in records:
+            self._produce_internal(record, failures)
+        while self._internal.flush(1.0) > 0:
+            if self._stopping:
+                return False
+        for record, error in failures:
+            if record.topic == self.settings.changelog_topic:
+                raise ServiceError("changelog-write-failed",
+                                   f"cannot write to {record.topic}: {error.str()}")
+            log.error("dead-letter write to %s failed for good (%s); the request stays "
+                      "readable at its origin %s", record.topic, error.str(), record.headers)
+            self.metrics.changelog_errors.inc()
+        return True
+
+    def _produce_internal(self, record: Record, failures: list[tuple[Record, KafkaError]]) -> None:
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                failures.append((record, error))
+            elif record.topic == self.settings.changelog_topic:
+                self._positions.confirm(message)
+
+        partition = -1 if record.partition is None else record.partition
+        while True:
+            try:
+                self._internal.produce(record.topic, value=record.value, key=record.key,
+                                       partition=partition, headers=record.headers,
+                                       on_delivery=guarded(report))
+                return
+            except BufferError:
+                self._internal.poll(0.1)
+
+    # -- partitions -------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        for tp in partitions:
+            index = self._open(tp.partition)
+            local = index.offset(CONSUMED)
+            if local is not None and local > committed.get(tp.partition, -1):
+                tp.offset = local
+            self._indexes[tp.partition] = index
+            self._planners[tp.partition] = Planner(self._topics, self._limits, index.id_state,
+                                                   self._delivery.in_flight)
+        log.info("assigned %s", [tp.partition for tp in partitions])
+        consumer.assign(partitions)
+
+    def _open(self, partition: int) -> PartitionIndex:
+        """Open a partition's index and catch it up from the changelog before it serves."""
+        path = self.settings.state_dir / f"{self.settings.requests_topic}-{partition}"
+        for attempt in range(2):
+            try:
+                index = PartitionIndex(path, partition)
+            except IndexCorrupt as exc:
+                log.warning("%s; rebuilding from %s", exc, self.settings.changelog_topic)
+                PartitionIndex.destroy(path)
+                index = PartitionIndex(path, partition)
+            self.metrics.restoring.inc()
+            try:
+                restored = self._restorer.restore(index, self._restore_progress(partition))
+                log.info("partition %d: %d changelog records replayed", partition, restored)
+                return index
+            except StaleIndex as exc:
+                log.warning("partition %d: %s; rebuilding", partition, exc)
+                index.close()
+                PartitionIndex.destroy(path)
+                if attempt:
+                    raise
+            finally:
+                self.metrics.restoring.dec()
+        raise AssertionError("unreachable")
+
+    def _restore_progress(self, partition: int) -> Progress:
+        last = [0]
+
+        def progress(done: int, total: int) -> None:
+            self.metrics.restored.inc(done - last[0])
+            last[0] = done
+            log.info("partition %d: restored %d/%d changelog offsets", partition, done, total)
+
+        return progress
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            self._drain()
+            self._commit(consumer)
+        finally:
+            self._close_partitions([tp.partition for tp in partitions])
+
+    def _on_lost(self, _: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("partitions lost: %s", [tp.partition for tp in partitions])
+        self._close_partitions([tp.partition for tp in partitions])
+
+    def _drain(self) -> None:
+        """Wait for produces in flight and apply their reports, so revoked work is settled."""
+        deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000 + 5
+        while self._targets.flush(1.0) > 0 and time.monotonic() < deadline:
+            pass
+        while self._internal.flush(1.0) > 0 and time.monotonic() < deadline:
+            pass
+        self._delivery.settle(self._indexes)
+
+    def _commit(self, consumer: Consumer) -> None:
+        try:
+            consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                log.warning("offset commit failed: %s", exc)
+
+    def _close_partitions(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self._delivery.drop_partition(partition)
+            self._planners.pop(partition, None)
+            index = self._indexes.pop(partition, None)
+            if index is not None:
+                index.close()
+
+    def _update_gauges(self) -> None:
+        now = time.monotonic()
+        if now < self._next_gauges:
+            return
+        self._next_gauges = now + GAUGE_EVERY_S
+        for partition, index in self._indexes.items():
+            self.metrics.pending.labels(partition=str(partition)).set(index.estimate_pending())
+
+
+def run_service(settings: Settings, *, check: bool) -> int:
+    """Run the service until SIGTERM or SIGINT; with ``check``, only verify and exit.
+
+    Raises :class:`kdelay.topics.LayoutError` when the topics are missing or
+    not co-partitioned, with a message that says how to fix it.
+    """
+    config: dict[str, str | int | float | bool] = {**settings.client_config()}
+    admin = AdminClient(config)
+    layout = check_layout(admin, settings)
+    if check:
+        print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic}, "
+              f"{settings.changelog_topic} ({layout.partitions} partitions, co-partitioned) "
+              f"and {settings.dlq_topic} are in place")
+        return 0
+    service = Service(settings, SystemClock(), layout)
+    if settings.metrics_port is not None:
+        service.metrics.serve(settings.metrics_port)
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        log.info("signal %d: finishing the batch in flight", signum)
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    service.run()
+    return 0

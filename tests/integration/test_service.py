@@ -1,0 +1,244 @@
+"""The service in-process against the real broker, on a manual clock."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from kdelay import envelope
+from kdelay.clock import ManualClock
+from tests.conftest import TopicFactory
+from tests.integration.conftest import Collector, Deployment, Running, header, produce
+
+Make = Callable[..., Deployment]
+Run = Callable[[Deployment, ManualClock], Running]
+Collect = Callable[[list[str]], Collector]
+
+
+def request(target: str, index: int, timestamp: int, delay_ms: int,
+            target_partition: int | None = None, **extra: Any) -> dict[str, Any]:
+    headers: list[tuple[str, bytes | None]] = [
+        (envelope.TARGET, target.encode()), (envelope.DELAY_MS, str(delay_ms).encode()),
+        ("trace", f"t{index}".encode()), ("trace", b"second"), ("empty", None),
+    ]
+    if target_partition is not None:
+        headers.append((envelope.PARTITION, str(target_partition).encode()))
+    return {"key": f"k{index}".encode(), "value": f"value-{index}".encode() * 3,
+            "headers": headers, "timestamp": timestamp, **extra}
+
+
+def test_thousand_requests_delivered_once_intact_and_never_early(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    deployment = deployment_factory(partitions=3)
+    targets = [topic_factory("target-a", 2), topic_factory("target-b", 3)]
+    clock = ManualClock(int(time.time() * 1000))
+    start = clock.now_ms()
+    rng = random.Random(7)
+    records = []
+    for i in range(1000):
+        explicit = 1 if i % 10 == 0 else None
+        records.append(request(targets[i % 2], i, start, rng.randint(0, 5_000), explicit,
+                               partition=i % 3))
+    reports = produce(bootstrap, deployment.requests, records)
+    due_of = {f"k{i}".encode(): start + int(dict(r["headers"])[envelope.DELAY_MS] or 0)
+              for i, r in enumerate(records)}
+    origin_of = {m.key(): f"{deployment.requests}/{m.partition()}/{m.offset()}" for m in reports}
+    out = collector(targets)
+    service = running(deployment, clock)
+    service.add()
+
+    def delivered() -> bool:
+        out.poll()
+        return len(out.messages) >= 1000
+
+    service.until(delivered, timeout_s=120, advance_ms=25)
+    out.poll(1.0)
+    keys = Counter(m.key() for m in out.messages)
+    assert len(out.messages) == 1000
+    assert set(keys.values()) == {1}
+    for message in out.messages:
+        key = message.key()
+        assert key is not None
+        i = int(key[1:])
+        due = due_of[key]
+        assert message.timestamp()[1] >= due, "delivered before its due time"
+        assert message.topic() == targets[i % 2]
+        assert message.value() == f"value-{i}".encode() * 3
+        assert message.headers() == [
+            ("trace", f"t{i}".encode()), ("trace", b"second"), ("empty", None),
+            (envelope.ORIGIN, origin_of[key].encode()), (envelope.DUE_MS, str(due).encode()),
+        ]
+        if i % 10 == 0:
+            assert message.partition() == 1
+
+
+def test_malformed_requests_are_dead_lettered_and_the_partition_keeps_flowing(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    deployment = deployment_factory(partitions=1, retention_ms=86_400_000,
+                                    retention_margin_ms=3_600_000)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+
+    def hdrs(*pairs: tuple[str, str]) -> list[tuple[str, bytes | None]]:
+        return [(k, v.encode()) for k, v in pairs]
+
+    bad = {
+        "missing-target": hdrs((envelope.DELAY_MS, "10")),
+        "missing-time": hdrs((envelope.TARGET, target)),
+        "conflicting-time": hdrs((envelope.TARGET, target), (envelope.DELAY_MS, "1"),
+                                 (envelope.LEVEL, "1")),
+        "bad-time": hdrs((envelope.TARGET, target), (envelope.DUE_MS, "soon")),
+        "unknown-level": hdrs((envelope.TARGET, target), (envelope.LEVEL, "0")),
+        "delay-too-long": hdrs((envelope.TARGET, target), (envelope.DELAY_MS, str(86_400_000))),
+        "bad-cancel": hdrs((envelope.CANCEL, "")),
+        "bad-partition": hdrs((envelope.TARGET, target), (envelope.DELAY_MS, "1"),
+                              (envelope.PARTITION, "-3")),
+    }
+    records: list[dict[str, Any]] = [
+        {"key": code.encode(), "value": b"payload", "headers": h, "timestamp": now}
+        for code, h in bad.items()
+    ]
+    records.append({"key": b"good", "value": b"ok", "timestamp": now,
+                    "headers": hdrs((envelope.TARGET, target), (envelope.DELAY_MS, "100"))})
+    produce(bootstrap, deployment.requests, records)
+    out = collector([target, deployment.settings.dlq_topic])
+    service = running(deployment, clock)
+    service.add()
+
+    def settled() -> bool:
+        out.poll()
+        return len(out.messages) >= len(records)
+
+    service.until(settled, advance_ms=50)
+    dead = {m.key(): m for m in out.on(deployment.settings.dlq_topic)}
+    assert set(dead) == {code.encode() for code in bad}
+    for code, message in dead.items():
+        assert header(message, envelope.ERROR) == code
+        assert header(message, envelope.ERROR_DETAIL)
+        assert message.value() == b"payload"
+        assert header(message, envelope.ORIGIN) is not None
+    assert [m.key() for m in out.on(target)] == [b"good"]
+
+
+def test_cancel_and_dedup_by_schedule_id(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    deployment = deployment_factory(partitions=1)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+
+    def scheduled(key: bytes, sid: str, delay: int) -> dict[str, Any]:
+        return {"key": key, "value": key, "timestamp": now, "headers": [
+            (envelope.TARGET, target.encode()), (envelope.DELAY_MS, str(delay).encode()),
+            (envelope.SCHEDULE_ID, sid.encode())]}
+
+    def cancel(sid: str) -> dict[str, Any]:
+        return {"value": sid.encode(), "timestamp": now,
+                "headers": [(envelope.CANCEL, sid.encode())]}
+
+    produce(bootstrap, deployment.requests, [
+        scheduled(b"a1", "a", 1_000), scheduled(b"a2", "a", 2_000),  # duplicate id
+        scheduled(b"b", "b", 1_000), cancel("b"),  # cancelled before due
+        cancel("nobody"),  # unknown
+        scheduled(b"c", "c", 500),
+    ])
+    out = collector([target])
+    running_ = running(deployment, clock)
+    service = running_.add()
+    running_.until(lambda: _count(service, "scheduled") >= 3)
+    running_.until(lambda: out.poll() >= 2, advance_ms=50)
+    produce(bootstrap, deployment.requests, [cancel("c")])  # after delivery
+    running_.until(lambda: _count(service, "already-delivered") >= 1)
+    clock.advance(5_000)
+    running_.step(20)
+    out.poll(1.0)
+    assert sorted(m.key() or b"" for m in out.messages) == [b"a1", b"c"]
+    assert _count(service, "duplicate") == 1
+    assert _count(service, "cancelled") == 1
+    assert _count(service, "unknown") == 1
+
+
+def _count(service: Any, outcome: str) -> float:
+    value = service.metrics.registry.get_sample_value(
+        "kdelay_intake_records_total", {"outcome": outcome})
+    return float(value or 0)
+
+
+def test_deleted_records_are_dead_lettered_as_expired(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, admin: AdminClient,
+) -> None:
+    deployment = deployment_factory(partitions=1)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+    reports = produce(bootstrap, deployment.requests,
+                      [request(target, i, now, 60_000) for i in range(3)])
+    out = collector([target, deployment.settings.dlq_topic])
+    running_ = running(deployment, clock)
+    service = running_.add()
+    running_.until(lambda: _count(service, "scheduled") >= 3)
+    cut = TopicPartition(deployment.requests, 0, reports[2].offset() or 0)
+    admin.delete_records([cut])[cut].result(timeout=30)
+    clock.advance(61_000)
+    running_.until(lambda: out.poll() >= 3, advance_ms=10)
+    dead = out.on(deployment.settings.dlq_topic)
+    assert sorted(header(m, envelope.ORIGIN) or b"" for m in dead) == sorted(
+        f"{deployment.requests}/0/{r.offset()}".encode() for r in reports[:2])
+    assert {header(m, envelope.ERROR) for m in dead} == {b"expired"}
+    assert [m.key() for m in out.on(target)] == [b"k2"]
+
+
+def test_recreated_requests_topic_gives_mismatch_not_a_wrong_record(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, admin: AdminClient,
+) -> None:
+    deployment = deployment_factory(partitions=1)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+    produce(bootstrap, deployment.requests, [request(target, i, now, 60_000) for i in range(2)])
+    running_ = running(deployment, clock)
+    service = running_.add()
+    running_.until(lambda: _count(service, "scheduled") >= 2)
+    running_.close(service)
+    _recreate(admin, deployment.requests)
+    produce(bootstrap, deployment.requests, [
+        {"key": b"other", "value": b"not the original", "timestamp": now,
+         "headers": [(envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"999999")]}])
+    out = collector([target, deployment.settings.dlq_topic])
+    running_.add()
+    clock.advance(61_000)
+    running_.until(lambda: out.poll() >= 2,
+                   advance_ms=10)
+    dead = out.on(deployment.settings.dlq_topic)
+    assert {header(m, envelope.ERROR) for m in dead} == {b"mismatch"}
+    assert out.on(target) == []
+
+
+def _recreate(admin: AdminClient, topic: str) -> None:
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    deadline = time.monotonic() + 60
+    while True:
+        futures = admin.create_topics([NewTopic(topic, 1, 1)])
+        try:
+            futures[topic].result(timeout=30)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

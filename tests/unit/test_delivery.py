@@ -1,0 +1,686 @@
+"""Delivery against a real index, a fake producer and a fake original reader, on a manual clock.
+
+The fakes hold no logic of their own: the producer records every ``produce`` and
+fires delivery callbacks only when a test says so; the reader answers from a
+dict of records. Time moves only through :class:`ManualClock`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
+
+from kdelay.changelog import Positions
+from kdelay.clock import ManualClock
+from kdelay.codec import Fingerprint, IdState, IndexValue, encode_due_key
+from kdelay.delivery import Delivery, DeliveryConfig, backoff_ms
+from kdelay.envelope import (
+    DUE_MS,
+    ERROR,
+    ERROR_DETAIL,
+    ORIGIN,
+    TARGET,
+    Headers,
+    HeaderValue,
+    schedule_headers,
+    user_headers,
+)
+from kdelay.index import Changes, Entry, PartitionIndex
+from kdelay.intake import fingerprint_of
+from kdelay.metrics import Metrics
+from kdelay.originals import Found, Missing, OriginalReader
+
+REQUESTS = "kdelay.requests"
+CHANGELOG = "kdelay.changelog"
+DLQ = "kdelay.dlq"
+T0 = 1_700_000_000_000
+SOME_FINGERPRINT = Fingerprint(T0 - 1, 12345)
+CONFIG = DeliveryConfig(
+    requests_topic=REQUESTS, changelog_topic=CHANGELOG, dlq_topic=DLQ, lookahead_ms=2_000,
+    batch_size=100, attempts=3, backoff_ms=500, backoff_max_ms=4_000,
+)
+Callback = Callable[[KafkaError | None, Message], None]
+
+
+@dataclass
+class Sent:
+    """One ``produce`` call as the fake producer saw it."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    headers: Headers
+    timestamp: int
+    on_delivery: Callback | None
+
+    def header(self, name: str) -> list[HeaderValue]:
+        return [v for n, v in self.headers if n == name]
+
+    @property
+    def origin(self) -> HeaderValue:
+        [origin] = self.header(ORIGIN)
+        return origin
+
+
+class FakeProducer:
+    """Records produce calls; delivery reports fire only from :meth:`report`."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+        self.unreported: list[Sent] = []
+        self.raises: list[BaseException] = []
+        self.polls = 0
+        self._offsets: Counter[tuple[str, int]] = Counter()
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Callback | None = None, timestamp: int = 0,
+                headers: Headers | None = None) -> None:
+        if self.raises:
+            raise self.raises.pop(0)
+        sent = Sent(topic, key, value, partition, list(headers or []), timestamp, on_delivery)
+        self.sent.append(sent)
+        self.unreported.append(sent)
+
+    def poll(self, timeout: float = -1) -> int:
+        self.polls += 1
+        return 0
+
+    def report(self, error: KafkaError | None = None, *, topic: str | None = None) -> list[Sent]:
+        """Fire the callbacks of unreported records (of ``topic`` only, if given)."""
+        chosen = [s for s in self.unreported if topic is None or s.topic == topic]
+        self.unreported = [s for s in self.unreported if topic is not None and s.topic != topic]
+        for sent in chosen:
+            partition = max(sent.partition, 0)
+            offset = self._offsets[(sent.topic, partition)]
+            self._offsets[(sent.topic, partition)] += 1
+            message = Message(topic=sent.topic, partition=partition, offset=offset, key=sent.key,
+                              value=sent.value, error=error)
+            assert sent.on_delivery is not None, "every produce needs a delivery callback"
+            sent.on_delivery(error, message)
+        return chosen
+
+
+class FakeReader:
+    """Answers ``read`` from ``log``; offsets missing from ``log`` stay unresolved."""
+
+    def __init__(self) -> None:
+        self.log: dict[tuple[int, int], Found] = {}
+        self.calls: list[dict[int, list[int]]] = []
+
+    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
+        asked = {p: list(offsets) for p, offsets in wanted.items()}
+        self.calls.append(asked)
+        return {(p, o): self.log[(p, o)] for p, offs in asked.items() for o in offs
+                if (p, o) in self.log}
+
+
+class World:
+    """A Delivery wired to fakes, a manual clock and real indexes of three partitions."""
+
+    def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG) -> None:
+        self.clock = ManualClock(T0)
+        self.targets = FakeProducer()
+        self.internal = FakeProducer()
+        self.reader = FakeReader()
+        self.metrics = Metrics()
+        self.positions = Positions()
+        self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
+        self.delivery = Delivery(config, cast(Producer, self.targets),
+                                 cast(Producer, self.internal), cast(OriginalReader, self.reader),
+                                 self.clock, self.metrics, self.positions)
+
+    def close(self) -> None:
+        for index in self.indexes.values():
+            index.close()
+
+    def request(self, partition: int, offset: int, due: int, *, target: str = "orders",
+                sid: str | None = None, target_partition: int | None = None,
+                key: bytes | None = b"k", value: bytes | None = b"v",
+                user: Headers | None = None) -> bytes:
+        """Put a request record in the log and its entry in the index; return the due key."""
+        headers = [*schedule_headers(target, due_ms=due, partition=target_partition,
+                                     schedule_id=sid), *(user or [])]
+        message = Message(topic=REQUESTS, partition=partition, offset=offset, key=key,
+                          value=value, headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+        self.reader.log[(partition, offset)] = message
+        return self.put(partition, offset, due, fingerprint_of(message), sid)
+
+    def put(self, partition: int, offset: int, due: int,
+            fingerprint: Fingerprint = SOME_FINGERPRINT,
+            sid: str | None = None) -> bytes:
+        due_key = encode_due_key(due, partition, offset)
+        ids: dict[str, IdState | None] = {} if sid is None else {sid: IdState(due_key, None)}
+        entry = Entry(due_key, IndexValue(fingerprint, sid))
+        self.indexes[partition].apply(Changes(puts=[entry], ids=ids))
+        return due_key
+
+    def at(self, now_ms: int) -> int:
+        """Move the clock to ``now_ms`` and run one tick; return the wait it asks for."""
+        self.clock.set(now_ms)
+        return self.delivery.tick(self.indexes)
+
+    def settle(self) -> None:
+        self.delivery.settle(self.indexes)
+
+    def pending(self, partition: int = 0) -> list[bytes]:
+        return [e.key for e in self.indexes[partition].entries()]
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.close()
+
+
+def origin(partition: int, offset: int) -> bytes:
+    return f"{REQUESTS}/{partition}/{offset}".encode()
+
+
+def timed_out() -> KafkaError:
+    return KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out")
+
+
+# -- never early -------------------------------------------------------------------
+
+
+def test_nothing_is_produced_before_its_due_time(world: World) -> None:
+    world.request(0, 7, T0 + 5_000)
+    world.at(T0)
+    world.at(T0 + 4_000)
+    assert world.at(T0 + 4_999) == 1, "the next tick is asked for at the due time"
+    assert world.targets.sent == []
+    world.at(T0 + 5_000)
+    [sent] = world.targets.sent
+    assert sent.timestamp == T0 + 5_000
+    assert sent.origin == origin(0, 7)
+
+
+def test_a_far_entry_is_not_produced_early_after_a_clock_jump(world: World) -> None:
+    world.request(0, 1, T0 + 60_000)
+    world.at(T0 + 59_999)
+    assert world.targets.sent == []
+    world.at(T0 + 60_000)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 60_000]
+
+
+def test_a_late_tick_stamps_the_record_with_the_current_time(world: World) -> None:
+    world.request(0, 1, T0 + 100)
+    world.at(T0 + 700)
+    [sent] = world.targets.sent
+    assert sent.timestamp == T0 + 700
+    assert sent.header(DUE_MS) == [str(T0 + 100).encode()]
+    assert world.sample("kdelay_lateness_seconds_sum") == pytest.approx(0.6)
+
+
+def test_a_past_due_entry_goes_out_on_the_first_tick(world: World) -> None:
+    world.request(1, 4, T0 - 86_400_000)
+    world.at(T0)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [(origin(1, 4), T0)]
+
+
+def test_an_in_flight_entry_is_not_produced_again(world: World) -> None:
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    assert world.delivery.in_flight(key)
+    assert not world.delivery.idle()
+    world.at(T0 + 1_000)
+    world.settle()
+    world.at(T0 + 10_000)
+    assert len(world.targets.sent) == 1
+
+
+# -- order ----------------------------------------------------------------------------
+
+
+def test_due_order_across_partitions_and_partition_offset_order_within_a_millisecond(
+    world: World,
+) -> None:
+    world.request(1, 5, T0 + 10)
+    world.request(0, 9, T0 + 10)
+    world.request(2, 1, T0 + 5)
+    world.request(0, 3, T0 + 10)
+    world.request(1, 2, T0 + 20)
+    world.request(2, 0, T0 + 10)
+    world.at(T0 + 100)
+    assert [s.origin for s in world.targets.sent] == [
+        origin(2, 1), origin(0, 3), origin(0, 9), origin(1, 5), origin(2, 0), origin(1, 2),
+    ]
+
+
+def test_entries_becoming_due_over_several_ticks_go_out_in_due_order(world: World) -> None:
+    world.request(0, 1, T0 + 300)
+    world.request(1, 1, T0 + 100)
+    world.request(2, 1, T0 + 200)
+    for now in (T0 + 100, T0 + 250, T0 + 300):
+        world.at(now)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(1, 1), T0 + 100), (origin(2, 1), T0 + 250), (origin(0, 1), T0 + 300),
+    ]
+
+
+# -- the delivered record ----------------------------------------------------------------
+
+
+def test_the_delivered_record_keeps_key_value_and_user_headers(world: World) -> None:
+    user: Headers = [("trace", b"abc"), ("kdelay-custom", b"x"), ("trace", b"second"),
+                     ("empty", None)]
+    world.request(0, 7, T0 + 1, sid="order-7", key=b"the-key", value=b"\x00payload\xff",
+                  user=user)
+    world.at(T0 + 1)
+    [sent] = world.targets.sent
+    assert (sent.topic, sent.key, sent.value, sent.partition) == (
+        "orders", b"the-key", b"\x00payload\xff", -1
+    )
+    assert sent.headers == [
+        ("trace", b"abc"), ("trace", b"second"), ("empty", None),
+        (ORIGIN, origin(0, 7)), (DUE_MS, str(T0 + 1).encode()),
+    ]
+
+
+def test_a_null_key_and_value_are_delivered_as_null(world: World) -> None:
+    world.request(0, 7, T0, key=None, value=None)
+    world.at(T0)
+    [sent] = world.targets.sent
+    assert (sent.key, sent.value) == (None, None)
+
+
+def test_an_explicit_target_partition_is_honoured(world: World) -> None:
+    world.request(0, 1, T0, target="audit", target_partition=4)
+    world.request(0, 2, T0, target="audit", target_partition=0)
+    world.at(T0)
+    assert [(s.topic, s.partition) for s in world.targets.sent] == [("audit", 4), ("audit", 0)]
+
+
+# -- settling ------------------------------------------------------------------------------
+
+
+def test_an_entry_leaves_the_index_only_after_its_report(world: World) -> None:
+    key = world.request(0, 7, T0, sid="order-7")
+    world.at(T0)
+    assert len(world.targets.sent) == 1
+    world.settle()
+    assert world.pending() == [key], "produced is not delivered"
+    assert world.internal.sent == []
+    assert world.indexes[0].id_state("order-7") == IdState(key, None)
+
+    world.targets.report()
+    assert world.pending() == [key], "reports take effect in settle"
+    world.clock.set(T0 + 50)
+    world.settle()
+    assert world.pending() == []
+    assert not world.delivery.in_flight(key)
+    assert world.delivery.idle()
+    [tombstone] = world.internal.sent
+    assert (tombstone.topic, tombstone.partition, tombstone.key, tombstone.value) == (
+        CHANGELOG, 0, key, None
+    )
+    state = world.indexes[0].id_state("order-7")
+    assert state is not None
+    assert state.pending_key is None
+    assert state.delivered_ms is not None
+    assert T0 <= state.delivered_ms <= T0 + 50
+    assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def test_the_tombstone_goes_to_the_request_partition(world: World) -> None:
+    key = world.request(2, 11, T0)
+    world.at(T0)
+    world.targets.report()
+    world.settle()
+    assert [(s.topic, s.partition, s.key) for s in world.internal.sent] == [(CHANGELOG, 2, key)]
+    assert world.pending(2) == []
+
+
+def test_confirmed_tombstones_advance_the_changelog_position(world: World) -> None:
+    world.request(0, 1, T0)
+    world.at(T0)
+    world.targets.report()
+    world.settle()
+    world.internal.report()
+    assert world.positions.get(0) == 1
+
+    world.request(0, 2, T0 + 10)
+    world.at(T0 + 10)
+    world.targets.report()
+    world.settle()
+    assert world.indexes[0].offset(b"changelog") == 1
+
+
+def test_a_failed_tombstone_is_counted_and_confirms_nothing(world: World) -> None:
+    world.request(0, 1, T0)
+    world.at(T0)
+    world.targets.report()
+    world.settle()
+    world.internal.report(timed_out())
+    assert world.positions.get(0) is None
+    assert world.sample("kdelay_changelog_errors_total") == 1
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+
+def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
+    key = world.put(0, 7, T0 + 10, sid="gone")
+    world.reader.log[(0, 7)] = Missing.EXPIRED
+    world.at(T0 + 9)
+    assert world.internal.sent == []
+    world.at(T0 + 10)
+    assert world.targets.sent == []
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, None, None)
+    assert dead.header(ERROR) == [b"expired"]
+    assert dead.header(ORIGIN) == [origin(0, 7)]
+    assert dead.header(DUE_MS) == [str(T0 + 10).encode()]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"kdelay.requests/0/7" in detail
+
+    world.internal.report()
+    world.settle()
+    assert world.pending() == []
+    assert [(s.topic, s.key, s.value) for s in world.internal.sent[1:]] == [(CHANGELOG, key, None)]
+    assert world.indexes[0].id_state("gone") is None
+    assert world.sample("kdelay_dead_lettered_records_total", reason="expired") == 1
+    assert world.sample("kdelay_delivered_records_total") == 0
+
+
+def changed_value(world: World) -> None:
+    world.request(0, 7, T0)
+    world.reader.log[(0, 7)] = Message(
+        topic=REQUESTS, partition=0, offset=7, key=b"k", value=b"another record",
+        headers=schedule_headers("orders", due_ms=T0), timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+
+
+def changed_timestamp(world: World) -> None:
+    world.request(0, 7, T0)
+    world.reader.log[(0, 7)] = Message(
+        topic=REQUESTS, partition=0, offset=7, key=b"k", value=b"v",
+        headers=schedule_headers("orders", due_ms=T0), timestamp=(TIMESTAMP_CREATE_TIME, T0 - 2))
+
+
+def no_schedule_any_more(world: World) -> None:
+    world.request(0, 7, T0)
+    world.reader.log[(0, 7)] = Message(
+        topic=REQUESTS, partition=0, offset=7, key=b"k", value=b"v",
+        headers=[("user", b"1")], timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+
+
+def absent(world: World) -> None:
+    world.put(0, 7, T0)
+    world.reader.log[(0, 7)] = Missing.ABSENT
+
+
+@pytest.mark.parametrize("arrange", [changed_value, changed_timestamp, no_schedule_any_more,
+                                     absent])
+def test_an_original_that_is_not_the_indexed_one_is_a_mismatch(
+    world: World, arrange: Callable[[World], None]
+) -> None:
+    arrange(world)
+    world.at(T0)
+    assert world.targets.sent == []
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, None, None)
+    assert dead.header(ERROR) == [b"mismatch"]
+    assert dead.header(ORIGIN) == [origin(0, 7)]
+    world.internal.report(topic=DLQ)
+    world.settle()
+    assert world.pending() == []
+    assert world.sample("kdelay_dead_lettered_records_total", reason="mismatch") == 1
+
+
+# -- retries -------------------------------------------------------------------------------------
+
+
+def test_a_failing_target_is_retried_with_backoff_then_dead_lettered(world: World) -> None:
+    user: Headers = [("trace", b"t-1")]
+    key = world.request(0, 7, T0, target="broken", sid="b-7", key=b"kk", value=b"vv", user=user)
+    original = world.reader.log[(0, 7)]
+    assert isinstance(original, Message)
+    world.at(T0)
+    for attempt, (fail_at, retry_at) in enumerate(
+        [(T0, T0 + 500), (T0 + 500, T0 + 1_500)], start=1
+    ):
+        world.targets.report(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"boom {attempt}"))
+        world.clock.set(fail_at)
+        world.settle()
+        assert world.pending() == [key]
+        assert not world.delivery.in_flight(key)
+        world.at(retry_at - 1)
+        assert len(world.targets.sent) == attempt, "no retry before the backoff elapses"
+        world.at(retry_at)
+        assert len(world.targets.sent) == attempt + 1
+    assert [s.timestamp for s in world.targets.sent] == [T0, T0 + 500, T0 + 1_500]
+    assert world.internal.sent == []
+
+    world.targets.report(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "boom 3"))
+    world.settle()
+    world.at(T0 + 1_500)
+    assert len(world.targets.sent) == 3
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, b"kk", b"vv")
+    user = user_headers(original.headers())
+    assert dead.headers[: len(user)] == user, "user headers first, kdelay-* replaced"
+    assert dead.header(TARGET) == [b"broken"]
+    assert dead.header(DUE_MS) == [str(T0).encode()], "one due time: re-sendable as is"
+    assert dead.header(ERROR) == [b"undeliverable"]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"3 attempts" in detail
+    assert b"boom 3" in detail
+    assert dead.header(ORIGIN) == [origin(0, 7)]
+    assert world.sample("kdelay_delivery_retries_total") == 3
+
+    world.internal.report(topic=DLQ)
+    world.settle()
+    assert world.pending() == []
+    assert world.indexes[0].id_state("b-7") is None
+    assert world.sample("kdelay_dead_lettered_records_total", reason="undeliverable") == 1
+    assert world.sample("kdelay_delivered_records_total") == 0
+
+
+def test_a_target_that_succeeds_on_retry_is_delivered(world: World) -> None:
+    key = world.request(0, 7, T0)
+    world.at(T0)
+    world.targets.report(timed_out())
+    world.settle()
+    world.at(T0 + 500)
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert [s.origin for s in world.targets.sent] == [origin(0, 7), origin(0, 7)]
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, key)]
+    assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def test_a_produce_that_raises_kafka_exception_is_retried_after_backoff(world: World) -> None:
+    key = world.request(0, 7, T0)
+    world.targets.raises.append(
+        KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large")))
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.delivery.in_flight(key), "its failure is pending until settled"
+    world.settle()
+    assert not world.delivery.in_flight(key)
+    assert world.pending() == [key]
+    world.at(T0 + 499)
+    assert world.targets.sent == []
+    world.at(T0 + 500)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 7)]
+
+
+def test_a_failing_target_does_not_block_other_targets(world: World) -> None:
+    broken = world.request(0, 1, T0, target="broken")
+    world.request(0, 2, T0 + 100, target="orders")
+    world.request(1, 1, T0 + 200, target="orders")
+    world.at(T0)
+    world.targets.report(timed_out())
+    world.settle()
+    world.at(T0 + 100)
+    world.at(T0 + 200)
+    assert [(s.topic, s.timestamp) for s in world.targets.sent] == [
+        ("broken", T0), ("orders", T0 + 100), ("orders", T0 + 200),
+    ]
+    world.targets.report()
+    world.settle()
+    assert world.pending(0) == [broken]
+    assert world.pending(1) == []
+
+
+def test_entries_waiting_for_retry_do_not_use_up_the_read_ahead_room(tmp_path: Path) -> None:
+    config = DeliveryConfig(
+        requests_topic=REQUESTS, changelog_topic=CHANGELOG, dlq_topic=DLQ, lookahead_ms=2_000,
+        batch_size=2, attempts=10, backoff_ms=60_000, backoff_max_ms=60_000,
+    )
+    world = World(tmp_path, config)
+    try:
+        world.request(0, 1, T0, target="broken")
+        world.request(0, 2, T0, target="broken")
+        world.request(0, 3, T0 + 1_000, target="orders")
+        world.at(T0)
+        world.targets.report(timed_out())
+        world.settle()
+        world.at(T0 + 1_000)
+        assert [(s.topic, s.timestamp) for s in world.targets.sent[2:]] == [
+            ("orders", T0 + 1_000)
+        ]
+    finally:
+        world.close()
+
+
+def test_a_buffer_error_leaves_the_entry_for_a_later_tick(world: World) -> None:
+    first = world.request(0, 1, T0)
+    world.request(0, 2, T0)
+    world.targets.raises.append(BufferError("queue full"))
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.targets.polls == 1
+    assert not world.delivery.in_flight(first)
+    assert world.pending() == [first, encode_due_key(T0, 0, 2)]
+    world.at(T0 + 5)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(0, 1), T0 + 5), (origin(0, 2), T0 + 5),
+    ]
+
+
+# -- cancel and read-ahead ------------------------------------------------------------------------
+
+
+def test_forget_drops_a_read_ahead_entry(world: World) -> None:
+    key = world.request(0, 1, T0 + 1_000)
+    kept = world.request(0, 2, T0 + 1_000)
+    world.at(T0)
+    assert world.reader.calls == [{0: [1, 2]}]
+    world.indexes[0].apply(Changes(deletes=[key]))
+    world.delivery.forget([key])
+    world.at(T0 + 1_000)
+    world.at(T0 + 10_000)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 2)]
+    assert world.pending() == [kept]
+
+
+def test_forget_leaves_an_in_flight_entry_to_its_report(world: World) -> None:
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    world.delivery.forget([key])
+    assert world.delivery.in_flight(key)
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, key)]
+
+
+def test_entries_due_within_the_lookahead_are_read_before_they_are_due(world: World) -> None:
+    world.request(0, 10, T0 + 1_500)
+    world.request(0, 20, T0 + 2_500)
+    world.at(T0)
+    assert world.reader.calls == [{0: [10]}]
+    assert world.targets.sent == []
+    world.at(T0 + 1_000)
+    assert world.reader.calls == [{0: [10]}, {0: [20]}]
+    world.at(T0 + 1_500)
+    world.at(T0 + 2_500)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(0, 10), T0 + 1_500), (origin(0, 20), T0 + 2_500),
+    ]
+    assert len(world.reader.calls) == 2, "the due moment costs only a produce"
+
+
+def test_one_read_fetches_every_partition(world: World) -> None:
+    world.request(0, 9, T0 + 10)
+    world.request(1, 4, T0 + 20)
+    world.request(0, 3, T0 + 30)
+    world.request(2, 8, T0 + 3_000)
+    world.at(T0)
+    [call] = world.reader.calls
+    assert {p: sorted(o) for p, o in call.items()} == {0: [3, 9], 1: [4]}
+
+
+def test_an_entry_put_inside_the_read_window_is_picked_up(world: World) -> None:
+    world.request(0, 1, T0 + 1_800)
+    world.at(T0)
+    world.request(0, 2, T0 + 500)
+    world.request(1, 3, T0 - 10)
+    world.at(T0 + 1)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [(origin(1, 3), T0 + 1)]
+    world.at(T0 + 500)
+    world.at(T0 + 1_800)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(1, 3), T0 + 1), (origin(0, 2), T0 + 500), (origin(0, 1), T0 + 1_800),
+    ]
+
+
+def test_an_unresolved_original_is_asked_for_again(world: World) -> None:
+    world.request(0, 3, T0)
+    held = world.reader.log.pop((0, 3))
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.internal.sent == []
+    world.reader.log[(0, 3)] = held
+    world.at(T0 + 1)
+    assert world.reader.calls == [{0: [3]}, {0: [3]}]
+    assert [s.origin for s in world.targets.sent] == [origin(0, 3)]
+
+
+def test_a_dropped_partition_is_not_delivered(world: World) -> None:
+    world.request(0, 1, T0 + 100)
+    world.request(1, 1, T0 + 100)
+    world.at(T0)
+    world.delivery.drop_partition(1)
+    del world.indexes[1]
+    world.at(T0 + 100)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)]
+
+
+# -- backoff --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"),
+    [(0, 500), (1, 500), (2, 1_000), (3, 2_000), (4, 4_000), (6, 16_000), (7, 30_000),
+     (8, 30_000), (200, 30_000)],
+)
+def test_backoff_doubles_from_the_base_up_to_the_cap(attempt: int, expected: int) -> None:
+    assert backoff_ms(attempt, 500, 30_000) == expected
+
+
+def test_backoff_is_an_int_and_never_exceeds_a_small_cap() -> None:
+    values = [backoff_ms(a, 100, 250) for a in range(1, 6)]
+    assert values == [100, 200, 250, 250, 250]
+    assert all(type(v) is int for v in values)
