@@ -143,23 +143,41 @@ class OriginalReader:
     def _read_runs(self, consumer: Consumer, current: dict[int, _Run],
                    result: dict[tuple[int, int], Found], deadline: float) -> None:
         """Fetch one run per partition at once until each is resolved or the deadline passes."""
-        consumer.assign([TopicPartition(self._topic, p, run.start) for p, run in current.items()])
         open_runs = {p for p, run in current.items() if run.pending}
+        while open_runs and time.monotonic() < deadline:
+            # After an out-of-range error librdkafka stops fetching the partition
+            # and refuses a seek; a fresh assign of the open runs resumes it.
+            consumer.assign([TopicPartition(self._topic, p, current[p].start) for p in open_runs])
+            self._read_until_error(consumer, current, open_runs, result, deadline)
+
+    def _read_until_error(self, consumer: Consumer, current: dict[int, _Run],
+                          open_runs: set[int], result: dict[tuple[int, int], Found],
+                          deadline: float) -> None:
+        """Consume until every run is resolved, an out-of-range error, or the deadline."""
         while open_runs and time.monotonic() < deadline:
             for message in consumer.consume(num_messages=10_000, timeout=0.2):
                 partition = int(message.partition() or 0)
                 run = current.get(partition)
                 if run is None or partition not in open_runs:
                     continue
-                if self._take(consumer, run, message, result):
+                error = message.error()
+                if error is not None and error.code() in RANGE_ERRORS:
+                    self._expire_below_start(consumer, run, result)
+                    if not run.pending:
+                        open_runs.discard(partition)
+                    return
+                if self._take(run, message, result):
                     open_runs.discard(partition)
 
-    def _take(self, consumer: Consumer, run: _Run, message: Message,
-              result: dict[tuple[int, int], Found]) -> bool:
-        """Apply one fetched message (or fetch error) to ``run``; return whether it is done."""
+    def _take(self, run: _Run, message: Message, result: dict[tuple[int, int], Found]) -> bool:
+        """Apply one fetched message (or fetch event) to ``run``; return whether it is done."""
         error = message.error()
         if error is not None:
-            return self._on_error(consumer, run, error, result)
+            if error.code() == KafkaError._PARTITION_EOF:
+                self._settle_skipped(run, result)
+                return True
+            log.warning("reading %s[%d]: %s", self._topic, run.partition, error.str())
+            return False
         offset = int(message.offset() or 0)
         if offset in run.pending:
             result[(run.partition, offset)] = message
@@ -178,21 +196,12 @@ class OriginalReader:
             result[(run.partition, offset)] = Missing.ABSENT
             run.pending.discard(offset)
 
-    def _on_error(self, consumer: Consumer, run: _Run, error: KafkaError,
-                  result: dict[tuple[int, int], Found]) -> bool:
-        if error.code() == KafkaError._PARTITION_EOF:
-            self._settle_skipped(run, result)
-            return True
-        if error.code() in RANGE_ERRORS:
-            low, _ = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, run.partition), timeout=self._timeout_s, cached=False
-            )
-            for offset in [o for o in run.pending if o < low]:
-                result[(run.partition, offset)] = Missing.EXPIRED
-                run.pending.discard(offset)
-            if not run.pending:
-                return True
-            consumer.seek(TopicPartition(self._topic, run.partition, run.start))
-            return False
-        log.warning("reading %s[%d]: %s", self._topic, run.partition, error)
-        return False
+    def _expire_below_start(self, consumer: Consumer, run: _Run,
+                            result: dict[tuple[int, int], Found]) -> None:
+        """Mark the run's offsets below the (moved) log start offset ``EXPIRED``."""
+        low, _ = consumer.get_watermark_offsets(
+            TopicPartition(self._topic, run.partition), timeout=self._timeout_s, cached=False
+        )
+        for offset in [o for o in run.pending if o < low]:
+            result[(run.partition, offset)] = Missing.EXPIRED
+            run.pending.discard(offset)

@@ -1,0 +1,103 @@
+"""Reading originals back by offset from a real broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from kdelay.originals import Found, Missing, OriginalReader, _Run
+from tests.conftest import TopicFactory
+from tests.integration.conftest import produce
+
+
+def fill(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    produce(bootstrap, topic, [
+        {"key": f"{p}-{i}".encode(), "value": f"v{p}-{i}".encode(), "partition": p}
+        for p in range(partitions) for i in range(per_partition)
+    ])
+
+
+def keys(found: dict[tuple[int, int], Found]) -> dict[tuple[int, int], Any]:
+    return {k: v if isinstance(v, Missing) else v.key() for k, v in found.items()}
+
+
+def test_sorted_runs_across_partitions_return_exactly_the_wanted_records(
+    topic_factory: TopicFactory, bootstrap: str,
+) -> None:
+    topic = topic_factory("orig", 2)
+    fill(bootstrap, topic, 2, 300)
+    reader = OriginalReader({"bootstrap.servers": bootstrap}, topic, max_gap=10)
+    try:
+        found = reader.read({0: [250, 3, 4, 120], 1: [0, 299, 300, 5000]})
+    finally:
+        reader.close()
+    assert keys(found) == {
+        (0, 3): b"0-3", (0, 4): b"0-4", (0, 120): b"0-120", (0, 250): b"0-250",
+        (1, 0): b"1-0", (1, 299): b"1-299", (1, 300): Missing.ABSENT, (1, 5000): Missing.ABSENT,
+    }
+
+
+def test_offsets_below_the_log_start_are_expired(
+    topic_factory: TopicFactory, bootstrap: str, admin: AdminClient,
+) -> None:
+    topic = topic_factory("orig", 1)
+    fill(bootstrap, topic, 1, 20)
+    cut = TopicPartition(topic, 0, 10)
+    admin.delete_records([cut])[cut].result(timeout=30)
+    reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
+    try:
+        found = reader.read({0: [2, 9, 10, 15]})
+    finally:
+        reader.close()
+    assert keys(found) == {(0, 2): Missing.EXPIRED, (0, 9): Missing.EXPIRED,
+                           (0, 10): b"0-10", (0, 15): b"0-15"}
+
+
+class _NoPrecheck(OriginalReader):
+    """A reader that skips the watermark pre-check, as if retention ran mid-read."""
+
+    def _classify_by_watermarks(self, consumer: Consumer, partition: int, queue: list[_Run],
+                                result: dict[tuple[int, int], Found]) -> None:
+        return None
+
+
+def test_log_start_moving_under_a_fetch_is_detected_from_the_fetch_error(
+    topic_factory: TopicFactory, bootstrap: str, admin: AdminClient,
+) -> None:
+    topic = topic_factory("orig", 1)
+    fill(bootstrap, topic, 1, 20)
+    cut = TopicPartition(topic, 0, 10)
+    admin.delete_records([cut])[cut].result(timeout=30)
+    reader = _NoPrecheck({"bootstrap.servers": bootstrap}, topic)
+    try:
+        found = reader.read({0: [2, 9, 12]})
+    finally:
+        reader.close()
+    assert keys(found) == {(0, 2): Missing.EXPIRED, (0, 9): Missing.EXPIRED, (0, 12): b"0-12"}
+
+
+def test_transaction_markers_and_aborted_records_are_absent(
+    topic_factory: TopicFactory, bootstrap: str,
+) -> None:
+    topic = topic_factory("orig", 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"a", value=b"1", partition=0)
+    producer.commit_transaction(30)  # a: 0, marker: 1
+    producer.begin_transaction()
+    producer.produce(topic, key=b"b", value=b"2", partition=0)
+    assert producer.flush(30) == 0  # written to the log, then aborted
+    producer.abort_transaction(30)  # b: 2 (aborted), marker: 3
+    producer.begin_transaction()
+    producer.produce(topic, key=b"c", value=b"3", partition=0)
+    producer.commit_transaction(30)  # c: 4, marker: 5
+    reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
+    try:
+        found = reader.read({0: [0, 1, 2, 3, 4]})
+    finally:
+        reader.close()
+    assert keys(found) == {(0, 0): b"a", (0, 1): Missing.ABSENT, (0, 2): Missing.ABSENT,
+                           (0, 3): Missing.ABSENT, (0, 4): b"c"}
