@@ -13,6 +13,8 @@ to stderr and exit 2; Kafka failures print ``error[kafka]`` (or
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,6 +110,9 @@ LookaheadMs = Annotated[int | None, _common(
     "lookahead-ms", "How far ahead due originals are read.", _DEFAULTS.lookahead_ms)]
 BatchSize = Annotated[int | None, _common(
     "batch-size", "Most records handled per batch.", _DEFAULTS.batch_size)]
+DeliveryTimeoutMs = Annotated[int | None, _common(
+    "delivery-timeout-ms", "How long one produce to a target may take before it counts as failed.",
+    _DEFAULTS.delivery_timeout_ms)]
 TransactionalId = Annotated[str | None, _common(
     "transactional-id", "Transactional id for exactly-once; derived from --group-id if not given.")]
 
@@ -115,7 +120,7 @@ _COMMON_FIELDS = (
     "bootstrap_servers", "requests_topic", "changelog_topic", "dlq_topic", "group_id",
     "state_dir", "guarantee", "metrics_port", "levels", "retention_margin_ms",
     "delivery_attempts", "retry_backoff_ms", "retry_backoff_max_ms", "lookahead_ms",
-    "batch_size", "transactional_id",
+    "batch_size", "transactional_id", "delivery_timeout_ms",
 )
 
 
@@ -172,6 +177,8 @@ def run(
     ctx: typer.Context,
     check: Annotated[bool, _option(
         "check", "Check the settings and the topic layout, then exit.")] = False,
+    log_level: Annotated[str, _option(
+        "log-level", "Log level of the service (DEBUG, INFO, WARNING, ERROR).")] = "INFO",
     bootstrap_servers: BootstrapServers = None,
     requests_topic: RequestsTopic = None,
     changelog_topic: ChangelogTopic = None,
@@ -188,11 +195,14 @@ def run(
     retry_backoff_max_ms: RetryBackoffMaxMs = None,
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
+    delivery_timeout_ms: DeliveryTimeoutMs = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Run the delay service: schedule requests and deliver them when due."""
     with _reported():
         settings = _settings(ctx)
+        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kdelay.service import run_service
 
     with _reported(value_errors=False):
@@ -226,6 +236,7 @@ def topics_create(
     retry_backoff_max_ms: RetryBackoffMaxMs = None,
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
+    delivery_timeout_ms: DeliveryTimeoutMs = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Create the requests, changelog and dlq topics; existing ones are checked, not changed."""
@@ -270,6 +281,7 @@ def send(
     retry_backoff_max_ms: RetryBackoffMaxMs = None,
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
+    delivery_timeout_ms: DeliveryTimeoutMs = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
@@ -308,6 +320,7 @@ def cancel(
     retry_backoff_max_ms: RetryBackoffMaxMs = None,
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
+    delivery_timeout_ms: DeliveryTimeoutMs = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Cancel the pending schedule ID; print the cancel request's topic/partition/offset."""
