@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class _Reports:
 
     done: list[tuple[bytes, Sink]] = field(default_factory=list)
     failed: list[tuple[bytes, Sink, str]] = field(default_factory=list)
+    tombstones_failed: list[bytes] = field(default_factory=list)
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -98,12 +100,42 @@ def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
     return int(min(cap_ms, base_ms * 2 ** max(0, attempt - 1)))
 
 
+class TopicCheck:
+    """Asks the cluster whether a target topic exists, and remembers the answer a while.
+
+    A produce to a missing topic would only fail after librdkafka gives up on
+    its metadata; checking first turns that into an immediate, retryable
+    failure, and keeps a transaction from being aborted for it.
+    """
+
+    def __init__(self, producer: Producer, ttl_s: float = 30.0) -> None:
+        self._producer = producer
+        self._ttl_s = ttl_s
+        self._known: dict[str, tuple[float, KafkaError | None]] = {}
+
+    def missing(self, topic: str) -> KafkaError | None:
+        """Return the error that says ``topic`` cannot be produced to, or None."""
+        now = time.monotonic()
+        cached = self._known.get(topic)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            metadata = self._producer.list_topics(topic, timeout=5)
+            error: KafkaError | None = metadata.topics[topic].error
+        except KafkaException as exc:
+            return KafkaError(exc.args[0].code(), f"metadata for {topic}: {exc.args[0].str()}")
+        if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        self._known[topic] = (now + (self._ttl_s if error is None else 1.0), error)
+        return error
+
+
 class Delivery:
     """Reads due entries ahead, produces them when due, and settles the outcomes."""
 
     def __init__(self, config: DeliveryConfig, targets: Producer, internal: Producer,
                  reader: OriginalReader, clock: Clock, metrics: Metrics,
-                 positions: Positions) -> None:
+                 positions: Positions, *, transactional: bool = False) -> None:
         self._config = config
         self._producer = targets
         self._internal = internal
@@ -119,6 +151,9 @@ class Delivery:
         self._covered: dict[int, int] = {}
         self._truncated: set[int] = set()
         self._reports = _Reports()
+        self._transactional = transactional
+        self._sent: list[bytes] = []
+        self._topics = TopicCheck(targets)
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
@@ -145,11 +180,51 @@ class Delivery:
 
     def tick(self, indexes: Mapping[int, PartitionIndex]) -> int:
         """Read ahead, produce what is due; return the milliseconds until there is more to do."""
+        self.prepare(indexes)
+        self.dispatch()
+        return self.wait_ms()
+
+    def prepare(self, indexes: Mapping[int, PartitionIndex]) -> bool:
+        """Read ahead and take back retries whose backoff is over; return whether work is due."""
         now = self._clock.now_ms()
         self._read_ahead(indexes, now)
         self._promote_retries(now)
-        self._dispatch(now)
-        return self._next_wakeup_ms(now)
+        return self._next_wakeup_ms(now) == 0
+
+    def dispatch(self) -> None:
+        """Produce every read-ahead entry that is due by the clock, in key order."""
+        self._dispatch(self._clock.now_ms())
+
+    def wait_ms(self) -> int:
+        """Return the milliseconds until the next entry is due (at most ``MAX_WAIT_MS``)."""
+        return self._next_wakeup_ms(self._clock.now_ms())
+
+    def has_failures(self) -> bool:
+        """Return whether a produce reported a failure since the reports were last taken."""
+        return bool(self._reports.failed or self._reports.tombstones_failed)
+
+    def finish_transaction(self, committed: bool, indexes: Mapping[int, PartitionIndex]) -> None:
+        """Settle a transaction's produces: committed ones leave the index, aborted ones retry.
+
+        Transactional mode only: tombstones were produced inside the
+        transaction, so a commit only has to apply the deletes locally.
+        """
+        reports, self._reports = self._reports, _Reports()
+        sent, self._sent = self._sent, []
+        now = self._clock.now_ms()
+        if committed and not reports.failed:
+            changes: dict[int, Changes] = {}
+            for key, sink in reports.done:
+                self._succeeded(key, sink, now, changes)
+            self._apply(changes, indexes)
+            return
+        for key, sink, reason in reports.failed:
+            self._failed(key, sink, reason, now)
+        for key in sent:
+            task = self._tasks.get(key)
+            if task is not None and task.in_flight:
+                task.in_flight = False
+                heapq.heappush(self._ready, key)
 
     def settle(self, indexes: Mapping[int, PartitionIndex]) -> None:
         """Apply the delivery reports collected since the last call."""
@@ -160,6 +235,9 @@ class Delivery:
             self._succeeded(key, sink, now, changes)
         for key, sink, reason in reports.failed:
             self._failed(key, sink, reason, now)
+        self._apply(changes, indexes)
+
+    def _apply(self, changes: dict[int, Changes], indexes: Mapping[int, PartitionIndex]) -> None:
         for partition, change in changes.items():
             if partition in indexes:
                 change.changelog = self._positions.get(partition)
@@ -255,9 +333,12 @@ class Delivery:
                 self._produce_dead_letter(key, task, *task.failure)
             elif isinstance(task.original, Message):
                 self._produce_target(key, task, task.original, now)
+            if self._transactional:
+                self._produce_tombstone(key, task.partition)
         except KafkaException as exc:
             self._reports.failed.append((key, sink, str(exc.args[0])))
         task.in_flight = True
+        self._sent.append(key)
 
     def _verify(self, task: Task) -> tuple[ErrorCode, str] | None:
         """Return why the fetched original cannot be delivered, or None if it can."""
@@ -283,6 +364,9 @@ class Delivery:
     def _produce_target(self, key: bytes, task: Task, original: Message, now: int) -> None:
         schedule = self._schedule_of(original)
         assert isinstance(schedule, Schedule)  # noqa: S101 - verified before
+        missing = self._topics.missing(schedule.target)
+        if missing is not None:
+            raise KafkaException(missing)
         due = task.entry.due
         origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
         headers = envelope.delivery_headers(original.headers(), origin, due.due_ms)
@@ -335,19 +419,23 @@ class Delivery:
         sid = task.entry.value.schedule_id
         if sid is not None:
             change.ids[sid] = IdState(None, now) if sink is Sink.TARGET else None
-        self._internal.produce(self._config.changelog_topic, value=None, key=key,
-                               partition=task.partition,
-                               on_delivery=guarded(self._on_tombstone))
+        if not self._transactional:
+            self._produce_tombstone(key, task.partition)
         if sink is Sink.TARGET:
             self._metrics.delivered.inc()
         else:
             code = task.failure[0] if task.failure else ErrorCode.UNDELIVERABLE
             self._metrics.dead_lettered.labels(reason=str(code)).inc()
 
+    def _produce_tombstone(self, key: bytes, partition: int) -> None:
+        self._internal.produce(self._config.changelog_topic, value=None, key=key,
+                               partition=partition, on_delivery=guarded(self._on_tombstone))
+
     def _on_tombstone(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
             self._positions.confirm(message)
         else:
+            self._reports.tombstones_failed.append(message.key() or b"")
             self._metrics.changelog_errors.inc()
             log.error("changelog tombstone for %r failed: %s", message.key(), error.str())
 

@@ -53,6 +53,7 @@ class Plan:
     """Everything one batch of one request partition changes."""
 
     partition: int
+    first: int | None = None
     changes: Changes = field(default_factory=Changes)
     changelog: list[Record] = field(default_factory=list)
     dead_letters: list[Record] = field(default_factory=list)
@@ -107,6 +108,8 @@ class Planner:
         plan = Plan(partition)
         for message in messages:
             offset = int(message.offset() or 0)
+            if plan.first is None:
+                plan.first = offset
             # A record without a timestamp gets -1: relative delays are then
             # rejected (bad-time) instead of being measured from "now", which
             # would give a different key each time the record is re-read.

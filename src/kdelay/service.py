@@ -15,11 +15,11 @@ any point re-reads the request and re-derives the same index keys.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterable
 from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -31,15 +31,29 @@ from kdelay.changelog import Positions, Progress, Restorer, StaleIndex
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
 from kdelay.index import CONSUMED, IndexCorrupt, PartitionIndex
-from kdelay.intake import Outcome, Planner, Record, Topics
+from kdelay.intake import Outcome, Plan, Planner, Record, Topics
 from kdelay.metrics import Metrics
 from kdelay.originals import OriginalReader
-from kdelay.settings import Settings
+from kdelay.settings import Guarantee, Settings
 from kdelay.topics import Layout, check_layout
 
 log = logging.getLogger(__name__)
 
 GAUGE_EVERY_S = 5.0
+TXN_MARGIN_MS = 10_000
+
+
+def transactional_id(settings: Settings) -> str:
+    """Return the instance's transactional id: given, or derived from group and state dir.
+
+    The same state directory gives the same id across restarts, so a restarted
+    instance fences its previous incarnation and aborts its open transaction at
+    once instead of leaving consumers stuck behind it until it times out.
+    """
+    if settings.transactional_id:
+        return settings.transactional_id
+    where = hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()[:12]
+    return f"kdelay-{settings.group_id}-{where}"
 
 
 class ServiceError(Exception):
@@ -71,18 +85,33 @@ class Service:
         self._positions = Positions()
         self._stopping = False
         self._next_gauges = 0.0
+        self._consumed: dict[int, int] = {}
         self._consumer: Consumer | None = None
 
     # -- lifecycle --------------------------------------------------------------
 
+    @property
+    def exactly_once(self) -> bool:
+        """Whether this service runs with Kafka transactions."""
+        return self.settings.guarantee is Guarantee.EXACTLY_ONCE
+
     def start(self) -> None:
         """Create the Kafka clients and join the consumer group."""
         s = self.settings
-        self._targets = Producer(s.client_config(**{
-            "enable.idempotence": True, "linger.ms": 2,
-            "message.timeout.ms": s.delivery_timeout_ms}))
-        self._internal = Producer(s.client_config(**{
-            "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0}))
+        if self.exactly_once:
+            txn: dict[str, str | int | bool] = {
+                "transactional.id": transactional_id(s), "linger.ms": 2,
+                "message.timeout.ms": s.delivery_timeout_ms,
+                "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS}
+            producer = Producer(s.client_config(**txn))
+            producer.init_transactions(30)
+            self._targets = self._internal = producer
+        else:
+            self._targets = Producer(s.client_config(**{
+                "enable.idempotence": True, "linger.ms": 2,
+                "message.timeout.ms": s.delivery_timeout_ms}))
+            self._internal = Producer(s.client_config(**{
+                "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0}))
         self._reader = OriginalReader(s.client_config(), s.requests_topic)
         self._restorer = Restorer(s.client_config(), s.changelog_topic)
         self._delivery = Delivery(
@@ -90,11 +119,11 @@ class Service:
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
                            s.retry_backoff_max_ms),
             self._targets, self._internal, self._reader, self._clock, self.metrics,
-            self._positions)
+            self._positions, transactional=self.exactly_once)
         group: dict[str, str | int | bool] = {
-            "group.id": s.group_id, "enable.auto.commit": True, "auto.commit.interval.ms": 1000,
-            "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed"}
+            "group.id": s.group_id, "enable.auto.commit": not self.exactly_once,
+            "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
         self._consumer = Consumer(s.client_config(**group))
         self._consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
                                  on_revoke=guarded(self._on_revoke),
@@ -114,7 +143,7 @@ class Service:
         self._stopping = True
 
     def close(self) -> None:
-        """Finish produces in flight, commit stored offsets, leave the group, close stores."""
+        """Finish produces in flight, commit offsets, leave the group, close the stores."""
         if self._consumer is None:
             return
         consumer, self._consumer = self._consumer, None
@@ -122,6 +151,7 @@ class Service:
             consumer.close()
         finally:
             self._close_partitions(list(self._indexes))
+            self._targets.flush(10)
             self._internal.flush(10)
             self._reader.close()
             self._restorer.close()
@@ -131,68 +161,44 @@ class Service:
         return sorted(self._indexes)
 
     def step(self, max_wait_ms: int | None = None) -> None:
-        """Deliver what is due, take in one batch of requests, settle delivery reports.
+        """Take in one batch of requests, deliver what is due, settle the outcomes.
 
         The step waits for requests no longer than until the next due entry, and
         no longer than ``max_wait_ms`` (for tests that move a manual clock).
+        Rebalance callbacks run inside the consume, before any produce of the
+        step, so they never meet an open transaction.
         """
         if self._consumer is None:
             raise RuntimeError("Service.step() before start()")
-        wait_ms = self._delivery.tick(self._indexes)
+        wait_ms = self._delivery.wait_ms()
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
         messages = self._consumer.consume(self.settings.batch_size, timeout=wait_ms / 1000)
-        if messages:
-            self._intake(messages)
+        plans = self._plan(messages)
+        if self.exactly_once:
+            self._transact(plans)
+        else:
+            self._step_at_least_once(plans)
+        self._update_gauges()
+
+    # -- at-least-once ------------------------------------------------------------
+
+    def _step_at_least_once(self, plans: list[Plan]) -> None:
+        if plans and self._write_durably(plans):
+            self._apply(plans)
+        self._delivery.tick(self._indexes)
         self._targets.poll(0)
         self._internal.poll(0)
         self._delivery.settle(self._indexes)
-        self._update_gauges()
 
-    # -- intake -----------------------------------------------------------------
-
-    def _intake(self, messages: list[Message]) -> None:
-        by_partition: dict[int, list[Message]] = defaultdict(list)
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                log.warning("requests consumer: %s", error.str())
-                continue
-            by_partition[int(message.partition() or 0)].append(message)
-        plans = [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
-                 if p in self._planners]
-        records = [r for plan in plans for r in (*plan.changelog, *plan.dead_letters)]
-        if not self._produce_durably(records):
-            return
-        consumer = self._consumer
-        assert consumer is not None  # noqa: S101 - step() checked it
-        for plan in plans:
-            plan.changes.changelog = self._positions.get(plan.partition)
-            self._indexes[plan.partition].apply(plan.changes)
-            self._delivery.forget(plan.changes.deletes)
-            if plan.changes.consumed is not None:
-                consumer.store_offsets(offsets=[TopicPartition(
-                    self.settings.requests_topic, plan.partition, plan.changes.consumed)])
-            for outcome, detail in plan.outcomes:
-                self._count(outcome, detail)
-
-    def _count(self, outcome: Outcome, detail: str) -> None:
-        self.metrics.intake.labels(outcome=str(outcome)).inc()
-        if outcome is Outcome.REJECTED:
-            self.metrics.dead_lettered.labels(reason=detail.split(":", 1)[0]).inc()
-        if outcome not in (Outcome.SCHEDULED, Outcome.REJECTED):
-            log.info("request %s: %s", outcome, detail)
-
-    def _produce_durably(self, records: Iterable[Record]) -> bool:
-        """Produce changelog and DLQ records and wait for every acknowledgement.
+    def _write_durably(self, plans: list[Plan]) -> bool:
+        """Produce the plans' changelog and DLQ records and wait for every acknowledgement.
 
         Returns False when the service is asked to stop before they are all
         acknowledged (the batch is then re-read by whoever owns it next).
         Raises :class:`ServiceError` when a changelog write fails for good.
         """
-        failures: list[tuple[Record, KafkaError]] = []
-        for record in records:
-            self._produce_internal(record, failures)
+        failures = self._produce_plans(plans)
         while self._internal.flush(1.0) > 0:
             if self._stopping:
                 return False
@@ -204,6 +210,112 @@ class Service:
                       "readable at its origin %s", record.topic, error.str(), record.headers)
             self.metrics.changelog_errors.inc()
         return True
+
+    # -- exactly-once -------------------------------------------------------------
+
+    def _transact(self, plans: list[Plan]) -> None:
+        """Run one transaction: intake writes, due deliveries, tombstones and offsets."""
+        due = self._delivery.prepare(self._indexes)
+        if not plans and not due:
+            return
+        self._internal.begin_transaction()
+        failures = self._produce_plans(plans)
+        self._delivery.dispatch()
+        committed = self._commit(plans, failures)
+        self._delivery.finish_transaction(committed, self._indexes)
+        if committed:
+            self._apply(plans)
+        else:
+            self._rewind(plans)
+
+    def _commit(self, plans: list[Plan], failures: list[tuple[Record, KafkaError]]) -> bool:
+        """Commit the open transaction; abort it when any of its records failed.
+
+        Returns whether it committed. Raises :class:`ServiceError` on a fatal
+        transaction error, such as being fenced by a newer instance.
+        """
+        producer = self._internal
+        try:
+            deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000
+            while producer.flush(1.0) > 0 and time.monotonic() < deadline:
+                pass
+            if failures or self._delivery.has_failures() or len(producer) or self._stopping:
+                producer.abort_transaction(30)
+                return False
+            offsets = self._offsets_after(plans)
+            if offsets:
+                assert self._consumer is not None  # noqa: S101 - step() checked it
+                producer.send_offsets_to_transaction(
+                    offsets, self._consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(30)
+            return True
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                log.warning("transaction aborted: %s", error.str())
+                producer.abort_transaction(30)
+                return False
+            raise ServiceError("transaction-failed", f"transaction failed: {error.str()}") from exc
+
+    def _offsets_after(self, plans: list[Plan]) -> list[TopicPartition]:
+        """Return the consumed positions of every owned partition once ``plans`` are applied."""
+        positions = dict(self._consumed)
+        positions.update({p.partition: p.changes.consumed for p in plans
+                          if p.changes.consumed is not None})
+        return [TopicPartition(self.settings.requests_topic, p, offset)
+                for p, offset in sorted(positions.items()) if p in self._indexes]
+
+    def _rewind(self, plans: list[Plan]) -> None:
+        """Seek back to the first record of each aborted plan, so it is read again."""
+        assert self._consumer is not None  # noqa: S101 - step() checked it
+        for plan in plans:
+            if plan.first is not None:
+                self._consumer.seek(
+                    TopicPartition(self.settings.requests_topic, plan.partition, plan.first))
+
+    # -- intake -----------------------------------------------------------------
+
+    def _plan(self, messages: list[Message]) -> list[Plan]:
+        by_partition: dict[int, list[Message]] = defaultdict(list)
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                log.warning("requests consumer: %s", error.str())
+                continue
+            by_partition[int(message.partition() or 0)].append(message)
+        return [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
+                if p in self._planners]
+
+    def _apply(self, plans: list[Plan]) -> None:
+        """Write the plans to their indexes (after their records are durable) and count them."""
+        assert self._consumer is not None  # noqa: S101 - step() checked it
+        for plan in plans:
+            plan.changes.changelog = self._positions.get(plan.partition)
+            self._indexes[plan.partition].apply(plan.changes)
+            self._delivery.forget(plan.changes.deletes)
+            consumed = plan.changes.consumed
+            if consumed is not None:
+                self._consumed[plan.partition] = consumed
+                if not self.exactly_once:
+                    self._consumer.store_offsets(offsets=[TopicPartition(
+                        self.settings.requests_topic, plan.partition, consumed)])
+            for outcome, detail in plan.outcomes:
+                self._count(outcome, detail)
+
+    def _count(self, outcome: Outcome, detail: str) -> None:
+        self.metrics.intake.labels(outcome=str(outcome)).inc()
+        if outcome is Outcome.REJECTED:
+            self.metrics.dead_lettered.labels(reason=detail.split(":", 1)[0]).inc()
+        if outcome not in (Outcome.SCHEDULED, Outcome.REJECTED):
+            log.info("request %s: %s", outcome, detail)
+
+    def _produce_plans(self, plans: list[Plan]) -> list[tuple[Record, KafkaError]]:
+        """Produce the plans' changelog and DLQ records; return a list failures land in."""
+        failures: list[tuple[Record, KafkaError]] = []
+        for plan in plans:
+            for record in (*plan.changelog, *plan.dead_letters):
+                self._produce_internal(record, failures)
+        return failures
 
     def _produce_internal(self, record: Record, failures: list[tuple[Record, KafkaError]]) -> None:
         def report(error: KafkaError | None, message: Message) -> None:
@@ -231,6 +343,10 @@ class Service:
             local = index.offset(CONSUMED)
             if local is not None and local > committed.get(tp.partition, -1):
                 tp.offset = local
+            if tp.offset >= 0:
+                self._consumed[tp.partition] = tp.offset
+            elif committed.get(tp.partition, -1) >= 0:
+                self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(self._topics, self._limits, index.id_state,
                                                    self._delivery.in_flight)
@@ -274,8 +390,9 @@ class Service:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
-            self._drain()
-            self._commit(consumer)
+            if not self.exactly_once:
+                self._drain()
+                self._commit_offsets(consumer)
         finally:
             self._close_partitions([tp.partition for tp in partitions])
 
@@ -292,7 +409,7 @@ class Service:
             pass
         self._delivery.settle(self._indexes)
 
-    def _commit(self, consumer: Consumer) -> None:
+    def _commit_offsets(self, consumer: Consumer) -> None:
         try:
             consumer.commit(asynchronous=False)
         except KafkaException as exc:
@@ -303,6 +420,7 @@ class Service:
         for partition in partitions:
             self._delivery.drop_partition(partition)
             self._planners.pop(partition, None)
+            self._consumed.pop(partition, None)
             index = self._indexes.pop(partition, None)
             if index is not None:
                 index.close()
@@ -340,5 +458,9 @@ def run_service(settings: Settings, *, check: bool) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    service.run()
+    try:
+        service.run()
+    except ServiceError as exc:
+        log.error("error[%s]: %s", exc.code, exc)
+        return 1
     return 0

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 from kdelay.callbacks import guarded
 from kdelay.clock import ManualClock
 from kdelay.service import Service
-from kdelay.settings import Settings
+from kdelay.settings import Guarantee, Settings
 from kdelay.topics import check_layout
 from tests.conftest import TopicFactory
 
@@ -39,9 +39,17 @@ class Deployment:
         return self.settings.requests_topic
 
 
+@pytest.fixture(params=[Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+def guarantee(request: pytest.FixtureRequest) -> Guarantee:
+    """Every service test runs under both delivery guarantees."""
+    value: Guarantee = request.param
+    return value
+
+
 @pytest.fixture
 def deployment_factory(
-    topic_factory: TopicFactory, admin: Any, bootstrap: str, tmp_path: Path
+    topic_factory: TopicFactory, admin: Any, bootstrap: str, tmp_path: Path,
+    guarantee: Guarantee,
 ) -> Callable[..., Deployment]:
     """Create requests, changelog and DLQ topics and the settings that name them."""
 
@@ -55,6 +63,7 @@ def deployment_factory(
             bootstrap_servers=bootstrap, requests_topic=requests, changelog_topic=changelog,
             dlq_topic=dlq, group_id=f"g-{requests}", state_dir=tmp_path / "state",
             lookahead_ms=2_000, retry_backoff_ms=100, retry_backoff_max_ms=1_000,
+            guarantee=guarantee,
         )
         return Deployment(replace(settings, **overrides), admin, partitions)
 

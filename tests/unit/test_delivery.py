@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
@@ -83,7 +84,14 @@ class FakeProducer:
         self.unreported: list[Sent] = []
         self.raises: list[BaseException] = []
         self.polls = 0
+        self.missing_topics: set[str] = set()
         self._offsets: Counter[tuple[str, int]] = Counter()
+
+    def list_topics(self, topic: str, timeout: float = -1) -> SimpleNamespace:
+        """Metadata in which every topic exists except ``missing_topics``."""
+        error = (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "unknown topic")
+                 if topic in self.missing_topics else None)
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=error)})
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                 partition: int = -1, on_delivery: Callback | None = None, timestamp: int = 0,
