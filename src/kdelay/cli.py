@@ -113,6 +113,9 @@ BatchSize = Annotated[int | None, _common(
 DeliveryTimeoutMs = Annotated[int | None, _common(
     "delivery-timeout-ms", "How long one produce to a target may take before it counts as failed.",
     _DEFAULTS.delivery_timeout_ms)]
+InstanceId = Annotated[str | None, _common(
+    "instance-id", "Static group member id (group.instance.id): a restart takes the "
+    "partitions back at once. Give each instance its own.")]
 TransactionalId = Annotated[str | None, _common(
     "transactional-id", "Transactional id for exactly-once; derived from --group-id if not given.")]
 
@@ -120,7 +123,7 @@ _COMMON_FIELDS = (
     "bootstrap_servers", "requests_topic", "changelog_topic", "dlq_topic", "group_id",
     "state_dir", "guarantee", "metrics_port", "levels", "retention_margin_ms",
     "delivery_attempts", "retry_backoff_ms", "retry_backoff_max_ms", "lookahead_ms",
-    "batch_size", "transactional_id", "delivery_timeout_ms",
+    "batch_size", "transactional_id", "delivery_timeout_ms", "instance_id",
 )
 
 
@@ -196,6 +199,7 @@ def run(
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
     delivery_timeout_ms: DeliveryTimeoutMs = None,
+    instance_id: InstanceId = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Run the delay service: schedule requests and deliver them when due."""
@@ -237,6 +241,7 @@ def topics_create(
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
     delivery_timeout_ms: DeliveryTimeoutMs = None,
+    instance_id: InstanceId = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Create the requests, changelog and dlq topics; existing ones are checked, not changed."""
@@ -282,6 +287,7 @@ def send(
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
     delivery_timeout_ms: DeliveryTimeoutMs = None,
+    instance_id: InstanceId = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
@@ -321,6 +327,7 @@ def cancel(
     lookahead_ms: LookaheadMs = None,
     batch_size: BatchSize = None,
     delivery_timeout_ms: DeliveryTimeoutMs = None,
+    instance_id: InstanceId = None,
     transactional_id: TransactionalId = None,
 ) -> None:
     """Cancel the pending schedule ID; print the cancel request's topic/partition/offset."""

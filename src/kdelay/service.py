@@ -31,7 +31,7 @@ from kdelay.changelog import Positions, Progress, Restorer, StaleIndex
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
 from kdelay.index import CONSUMED, IndexCorrupt, PartitionIndex
-from kdelay.intake import Outcome, Plan, Planner, Record, Topics
+from kdelay.intake import Outcome, Plan, Planner, Record, Topics, consumed_marker
 from kdelay.metrics import Metrics
 from kdelay.originals import OriginalReader
 from kdelay.settings import Guarantee, Settings
@@ -124,6 +124,8 @@ class Service:
             "group.id": s.group_id, "enable.auto.commit": not self.exactly_once,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
+        if s.instance_id:
+            group["group.instance.id"] = s.instance_id
         self._consumer = Consumer(s.client_config(**group))
         self._consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
                                  on_revoke=guarded(self._on_revoke),
@@ -313,7 +315,8 @@ class Service:
         """Produce the plans' changelog and DLQ records; return a list failures land in."""
         failures: list[tuple[Record, KafkaError]] = []
         for plan in plans:
-            for record in (*plan.changelog, *plan.dead_letters):
+            for record in (*plan.changelog, *consumed_marker(self._topics, plan),
+                           *plan.dead_letters):
                 self._produce_internal(record, failures)
         return failures
 

@@ -57,6 +57,9 @@ class Settings:
     Durations are integer milliseconds. ``levels`` is the delay-level table in
     milliseconds, level 1 first. ``transactional_id`` stays ``None`` unless
     given: deriving one from ``group_id`` is the service's job.
+    ``instance_id``, when given, makes the instance a static group member
+    (``group.instance.id``): a restarted instance takes its partitions back at
+    once instead of after the session timeout of its previous incarnation.
 
     Raises :class:`SettingsError` (a ``ValueError``, code ``invalid-setting``)
     whose message names every invalid field.
@@ -80,6 +83,7 @@ class Settings:
     lookahead_ms: int = 2_000
     batch_size: int = 1_000
     transactional_id: str | None = None
+    instance_id: str | None = None
 
     def __post_init__(self) -> None:
         """Normalise field types, then validate; see the class docstring."""
