@@ -128,6 +128,9 @@ def _apply(index: PartitionIndex, staged: dict[bytes, bytes | None], position: i
     """Write replayed records and the changelog position they reach in one batch."""
     changes = Changes(changelog=position)
     for key, raw in staged.items():
+        if key == codec.CONSUMED_MARKER and raw is not None:
+            changes.consumed = codec.decode_offset(raw)
+            continue
         if len(key) != codec.DUE_KEY_SIZE:
             log.warning("changelog key of %d bytes ignored", len(key))
             continue

@@ -21,6 +21,9 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
 DUE_KEY_SIZE = _DUE_KEY.size
+# The changelog key under which intake records its consumed offset; any length
+# but DUE_KEY_SIZE keeps it apart from due keys.
+CONSUMED_MARKER = b"kdelay/consumed"
 """Length in bytes of an encoded due key (20)."""
 
 _U32_MAX = 2**32 - 1

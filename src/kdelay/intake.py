@@ -79,6 +79,20 @@ def record_time(message: Message, fallback_ms: int) -> int:
     return fallback_ms if kind == TIMESTAMP_NOT_AVAILABLE else timestamp
 
 
+def consumed_marker(topics: Topics, plan: Plan) -> list[Record]:
+    """Return the changelog record that says how far intake has read, if the plan says so.
+
+    Written after the plan's own changelog records, on the same partition, it
+    lets a restore recover the consumed offset together with the index, so a
+    rebuilt instance never re-reads (and re-schedules) requests the changelog
+    already covers, even when the group's committed offset lags behind.
+    """
+    if plan.changes.consumed is None:
+        return []
+    return [Record(topics.changelog, plan.partition, codec.CONSUMED_MARKER,
+                   codec.encode_offset(plan.changes.consumed))]
+
+
 def fingerprint_of(message: Message) -> codec.Fingerprint:
     """Return the fingerprint of a request record, as stored in its index entry."""
     return codec.fingerprint(message.key(), message.value(), record_time(message, 0))
