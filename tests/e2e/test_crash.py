@@ -1,0 +1,45 @@
+"""The crash harness in CI: SIGKILL `kdelay run` under load, for both guarantees."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _harness() -> ModuleType:
+    path = ROOT / "tools" / "crash_harness.py"
+    spec = importlib.util.spec_from_file_location("crash_harness", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["crash_harness"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("guarantee", "broker_kills"),
+                         [("at-least-once", 0), ("exactly-once", 1)])
+def test_ten_kills_lose_nothing_and_stay_within_the_guarantee(
+    bootstrap: str, tmp_path: Path, guarantee: str, broker_kills: int,
+) -> None:
+    harness = _harness()
+    options = harness.Options(bootstrap, guarantee, kills=10, rate=150, state_loss=0.3,
+                              broker_kills=broker_kills, min_up_s=0.5, max_up_s=2.5,
+                              seed=7, workdir=tmp_path)
+    report = harness.run(options)
+    print(report.table())
+    assert report.requests > 500
+    assert report.lost == 0
+    assert report.early == 0
+    assert report.dead_lettered == 0
+    assert report.delivered == report.requests
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0
+    else:
+        assert report.unexplained_duplicates == 0

@@ -1,0 +1,392 @@
+"""Crash harness: SIGKILL ``kdelay run`` under load and prove nothing is lost.
+
+A load thread writes requests continuously with mixed delays (already due,
+sub-second, a few seconds). ``kdelay run`` runs as a subprocess and is killed
+with SIGKILL at random moments and restarted, sometimes with its state
+directory deleted (the index is then rebuilt from the changelog); optionally
+the broker is killed and restarted too. When the kills are done the load stops,
+a last instance drains what is pending, and the target topic is read back with
+a ``read_committed`` consumer:
+
+- lost: a request never delivered (nor dead-lettered);
+- early: a delivered record whose timestamp (the delivery time) precedes its due time;
+- duplicates: a request delivered more than once. Under ``exactly-once`` there
+  must be none; under ``at-least-once`` every duplicate's first copy must have
+  been delivered shortly before a kill (it was in the batch in flight).
+
+Run ``tools/crash --help``. Exit status 0 when every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+ROOT = Path(__file__).resolve().parent.parent
+KAFKA = ROOT / "tools" / "kafka"
+IN_FLIGHT_WINDOW_MS = 5_000
+
+
+@dataclass
+class Options:
+    """What one harness run does."""
+
+    bootstrap: str
+    guarantee: str = "exactly-once"
+    kills: int = 100
+    rate: int = 200
+    partitions: int = 3
+    state_loss: float = 0.3
+    broker_kills: int = 0
+    min_up_s: float = 1.0
+    max_up_s: float = 4.0
+    drain_timeout_s: float = 180.0
+    seed: int = 1
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kdelay-crash-")))
+
+
+@dataclass
+class Report:
+    """The outcome of a harness run."""
+
+    guarantee: str
+    kills: int
+    broker_kills: int
+    state_losses: int
+    requests: int
+    delivered: int
+    lost: int
+    duplicates: int
+    unexplained_duplicates: int
+    early: int
+    dead_lettered: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether every check of the guarantee holds."""
+        dupes_ok = self.duplicates == 0 if self.guarantee == "exactly-once" else (
+            self.unexplained_duplicates == 0)
+        return self.lost == 0 and self.early == 0 and dupes_ok and self.dead_lettered == 0
+
+    def table(self) -> str:
+        """Return the report as a markdown table."""
+        rows = [(k, v) for k, v in asdict(self).items()] + [("ok", self.ok)]
+        return "| measure | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr."""
+    print(f"crash: {message}", file=sys.stderr, flush=True)
+
+
+class Load(threading.Thread):
+    """Writes requests at a steady rate until stopped; remembers every due time."""
+
+    def __init__(self, bootstrap: str, topic: str, target: str, rate: int, seed: int) -> None:
+        super().__init__(daemon=True)
+        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                                   "linger.ms": 5, "message.timeout.ms": 0})
+        self._topic = topic
+        self._target = target
+        self._rate = rate
+        self._rng = random.Random(seed)
+        self._halt = threading.Event()
+        self.due: dict[str, int] = {}
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        sent = 0
+        started = time.monotonic()
+        while not self._halt.is_set():
+            self._send(f"r{sent}")
+            sent += 1
+            ahead = sent / self._rate - (time.monotonic() - started)
+            if ahead > 0:
+                self._halt.wait(ahead)
+            self._producer.poll(0)
+
+    def _send(self, rid: str) -> None:
+        now = int(time.time() * 1000)
+        kind = self._rng.random()
+        if kind < 0.2:
+            due = now - self._rng.randint(0, 5_000)
+        elif kind < 0.6:
+            due = now + self._rng.randint(1, 999)
+        else:
+            due = now + self._rng.randint(1_000, 5_000)
+        self.due[rid] = due
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("kdelay-target", self._target.encode()), ("kdelay-due-ms", str(due).encode())]
+
+        def report(error: KafkaError | None, _: Message) -> None:
+            if error is not None:
+                self.errors.append(error.str())
+
+        while True:
+            try:
+                self._producer.produce(self._topic, key=rid.encode(), value=rid.encode(),
+                                       headers=headers, timestamp=now, on_delivery=report)
+                return
+            except BufferError:
+                self._producer.poll(0.1)
+
+    def stop(self) -> None:
+        """Stop writing and wait until every request written is acknowledged."""
+        self._halt.set()
+        self.join()
+        while self._producer.flush(5) > 0:
+            log("waiting for the broker to acknowledge the load")
+
+
+class Instance:
+    """``kdelay run`` as a subprocess, started again after every kill."""
+
+    def __init__(self, options: Options, env: dict[str, str]) -> None:
+        self._options = options
+        self._env = env
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._runs = 0
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self._env["KDELAY_STATE_DIR"])
+
+    def start(self) -> None:
+        self._runs += 1
+        with (self._options.workdir / f"run-{self._runs}.log").open("wb") as out:
+            self._proc = subprocess.Popen(
+                [str(ROOT / ".venv" / "bin" / "kdelay"), "run", "--log-level", "WARNING"],
+                env=self._env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+
+    def terminate(self) -> int:
+        if self._proc is None:
+            return 0
+        self._proc.send_signal(signal.SIGTERM)
+        return self._proc.wait(timeout=60)
+
+
+def create_topics(admin: AdminClient, names: dict[str, tuple[int, dict[str, str]]]) -> None:
+    """Create topics, each ``name -> (partitions, config)``."""
+    futures = admin.create_topics([NewTopic(n, p, 1, config=c) for n, (p, c) in names.items()])
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+class TopicReader:
+    """Reads a whole topic with read_committed, from the beginning, up to its current end."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"crash-{uuid.uuid4()}",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "enable.partition.eof": True})
+        metadata = self._consumer.list_topics(topic, timeout=30)
+        self._partitions = sorted(metadata.topics[topic].partitions)
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                               for p in self._partitions])
+        self.messages: list[Message] = []
+
+    def drain(self, timeout_s: float = 60.0) -> list[Message]:
+        """Read until every partition reports its end; return everything read so far."""
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < len(self._partitions) and time.monotonic() < deadline:
+            for message in self._consumer.consume(10_000, timeout=0.5):
+                error = message.error()
+                if error is None:
+                    self.messages.append(message)
+                    at_end.discard(int(message.partition() or 0))
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(int(message.partition() or 0))
+        return self.messages
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_all(bootstrap: str, topic: str, keys: set[str], timeout_s: float) -> list[Message]:
+    """Read ``topic`` until every key in ``keys`` has arrived or ``timeout_s`` passes."""
+    reader = TopicReader(bootstrap, topic)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            found = {(m.key() or b"").decode() for m in reader.drain()}
+            missing = len(keys - found)
+            if not missing or time.monotonic() > deadline:
+                return reader.messages
+            log(f"{missing} requests not delivered yet")
+            time.sleep(1.0)
+    finally:
+        reader.close()
+
+
+def kill_broker() -> bool:
+    """SIGKILL the broker tools/kafka started and start it again on the same data.
+
+    Returns False (and kills nothing) when the broker is not one tools/kafka runs.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "KDELAY_BOOTSTRAP_SERVERS"}
+    if subprocess.run([str(KAFKA), "status"], env=env, capture_output=True,
+                      check=False).returncode != 0:
+        log("the broker is not one tools/kafka runs; not killing it")
+        return False
+    subprocess.run([str(KAFKA), "kill"], env=env, check=True)
+    subprocess.run([str(KAFKA), "start"], env=env, check=True, stdout=subprocess.DEVNULL)
+    return True
+
+
+def run(options: Options) -> Report:
+    """Run the harness and return its report."""
+    rng = random.Random(options.seed)
+    admin = AdminClient({"bootstrap.servers": options.bootstrap})
+    suffix = uuid.uuid4().hex[:8]
+    topics = {f"crash.req.{suffix}": (options.partitions, {"retention.ms": "604800000"}),
+              f"crash.chg.{suffix}": (options.partitions, {"cleanup.policy": "compact"}),
+              f"crash.dlq.{suffix}": (1, {}), f"crash.target.{suffix}": (3, {})}
+    create_topics(admin, topics)
+    requests, changelog, dlq, target = list(topics)
+    env = {**os.environ, "KDELAY_BOOTSTRAP_SERVERS": options.bootstrap,
+           "KDELAY_REQUESTS_TOPIC": requests, "KDELAY_CHANGELOG_TOPIC": changelog,
+           "KDELAY_DLQ_TOPIC": dlq, "KDELAY_GROUP_ID": f"crash-{suffix}",
+           "KDELAY_STATE_DIR": str(options.workdir / "state"),
+           "KDELAY_GUARANTEE": options.guarantee, "KDELAY_INSTANCE_ID": f"crash-{suffix}",
+           "KDELAY_DELIVERY_TIMEOUT_MS": "10000"}
+    started = time.monotonic()
+    load = Load(options.bootstrap, requests, target, options.rate, options.seed)
+    load.start()
+    instance = Instance(options, env)
+    instance.start()
+    kill_times: list[int] = []
+    state_losses = 0
+    broker_kills = 0
+    broker_kills_at = set(rng.sample(range(options.kills), min(options.broker_kills,
+                                                                options.kills)))
+    for k in range(options.kills):
+        time.sleep(rng.uniform(options.min_up_s, options.max_up_s))
+        kill_times.append(int(time.time() * 1000))
+        instance.kill()
+        if k in broker_kills_at:
+            log(f"kill {k + 1}: broker too")
+            broker_kills += kill_broker()
+        if rng.random() < options.state_loss:
+            shutil.rmtree(instance.state_dir, ignore_errors=True)
+            state_losses += 1
+        log(f"kill {k + 1}/{options.kills} (state losses so far: {state_losses})")
+        instance.start()
+    load.stop()
+    log(f"load stopped after {len(load.due)} requests; draining")
+    delivered = read_all(options.bootstrap, target, set(load.due), options.drain_timeout_s)
+    code = instance.terminate()
+    if code != 0:
+        log(f"last instance exited with {code}; see {options.workdir}")
+    dead = read_all(options.bootstrap, dlq, set(), 0.0)
+    return judge(options, load.due, delivered, dead, kill_times, (state_losses, broker_kills),
+                 time.monotonic() - started)
+
+
+def judge(options: Options, due: dict[str, int], delivered: list[Message],
+          dead: list[Message], kill_times: list[int], losses: tuple[int, int],
+          seconds: float) -> Report:
+    """Compare what was requested with what arrived."""
+    first: dict[str, int] = {}
+    counts: Counter[str] = Counter()
+    early = 0
+    for message in delivered:
+        rid = (message.key() or b"").decode()
+        stamp = message.timestamp()[1]
+        counts[rid] += 1
+        first[rid] = min(first.get(rid, stamp), stamp)
+        early += stamp < due.get(rid, 0)
+    duplicated = [rid for rid, n in counts.items() if n > 1]
+    unexplained = [rid for rid in duplicated
+                   if not any(0 <= kill - first[rid] <= IN_FLIGHT_WINDOW_MS for kill in kill_times)]
+    for rid in unexplained[:10]:
+        stamps = sorted(m.timestamp()[1] for m in delivered if (m.key() or b"").decode() == rid)
+        after = [k - first[rid] for k in kill_times if k >= first[rid]]
+        log(f"duplicate not explained by a kill: {rid} due {due.get(rid)} delivered at "
+            f"{stamps}; next kill {min(after) if after else None} ms after the first")
+    lost = [rid for rid in due if rid not in counts]
+    if lost:
+        log(f"lost: {lost[:10]}")
+    return Report(options.guarantee, options.kills, losses[1], losses[0], len(due),
+                  len(counts), len(lost), len(duplicated), len(unexplained), early, len(dead),
+                  round(seconds, 1))
+
+
+def bootstrap_address() -> str:
+    """The broker from KDELAY_BOOTSTRAP_SERVERS, else from tools/kafka start."""
+    external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    if external:
+        return external
+    line = subprocess.run([str(KAFKA), "start"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    return line.removeprefix("bootstrap=")
+
+
+def main() -> int:
+    """Parse the command line, run, print the table (and JSON with --json)."""
+    parser = argparse.ArgumentParser(prog="tools/crash", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once", "both"],
+                        default="exactly-once")
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--rate", type=int, default=200, help="requests per second")
+    parser.add_argument("--state-loss", type=float, default=0.3,
+                        help="probability that a restart finds its state dir deleted")
+    parser.add_argument("--broker-kills", type=int, default=0,
+                        help="how many of the kills also SIGKILL the broker")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--min-up", type=float, default=1.0,
+                        help="shortest time an instance runs before it is killed (s)")
+    parser.add_argument("--max-up", type=float, default=4.0,
+                        help="longest time an instance runs before it is killed (s)")
+    parser.add_argument("--json", type=Path, help="also write the reports as JSON here")
+    args = parser.parse_args()
+    guarantees = ["at-least-once", "exactly-once"] if args.guarantee == "both" else [
+        args.guarantee]
+    bootstrap = bootstrap_address()
+    reports = [run(Options(bootstrap, g, args.kills, args.rate, state_loss=args.state_loss,
+                           broker_kills=args.broker_kills, min_up_s=args.min_up,
+                           max_up_s=args.max_up, seed=args.seed)) for g in guarantees]
+    for report in reports:
+        print(report.table())
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) | {"ok": r.ok} for r in reports], indent=2))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
