@@ -13,20 +13,25 @@ transactions that never committed are skipped.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from kdelay import codec
 from kdelay.codec import IdState
-from kdelay.index import CHANGELOG, Changes, Entry, PartitionIndex
+from kdelay.index import CHANGELOG, Changes, Entry, IndexCorrupt, PartitionIndex, store_path
+from kdelay.polling import take
+from kdelay.settings import Settings
 
 log = logging.getLogger(__name__)
 
 APPLY_EVERY = 10_000
 Progress = Callable[[int, int], None]
+PartitionProgress = Callable[[int, int, int], None]
 
 
 class StaleIndex(Exception):
@@ -62,6 +67,15 @@ class Restorer:
     def close(self) -> None:
         """Close the consumer."""
         self._consumer.close()
+
+    def partitions(self) -> list[int]:
+        """Return the changelog topic's partitions; :class:`RestoreError` if it is missing."""
+        metadata = self._consumer.list_topics(self._topic, timeout=30)
+        topic = metadata.topics.get(self._topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise RestoreError(f"changelog topic {self._topic} does not exist: run "
+                               "`kdelay topics create`")
+        return sorted(topic.partitions)
 
     def lag(self, index: PartitionIndex) -> int:
         """Return how many changelog offsets ``index`` has not replayed yet."""
@@ -105,7 +119,7 @@ class Restorer:
         while position < high:
             if time.monotonic() > deadline:
                 raise RestoreError(f"{self._topic}[{index.partition}] stuck at {position}/{high}")
-            for message in self._consumer.consume(num_messages=10_000, timeout=0.5):
+            for message in take(self._consumer, 10_000, 0.5):
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
@@ -145,6 +159,61 @@ def _apply(index: PartitionIndex, staged: dict[bytes, bytes | None], position: i
         if value.schedule_id is not None:
             changes.ids[value.schedule_id] = IdState(key, None)
     index.apply(changes)
+
+
+def open_restored(path: Path, partition: int, restorer: Restorer,
+                  progress: Progress | None = None) -> tuple[PartitionIndex, int]:
+    """Open the index at ``path`` and catch it up from the changelog; return it and the count.
+
+    A corrupt store, or one past the changelog's end (the topic was
+    recreated), is destroyed and rebuilt whole. :class:`IndexLocked` (another
+    process holds the store) propagates: such a store is never touched.
+    """
+    for attempt in range(2):
+        try:
+            index = PartitionIndex(path, partition)
+        except IndexCorrupt as exc:
+            log.warning("%s; rebuilding it from the changelog", exc)
+            PartitionIndex.destroy(path)
+            index = PartitionIndex(path, partition)
+        try:
+            return index, restorer.restore(index, progress)
+        except StaleIndex as exc:
+            log.warning("partition %d: %s; rebuilding it whole", partition, exc)
+            index.close()
+            PartitionIndex.destroy(path)
+            if attempt:
+                raise
+        except BaseException:
+            index.close()
+            raise
+    raise AssertionError("unreachable")
+
+
+def rebuild(settings: Settings, *, partitions: Sequence[int] | None = None,
+            fresh: bool = False, progress: PartitionProgress | None = None) -> dict[int, int]:
+    """Rebuild or catch up the local indexes of ``partitions`` (all when None) from the changelog.
+
+    With ``fresh`` the local stores are deleted first and rebuilt whole.
+    Returns the records replayed per partition. Raises :class:`IndexLocked`
+    when a running service holds a store, and :class:`RestoreError` when the
+    changelog topic does not exist.
+    """
+    restorer = Restorer(settings.client_config(), settings.changelog_topic)
+    try:
+        chosen = list(partitions) if partitions is not None else restorer.partitions()
+        replayed: dict[int, int] = {}
+        for partition in chosen:
+            path = store_path(settings.state_dir, settings.requests_topic, partition)
+            if fresh:
+                PartitionIndex(path, partition).close()  # raises IndexLocked if in use
+                PartitionIndex.destroy(path)
+            step = None if progress is None else functools.partial(progress, partition)
+            index, replayed[partition] = open_restored(path, partition, restorer, step)
+            index.close()
+        return replayed
+    finally:
+        restorer.close()
 
 
 def confirmed_offset(message: Message) -> int:

@@ -22,9 +22,20 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from confluent_kafka import KafkaError, KafkaException
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
+from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
+from kdelay.index import IndexLocked
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.topics import LayoutError, admin_client, create_topics
 
@@ -159,6 +170,11 @@ def _reported(*, value_errors: bool = True) -> Iterator[None]:
         _fail(exc.code, str(exc), USER_ERROR_EXIT)
     except DeliveryError as exc:
         _fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
+    except IndexLocked as exc:
+        _fail("state-dir-in-use", f"{exc}; stop the service that uses it first",
+              USER_ERROR_EXIT)
+    except RestoreError as exc:
+        _fail("restore-failed", str(exc), KAFKA_ERROR_EXIT)
     except KafkaException as exc:
         _fail("kafka", _kafka_message(exc), KAFKA_ERROR_EXIT)
     except ValueError as exc:
@@ -338,6 +354,59 @@ def cancel(
     typer.echo(str(coordinates))
 
 
+@app.command()
+def restore(
+    ctx: typer.Context,
+    partition: Annotated[list[int] | None, typer.Option(
+        "--partition", envvar=envvar("partition"), show_default=False,
+        help="A request partition to rebuild (repeatable); all when not given.")] = None,
+    fresh: Annotated[bool, _option(
+        "fresh", "Delete the local stores first and rebuild them whole.")] = False,
+    bootstrap_servers: BootstrapServers = None,
+    requests_topic: RequestsTopic = None,
+    changelog_topic: ChangelogTopic = None,
+    dlq_topic: DlqTopic = None,
+    group_id: GroupId = None,
+    state_dir: StateDir = None,
+    guarantee: GuaranteeOpt = None,
+    metrics_port: MetricsPort = None,
+    kafka_config: KafkaConfig = None,
+    levels: Levels = None,
+    retention_margin_ms: RetentionMarginMs = None,
+    delivery_attempts: DeliveryAttempts = None,
+    retry_backoff_ms: RetryBackoffMs = None,
+    retry_backoff_max_ms: RetryBackoffMaxMs = None,
+    lookahead_ms: LookaheadMs = None,
+    batch_size: BatchSize = None,
+    delivery_timeout_ms: DeliveryTimeoutMs = None,
+    instance_id: InstanceId = None,
+    transactional_id: TransactionalId = None,
+) -> None:
+    """Rebuild the local indexes under --state-dir from the changelog, with progress.
+
+    Run it with the service stopped (it refuses a store the service holds).
+    """
+    with _reported():
+        settings = _settings(ctx)
+        with Progress(TextColumn("partition {task.fields[partition]}"), BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True)) as bar:
+            tasks: dict[int, TaskID] = {}
+
+            def progress(p: int, done: int, total: int) -> None:
+                if p not in tasks:
+                    tasks[p] = bar.add_task("restore", total=total, partition=p)
+                bar.update(tasks[p], completed=done, total=total)
+
+            replayed = rebuild(settings, partitions=partition, fresh=fresh, progress=progress)
+    for p, count in sorted(replayed.items()):
+        typer.echo(f"partition {p}: {count} changelog records replayed")
+
+
 def main() -> None:
     """Entry point of the ``kdelay`` console script."""
     app()
+
+
+if __name__ == "__main__":
+    main()

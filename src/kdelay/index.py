@@ -37,6 +37,15 @@ class IndexCorrupt(Exception):
     """The store on disk cannot be opened or read; it must be rebuilt from the changelog."""
 
 
+class IndexLocked(Exception):
+    """Another process (or object) holds the store open; it must not be touched."""
+
+
+def store_path(state_dir: Path, requests_topic: str, partition: int) -> Path:
+    """Return where the index of one request partition lives under ``state_dir``."""
+    return state_dir / f"{requests_topic}-{partition}"
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A pending request: where its original lives and how to recognise it."""
@@ -77,7 +86,8 @@ class PartitionIndex:
     """The index of one request partition, stored under ``path``.
 
     Not thread-safe: the service's single loop owns it. Raises
-    :class:`IndexCorrupt` when the store cannot be opened.
+    :class:`IndexLocked` when another process holds the store, and
+    :class:`IndexCorrupt` when it cannot be opened for any other reason.
     """
 
     def __init__(self, path: Path, partition: int) -> None:
@@ -89,6 +99,8 @@ class PartitionIndex:
             self._db = Rdict(str(path), _options(), column_families=families,
                              access_type=AccessType.read_write())
         except Exception as exc:
+            if "lock" in str(exc).lower():
+                raise IndexLocked(f"index {path} is in use by another process: {exc}") from exc
             raise IndexCorrupt(f"cannot open index {path}: {exc}") from exc
         self._ids = self._db.get_column_family(IDS_CF)
         self._meta = self._db.get_column_family(META_CF)

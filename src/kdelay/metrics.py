@@ -33,9 +33,6 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS, registry=r)
         self.pending = Gauge("kdelay_pending_entries", "Pending entries (estimate), by partition",
                              ["partition"], registry=r)
-        self.headroom = Gauge("kdelay_retention_headroom_records",
-                              "Oldest pending offset minus log start offset, by partition",
-                              ["partition"], registry=r)
         self.restored = Counter("kdelay_restored_changelog_records",
                                 "Changelog records replayed into local indexes", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",

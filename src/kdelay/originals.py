@@ -25,6 +25,8 @@ from enum import Enum
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from kdelay.polling import take
+
 log = logging.getLogger(__name__)
 
 RANGE_ERRORS = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
@@ -155,7 +157,7 @@ class OriginalReader:
                           deadline: float) -> None:
         """Consume until every run is resolved, an out-of-range error, or the deadline."""
         while open_runs and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+            for message in take(consumer, 10_000, 0.2):
                 partition = int(message.partition() or 0)
                 run = current.get(partition)
                 if run is None or partition not in open_runs:

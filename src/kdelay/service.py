@@ -27,13 +27,14 @@ from confluent_kafka.admin import AdminClient
 
 from kdelay import envelope
 from kdelay.callbacks import guarded
-from kdelay.changelog import Positions, Progress, Restorer, StaleIndex
+from kdelay.changelog import Positions, Progress, Restorer, open_restored
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
-from kdelay.index import CONSUMED, IndexCorrupt, PartitionIndex
+from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
 from kdelay.intake import Outcome, Plan, Planner, Record, Topics, consumed_marker
 from kdelay.metrics import Metrics
 from kdelay.originals import OriginalReader
+from kdelay.polling import take
 from kdelay.settings import Guarantee, Settings
 from kdelay.topics import Layout, check_layout
 
@@ -175,7 +176,7 @@ class Service:
         wait_ms = self._delivery.wait_ms()
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
-        messages = self._consumer.consume(self.settings.batch_size, timeout=wait_ms / 1000)
+        messages = take(self._consumer, self.settings.batch_size, wait_ms / 1000)
         plans = self._plan(messages)
         if self.exactly_once:
             self._transact(plans)
@@ -358,28 +359,18 @@ class Service:
 
     def _open(self, partition: int) -> PartitionIndex:
         """Open a partition's index and catch it up from the changelog before it serves."""
-        path = self.settings.state_dir / f"{self.settings.requests_topic}-{partition}"
-        for attempt in range(2):
-            try:
-                index = PartitionIndex(path, partition)
-            except IndexCorrupt as exc:
-                log.warning("%s; rebuilding from %s", exc, self.settings.changelog_topic)
-                PartitionIndex.destroy(path)
-                index = PartitionIndex(path, partition)
-            self.metrics.restoring.inc()
-            try:
-                restored = self._restorer.restore(index, self._restore_progress(partition))
-                log.info("partition %d: %d changelog records replayed", partition, restored)
-                return index
-            except StaleIndex as exc:
-                log.warning("partition %d: %s; rebuilding", partition, exc)
-                index.close()
-                PartitionIndex.destroy(path)
-                if attempt:
-                    raise
-            finally:
-                self.metrics.restoring.dec()
-        raise AssertionError("unreachable")
+        path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
+        self.metrics.restoring.inc()
+        try:
+            index, restored = open_restored(path, partition, self._restorer,
+                                            self._restore_progress(partition))
+        except IndexLocked as exc:
+            raise ServiceError("state-dir-in-use",
+                               f"{exc}; give every instance its own --state-dir") from exc
+        finally:
+            self.metrics.restoring.dec()
+        log.info("partition %d: %d changelog records replayed", partition, restored)
+        return index
 
     def _restore_progress(self, partition: int) -> Progress:
         last = [0]
@@ -427,6 +418,7 @@ class Service:
             index = self._indexes.pop(partition, None)
             if index is not None:
                 index.close()
+                self.metrics.pending.remove(str(partition))
 
     def _update_gauges(self) -> None:
         now = time.monotonic()

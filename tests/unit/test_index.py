@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from kdelay.codec import DueKey, Fingerprint, IdState, IndexValue, encode_due_key
-from kdelay.index import CHANGELOG, CONSUMED, Changes, Entry, IndexCorrupt, PartitionIndex
+from kdelay.index import (
+    CHANGELOG,
+    CONSUMED,
+    Changes,
+    Entry,
+    IndexCorrupt,
+    IndexLocked,
+    PartitionIndex,
+)
 
 
 def entry(due_ms: int, partition: int = 0, offset: int = 0, sid: str | None = None) -> Entry:
@@ -372,3 +380,15 @@ def test_a_damaged_store_is_index_corrupt_and_destroy_clears_it(tmp_path: Path) 
         assert list(rebuilt.entries()) == []
     finally:
         rebuilt.close()
+
+
+def test_a_store_held_open_elsewhere_is_locked_not_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "p0"
+    holder = PartitionIndex(path, 0)
+    try:
+        holder.apply(Changes(puts=[entry(100)], consumed=1))
+        with pytest.raises(IndexLocked):
+            PartitionIndex(path, 0)
+        assert list(holder.entries()) == [entry(100)], "the held store is untouched"
+    finally:
+        holder.close()
