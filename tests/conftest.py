@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,12 +75,26 @@ def topic_factory(admin: AdminClient) -> Iterator[TopicFactory]:
         )
         futures[name].result(timeout=30)
         created.append(name)
+        wait_visible(admin, name, partitions)
         return name
 
     yield create
     if created:
         for future in admin.delete_topics(created).values():
             future.result(timeout=30)
+
+
+def wait_visible(admin: AdminClient, name: str, partitions: int, timeout_s: float = 30) -> None:
+    """Wait until metadata shows every partition of a new topic with a leader."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topic = admin.list_topics(name, timeout=10).topics.get(name)
+        if topic is not None and topic.error is None and len(topic.partitions) == partitions \
+                and all(p.leader >= 0 for p in topic.partitions.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topic {name} not visible in metadata after {timeout_s}s")
+        time.sleep(0.1)
 
 
 @pytest.fixture(autouse=True)

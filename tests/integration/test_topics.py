@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from kdelay.cli import app
 from kdelay.settings import Settings
 from kdelay.topics import Layout, LayoutError, check_layout, create_topics, retention_ms
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, wait_visible
 
 pytestmark = pytest.mark.kafka
 
@@ -39,6 +39,7 @@ def create(admin: AdminClient, topic: str, partitions: int, config: dict[str, st
     """Create one topic with ``config``."""
     futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config)])
     futures[topic].result(timeout=TIMEOUT_S)
+    wait_visible(admin, topic, partitions)
 
 
 @pytest.fixture
