@@ -13,9 +13,11 @@ to stderr and exit 2; Kafka failures print ``error[kafka]`` (or
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -130,12 +132,54 @@ InstanceId = Annotated[str | None, _common(
 TransactionalId = Annotated[str | None, _common(
     "transactional-id", "Transactional id for exactly-once; derived from --group-id if not given.")]
 
-_COMMON_FIELDS = (
-    "bootstrap_servers", "requests_topic", "changelog_topic", "dlq_topic", "group_id",
-    "state_dir", "guarantee", "metrics_port", "levels", "retention_margin_ms",
-    "delivery_attempts", "retry_backoff_ms", "retry_backoff_max_ms", "lookahead_ms",
-    "batch_size", "transactional_id", "delivery_timeout_ms", "instance_id",
-)
+
+
+_COMMON_OPTIONS: dict[str, Any] = {
+    "bootstrap_servers": BootstrapServers,
+    "requests_topic": RequestsTopic,
+    "changelog_topic": ChangelogTopic,
+    "dlq_topic": DlqTopic,
+    "group_id": GroupId,
+    "state_dir": StateDir,
+    "guarantee": GuaranteeOpt,
+    "metrics_port": MetricsPort,
+    "kafka_config": KafkaConfig,
+    "levels": Levels,
+    "retention_margin_ms": RetentionMarginMs,
+    "delivery_attempts": DeliveryAttempts,
+    "retry_backoff_ms": RetryBackoffMs,
+    "retry_backoff_max_ms": RetryBackoffMaxMs,
+    "lookahead_ms": LookaheadMs,
+    "batch_size": BatchSize,
+    "delivery_timeout_ms": DeliveryTimeoutMs,
+    "instance_id": InstanceId,
+    "transactional_id": TransactionalId,
+}
+
+
+def common_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` every common option (keyword-only, after its own parameters).
+
+    typer reads a command's parameters from its signature; the options are
+    added there once instead of being repeated in every command. The command
+    reads them through :func:`_settings`, not as arguments.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=alias) for name, alias in _COMMON_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        for name in _COMMON_OPTIONS:
+            kwargs.pop(name, None)
+        command(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), *extra])
+    wrapper.__annotations__ = {
+        **{name: p.annotation for name, p in signature.parameters.items()},
+        **_COMMON_OPTIONS, "return": None}
+    return wrapper
 
 
 def _settings(ctx: typer.Context) -> Settings:
@@ -146,7 +190,7 @@ def _settings(ctx: typer.Context) -> Settings:
     hand. Raises :class:`SettingsError` as :func:`build_settings` does.
     """
     params = ctx.params
-    common = {name: params[name] for name in _COMMON_FIELDS}
+    common = {name: params[name] for name in _COMMON_OPTIONS if name != "kafka_config"}
     return build_settings(kafka_config_path=params["kafka_config"], **common)
 
 
@@ -192,31 +236,13 @@ def _kafka_message(exc: KafkaException) -> str:
 
 
 @app.command()
+@common_options
 def run(
     ctx: typer.Context,
     check: Annotated[bool, _option(
         "check", "Check the settings and the topic layout, then exit.")] = False,
     log_level: Annotated[str, _option(
         "log-level", "Log level of the service (DEBUG, INFO, WARNING, ERROR).")] = "INFO",
-    bootstrap_servers: BootstrapServers = None,
-    requests_topic: RequestsTopic = None,
-    changelog_topic: ChangelogTopic = None,
-    dlq_topic: DlqTopic = None,
-    group_id: GroupId = None,
-    state_dir: StateDir = None,
-    guarantee: GuaranteeOpt = None,
-    metrics_port: MetricsPort = None,
-    kafka_config: KafkaConfig = None,
-    levels: Levels = None,
-    retention_margin_ms: RetentionMarginMs = None,
-    delivery_attempts: DeliveryAttempts = None,
-    retry_backoff_ms: RetryBackoffMs = None,
-    retry_backoff_max_ms: RetryBackoffMaxMs = None,
-    lookahead_ms: LookaheadMs = None,
-    batch_size: BatchSize = None,
-    delivery_timeout_ms: DeliveryTimeoutMs = None,
-    instance_id: InstanceId = None,
-    transactional_id: TransactionalId = None,
 ) -> None:
     """Run the delay service: schedule requests and deliver them when due."""
     with _reported():
@@ -231,6 +257,7 @@ def run(
 
 
 @topics_app.command("create")
+@common_options
 def topics_create(
     ctx: typer.Context,
     partitions: Annotated[int, _option(
@@ -240,25 +267,6 @@ def topics_create(
     retention_ms: Annotated[int, _option(
         "retention-ms", "retention.ms of the requests topic: bounds the longest delay.",
         shown=_WEEK_MS)] = _WEEK_MS,
-    bootstrap_servers: BootstrapServers = None,
-    requests_topic: RequestsTopic = None,
-    changelog_topic: ChangelogTopic = None,
-    dlq_topic: DlqTopic = None,
-    group_id: GroupId = None,
-    state_dir: StateDir = None,
-    guarantee: GuaranteeOpt = None,
-    metrics_port: MetricsPort = None,
-    kafka_config: KafkaConfig = None,
-    levels: Levels = None,
-    retention_margin_ms: RetentionMarginMs = None,
-    delivery_attempts: DeliveryAttempts = None,
-    retry_backoff_ms: RetryBackoffMs = None,
-    retry_backoff_max_ms: RetryBackoffMaxMs = None,
-    lookahead_ms: LookaheadMs = None,
-    batch_size: BatchSize = None,
-    delivery_timeout_ms: DeliveryTimeoutMs = None,
-    instance_id: InstanceId = None,
-    transactional_id: TransactionalId = None,
 ) -> None:
     """Create the requests, changelog and dlq topics; existing ones are checked, not changed."""
     with _reported():
@@ -270,6 +278,7 @@ def topics_create(
 
 
 @app.command()
+@common_options
 def send(
     ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="Topic to deliver the record to.")],
@@ -286,25 +295,6 @@ def send(
     schedule_id: Annotated[str | None, _option(
         "id", "Schedule id: dedupes, and is the handle for cancel.")] = None,
     partition: Annotated[int | None, _option("partition", "Target partition.")] = None,
-    bootstrap_servers: BootstrapServers = None,
-    requests_topic: RequestsTopic = None,
-    changelog_topic: ChangelogTopic = None,
-    dlq_topic: DlqTopic = None,
-    group_id: GroupId = None,
-    state_dir: StateDir = None,
-    guarantee: GuaranteeOpt = None,
-    metrics_port: MetricsPort = None,
-    kafka_config: KafkaConfig = None,
-    levels: Levels = None,
-    retention_margin_ms: RetentionMarginMs = None,
-    delivery_attempts: DeliveryAttempts = None,
-    retry_backoff_ms: RetryBackoffMs = None,
-    retry_backoff_max_ms: RetryBackoffMaxMs = None,
-    lookahead_ms: LookaheadMs = None,
-    batch_size: BatchSize = None,
-    delivery_timeout_ms: DeliveryTimeoutMs = None,
-    instance_id: InstanceId = None,
-    transactional_id: TransactionalId = None,
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
 
@@ -323,28 +313,10 @@ def send(
 
 
 @app.command()
+@common_options
 def cancel(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
-    bootstrap_servers: BootstrapServers = None,
-    requests_topic: RequestsTopic = None,
-    changelog_topic: ChangelogTopic = None,
-    dlq_topic: DlqTopic = None,
-    group_id: GroupId = None,
-    state_dir: StateDir = None,
-    guarantee: GuaranteeOpt = None,
-    metrics_port: MetricsPort = None,
-    kafka_config: KafkaConfig = None,
-    levels: Levels = None,
-    retention_margin_ms: RetentionMarginMs = None,
-    delivery_attempts: DeliveryAttempts = None,
-    retry_backoff_ms: RetryBackoffMs = None,
-    retry_backoff_max_ms: RetryBackoffMaxMs = None,
-    lookahead_ms: LookaheadMs = None,
-    batch_size: BatchSize = None,
-    delivery_timeout_ms: DeliveryTimeoutMs = None,
-    instance_id: InstanceId = None,
-    transactional_id: TransactionalId = None,
 ) -> None:
     """Cancel the pending schedule ID; print the cancel request's topic/partition/offset."""
     with _reported():
@@ -355,6 +327,7 @@ def cancel(
 
 
 @app.command()
+@common_options
 def restore(
     ctx: typer.Context,
     partition: Annotated[list[int] | None, typer.Option(
@@ -362,25 +335,6 @@ def restore(
         help="A request partition to rebuild (repeatable); all when not given.")] = None,
     fresh: Annotated[bool, _option(
         "fresh", "Delete the local stores first and rebuild them whole.")] = False,
-    bootstrap_servers: BootstrapServers = None,
-    requests_topic: RequestsTopic = None,
-    changelog_topic: ChangelogTopic = None,
-    dlq_topic: DlqTopic = None,
-    group_id: GroupId = None,
-    state_dir: StateDir = None,
-    guarantee: GuaranteeOpt = None,
-    metrics_port: MetricsPort = None,
-    kafka_config: KafkaConfig = None,
-    levels: Levels = None,
-    retention_margin_ms: RetentionMarginMs = None,
-    delivery_attempts: DeliveryAttempts = None,
-    retry_backoff_ms: RetryBackoffMs = None,
-    retry_backoff_max_ms: RetryBackoffMaxMs = None,
-    lookahead_ms: LookaheadMs = None,
-    batch_size: BatchSize = None,
-    delivery_timeout_ms: DeliveryTimeoutMs = None,
-    instance_id: InstanceId = None,
-    transactional_id: TransactionalId = None,
 ) -> None:
     """Rebuild the local indexes under --state-dir from the changelog, with progress.
 
