@@ -93,6 +93,19 @@ class _Reports:
     done: list[tuple[bytes, Sink]] = field(default_factory=list)
     failed: list[tuple[bytes, Sink, str]] = field(default_factory=list)
     tombstones_failed: list[bytes] = field(default_factory=list)
+    refused: list[tuple[bytes, Sink, str]] = field(default_factory=list)
+
+
+def _routing(schedule: object) -> envelope.Headers:
+    """The target, target partition and schedule id headers of a schedule, if it is one."""
+    if not isinstance(schedule, Schedule):
+        return []
+    headers: envelope.Headers = [(envelope.TARGET, schedule.target.encode())]
+    if schedule.partition is not None:
+        headers.append((envelope.PARTITION, str(schedule.partition).encode()))
+    if schedule.schedule_id is not None:
+        headers.append((envelope.SCHEDULE_ID, schedule.schedule_id.encode()))
+    return headers
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -212,6 +225,8 @@ class Delivery:
         reports, self._reports = self._reports, _Reports()
         sent, self._sent = self._sent, []
         now = self._clock.now_ms()
+        for key, sink, reason in reports.refused:
+            self._failed(key, sink, reason, now)
         if committed and not reports.failed:
             changes: dict[int, Changes] = {}
             for key, sink in reports.done:
@@ -233,7 +248,7 @@ class Delivery:
         now = self._clock.now_ms()
         for key, sink in reports.done:
             self._succeeded(key, sink, now, changes)
-        for key, sink, reason in reports.failed:
+        for key, sink, reason in [*reports.failed, *reports.refused]:
             self._failed(key, sink, reason, now)
         self._apply(changes, indexes)
 
@@ -310,7 +325,7 @@ class Delivery:
         while self._ready:
             key = self._ready[0]
             task = self._tasks.get(key)
-            if task is None or task.in_flight or task.not_before_ms > now:
+            if task is None or not self._dispatchable(key):
                 heapq.heappop(self._ready)
                 continue
             if task.entry.due.due_ms > now:
@@ -322,6 +337,11 @@ class Delivery:
                 self._internal.poll(0)
                 return
             heapq.heappop(self._ready)
+
+    def _dispatchable(self, key: bytes) -> bool:
+        """Whether a key on the ready heap still stands for a task waiting to be sent."""
+        task = self._tasks.get(key)
+        return task is not None and not task.in_flight and not task.backing_off
 
     def _send(self, key: bytes, task: Task, now: int) -> None:
         """Produce the task's record to its target, or to the DLQ with a reason."""
@@ -336,7 +356,8 @@ class Delivery:
             if self._transactional:
                 self._produce_tombstone(key, task.partition)
         except KafkaException as exc:
-            self._reports.failed.append((key, sink, str(exc.args[0])))
+            # Refused before anything was written: nothing in a transaction to abort.
+            self._reports.refused.append((key, sink, str(exc.args[0])))
         task.in_flight = True
         self._sent.append(key)
 
@@ -387,10 +408,8 @@ class Delivery:
             # The original's own kdelay-* headers are replaced by the target and
             # due time, so the DLQ record can be sent back as a request as is.
             original = task.original
-            schedule = self._schedule_of(original)
-            target = schedule.target if isinstance(schedule, Schedule) else ""
             headers = [*envelope.user_headers(original.headers()),
-                       (envelope.TARGET, target.encode()), *tail]
+                       *_routing(self._schedule_of(original)), *tail]
             self._internal.produce(self._config.dlq_topic, value=original.value(),
                                    key=original.key(), headers=headers,
                                    on_delivery=self._callback(key, Sink.DLQ))
@@ -428,8 +447,19 @@ class Delivery:
             self._metrics.dead_lettered.labels(reason=str(code)).inc()
 
     def _produce_tombstone(self, key: bytes, partition: int) -> None:
-        self._internal.produce(self._config.changelog_topic, value=None, key=key,
-                               partition=partition, on_delivery=guarded(self._on_tombstone))
+        """Produce an entry's tombstone, waiting for queue room rather than giving up.
+
+        It follows an accepted target produce, which cannot be taken back: a
+        transaction must never commit a delivery without its tombstone.
+        """
+        while True:
+            try:
+                self._internal.produce(self._config.changelog_topic, value=None, key=key,
+                                       partition=partition,
+                                       on_delivery=guarded(self._on_tombstone))
+                return
+            except BufferError:
+                self._internal.poll(0.05)
 
     def _on_tombstone(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
@@ -468,6 +498,8 @@ class Delivery:
 
     def _next_wakeup_ms(self, now: int) -> int:
         candidates = [MAX_WAIT_MS]
+        while self._ready and not self._dispatchable(self._ready[0]):
+            heapq.heappop(self._ready)
         for key in self._ready[:1]:
             candidates.append(codec.decode_due_key(key).due_ms - now)
         if self._waiting:

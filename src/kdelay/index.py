@@ -118,8 +118,11 @@ class PartitionIndex:
 
     @staticmethod
     def destroy(path: Path) -> None:
-        """Remove a store from disk, whatever state it is in."""
-        shutil.rmtree(path, ignore_errors=True)
+        """Remove a store from disk, whatever state it is in (even a file in its place)."""
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
     def offset(self, name: bytes) -> int | None:
         """Return a covered offset (``CONSUMED`` or ``CHANGELOG``), or None if never set."""

@@ -23,10 +23,11 @@ from confluent_kafka import (
     Producer,
 )
 
+from kdelay import delivery as delivery_module
 from kdelay.changelog import Positions
 from kdelay.clock import ManualClock
 from kdelay.codec import Fingerprint, IdState, IndexValue, encode_due_key
-from kdelay.delivery import Delivery, DeliveryConfig, backoff_ms
+from kdelay.delivery import MAX_WAIT_MS, Delivery, DeliveryConfig, TopicCheck, backoff_ms
 from kdelay.envelope import (
     DUE_MS,
     ERROR,
@@ -85,10 +86,15 @@ class FakeProducer:
         self.raises: list[BaseException] = []
         self.polls = 0
         self.missing_topics: set[str] = set()
+        self.metadata_requests: list[str] = []
+        self.metadata_error: KafkaError | None = None
         self._offsets: Counter[tuple[str, int]] = Counter()
 
     def list_topics(self, topic: str, timeout: float = -1) -> SimpleNamespace:
         """Metadata in which every topic exists except ``missing_topics``."""
+        self.metadata_requests.append(topic)
+        if self.metadata_error is not None:
+            raise KafkaException(self.metadata_error)
         error = (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "unknown topic")
                  if topic in self.missing_topics else None)
         return SimpleNamespace(topics={topic: SimpleNamespace(error=error)})
@@ -138,7 +144,8 @@ class FakeReader:
 class World:
     """A Delivery wired to fakes, a manual clock and real indexes of three partitions."""
 
-    def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG) -> None:
+    def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG, *,
+                 transactional: bool = False) -> None:
         self.clock = ManualClock(T0)
         self.targets = FakeProducer()
         self.internal = FakeProducer()
@@ -148,7 +155,8 @@ class World:
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
         self.delivery = Delivery(config, cast(Producer, self.targets),
                                  cast(Producer, self.internal), cast(OriginalReader, self.reader),
-                                 self.clock, self.metrics, self.positions)
+                                 self.clock, self.metrics, self.positions,
+                                 transactional=transactional)
 
     def close(self) -> None:
         for index in self.indexes.values():
@@ -183,6 +191,10 @@ class World:
     def settle(self) -> None:
         self.delivery.settle(self.indexes)
 
+    def finish(self, committed: bool) -> None:
+        """End the transaction the way the service does after commit or abort."""
+        self.delivery.finish_transaction(committed, self.indexes)
+
     def pending(self, partition: int = 0) -> list[bytes]:
         return [e.key for e in self.indexes[partition].entries()]
 
@@ -193,6 +205,13 @@ class World:
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     w = World(tmp_path)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def txn(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path, transactional=True)
     yield w
     w.close()
 
@@ -692,3 +711,322 @@ def test_backoff_is_an_int_and_never_exceeds_a_small_cap() -> None:
     values = [backoff_ms(a, 100, 250) for a in range(1, 6)]
     assert values == [100, 200, 250, 250, 250]
     assert all(type(v) is int for v in values)
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+def tombstones(world: World) -> list[tuple[str, int, bytes | None, bytes | None]]:
+    return [(s.topic, s.partition, s.key, s.value) for s in world.internal.sent
+            if s.topic == CHANGELOG]
+
+
+def test_a_transaction_produces_the_target_and_its_tombstone_together(txn: World) -> None:
+    key = txn.request(2, 5, T0, sid="s-5")
+    txn.at(T0)
+    assert [(s.topic, s.origin) for s in txn.targets.sent] == [("orders", origin(2, 5))]
+    assert tombstones(txn) == [(CHANGELOG, 2, key, None)]
+    assert txn.pending(2) == [key], "nothing leaves the index before the commit"
+    assert txn.delivery.in_flight(key)
+    assert not txn.delivery.has_failures()
+
+
+def test_a_committed_transaction_deletes_the_entry_without_another_tombstone(
+    txn: World,
+) -> None:
+    key = txn.request(2, 5, T0, sid="s-5")
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    assert not txn.delivery.has_failures()
+    txn.clock.set(T0 + 20)
+    txn.finish(committed=True)
+    assert txn.pending(2) == []
+    assert txn.indexes[2].id_state("s-5") == IdState(None, T0 + 20)
+    assert tombstones(txn) == [(CHANGELOG, 2, key, None)], "the one inside the transaction"
+    assert txn.indexes[2].offset(b"changelog") == 1
+    assert txn.sample("kdelay_delivered_records_total") == 1
+    assert txn.delivery.idle()
+    txn.at(T0 + 10_000)
+    assert len(txn.targets.sent) == 1
+    assert len(txn.internal.sent) == 1
+
+
+def test_an_aborted_transaction_keeps_the_entry_and_produces_it_again(txn: World) -> None:
+    key = txn.request(0, 7, T0, sid="s-7")
+    txn.request(0, 8, T0 + 1_000)
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    txn.clock.set(T0 + 5)
+    txn.finish(committed=False)
+    assert txn.pending() == [key, encode_due_key(T0 + 1_000, 0, 8)]
+    assert txn.indexes[0].id_state("s-7") == IdState(key, None)
+    assert len(txn.targets.sent) == 1, "finishing a transaction produces nothing"
+    assert not txn.delivery.in_flight(key)
+    assert txn.sample("kdelay_delivered_records_total") == 0
+
+    txn.at(T0 + 5)
+    assert [(s.origin, s.timestamp) for s in txn.targets.sent] == [
+        (origin(0, 7), T0), (origin(0, 7), T0 + 5)
+    ], "retried at once, and the later entry not before its due time"
+    assert tombstones(txn) == [(CHANGELOG, 0, key, None)] * 2
+
+
+def test_a_failed_report_aborts_and_only_that_entry_backs_off(txn: World) -> None:
+    broken = txn.request(0, 1, T0, target="broken")
+    fine = txn.request(1, 1, T0, target="orders")
+    txn.at(T0)
+    assert not txn.delivery.has_failures()
+    txn.targets.report(timed_out(), topic="broken")
+    txn.targets.report(topic="orders")
+    txn.internal.report()
+    assert txn.delivery.has_failures()
+
+    txn.clock.set(T0 + 10)
+    txn.finish(committed=False)
+    assert not txn.delivery.has_failures()
+    assert (txn.pending(0), txn.pending(1)) == ([broken], [fine])
+    txn.at(T0 + 10)
+    assert [(s.topic, s.timestamp) for s in txn.targets.sent[2:]] == [("orders", T0 + 10)]
+    txn.at(T0 + 509)
+    assert len(txn.targets.sent) == 3, "the failed entry waits out its backoff"
+    txn.at(T0 + 510)
+    assert [(s.topic, s.timestamp) for s in txn.targets.sent[3:]] == [("broken", T0 + 510)]
+    assert txn.sample("kdelay_delivery_retries_total") == 1
+
+
+def test_a_failed_tombstone_report_is_a_transaction_failure(txn: World) -> None:
+    key = txn.request(0, 1, T0)
+    txn.at(T0)
+    txn.targets.report()
+    assert not txn.delivery.has_failures()
+    txn.internal.report(timed_out())
+    assert txn.delivery.has_failures()
+    assert txn.positions.get(0) is None
+    assert txn.sample("kdelay_changelog_errors_total") == 1
+    txn.finish(committed=False)
+    assert txn.pending() == [key]
+    txn.at(T0)
+    assert len(txn.targets.sent) == 2
+    assert len(tombstones(txn)) == 2
+
+
+def test_a_buffer_error_on_the_tombstone_never_commits_a_delete_without_it(
+    txn: World,
+) -> None:
+    key = txn.request(0, 1, T0)
+    txn.internal.raises.append(BufferError("queue full"))
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    txn.finish(committed=not txn.delivery.has_failures())
+    deleted = key not in txn.pending()
+    assert not deleted or (CHANGELOG, 0, key, None) in tombstones(txn)
+
+
+def test_a_missing_target_does_not_abort_the_transaction(txn: World) -> None:
+    txn.targets.missing_topics.add("gone")
+    gone = txn.request(0, 1, T0, target="gone")
+    txn.request(0, 2, T0, target="orders")
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    assert not txn.delivery.has_failures()
+    txn.finish(committed=True)
+    assert txn.pending() == [gone]
+    txn.at(T0 + 499)
+    txn.at(T0 + 500)
+    assert txn.targets.metadata_requests.count("gone") >= 1
+
+
+# -- missing target topics -------------------------------------------------------------------------
+
+
+def test_a_missing_target_fails_at_once_and_ends_undeliverable(world: World) -> None:
+    world.targets.missing_topics.add("gone")
+    key = world.request(0, 1, T0, target="gone", key=b"kk", value=b"vv")
+    for attempt, at in enumerate((T0, T0 + 500, T0 + 1_500), start=1):
+        if attempt > 1:
+            world.at(at - 1)
+            assert not world.delivery.in_flight(key), "no attempt before the backoff is over"
+        world.at(at)
+        assert world.targets.sent == [], "nothing is produced to a missing topic"
+        assert world.delivery.in_flight(key)
+        world.settle()
+        assert world.sample("kdelay_delivery_retries_total") == attempt
+        assert world.internal.sent == []
+    world.at(T0 + 1_500)
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, b"kk", b"vv")
+    assert dead.header(ERROR) == [b"undeliverable"]
+    assert dead.header(TARGET) == [b"gone"]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"3 attempts" in detail
+    assert world.pending() == [key]
+
+
+def test_a_missing_target_does_not_block_an_existing_one(world: World) -> None:
+    world.targets.missing_topics.add("gone")
+    gone = world.request(0, 1, T0, target="gone")
+    world.request(0, 2, T0, target="orders")
+    world.request(1, 1, T0, target="orders")
+    world.at(T0)
+    assert [(s.topic, s.origin) for s in world.targets.sent] == [
+        ("orders", origin(0, 2)), ("orders", origin(1, 1)),
+    ]
+    world.targets.report()
+    world.settle()
+    assert world.pending(0) == [gone]
+    assert world.pending(1) == []
+
+
+class Monotonic:
+    """Stands in for ``time.monotonic`` inside kdelay.delivery."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def monotonic(monkeypatch: pytest.MonkeyPatch) -> Monotonic:
+    clock = Monotonic()
+    monkeypatch.setattr(delivery_module, "time", SimpleNamespace(monotonic=clock))
+    return clock
+
+
+def test_topic_check_remembers_an_existing_topic_for_its_ttl(monotonic: Monotonic) -> None:
+    producer = FakeProducer()
+    check = TopicCheck(cast(Producer, producer), ttl_s=30.0)
+    assert check.missing("orders") is None
+    monotonic.now += 29.9
+    assert check.missing("orders") is None
+    assert producer.metadata_requests == ["orders"]
+    monotonic.now += 0.2
+    assert check.missing("orders") is None
+    assert producer.metadata_requests == ["orders", "orders"]
+
+
+def test_topic_check_asks_again_about_a_missing_topic_after_a_second(
+    monotonic: Monotonic,
+) -> None:
+    producer = FakeProducer()
+    producer.missing_topics.add("late")
+    check = TopicCheck(cast(Producer, producer))
+    error = check.missing("late")
+    assert error is not None
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    producer.missing_topics.clear()
+    monotonic.now += 0.9
+    assert check.missing("late") is not None, "the answer is remembered for a second"
+    assert producer.metadata_requests == ["late"]
+    monotonic.now += 0.2
+    assert check.missing("late") is None
+    assert producer.metadata_requests == ["late", "late"]
+
+
+def test_delivery_reuses_the_topic_answer_across_entries(
+    world: World, monotonic: Monotonic
+) -> None:
+    world.request(0, 1, T0, target="orders")
+    world.request(0, 2, T0 + 10, target="orders")
+    world.at(T0)
+    world.at(T0 + 10)
+    assert len(world.targets.sent) == 2
+    assert world.targets.metadata_requests == ["orders"]
+
+
+def test_a_target_created_later_is_delivered_on_a_retry(world: World,
+                                                        monotonic: Monotonic) -> None:
+    world.targets.missing_topics.add("late")
+    world.request(0, 1, T0, target="late")
+    world.at(T0)
+    world.settle()
+    world.targets.missing_topics.clear()
+    monotonic.now += 0.5
+    world.at(T0 + 500)
+    world.settle()
+    assert world.targets.sent == [], "still the remembered answer"
+    monotonic.now += 0.6
+    world.at(T0 + 1_500)
+    assert [(s.topic, s.origin) for s in world.targets.sent] == [("late", origin(0, 1))]
+    assert world.targets.metadata_requests == ["late", "late"]
+
+
+def test_a_metadata_error_is_a_retryable_failure_that_is_not_remembered(
+    world: World, monotonic: Monotonic
+) -> None:
+    world.targets.metadata_error = KafkaError(KafkaError._TRANSPORT, "broker down")
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    assert world.targets.sent == []
+    world.settle()
+    assert not world.delivery.in_flight(key)
+    assert world.sample("kdelay_delivery_retries_total") == 1
+    world.targets.metadata_error = None
+    world.at(T0 + 500)
+    assert [s.topic for s in world.targets.sent] == ["orders"]
+    assert world.targets.metadata_requests == ["orders", "orders"]
+
+
+# -- prepare, dispatch, wait -----------------------------------------------------------------------
+
+
+def test_prepare_says_whether_something_is_due_and_produces_nothing(world: World) -> None:
+    world.request(0, 1, T0 + 50)
+    world.clock.set(T0)
+    assert world.delivery.prepare(world.indexes) is False
+    world.delivery.dispatch()
+    world.clock.set(T0 + 49)
+    assert world.delivery.prepare(world.indexes) is False
+    world.clock.set(T0 + 50)
+    assert world.delivery.prepare(world.indexes) is True
+    assert world.targets.sent == []
+    world.delivery.dispatch()
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 50]
+    assert world.delivery.prepare(world.indexes) is False
+
+
+def test_prepare_is_true_when_a_backoff_is_over(world: World) -> None:
+    world.request(0, 1, T0)
+    world.at(T0)
+    world.targets.report(timed_out())
+    world.settle()
+    world.clock.set(T0 + 499)
+    assert world.delivery.prepare(world.indexes) is False
+    assert world.delivery.wait_ms() == 1
+    world.clock.set(T0 + 500)
+    assert world.delivery.prepare(world.indexes) is True
+    assert world.delivery.wait_ms() == 0
+
+
+def test_wait_ms_is_the_time_to_the_next_due_entry_capped(world: World) -> None:
+    assert world.delivery.wait_ms() == MAX_WAIT_MS == 100
+    world.request(0, 1, T0 + 30)
+    world.request(1, 1, T0 + 1_000)
+    world.clock.set(T0)
+    world.delivery.prepare(world.indexes)
+    assert world.delivery.wait_ms() == 30
+    world.clock.set(T0 + 29)
+    assert world.delivery.wait_ms() == 1
+    world.clock.set(T0 + 45)
+    assert world.delivery.wait_ms() == 0, "overdue is due"
+    world.delivery.dispatch()
+    assert world.delivery.wait_ms() == 100, "the next entry is 955 ms away"
+    world.clock.set(T0 + 950)
+    assert world.delivery.wait_ms() == 50
+
+
+def test_a_forgotten_entry_is_not_work_due(world: World) -> None:
+    key = world.request(0, 1, T0 + 1_000)
+    world.at(T0)
+    world.indexes[0].apply(Changes(deletes=[key]))
+    world.delivery.forget([key])
+    world.clock.set(T0 + 950)
+    assert world.delivery.wait_ms() == MAX_WAIT_MS
+    world.clock.set(T0 + 1_000)
+    assert world.delivery.prepare(world.indexes) is False

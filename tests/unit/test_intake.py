@@ -27,7 +27,16 @@ from kdelay.envelope import (
     schedule_headers,
 )
 from kdelay.index import Entry
-from kdelay.intake import Outcome, Plan, Planner, Record, Topics, fingerprint_of, record_time
+from kdelay.intake import (
+    Outcome,
+    Plan,
+    Planner,
+    Record,
+    Topics,
+    consumed_marker,
+    fingerprint_of,
+    record_time,
+)
 
 TOPICS = Topics(requests="kdelay.requests", changelog="kdelay.changelog", dlq="kdelay.dlq")
 LIMITS = Limits(parse_levels(DEFAULT_LEVELS), None)
@@ -383,3 +392,60 @@ def test_in_flight_is_asked_about_the_pending_key(ids: Ids) -> None:
     ids.flying.add(other)
     result = plan(ids, [request(5, cancel_headers("order-1"))])
     assert result.outcomes == [(Outcome.CANCELLED, "order-1")]
+
+
+# -- the consumed marker and the batch's first offset ------------------------------
+
+
+def test_the_consumed_marker_records_how_far_the_batch_reaches(ids: Ids) -> None:
+    msgs = [request(40, schedule_headers("orders", delay_ms=1)),
+            request(41, [(TARGET, b"orders")]),
+            request(42, schedule_headers("orders", delay_ms=2))]
+    result = plan(ids, msgs)
+    [marker] = consumed_marker(TOPICS, result)
+    assert marker == Record(TOPICS.changelog, PART, codec.CONSUMED_MARKER,
+                            codec.encode_offset(43))
+    assert marker.value is not None
+    assert codec.decode_offset(marker.value) == result.changes.consumed == 43
+    assert marker.headers == []
+
+
+def test_the_consumed_marker_goes_to_the_plans_own_partition() -> None:
+    other = Plan(7)
+    other.changes.consumed = 5
+    assert consumed_marker(TOPICS, other) == [
+        Record(TOPICS.changelog, 7, codec.CONSUMED_MARKER, codec.encode_offset(5))
+    ]
+
+
+def test_a_batch_of_rejects_and_unknown_cancels_still_has_a_consumed_marker(ids: Ids) -> None:
+    result = plan(ids, [request(9, None), request(10, cancel_headers("ghost"))])
+    assert result.changelog == []
+    assert consumed_marker(TOPICS, result) == [
+        Record(TOPICS.changelog, PART, codec.CONSUMED_MARKER, codec.encode_offset(11))
+    ]
+
+
+def test_a_plan_without_a_consumed_offset_has_no_marker(ids: Ids) -> None:
+    assert consumed_marker(TOPICS, plan(ids, [])) == []
+    assert consumed_marker(TOPICS, Plan(PART)) == []
+
+
+def test_the_consumed_marker_key_can_never_be_a_due_key() -> None:
+    assert len(codec.CONSUMED_MARKER) != codec.DUE_KEY_SIZE
+
+
+@pytest.mark.parametrize("first_headers", [schedule_headers("orders", delay_ms=1), None,
+                                           cancel_headers("ghost")])
+def test_plan_first_is_the_first_offset_of_the_batch(
+    ids: Ids, first_headers: Headers | None
+) -> None:
+    msgs = [request(100, first_headers), request(101, schedule_headers("orders", delay_ms=1)),
+            request(102, schedule_headers("orders", delay_ms=2))]
+    result = plan(ids, msgs)
+    assert result.first == 100
+    assert result.changes.consumed == 103
+
+
+def test_an_empty_batch_has_no_first_offset(ids: Ids) -> None:
+    assert plan(ids, []).first is None

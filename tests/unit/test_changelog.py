@@ -1,0 +1,294 @@
+"""Changelog replay into a real index, confirmed positions, and opening a store for restore.
+
+No broker: replay is driven through ``_apply`` with the records a restore would
+stage, and :func:`open_restored` gets a fake restorer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+from confluent_kafka import Message
+
+from kdelay import codec
+from kdelay.changelog import (
+    Positions,
+    Progress,
+    RestoreError,
+    Restorer,
+    StaleIndex,
+    _apply,
+    open_restored,
+)
+from kdelay.codec import Fingerprint, IdState, IndexValue
+from kdelay.index import (
+    CHANGELOG,
+    CONSUMED,
+    Changes,
+    Entry,
+    IndexLocked,
+    PartitionIndex,
+)
+
+T0 = 1_700_000_000_000
+PART = 4
+K1 = codec.encode_due_key(T0 + 10, PART, 1)
+K2 = codec.encode_due_key(T0 + 20, PART, 2)
+V1 = IndexValue(Fingerprint(T0, 111), "order-1")
+V2 = IndexValue(Fingerprint(T0, 222), None)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[PartitionIndex]:
+    idx = PartitionIndex(tmp_path / "store", PART)
+    yield idx
+    idx.close()
+
+
+def staged(*records: tuple[bytes, IndexValue | None]) -> dict[bytes, bytes | None]:
+    return {k: None if v is None else codec.encode_index_value(v) for k, v in records}
+
+
+def entries(index: PartitionIndex) -> list[Entry]:
+    return list(index.entries())
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+def test_puts_become_entries_and_pending_ids(index: PartitionIndex) -> None:
+    _apply(index, staged((K1, V1), (K2, V2)), 7)
+    assert entries(index) == [Entry(K1, V1), Entry(K2, V2)]
+    assert index.id_state("order-1") == IdState(K1, None)
+    assert index.offset(CHANGELOG) == 7
+    assert index.offset(CONSUMED) is None
+
+
+def test_a_tombstone_deletes_the_entry_and_clears_its_id(index: PartitionIndex) -> None:
+    other = codec.encode_due_key(T0 + 30, PART, 3)
+    _apply(index, staged((K1, V1), (K2, V2), (other, IndexValue(Fingerprint(T0, 3), "keep"))), 3)
+    _apply(index, staged((K1, None)), 9)
+    assert [e.key for e in entries(index)] == [K2, other]
+    assert index.get(K1) is None
+    assert index.id_state("order-1") is None
+    assert index.id_state("keep") == IdState(other, None)
+    assert index.offset(CHANGELOG) == 9
+
+
+def test_a_tombstone_for_an_unknown_key_only_moves_the_position(index: PartitionIndex) -> None:
+    _apply(index, staged((K2, V2)), 3)
+    _apply(index, staged((K1, None)), 4)
+    assert entries(index) == [Entry(K2, V2)]
+    assert index.offset(CHANGELOG) == 4
+
+
+def test_replaying_the_same_records_again_yields_the_same_store(index: PartitionIndex) -> None:
+    records = staged((K1, V1), (K2, V2))
+    _apply(index, records, 5)
+    _apply(index, records, 5)
+    assert entries(index) == [Entry(K1, V1), Entry(K2, V2)]
+    assert index.id_state("order-1") == IdState(K1, None)
+
+
+def test_the_consumed_marker_sets_the_consumed_offset(index: PartitionIndex) -> None:
+    records: dict[bytes, bytes | None] = {codec.CONSUMED_MARKER: codec.encode_offset(1234),
+                                          **staged((K1, V1))}
+    _apply(index, records, 11)
+    assert index.offset(CONSUMED) == 1234
+    assert index.offset(CHANGELOG) == 11
+    assert entries(index) == [Entry(K1, V1)], "the marker is not an entry"
+
+
+@pytest.mark.parametrize("key", [b"", b"short", K1[:-1], K1 + b"\x00", b"x" * 64])
+def test_keys_of_another_length_are_ignored(index: PartitionIndex, key: bytes) -> None:
+    _apply(index, {key: codec.encode_index_value(V2), **staged((K2, V2))}, 6)
+    assert entries(index) == [Entry(K2, V2)]
+    assert index.offset(CONSUMED) is None
+    assert index.offset(CHANGELOG) == 6
+
+
+def test_a_tombstone_of_the_consumed_marker_is_ignored(index: PartitionIndex) -> None:
+    _apply(index, {codec.CONSUMED_MARKER: codec.encode_offset(50)}, 1)
+    _apply(index, {codec.CONSUMED_MARKER: None}, 2)
+    assert index.offset(CONSUMED) == 50
+    assert index.offset(CHANGELOG) == 2
+
+
+def test_the_position_is_written_even_for_an_empty_batch(index: PartitionIndex) -> None:
+    _apply(index, {}, 42)
+    assert index.offset(CHANGELOG) == 42
+    assert entries(index) == []
+
+
+# -- positions --------------------------------------------------------------------------
+
+
+def written(partition: int, offset: int) -> Message:
+    return Message(topic="kdelay.changelog", partition=partition, offset=offset, key=K1)
+
+
+def test_positions_keep_the_highest_next_offset_per_partition() -> None:
+    positions = Positions()
+    assert positions.get(0) is None
+    positions.confirm(written(0, 5))
+    assert positions.get(0) == 6
+    positions.confirm(written(0, 3))
+    assert positions.get(0) == 6, "a late report never moves the position back"
+    positions.confirm(written(1, 0))
+    positions.confirm(written(0, 9))
+    assert (positions.get(0), positions.get(1), positions.get(2)) == (10, 1, None)
+
+
+# -- open_restored ------------------------------------------------------------------------
+
+
+class FakeRestorer:
+    """Records what each restore saw in the index; raises StaleIndex ``stale`` times first."""
+
+    def __init__(self, stale: int = 0, error: BaseException | None = None) -> None:
+        self.stale = stale
+        self.error = error
+        self.seen: list[tuple[list[bytes], int | None]] = []
+        self.progress: list[Progress | None] = []
+
+    def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
+        self.seen.append(([e.key for e in index.entries()], index.offset(CHANGELOG)))
+        self.progress.append(progress)
+        if self.error is not None:
+            raise self.error
+        if self.stale:
+            self.stale -= 1
+            raise StaleIndex("index at changelog offset 50, changelog ends at 0")
+        return 3
+
+
+def restored(path: Path, restorer: FakeRestorer,
+             progress: Progress | None = None) -> tuple[PartitionIndex, int]:
+    return open_restored(path, PART, cast(Restorer, restorer), progress)
+
+
+def seed(path: Path) -> None:
+    """Leave a closed store at ``path`` holding one entry and a changelog position of 50."""
+    idx = PartitionIndex(path, PART)
+    idx.apply(Changes(puts=[Entry(K1, V1)], ids={"order-1": IdState(K1, None)}, changelog=50))
+    idx.close()
+
+
+def test_a_healthy_store_is_caught_up_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer()
+
+    def progress(done: int, total: int) -> None:
+        del done, total
+
+    index, count = restored(path, restorer, progress)
+    try:
+        assert count == 3
+        assert restorer.seen == [([K1], 50)]
+        assert restorer.progress == [progress]
+        assert index.get(K1) == V1
+    finally:
+        index.close()
+
+
+def test_a_stale_store_is_destroyed_and_rebuilt_whole(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer(stale=1)
+    index, count = restored(path, restorer)
+    try:
+        assert count == 3
+        assert restorer.seen == [([K1], 50), ([], None)], "restore ran again on an empty store"
+        assert index.get(K1) is None
+        assert index.id_state("order-1") is None
+        assert index.offset(CHANGELOG) is None
+    finally:
+        index.close()
+
+
+def test_a_store_still_stale_after_a_rebuild_raises_and_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer(stale=2)
+    with pytest.raises(StaleIndex):
+        restored(path, restorer)
+    assert len(restorer.seen) == 2
+    PartitionIndex(path, PART).close()  # not left locked
+
+
+def test_a_restore_error_releases_the_store(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    with pytest.raises(RestoreError):
+        restored(path, FakeRestorer(error=RestoreError("stuck")))
+    again = PartitionIndex(path, PART)
+    try:
+        assert again.get(K1) == V1, "a failed catch-up keeps the store"
+    finally:
+        again.close()
+
+
+def garbage_current(path: Path) -> None:
+    path.mkdir()
+    (path / "CURRENT").write_bytes(b"\xff\xfe not a manifest name")
+
+
+def dangling_manifest(path: Path) -> None:
+    path.mkdir()
+    (path / "CURRENT").write_bytes(b"MANIFEST-000099\n")
+    (path / "000001.sst").write_bytes(b"\x00" * 128)
+
+
+@pytest.mark.parametrize("corrupt", [garbage_current, dangling_manifest])
+def test_a_corrupt_store_is_rebuilt(tmp_path: Path, corrupt: Callable[[Path], None]) -> None:
+    path = tmp_path / "store"
+    corrupt(path)
+    restorer = FakeRestorer()
+    index, count = restored(path, restorer)
+    try:
+        assert count == 3
+        assert restorer.seen == [([], None)]
+        index.apply(Changes(puts=[Entry(K2, V2)]))
+        assert index.get(K2) == V2
+    finally:
+        index.close()
+
+
+def test_a_file_where_the_store_directory_should_be_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    path.write_bytes(b"not a rocksdb directory")
+    restorer = FakeRestorer()
+    index, count = restored(path, restorer)
+    try:
+        assert count == 3
+        assert restorer.seen == [([], None)]
+        assert path.is_dir()
+    finally:
+        index.close()
+
+
+def test_a_store_held_open_elsewhere_raises_index_locked_and_stays_intact(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    held = PartitionIndex(path, PART)
+    try:
+        restorer = FakeRestorer()
+        with pytest.raises(IndexLocked):
+            restored(path, restorer)
+        assert restorer.seen == [], "a locked store is never restored into"
+        assert held.get(K1) == V1
+        assert held.id_state("order-1") == IdState(K1, None)
+    finally:
+        held.close()
+    reopened = PartitionIndex(path, PART)
+    try:
+        assert [e.key for e in reopened.entries()] == [K1]
+        assert reopened.offset(CHANGELOG) == 50
+    finally:
+        reopened.close()
