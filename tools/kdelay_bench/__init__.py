@@ -1,0 +1,1 @@
+"""kdelay's benchmarks (``tools/bench``): figures against a plain pipe, not tests."""

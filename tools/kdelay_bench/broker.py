@@ -1,0 +1,119 @@
+"""The broker the bench runs on, and the randomly named topics it creates there.
+
+Every topic is registered with :class:`Topics` and deleted when the run ends
+(unless ``--keep-topics``), so the shared development broker does not fill up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from kdelay.settings import Settings
+from kdelay.topics import create_topics
+
+ROOT = Path(__file__).resolve().parents[2]
+WEEK_MS = 7 * 86_400_000
+
+
+def bootstrap_servers(given: str | None) -> str:
+    """Return the broker address: the flag, else ``KDELAY_BOOTSTRAP_SERVERS``, else
+    whatever ``tools/kafka start`` finds or starts. Raises SystemExit if none answers."""
+    found = given or os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    if found:
+        return found
+    proc = subprocess.run([str(ROOT / "tools" / "kafka"), "start"], capture_output=True,
+                          text=True, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"tools/bench: no broker: {proc.stderr.strip()[-2000:]}")
+    return lines[0].removeprefix("bootstrap=")
+
+
+class Topics:
+    """Creates bench topics with random names and deletes them all in :meth:`cleanup`."""
+
+    def __init__(self, bootstrap: str, run_id: str) -> None:
+        self.bootstrap = bootstrap
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._run_id = run_id
+        self._created: list[str] = []
+
+    def name(self, role: str) -> str:
+        """Return a fresh, unique topic name for ``role``."""
+        return f"bench-{self._run_id}-{role}-{uuid.uuid4().hex[:6]}"
+
+    def create(self, role: str, partitions: int, config: dict[str, str] | None = None) -> str:
+        """Create a topic; return its name. Raises KafkaException if the broker refuses."""
+        name = self.name(role)
+        futures = self.admin.create_topics([NewTopic(
+            name, num_partitions=partitions, replication_factor=1, config=config or {})])
+        self._created.append(name)
+        futures[name].result(timeout=30)
+        return name
+
+    def deployment(self, role: str, partitions: int, state_dir: Path,
+                   batch_size: int) -> Settings:
+        """Create requests, changelog and DLQ topics with ``kdelay.topics``; return the
+        settings of a service on them (one week retention, state under ``state_dir``)."""
+        prefix = self.name(role)
+        settings = Settings(
+            bootstrap_servers=self.bootstrap, requests_topic=f"{prefix}-req",
+            changelog_topic=f"{prefix}-chg", dlq_topic=f"{prefix}-dlq",
+            group_id=f"{prefix}-group", state_dir=state_dir, batch_size=batch_size)
+        self._created += [settings.requests_topic, settings.changelog_topic, settings.dlq_topic]
+        create_topics(self.admin, settings, partitions=partitions, replication_factor=1,
+                      retention_ms=WEEK_MS)
+        return settings
+
+    def cleanup(self) -> None:
+        """Delete every topic this run created; failures are reported, not raised."""
+        if not self._created:
+            return
+        futures = self.admin.delete_topics(self._created, operation_timeout=30)
+        for name, future in futures.items():
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:
+                print(f"tools/bench: cannot delete {name}: {exc}", flush=True)
+        self._created.clear()
+
+
+def wait_for_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
+    """Wait until ``topic``'s partitions have leaders; return the partition count."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions and all(
+                p.leader >= 0 for p in meta.partitions.values()):
+            return len(meta.partitions)
+        time.sleep(0.2)
+    raise SystemExit(f"tools/bench: topic {topic} has no leaders after {timeout_s}s")
+
+
+def wait_group_stable(admin: AdminClient, group: str, timeout_s: float,
+                      alive: Callable[[], bool] | None = None) -> bool:
+    """Wait until ``group`` is stable with an assignment; False after ``timeout_s``.
+
+    ``alive`` may be a callable returning False to stop waiting early (its
+    process died).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            return False
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        assigned = any(m.assignment.topic_partitions for m in description.members)
+        if str(description.state).endswith("STABLE") and assigned:
+            return True
+        time.sleep(0.25)
+    return False

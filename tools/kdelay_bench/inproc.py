@@ -1,0 +1,107 @@
+"""A kdelay :class:`~kdelay.service.Service` run inside the bench process.
+
+The bench steps it exactly as ``Service.run`` does (``step()`` with no wait
+cap) on a :class:`~kdelay.clock.ManualClock`, and reads progress from the
+service's own Prometheus counters: requests scheduled, records delivered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka.admin import AdminClient
+
+from kdelay.clock import ManualClock
+from kdelay.service import Service
+from kdelay.settings import Settings
+from kdelay.topics import check_layout
+from kdelay_bench.progress import Progress
+
+Sample = tuple[str, dict[str, str]]
+SCHEDULED: Sample = ("kdelay_intake_records_total", {"outcome": "scheduled"})
+DELIVERED: Sample = ("kdelay_delivered_records_total", {})
+# Reading a Prometheus sample walks the whole registry: at most this often.
+CHECK_EVERY_S = 0.002
+
+
+class Stalled(Exception):
+    """The service made no progress towards the goal before the timeout."""
+
+
+class InProcess:
+    """One service on a manual clock, started on creation; :meth:`close` ends it."""
+
+    def __init__(self, settings: Settings, clock: ManualClock) -> None:
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+        self.clock = clock
+        self.service = Service(settings, clock, check_layout(admin, settings))
+        self.service.start()
+
+    def close(self) -> None:
+        """Finish the work in flight and close the service."""
+        self.service.close()
+
+    def _count(self, sample: Sample) -> int:
+        value = self.service.metrics.registry.get_sample_value(*sample)
+        return int(value or 0)
+
+    def scheduled(self) -> int:
+        """Return how many requests the service has scheduled (indexed and logged)."""
+        return self._count(SCHEDULED)
+
+    def delivered(self) -> int:
+        """Return how many records the service has delivered (acknowledged by targets)."""
+        return self._count(DELIVERED)
+
+    def step_until(self, done: Callable[[], bool], timeout_s: float) -> None:
+        """Step the service until ``done()``; raise :class:`Stalled` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        next_check = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_check:
+                if done():
+                    return
+                if now > deadline:
+                    raise Stalled(f"no completion within {timeout_s:.0f}s")
+                next_check = now + CHECK_EVERY_S
+            self.service.step()
+
+    def step_for(self, seconds: float) -> None:
+        """Step the service for ``seconds`` of wall time."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.service.step()
+
+    def intake(self, total: int, timeout_s: float) -> tuple[float, float]:
+        """Step until ``total`` requests are scheduled; return ``(requests/s, seconds)``.
+
+        The clock starts once the service owns its partitions (group joined,
+        indexes open): what it had scheduled by then is left out of the rate.
+        """
+        self.step_until(lambda: bool(self.service.owned()), timeout_s)
+        start, already = time.monotonic(), self.scheduled()
+        progress = Progress("intake", total)
+
+        def done() -> bool:
+            scheduled = self.scheduled()
+            progress.update(scheduled)
+            return scheduled >= total
+
+        self.step_until(done, timeout_s)
+        elapsed = time.monotonic() - start
+        return (total - already) / max(elapsed, 1e-9), elapsed
+
+    def deliver(self, total: int, timeout_s: float) -> float:
+        """Step until ``total`` deliveries are acknowledged; return the seconds taken."""
+        start = time.monotonic()
+        progress = Progress("delivery", total)
+
+        def done() -> bool:
+            delivered = self.delivered()
+            progress.update(delivered)
+            return delivered >= total
+
+        self.step_until(done, timeout_s)
+        return time.monotonic() - start

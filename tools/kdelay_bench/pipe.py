@@ -1,0 +1,94 @@
+"""The baseline: a plain confluent-kafka loop that consumes requests and produces each
+to a target, with kdelay's batch size and target-producer settings.
+
+Its rate is what a Python consume->produce service gets on this machine and
+broker; kdelay's intake and burst delivery are reported as ratios to it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from kdelay.callbacks import guarded
+from kdelay_bench.progress import Progress
+from kdelay_bench.report import Result
+
+
+class _Acks:
+    """Delivery reports of the pipe's producer."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.errors = 0
+        self.first_error: str | None = None
+
+    def report(self, error: KafkaError | None, _: Message) -> None:
+        if error is None:
+            self.ok += 1
+        else:
+            self.errors += 1
+            self.first_error = self.first_error or error.str()
+
+
+def _consumer(bootstrap: str, topic: str, partitions: int) -> Consumer:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-pipe-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    return consumer
+
+
+def _forward(producer: Producer, target: str, messages: list[Message], acks: _Acks) -> int:
+    callback = guarded(acks.report)
+    for message in messages:
+        while True:
+            try:
+                producer.produce(target, value=message.value(), key=message.key(),
+                                 headers=message.headers(), on_delivery=callback)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.poll(0)
+    return len(messages)
+
+
+def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total: int,
+             batch_size: int) -> Result:
+    """Pipe ``total`` records from ``requests`` to ``target``; report records/s.
+
+    The clock starts when the first batch has been forwarded and stops when the
+    last produce is acknowledged, so group joins and connection set-up are not
+    counted.
+    """
+    consumer = _consumer(bootstrap, requests, partitions)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 2})
+    acks = _Acks()
+    progress = Progress("pipe", total)
+    seen, first, start = 0, 0, 0.0
+    try:
+        while seen < total:
+            batch = [m for m in consumer.consume(batch_size, timeout=1.0) if m.error() is None]
+            seen += _forward(producer, target, batch, acks)
+            if batch and not start:
+                first, start = seen, time.monotonic()
+            progress.update(seen)
+        remaining = producer.flush(60)
+        elapsed = time.monotonic() - start
+    finally:
+        consumer.close()
+    result = Result("pipe", {"records": total, "seconds": round(elapsed, 3),
+                             "records_per_s": round((total - first) / elapsed)})
+    result.figures.update({"produce_errors": acks.errors, "unflushed": remaining})
+    if acks.errors or remaining:
+        result.skipped = f"{acks.errors} produce errors ({acks.first_error}), {remaining} left"
+    return result

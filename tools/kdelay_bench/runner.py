@@ -1,0 +1,109 @@
+"""Run the chosen scenarios in order, then write JSON lines and markdown tables.
+
+Every scenario runs in this process tree against one broker, so the ratios to
+the pipe compare figures taken minutes apart on the same machine. A scenario
+that fails is reported as skipped with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import sys
+import tempfile
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from kdelay_bench.broker import Topics, bootstrap_servers
+from kdelay_bench.capacity import run_capacity
+from kdelay_bench.footprint import run_footprint
+from kdelay_bench.lateness import Load, run_lateness
+from kdelay_bench.machine import finish, machine
+from kdelay_bench.options import BenchOptions, parse_options
+from kdelay_bench.progress import say
+from kdelay_bench.report import Result, markdown, write_json
+from kdelay_bench.restore import run_restore
+from kdelay_bench.throughput import Setup, burst, pipe_and_intake
+
+
+def _guarded(name: str, scenario: Callable[[], list[Result]]) -> list[Result]:
+    """Run one scenario; turn an exception into a skipped result."""
+    try:
+        return scenario()
+    except Exception as exc:  # one failed scenario must not end the run
+        traceback.print_exc(file=sys.stderr)
+        return [Result(name, skipped=f"{type(exc).__name__}: {exc}")]
+
+
+def _pipe(results: list[Result]) -> Result | None:
+    return next((r for r in results if r.scenario == "pipe" and not r.skipped), None)
+
+
+def _lateness(setup: Setup, guarantee: str, load: Load) -> list[Result]:
+    return [run_lateness(setup, guarantee, load)]
+
+
+def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> None:
+    """Run every chosen scenario, appending to ``results`` as they finish."""
+    chosen = set(options.scenarios)
+    if chosen & {"pipe", "intake", "burst"}:
+        results += _guarded("pipe", lambda: pipe_and_intake(
+            setup, options.intake_records, options.pipe_repeats, "intake" in chosen))
+    if "burst" in chosen:
+        results += _guarded("burst", lambda: [burst(setup, options.burst_records,
+                                                     _pipe(results))])
+    if "lateness" in chosen:
+        load = Load(options.lateness_rate, options.lateness_seconds,
+                    options.lateness_warmup_seconds, options.lateness_delay_ms,
+                    options.lateness_drain_seconds)
+        for guarantee in options.guarantees:
+            results += _guarded("lateness", functools.partial(_lateness, setup, guarantee, load))
+    if "footprint" in chosen:
+        results += _guarded("footprint", lambda: run_footprint(
+            setup.work_dir, options.footprint_entries, options.footprint_values))
+    if "restore" in chosen:
+        results += _guarded("restore", lambda: [run_restore(
+            setup.topics, setup.work_dir, options.restore_entries)])
+    if "capacity" in chosen:
+        results += _guarded("capacity", lambda: [run_capacity(
+            setup, options.capacity_base, options.capacity_pending, options.capacity_slice)])
+
+
+def _write(options: BenchOptions, results: list[Result]) -> None:
+    if options.json_path is None:
+        write_json(results, sys.stdout)
+    else:
+        with options.json_path.open("w") as out:
+            write_json(results, out)
+    tables = markdown(results)
+    if options.markdown_path is None:
+        sys.stderr.write("\n" + tables)
+    else:
+        options.markdown_path.write_text(tables)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks; return 0 unless the run itself could not happen."""
+    options = parse_options(argv)
+    if "pipe" not in options.scenarios and {"intake", "burst"} & set(options.scenarios):
+        say("note: intake and burst ratios need the pipe, which runs with them")
+    bootstrap = bootstrap_servers(options.bootstrap_servers)
+    work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="kdelay-bench-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    topics = Topics(bootstrap, uuid.uuid4().hex[:8])
+    setup = Setup(topics, work_dir, options.partitions, options.value_size, options.batch_size)
+    say(f"broker {bootstrap}; state under {work_dir}; scenarios {','.join(options.scenarios)}")
+    record = machine(bootstrap)
+    results: list[Result] = [record]
+    try:
+        _scenarios(options, setup, results)
+    finally:
+        if not options.keep_topics:
+            topics.cleanup()
+        if options.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    finish(record)
+    _write(options, results)
+    return 0

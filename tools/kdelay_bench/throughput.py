@@ -1,0 +1,175 @@
+"""Scenarios ``pipe``, ``intake`` and ``burst``: kdelay's rates against the plain pipe.
+
+``pipe`` and ``intake`` read the same pre-produced requests (due in an hour,
+so intake only indexes them). ``burst`` pre-produces N requests all due at one
+instant, lets the service index them, moves its manual clock to the read-ahead
+window and then to the due instant, and times the delivery of all N as seen
+by a target consumer in another process.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdelay.clock import ManualClock, SystemClock
+from kdelay.settings import Settings
+from kdelay_bench.broker import Topics
+from kdelay_bench.collector import CollectorProcess
+from kdelay_bench.inproc import InProcess
+from kdelay_bench.load import produce_requests
+from kdelay_bench.pipe import run_pipe
+from kdelay_bench.progress import say
+from kdelay_bench.report import Result, as_int
+from kdelay_bench.stats import rss_bytes
+
+HOUR_MS = 3_600_000
+BURST_LEAD_MS = 600_000
+DAY_MS = 86_400_000
+MB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What every broker scenario needs: topics, sizes and where state goes."""
+
+    topics: Topics
+    work_dir: Path
+    partitions: int
+    value_size: int
+    batch_size: int
+
+    def deployment(self, role: str) -> Settings:
+        """Create a fresh set of kdelay topics; return the settings of a service on them."""
+        state = Path(tempfile.mkdtemp(prefix=f"{role}-", dir=self.work_dir))
+        return self.topics.deployment(role, self.partitions, state, self.batch_size)
+
+    def requests(self, settings: Settings, target: str, count: int, due_ms: int) -> None:
+        """Pre-produce ``count`` requests for ``target``, all due at ``due_ms``."""
+        say(f"{settings.requests_topic}: producing {count:,} requests")
+        produce_requests(self.topics.bootstrap, settings.requests_topic, target, count,
+                         self.value_size, lambda _: due_ms, self.partitions)
+
+
+def ratio(rate: float, baseline: Result | None) -> float | None:
+    """Return ``rate`` divided by the pipe's records/s, None without a pipe figure."""
+    pipe_rate = baseline.figures.get("records_per_s") if baseline else None
+    if not isinstance(pipe_rate, int | float) or not pipe_rate:
+        return None
+    return round(rate / pipe_rate, 3)
+
+
+def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool) -> list[Result]:
+    """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``intake`` over the
+    same ``total`` requests."""
+    settings = setup.deployment("intake")
+    target = setup.topics.create("pipe-target", setup.partitions)
+    setup.requests(settings, target, total, SystemClock().now_ms() + HOUR_MS)
+    runs = []
+    for attempt in range(repeats):
+        say(f"pipe: consume -> produce, run {attempt + 1}/{repeats}")
+        runs.append(run_pipe(setup.topics.bootstrap, settings.requests_topic,
+                             setup.partitions, target, total, setup.batch_size))
+    pipe = median_run(runs)
+    results = [pipe]
+    if run_intake:
+        results.append(intake(settings, total, pipe))
+    return results
+
+
+def median_run(runs: list[Result]) -> Result:
+    """Return the run with the median rate, noting every run's rate in its figures."""
+    ranked = sorted(runs, key=lambda r: float(r.figures.get("records_per_s") or 0))
+    median = ranked[len(ranked) // 2]
+    median.figures["runs_per_s"] = "/".join(str(r.figures.get("records_per_s")) for r in runs)
+    failed = next((r for r in runs if r.skipped), None)
+    if failed is not None:
+        median.skipped = failed.skipped
+    return median
+
+
+def intake(settings: Settings, total: int, pipe: Result | None) -> Result:
+    """Index ``total`` requests with an in-process service; compare with the pipe."""
+    say("intake: kdelay indexes the same requests")
+    service = InProcess(settings, ManualClock(SystemClock().now_ms()))
+    try:
+        rate, seconds = service.intake(total, timeout_s=max(120.0, total / 1_000))
+    finally:
+        service.close()
+    result = Result("intake", {"records": total, "seconds": round(seconds, 3),
+                               "requests_per_s": round(rate), "ratio_to_pipe": ratio(rate, pipe),
+                               "rss_mb": round(rss_bytes() / MB)})
+    measured = result.figures["ratio_to_pipe"]
+    result.check("intake >= 1.0x pipe", measured,
+                 None if measured is None else float(measured) >= 1.0)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class DueRun:
+    """What one pending-then-due run measured."""
+
+    intake_per_s: float
+    deliver_s: float | None
+    acked_s: float
+    seen: dict[str, object]
+    rss_after_intake: int
+    rss_after: int
+
+
+def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> DueRun:
+    """Index ``total`` requests, of which the first ``due_count`` are due at one instant
+    and the rest a day later; then deliver those ``due_count`` and time it.
+
+    The manual clock first sits at the start of the read-ahead window for up to
+    two seconds (as the system clock would pass through it), then jumps to the
+    due instant; the time runs until the collector has received the last record.
+    """
+    settings = setup.deployment(role)
+    target = setup.topics.create(f"{role}-target", setup.partitions)
+    clock = ManualClock(SystemClock().now_ms())
+    due = clock.now_ms() + BURST_LEAD_MS
+    say(f"{role}: producing {total:,} requests, {due_count:,} due at one instant")
+    produce_requests(setup.topics.bootstrap, settings.requests_topic, target, total,
+                     setup.value_size, lambda i: due if i < due_count else due + DAY_MS,
+                     setup.partitions)
+    collector = CollectorProcess(setup.topics.bootstrap, target, due_count,
+                                 timeout_s=max(300.0, due_count / 500),
+                                 out=setup.work_dir / f"{role}-{time.monotonic_ns()}.json")
+    service = InProcess(settings, clock)
+    try:
+        intake_rate, _ = service.intake(total, timeout_s=max(120.0, total / 1_000))
+        rss_after_intake = rss_bytes()
+        say(f"{role}: {total:,} indexed; read-ahead window, then the due instant")
+        clock.set(due - settings.lookahead_ms)
+        service.step_for(min(settings.lookahead_ms / 1000, 2.0))
+        clock.set(due)
+        start = time.time()
+        acked_s = service.deliver(due_count, timeout_s=max(300.0, due_count / 500))
+        seen = collector.result()
+    finally:
+        collector.kill()
+        service.close()
+    last = seen.get("last_s")
+    deliver_s = float(last) - start if isinstance(last, int | float) else None
+    return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes())
+
+
+def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
+    """Deliver ``total`` requests due at one instant; time it, count early ones."""
+    run = pending_then_due(setup, "burst", total, total)
+    rate = total / run.deliver_s if run.deliver_s else 0.0
+    result = Result("burst", {
+        "records": total, "seconds": run.deliver_s and round(run.deliver_s, 3),
+        "records_per_s": round(rate), "ratio_to_pipe": ratio(rate, pipe),
+        "acked_seconds": round(run.acked_s, 3), "received": as_int(run.seen.get("count")),
+        "early": as_int(run.seen.get("early")), "duplicates": as_int(run.seen.get("duplicates")),
+        "intake_per_s": round(run.intake_per_s), "rss_mb": round(run.rss_after / MB)})
+    measured = result.figures["ratio_to_pipe"]
+    result.check("burst >= 0.7x pipe", measured,
+                 None if measured is None else float(measured) >= 0.7)
+    result.check("0 early", result.figures["early"], result.figures["early"] == 0)
+    return result
+
