@@ -23,13 +23,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from kdelay import codec
 from kdelay.codec import IdState
-from kdelay.index import CHANGELOG, Changes, Entry, IndexCorrupt, PartitionIndex, store_path
+from kdelay.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex, store_path
 from kdelay.polling import take
 from kdelay.settings import Settings
 
 log = logging.getLogger(__name__)
 
-APPLY_EVERY = 10_000
+APPLY_EVERY = 50_000
 Progress = Callable[[int, int], None]
 PartitionProgress = Callable[[int, int, int], None]
 
@@ -154,10 +154,14 @@ def _apply(index: PartitionIndex, staged: dict[bytes, bytes | None], position: i
                 changes.ids[old.schedule_id] = None
             changes.deletes.append(key)
             continue
-        value = codec.decode_index_value(raw)
-        changes.puts.append(Entry(key, value))
-        if value.schedule_id is not None:
-            changes.ids[value.schedule_id] = IdState(key, None)
+        try:
+            schedule_id = codec.schedule_id_of(raw)
+        except ValueError as exc:
+            log.warning("changelog value for %r ignored: %s", key, exc)
+            continue
+        changes.raw_puts[key] = raw
+        if schedule_id is not None:
+            changes.ids[schedule_id] = IdState(key, None)
     index.apply(changes)
 
 

@@ -160,6 +160,22 @@ def decode_index_value(raw: bytes) -> IndexValue:
     return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
 
 
+def schedule_id_of(raw: bytes) -> str | None:
+    """Return the schedule id of an encoded index value without decoding the rest.
+
+    Raises ValueError, as :func:`decode_index_value` does, for a short value or
+    an id that is not UTF-8.
+    """
+    if len(raw) < _INDEX_HEAD.size:
+        raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
+    if len(raw) == _INDEX_HEAD.size:
+        return None
+    try:
+        return raw[_INDEX_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
+
+
 def encode_id_state(state: IdState) -> bytes:
     """Encode ``b"P" + due key`` for a pending id, ``b"D" + u64 ms`` for a delivered one.
 

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 UNLIMITED = Limits(levels=(1,), max_due_after_ms=None)
 MAX_WAIT_MS = 100
+IN_FLIGHT_WAIT_MS = 1
 # Entries waiting for a retry do not count against a partition's read-ahead
 # room (so a failing target never hides entries behind it), but a partition
 # holds at most this many batches in memory, whatever their state.
@@ -80,6 +81,7 @@ class Task:
     backing_off: bool = False
     failure: tuple[ErrorCode, str] | None = None
     detail: str = ""
+    schedule: Schedule | None = None
 
     @property
     def partition(self) -> int:
@@ -159,6 +161,7 @@ class Delivery:
         self._tasks: dict[bytes, Task] = {}
         self._per_partition: Counter[int] = Counter()
         self._backing_off: Counter[int] = Counter()
+        self._flying: Counter[int] = Counter()
         self._ready: list[bytes] = []
         self._waiting: list[tuple[int, bytes]] = []
         self._covered: dict[int, int] = {}
@@ -167,6 +170,10 @@ class Delivery:
         self._transactional = transactional
         self._sent: list[bytes] = []
         self._topics = TopicCheck(targets)
+        self._guarded_report = guarded(self._on_report)
+        self._guarded_tombstone = guarded(self._on_tombstone)
+        self._lateness: list[int] = []
+        self._delivered = 0
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
@@ -175,7 +182,7 @@ class Delivery:
 
     def idle(self) -> bool:
         """Return whether no produce awaits a report."""
-        return not any(task.in_flight for task in self._tasks.values())
+        return not self._flying.total()
 
     def forget(self, keys: list[bytes]) -> None:
         """Drop read-ahead entries that left the index by other means (cancel)."""
@@ -183,6 +190,33 @@ class Delivery:
             task = self._tasks.get(key)
             if task is not None and not task.in_flight:
                 self._drop(key)
+
+    def adopt(self, partition: int, entries: list[Entry],
+              originals: Mapping[bytes, Message], index: PartitionIndex) -> None:
+        """Take entries intake has just indexed, with their records, if due inside the window.
+
+        They then need no read back from Kafka. ``index`` is the partition's
+        store: when every new entry inside the scanned window is taken, its
+        "new entry below the window" signal is consumed, so no rescan follows.
+        """
+        covered = self._covered.get(partition)
+        if covered is None:
+            return
+        room = self._room(partition)
+        missed = False
+        for entry in entries:
+            original = originals.get(entry.key)
+            if entry.due.due_ms > covered or entry.key in self._tasks:
+                continue
+            if room <= 0 or original is None:
+                missed = True
+                continue
+            self._hold(Task(entry, original))
+            room -= 1
+        if missed:
+            self._covered.pop(partition, None)
+        else:
+            index.take_lowest_put()
 
     def drop_partition(self, partition: int) -> None:
         """Forget every task of a partition this instance no longer owns."""
@@ -209,8 +243,10 @@ class Delivery:
         self._dispatch(self._clock.now_ms())
 
     def wait_ms(self) -> int:
-        """Return the milliseconds until the next entry is due (at most ``MAX_WAIT_MS``)."""
-        return self._next_wakeup_ms(self._clock.now_ms())
+        """Return the milliseconds until there is work: the next due entry, or at most
+        ``IN_FLIGHT_WAIT_MS`` while produces await their reports (at most ``MAX_WAIT_MS``)."""
+        wait = self._next_wakeup_ms(self._clock.now_ms())
+        return min(wait, IN_FLIGHT_WAIT_MS) if self._flying.total() else wait
 
     def has_failures(self) -> bool:
         """Return whether a produce reported a failure since the reports were last taken."""
@@ -238,7 +274,7 @@ class Delivery:
         for key in sent:
             task = self._tasks.get(key)
             if task is not None and task.in_flight:
-                task.in_flight = False
+                self._fly(task, False)
                 heapq.heappush(self._ready, key)
 
     def settle(self, indexes: Mapping[int, PartitionIndex]) -> None:
@@ -253,6 +289,7 @@ class Delivery:
         self._apply(changes, indexes)
 
     def _apply(self, changes: dict[int, Changes], indexes: Mapping[int, PartitionIndex]) -> None:
+        self._flush_metrics()
         for partition, change in changes.items():
             if partition in indexes:
                 change.changelog = self._positions.get(partition)
@@ -276,10 +313,28 @@ class Delivery:
         if wanted:
             self._fetch(wanted)
 
+    def _hold(self, task: Task) -> None:
+        """Start tracking a task read ahead (or adopted) and queue it for its due time."""
+        key = task.entry.key
+        self._tasks[key] = task
+        self._per_partition[task.partition] += 1
+        heapq.heappush(self._ready, key)
+
+    def _fly(self, task: Task, in_flight: bool) -> None:
+        """Mark a task in flight (produced, report pending) or not, keeping the counts."""
+        if task.in_flight != in_flight:
+            task.in_flight = in_flight
+            self._flying[task.partition] += 1 if in_flight else -1
+
     def _room(self, partition: int) -> int:
-        """Return how many more entries of ``partition`` the read-ahead may take."""
+        """Return how many more entries of ``partition`` the read-ahead may take.
+
+        Entries in flight or backing off do not count against the batch (the
+        next batch is read while the last one is acknowledged); the cap on all
+        held entries keeps memory bounded.
+        """
         held = self._per_partition[partition]
-        active = held - self._backing_off[partition]
+        active = held - self._backing_off[partition] - self._flying[partition]
         cap = MAX_HELD_BATCHES * self._config.batch_size - held
         return min(self._config.batch_size - active, cap)
 
@@ -306,9 +361,7 @@ class Delivery:
                 if found is None:
                     self._covered.pop(partition, None)
                     continue
-                self._tasks[entry.key] = Task(entry, found)
-                self._per_partition[partition] += 1
-                heapq.heappush(self._ready, entry.key)
+                self._hold(Task(entry, found))
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -345,7 +398,7 @@ class Delivery:
 
     def _send(self, key: bytes, task: Task, now: int) -> None:
         """Produce the task's record to its target, or to the DLQ with a reason."""
-        if task.failure is None:
+        if task.failure is None and task.schedule is None:
             task.failure = self._verify(task)
         sink = Sink.TARGET if task.failure is None else Sink.DLQ
         try:
@@ -358,8 +411,9 @@ class Delivery:
         except KafkaException as exc:
             # Refused before anything was written: nothing in a transaction to abort.
             self._reports.refused.append((key, sink, str(exc.args[0])))
-        task.in_flight = True
-        self._sent.append(key)
+        self._fly(task, True)
+        if self._transactional:
+            self._sent.append(key)
 
     def _verify(self, task: Task) -> tuple[ErrorCode, str] | None:
         """Return why the fetched original cannot be delivered, or None if it can."""
@@ -374,8 +428,10 @@ class Delivery:
         found = fingerprint_of(task.original)
         if found != expected:
             return ErrorCode.MISMATCH, f"{where} fingerprint {found} differs from {expected}"
-        if not isinstance(self._schedule_of(task.original), Schedule):
+        schedule = self._schedule_of(task.original)
+        if not isinstance(schedule, Schedule):
             return ErrorCode.MISMATCH, f"{where} no longer carries a valid schedule"
+        task.schedule = schedule
         return None
 
     @staticmethod
@@ -383,8 +439,8 @@ class Delivery:
         return envelope.parse(original.headers(), 0, UNLIMITED)
 
     def _produce_target(self, key: bytes, task: Task, original: Message, now: int) -> None:
-        schedule = self._schedule_of(original)
-        assert isinstance(schedule, Schedule)  # noqa: S101 - verified before
+        schedule = task.schedule
+        assert schedule is not None  # noqa: S101 - _verify set it
         missing = self._topics.missing(schedule.target)
         if missing is not None:
             raise KafkaException(missing)
@@ -396,7 +452,7 @@ class Delivery:
             partition=-1 if schedule.partition is None else schedule.partition,
             headers=headers, timestamp=now, on_delivery=self._callback(key, Sink.TARGET),
         )
-        self._metrics.lateness.observe((now - due.due_ms) / 1000)
+        self._lateness.append(now - due.due_ms)
 
     def _produce_dead_letter(self, key: bytes, task: Task, code: ErrorCode, detail: str) -> None:
         due = task.entry.due
@@ -418,7 +474,7 @@ class Delivery:
                                    on_delivery=self._callback(key, Sink.DLQ))
 
     def _callback(self, key: bytes, sink: Sink) -> Callable[[KafkaError | None, Message], None]:
-        return guarded(functools.partial(self._on_report, key, sink))
+        return functools.partial(self._guarded_report, key, sink)
 
     def _on_report(self, key: bytes, sink: Sink, error: KafkaError | None, _: Message) -> None:
         if error is None:
@@ -441,10 +497,19 @@ class Delivery:
         if not self._transactional:
             self._produce_tombstone(key, task.partition)
         if sink is Sink.TARGET:
-            self._metrics.delivered.inc()
+            self._delivered += 1
         else:
             code = task.failure[0] if task.failure else ErrorCode.UNDELIVERABLE
             self._metrics.dead_lettered.labels(reason=str(code)).inc()
+
+    def _flush_metrics(self) -> None:
+        """Hand the per-record counts gathered since the last call to Prometheus at once."""
+        if self._delivered:
+            self._metrics.delivered.inc(self._delivered)
+            self._delivered = 0
+        lateness, self._lateness = self._lateness, []
+        for late_ms in lateness:
+            self._metrics.lateness.observe(late_ms / 1000)
 
     def _produce_tombstone(self, key: bytes, partition: int) -> None:
         """Produce an entry's tombstone, waiting for queue room rather than giving up.
@@ -456,7 +521,7 @@ class Delivery:
             try:
                 self._internal.produce(self._config.changelog_topic, value=None, key=key,
                                        partition=partition,
-                                       on_delivery=guarded(self._on_tombstone))
+                                       on_delivery=self._guarded_tombstone)
                 return
             except BufferError:
                 self._internal.poll(0.05)
@@ -473,7 +538,7 @@ class Delivery:
         task = self._tasks.get(key)
         if task is None:
             return
-        task.in_flight = False
+        self._fly(task, False)
         task.attempts += 1
         task.detail = reason
         if sink is Sink.TARGET and task.attempts >= self._config.attempts:
@@ -492,6 +557,7 @@ class Delivery:
 
     def _drop(self, key: bytes) -> None:
         task = self._tasks.pop(key)
+        self._fly(task, False)
         self._per_partition[task.partition] -= 1
         if task.backing_off:
             self._backing_off[task.partition] -= 1

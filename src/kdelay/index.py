@@ -52,11 +52,11 @@ class Entry:
 
     key: bytes
     value: IndexValue
+    due: codec.DueKey = field(init=False, compare=False, repr=False)
 
-    @property
-    def due(self) -> codec.DueKey:
-        """The decoded due key: due time, request partition, request offset."""
-        return codec.decode_due_key(self.key)
+    def __post_init__(self) -> None:
+        """Decode the key once: due time, request partition, request offset."""
+        object.__setattr__(self, "due", codec.decode_due_key(self.key))
 
 
 @dataclass(slots=True)
@@ -64,13 +64,15 @@ class Changes:
     """Writes for one partition's store, applied atomically by :meth:`PartitionIndex.apply`."""
 
     puts: list[Entry] = field(default_factory=list)
+    # Already encoded index values (changelog replay): written as they are.
+    raw_puts: dict[bytes, bytes] = field(default_factory=dict)
     deletes: list[bytes] = field(default_factory=list)
     ids: dict[str, IdState | None] = field(default_factory=dict)
     consumed: int | None = None
     changelog: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.puts or self.deletes or self.ids) or (
+        return bool(self.puts or self.raw_puts or self.deletes or self.ids) or (
             self.consumed is not None or self.changelog is not None
         )
 
@@ -144,10 +146,10 @@ class PartitionIndex:
         batch = WriteBatch(raw_mode=True)
         for entry in changes.puts:
             batch.put(entry.key, codec.encode_index_value(entry.value))
-            if self._head and entry.key < self._head:
-                self._head = entry.key
-            if self._lowest_put is None or entry.key < self._lowest_put:
-                self._lowest_put = entry.key
+            self._note_put(entry.key)
+        for key, raw in changes.raw_puts.items():
+            batch.put(key, raw)
+            self._note_put(key)
         for key in changes.deletes:
             batch.delete(key)
         for schedule_id, state in changes.ids.items():
@@ -160,6 +162,13 @@ class PartitionIndex:
         if changes.changelog is not None:
             batch.put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
         self._db.write(batch)
+
+    def _note_put(self, key: bytes) -> None:
+        """Move the scan head back, and remember the lowest put, for a key written."""
+        if self._head and key < self._head:
+            self._head = key
+        if self._lowest_put is None or key < self._lowest_put:
+            self._lowest_put = key
 
     def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = ()) -> list[Entry]:
         """Return up to ``limit`` entries due at or before ``upper_ms``, in key order.

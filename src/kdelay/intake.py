@@ -58,6 +58,9 @@ class Plan:
     changelog: list[Record] = field(default_factory=list)
     dead_letters: list[Record] = field(default_factory=list)
     outcomes: list[tuple[Outcome, str]] = field(default_factory=list)
+    # The request records behind ``changes.puts``, so delivery can take the
+    # ones due soon without reading them back from Kafka.
+    originals: dict[bytes, Message] = field(default_factory=dict)
 
 
 IdLookup = Callable[[str], IdState | None]
@@ -158,6 +161,7 @@ class Planner:
             plan.changes.ids[sid] = IdState(key, None)
         value = IndexValue(fingerprint_of(message), sid)
         plan.changes.puts.append(Entry(key, value))
+        plan.originals[key] = message
         plan.changelog.append(Record(self._topics.changelog, plan.partition, key,
                                      codec.encode_index_value(value)))
         plan.outcomes.append((Outcome.SCHEDULED, sid or ""))
@@ -171,6 +175,7 @@ class Planner:
         else:
             key = state.pending_key
             plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
+            plan.originals.pop(key, None)
             plan.changes.deletes.append(key)
             plan.changes.ids[schedule_id] = None
             plan.changelog.append(Record(self._topics.changelog, plan.partition, key, None))

@@ -49,10 +49,14 @@ class _Run:
     partition: int
     offsets: list[int]
     pending: set[int] = field(default_factory=set)
+    cursor: int = 0
 
     @property
     def start(self) -> int:
-        return min(self.pending)
+        """The lowest offset still pending (the cursor skips resolved ones)."""
+        while self.offsets[self.cursor] not in self.pending:
+            self.cursor += 1
+        return self.offsets[self.cursor]
 
     @property
     def end(self) -> int:
@@ -187,16 +191,16 @@ class OriginalReader:
         if offset >= run.end or not run.pending:
             self._settle_skipped(run, result)
             return True
-        if offset > min(run.pending):
-            self._settle_skipped(run, result, below=offset)
+        while run.start < offset:
+            result[(run.partition, run.start)] = Missing.ABSENT
+            run.pending.discard(run.start)
         return False
 
-    def _settle_skipped(self, run: _Run, result: dict[tuple[int, int], Found],
-                        below: int | None = None) -> None:
-        """Mark wanted offsets the fetch passed over as ``ABSENT``."""
-        for offset in [o for o in run.pending if below is None or o < below]:
+    def _settle_skipped(self, run: _Run, result: dict[tuple[int, int], Found]) -> None:
+        """Mark every wanted offset the fetch passed over as ``ABSENT``."""
+        for offset in run.pending:
             result[(run.partition, offset)] = Missing.ABSENT
-            run.pending.discard(offset)
+        run.pending.clear()
 
     def _expire_below_start(self, consumer: Consumer, run: _Run,
                             result: dict[tuple[int, int], Found]) -> None:

@@ -19,7 +19,8 @@ import hashlib
 import logging
 import signal
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -205,12 +206,12 @@ class Service:
         while self._internal.flush(1.0) > 0:
             if self._stopping:
                 return False
-        for record, error in failures:
-            if record.topic == self.settings.changelog_topic:
+        for topic, error in failures:
+            if topic == self.settings.changelog_topic:
                 raise ServiceError("changelog-write-failed",
-                                   f"cannot write to {record.topic}: {error.str()}")
+                                   f"cannot write to {topic}: {error.str()}")
             log.error("dead-letter write to %s failed for good (%s); the request stays "
-                      "readable at its origin %s", record.topic, error.str(), record.headers)
+                      "readable at its origin in the requests topic", topic, error.str())
             self.metrics.changelog_errors.inc()
         return True
 
@@ -231,7 +232,7 @@ class Service:
         else:
             self._rewind(plans)
 
-    def _commit(self, plans: list[Plan], failures: list[tuple[Record, KafkaError]]) -> bool:
+    def _commit(self, plans: list[Plan], failures: list[tuple[str, KafkaError]]) -> bool:
         """Commit the open transaction; abort it when any of its records failed.
 
         Returns whether it committed. Raises :class:`ServiceError` on a fatal
@@ -294,46 +295,63 @@ class Service:
         assert self._consumer is not None  # noqa: S101 - step() checked it
         for plan in plans:
             plan.changes.changelog = self._positions.get(plan.partition)
-            self._indexes[plan.partition].apply(plan.changes)
+            index = self._indexes[plan.partition]
+            index.apply(plan.changes)
             self._delivery.forget(plan.changes.deletes)
+            self._delivery.adopt(plan.partition, plan.changes.puts, plan.originals, index)
             consumed = plan.changes.consumed
             if consumed is not None:
                 self._consumed[plan.partition] = consumed
                 if not self.exactly_once:
                     self._consumer.store_offsets(offsets=[TopicPartition(
                         self.settings.requests_topic, plan.partition, consumed)])
-            for outcome, detail in plan.outcomes:
-                self._count(outcome, detail)
+            self._count(plan.outcomes)
 
-    def _count(self, outcome: Outcome, detail: str) -> None:
-        self.metrics.intake.labels(outcome=str(outcome)).inc()
-        if outcome is Outcome.REJECTED:
-            self.metrics.dead_lettered.labels(reason=detail.split(":", 1)[0]).inc()
-        if outcome not in (Outcome.SCHEDULED, Outcome.REJECTED):
-            log.info("request %s: %s", outcome, detail)
+    def _count(self, outcomes: list[tuple[Outcome, str]]) -> None:
+        """Count a batch's outcomes (one metric update per kind) and log the notable ones."""
+        kinds: Counter[Outcome] = Counter()
+        reasons: Counter[str] = Counter()
+        for outcome, detail in outcomes:
+            kinds[outcome] += 1
+            if outcome is Outcome.REJECTED:
+                reasons[detail.split(":", 1)[0]] += 1
+            elif outcome is not Outcome.SCHEDULED:
+                log.info("request %s: %s", outcome, detail)
+        for outcome, count in kinds.items():
+            self.metrics.intake.labels(outcome=str(outcome)).inc(count)
+        for reason, count in reasons.items():
+            self.metrics.dead_lettered.labels(reason=reason).inc(count)
 
-    def _produce_plans(self, plans: list[Plan]) -> list[tuple[Record, KafkaError]]:
-        """Produce the plans' changelog and DLQ records; return a list failures land in."""
-        failures: list[tuple[Record, KafkaError]] = []
+    def _produce_plans(self, plans: list[Plan]) -> list[tuple[str, KafkaError]]:
+        """Produce the plans' changelog and DLQ records; return a list failures land in.
+
+        One callback serves the whole batch: it confirms changelog positions and
+        collects ``(topic, error)`` for every record that failed.
+        """
+        failures: list[tuple[str, KafkaError]] = []
+        changelog = self.settings.changelog_topic
+
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                failures.append((str(message.topic()), error))
+            elif message.topic() == changelog:
+                self._positions.confirm(message)
+
+        callback = guarded(report)
         for plan in plans:
             for record in (*plan.changelog, *consumed_marker(self._topics, plan),
                            *plan.dead_letters):
-                self._produce_internal(record, failures)
+                self._produce_internal(record, callback)
         return failures
 
-    def _produce_internal(self, record: Record, failures: list[tuple[Record, KafkaError]]) -> None:
-        def report(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                failures.append((record, error))
-            elif record.topic == self.settings.changelog_topic:
-                self._positions.confirm(message)
-
+    def _produce_internal(self, record: Record,
+                          callback: Callable[[KafkaError | None, Message], None]) -> None:
         partition = -1 if record.partition is None else record.partition
         while True:
             try:
                 self._internal.produce(record.topic, value=record.value, key=record.key,
                                        partition=partition, headers=record.headers,
-                                       on_delivery=guarded(report))
+                                       on_delivery=callback)
                 return
             except BufferError:
                 self._internal.poll(0.1)

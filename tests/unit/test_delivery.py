@@ -27,7 +27,14 @@ from kdelay import delivery as delivery_module
 from kdelay.changelog import Positions
 from kdelay.clock import ManualClock
 from kdelay.codec import Fingerprint, IdState, IndexValue, encode_due_key
-from kdelay.delivery import MAX_WAIT_MS, Delivery, DeliveryConfig, TopicCheck, backoff_ms
+from kdelay.delivery import (
+    IN_FLIGHT_WAIT_MS,
+    MAX_WAIT_MS,
+    Delivery,
+    DeliveryConfig,
+    TopicCheck,
+    backoff_ms,
+)
 from kdelay.envelope import (
     DUE_MS,
     ERROR,
@@ -253,6 +260,8 @@ def test_a_late_tick_stamps_the_record_with_the_current_time(world: World) -> No
     [sent] = world.targets.sent
     assert sent.timestamp == T0 + 700
     assert sent.header(DUE_MS) == [str(T0 + 100).encode()]
+    world.targets.report()
+    world.settle()  # metrics are handed over once per settle, not per record
     assert world.sample("kdelay_lateness_seconds_sum") == pytest.approx(0.6)
 
 
@@ -1016,6 +1025,9 @@ def test_wait_ms_is_the_time_to_the_next_due_entry_capped(world: World) -> None:
     world.clock.set(T0 + 45)
     assert world.delivery.wait_ms() == 0, "overdue is due"
     world.delivery.dispatch()
+    assert world.delivery.wait_ms() == IN_FLIGHT_WAIT_MS == 1, "a report is awaited"
+    world.targets.report()
+    world.settle()
     assert world.delivery.wait_ms() == 100, "the next entry is 955 ms away"
     world.clock.set(T0 + 950)
     assert world.delivery.wait_ms() == 50
