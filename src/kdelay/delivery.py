@@ -31,7 +31,7 @@ from kdelay.callbacks import guarded
 from kdelay.changelog import Positions
 from kdelay.clock import Clock
 from kdelay.codec import IdState
-from kdelay.envelope import ErrorCode, Limits, Schedule
+from kdelay.envelope import ErrorCode
 from kdelay.index import Changes, Entry, PartitionIndex
 from kdelay.intake import fingerprint_of
 from kdelay.metrics import Metrics
@@ -39,7 +39,6 @@ from kdelay.originals import Found, Missing, OriginalReader
 
 log = logging.getLogger(__name__)
 
-UNLIMITED = Limits(levels=(1,), max_due_after_ms=None)
 MAX_WAIT_MS = 100
 IN_FLIGHT_WAIT_MS = 1
 # Entries waiting for a retry do not count against a partition's read-ahead
@@ -81,7 +80,7 @@ class Task:
     backing_off: bool = False
     failure: tuple[ErrorCode, str] | None = None
     detail: str = ""
-    schedule: Schedule | None = None
+    routing: envelope.Routing | None = None
 
     @property
     def partition(self) -> int:
@@ -98,15 +97,15 @@ class _Reports:
     refused: list[tuple[bytes, Sink, str]] = field(default_factory=list)
 
 
-def _routing(schedule: object) -> envelope.Headers:
-    """The target, target partition and schedule id headers of a schedule, if it is one."""
-    if not isinstance(schedule, Schedule):
+def _routing(routing: envelope.Routing | None) -> envelope.Headers:
+    """The target, target partition and schedule id headers of a request, if readable."""
+    if routing is None:
         return []
-    headers: envelope.Headers = [(envelope.TARGET, schedule.target.encode())]
-    if schedule.partition is not None:
-        headers.append((envelope.PARTITION, str(schedule.partition).encode()))
-    if schedule.schedule_id is not None:
-        headers.append((envelope.SCHEDULE_ID, schedule.schedule_id.encode()))
+    headers: envelope.Headers = [(envelope.TARGET, routing.target.encode())]
+    if routing.partition is not None:
+        headers.append((envelope.PARTITION, str(routing.partition).encode()))
+    if routing.schedule_id is not None:
+        headers.append((envelope.SCHEDULE_ID, routing.schedule_id.encode()))
     return headers
 
 
@@ -398,7 +397,7 @@ class Delivery:
 
     def _send(self, key: bytes, task: Task, now: int) -> None:
         """Produce the task's record to its target, or to the DLQ with a reason."""
-        if task.failure is None and task.schedule is None:
+        if task.failure is None and task.routing is None:
             task.failure = self._verify(task)
         sink = Sink.TARGET if task.failure is None else Sink.DLQ
         try:
@@ -428,28 +427,25 @@ class Delivery:
         found = fingerprint_of(task.original)
         if found != expected:
             return ErrorCode.MISMATCH, f"{where} fingerprint {found} differs from {expected}"
-        schedule = self._schedule_of(task.original)
-        if not isinstance(schedule, Schedule):
+        routing = envelope.routing(task.original.headers())
+        if routing is None:
             return ErrorCode.MISMATCH, f"{where} no longer carries a valid schedule"
-        task.schedule = schedule
+        task.routing = routing
         return None
 
-    @staticmethod
-    def _schedule_of(original: Message) -> object:
-        return envelope.parse(original.headers(), 0, UNLIMITED)
-
     def _produce_target(self, key: bytes, task: Task, original: Message, now: int) -> None:
-        schedule = task.schedule
-        assert schedule is not None  # noqa: S101 - _verify set it
-        missing = self._topics.missing(schedule.target)
+        routing = task.routing
+        assert routing is not None  # noqa: S101 - _verify set it
+        missing = self._topics.missing(routing.target)
         if missing is not None:
             raise KafkaException(missing)
         due = task.entry.due
-        origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
-        headers = envelope.delivery_headers(original.headers(), origin, due.due_ms)
+        origin = f"{self._config.requests_topic}/{due.partition}/{due.offset}"
+        headers = [*routing.user, (envelope.ORIGIN, origin.encode()),
+                   (envelope.DUE_MS, str(due.due_ms).encode())]
         self._producer.produce(
-            schedule.target, value=original.value(), key=original.key(),
-            partition=-1 if schedule.partition is None else schedule.partition,
+            routing.target, value=original.value(), key=original.key(),
+            partition=-1 if routing.partition is None else routing.partition,
             headers=headers, timestamp=now, on_delivery=self._callback(key, Sink.TARGET),
         )
         self._lateness.append(now - due.due_ms)
@@ -465,7 +461,7 @@ class Delivery:
             # due time, so the DLQ record can be sent back as a request as is.
             original = task.original
             headers = [*envelope.user_headers(original.headers()),
-                       *_routing(self._schedule_of(original)), *tail]
+                       *_routing(envelope.routing(original.headers())), *tail]
             self._internal.produce(self._config.dlq_topic, value=original.value(),
                                    key=original.key(), headers=headers,
                                    on_delivery=self._callback(key, Sink.DLQ))

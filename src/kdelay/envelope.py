@@ -383,6 +383,47 @@ def user_headers(headers: AnyHeaders) -> Headers:
     return [(name, value) for name, value in _pairs(headers) if not name.startswith(PREFIX)]
 
 
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Where an accepted request goes, and the headers that travel with it."""
+
+    target: str
+    partition: int | None
+    schedule_id: str | None
+    user: Headers
+
+
+def routing(headers: AnyHeaders) -> Routing | None:
+    """Split an accepted request's headers in one pass: routing, and the user's headers.
+
+    For records intake already validated (delivery checks the fingerprint, so it
+    is the same record): only the target, target partition and schedule id are
+    read. Returns None when the target is missing or a value is unreadable.
+    """
+    found: dict[str, HeaderValue] = {}
+    user: Headers = []
+    for name, value in _pairs(headers):
+        if name.startswith(PREFIX):
+            found[name] = value
+        else:
+            user.append((name, value))
+    try:
+        target = _text(found.get(TARGET))
+        partition = found.get(PARTITION)
+        schedule_id = found.get(SCHEDULE_ID)
+        return Routing(target, None if partition is None else int(partition),
+                       None if schedule_id is None else _text(schedule_id), user)
+    except (ValueError, TypeError):
+        return None
+
+
+def _text(value: HeaderValue) -> str:
+    """Return a header value as text; ValueError when absent or not UTF-8."""
+    if value is None:
+        raise ValueError("no value")
+    return value if isinstance(value, str) else value.decode("utf-8")
+
+
 def origin_of(topic: str, partition: int, offset: int) -> str:
     """Return the ``kdelay-origin`` value of a request: ``topic/partition/offset``."""
     return f"{topic}/{partition}/{offset}"

@@ -68,12 +68,11 @@ def test_a_transaction_with_a_stale_group_generation_cannot_commit(
         newcomer.close()
 
 
+@pytest.mark.parametrize("guarantee", [Guarantee.EXACTLY_ONCE])  # fencing is an EOS property
 def test_an_instance_frozen_past_its_poll_interval_delivers_nothing_twice(
     deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
     bootstrap: str, tmp_path: Path, guarantee: Guarantee,
 ) -> None:
-    if guarantee is not Guarantee.EXACTLY_ONCE:
-        pytest.skip("zombie fencing is an exactly-once property")
     config = {"session.timeout.ms": "6000", "max.poll.interval.ms": "6000",
               "heartbeat.interval.ms": "500"}
     deployment = deployment_factory(partitions=2, kafka_config=config)

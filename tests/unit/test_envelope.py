@@ -541,3 +541,21 @@ def test_module_exports_header_prefix() -> None:
         name.startswith(envelope.PREFIX)
         for name in (TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL)
     )
+
+
+def test_routing_splits_an_accepted_requests_headers_in_one_pass() -> None:
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("trace", b"1"), (envelope.TARGET, b"orders"), (envelope.DUE_MS, b"5"),
+        (envelope.PARTITION, b"2"), ("trace", None), (envelope.SCHEDULE_ID, b"o-1")]
+    found = envelope.routing(headers)
+    assert found == envelope.Routing("orders", 2, "o-1", [("trace", b"1"), ("trace", None)])
+
+
+@pytest.mark.parametrize("headers", [
+    [(envelope.DUE_MS, b"5")],
+    [(envelope.TARGET, None)],
+    [(envelope.TARGET, b"\xff")],
+    [(envelope.TARGET, b"orders"), (envelope.PARTITION, b"two")],
+])
+def test_routing_of_unreadable_headers_is_none(headers: list[tuple[str, bytes | None]]) -> None:
+    assert envelope.routing(headers) is None
