@@ -90,10 +90,13 @@ def encode_due_key(due_ms: int, partition: int, offset: int) -> bytes:
     offset. Re-reading the same request gives the same key, which keeps intake
     idempotent. Raises ValueError for a negative or oversized field.
     """
-    _check_range("due_ms", due_ms, 0, _U64_MAX)
-    _check_range("partition", partition, 0, _U32_MAX)
-    _check_range("offset", offset, 0, _U64_MAX)
-    return _DUE_KEY.pack(due_ms, partition, offset)
+    try:
+        return _DUE_KEY.pack(due_ms, partition, offset)
+    except struct.error:  # the checks run only to name the bad field
+        _check_range("due_ms", due_ms, 0, _U64_MAX)
+        _check_range("partition", partition, 0, _U32_MAX)
+        _check_range("offset", offset, 0, _U64_MAX)
+        raise
 
 
 def decode_due_key(raw: bytes) -> DueKey:
@@ -137,9 +140,12 @@ def encode_index_value(v: IndexValue) -> bytes:
     range.
     """
     timestamp_ms, crc = v.fingerprint
-    _check_range("fingerprint timestamp_ms", timestamp_ms, _I64_MIN, _I64_MAX)
-    _check_range("fingerprint crc", crc, 0, _U32_MAX)
-    head = _INDEX_HEAD.pack(timestamp_ms, crc)
+    try:
+        head = _INDEX_HEAD.pack(timestamp_ms, crc)
+    except struct.error:  # the checks run only to name the bad field
+        _check_range("fingerprint timestamp_ms", timestamp_ms, _I64_MIN, _I64_MAX)
+        _check_range("fingerprint crc", crc, 0, _U32_MAX)
+        raise
     if v.schedule_id is None:
         return head
     if not v.schedule_id:

@@ -54,6 +54,7 @@ _LEVEL_DIGITS = 9
 
 _REQUEST_HEADERS = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL})
 _TIME_HEADERS = (DUE_MS, DELAY_MS, LEVEL)
+_MILLIS_DIGITS = 19
 _MILLIS = re.compile(rb"0*([0-9]{1,19})")
 _POSITIVE = re.compile(rb"0*([1-9][0-9]*)")
 _TOPIC = re.compile(rb"[A-Za-z0-9._-]{1,249}")
@@ -316,13 +317,16 @@ def _due_ms(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits) -
 
 def _millis(name: str, raw: bytes | None) -> int:
     """Parse a non-negative decimal millisecond count; BAD_TIME otherwise."""
-    match = _MILLIS.fullmatch(raw) if raw is not None else None
-    if match is None or int(match[1]) > MAX_TIME_MS:
-        raise _Rejected(
-            ErrorCode.BAD_TIME,
-            f"header {name} value {_show(raw)} is not a non-negative integer of milliseconds",
-        )
-    return int(match[1])
+    # ASCII digits only (bytes.isdigit), at most 19 significant: int() then cannot
+    # see signs, spaces or underscores, and the value fits before it is built.
+    if raw is not None and raw.isdigit() and len(raw.lstrip(b"0")) <= _MILLIS_DIGITS:
+        value = int(raw)
+        if value <= MAX_TIME_MS:
+            return value
+    raise _Rejected(
+        ErrorCode.BAD_TIME,
+        f"header {name} value {_show(raw)} is not a non-negative integer of milliseconds",
+    )
 
 
 def _level_ms(raw: bytes | None, levels: tuple[int, ...]) -> int:

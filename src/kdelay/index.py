@@ -52,6 +52,8 @@ class Entry:
 
     key: bytes
     value: IndexValue
+    # The value as encoded, when the caller already has it (saves encoding twice).
+    raw: bytes = field(default=b"", compare=False, repr=False)
     due: codec.DueKey = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -145,7 +147,7 @@ class PartitionIndex:
         """Write ``changes`` and the offsets they cover in one atomic batch."""
         batch = WriteBatch(raw_mode=True)
         for entry in changes.puts:
-            batch.put(entry.key, codec.encode_index_value(entry.value))
+            batch.put(entry.key, entry.raw or codec.encode_index_value(entry.value))
             self._note_put(entry.key)
         for key, raw in changes.raw_puts.items():
             batch.put(key, raw)

@@ -160,10 +160,10 @@ class Planner:
                 return
             plan.changes.ids[sid] = IdState(key, None)
         value = IndexValue(fingerprint_of(message), sid)
-        plan.changes.puts.append(Entry(key, value))
+        raw = codec.encode_index_value(value)
+        plan.changes.puts.append(Entry(key, value, raw))
         plan.originals[key] = message
-        plan.changelog.append(Record(self._topics.changelog, plan.partition, key,
-                                     codec.encode_index_value(value)))
+        plan.changelog.append(Record(self._topics.changelog, plan.partition, key, raw))
         plan.outcomes.append((Outcome.SCHEDULED, sid or ""))
 
     def _cancel(self, plan: Plan, schedule_id: str) -> None:
