@@ -1042,3 +1042,48 @@ def test_a_forgotten_entry_is_not_work_due(world: World) -> None:
     assert world.delivery.wait_ms() == MAX_WAIT_MS
     world.clock.set(T0 + 1_000)
     assert world.delivery.prepare(world.indexes) is False
+
+
+# -- adoption: intake hands over entries due soon, with their records ---------------
+
+
+def _new_request(world: World, partition: int, offset: int, due: int) -> tuple[Entry, Message]:
+    """A request intake has just indexed: its entry (in the index) and its record (not in
+    the reader's log, so only adoption can deliver it without a read)."""
+    headers = schedule_headers("orders", due_ms=due)
+    message = Message(topic=REQUESTS, partition=partition, offset=offset, key=b"k", value=b"v",
+                      headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+    entry = Entry(encode_due_key(due, partition, offset), IndexValue(fingerprint_of(message), None))
+    world.indexes[partition].apply(Changes(puts=[entry]))
+    return entry, message
+
+
+def test_an_adopted_entry_is_delivered_without_reading_it_back(world: World) -> None:
+    world.at(T0)  # the first tick scans: the window now reaches T0 + lookahead
+    reads_before = len(world.reader.calls)
+    entry, message = _new_request(world, 0, 5, T0 + 500)
+    world.delivery.adopt(0, [entry], {entry.key: message}, world.indexes[0])
+    world.at(T0 + 499)
+    assert world.targets.sent == []
+    world.at(T0 + 500)
+    assert [(s.key, s.timestamp) for s in world.targets.sent] == [(b"k", T0 + 500)]
+    assert len(world.reader.calls) == reads_before, "no read back from Kafka"
+
+
+def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> None:
+    world.at(T0)
+    entry, message = _new_request(world, 0, 5, T0 + 60_000)
+    world.delivery.adopt(0, [entry], {entry.key: message}, world.indexes[0])
+    world.at(T0 + 59_999)
+    assert world.targets.sent == []
+    world.reader.log[(0, 5)] = message  # found by the scan once inside the window
+    world.at(T0 + 60_000)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 60_000]
+
+
+def test_nothing_is_adopted_before_the_partition_was_scanned(world: World) -> None:
+    entry, message = _new_request(world, 0, 5, T0)
+    world.delivery.adopt(0, [entry], {entry.key: message}, world.indexes[0])
+    world.reader.log[(0, 5)] = message
+    world.at(T0)
+    assert len(world.targets.sent) == 1, "delivered once, through the scan"
