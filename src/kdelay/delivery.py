@@ -164,6 +164,7 @@ class Delivery:
         self._ready: list[bytes] = []
         self._waiting: list[tuple[int, bytes]] = []
         self._covered: dict[int, int] = {}
+        self._cursor: dict[int, bytes] = {}
         self._truncated: set[int] = set()
         self._reports = _Reports()
         self._transactional = transactional
@@ -209,6 +210,7 @@ class Delivery:
                 continue
             if room <= 0 or original is None:
                 missed = True
+                self._rewind(partition, entry.key)
                 continue
             self._hold(Task(entry, original))
             room -= 1
@@ -222,6 +224,7 @@ class Delivery:
         for key in [k for k, t in self._tasks.items() if t.partition == partition]:
             self._drop(key)
         self._covered.pop(partition, None)
+        self._cursor.pop(partition, None)
         self._truncated.discard(partition)
 
     def tick(self, indexes: Mapping[int, PartitionIndex]) -> int:
@@ -304,7 +307,12 @@ class Delivery:
                 room = self._room(partition)
                 if room <= 0:
                     continue
-                entries = index.scan(horizon, room, skip=self._tasks)
+                entries = index.scan(horizon, room, skip=self._tasks,
+                                     start=self._cursor.get(partition))
+                if entries:
+                    # Everything below the last key read is held or gone: the next
+                    # scan resumes right after it instead of walking the held keys.
+                    self._cursor[partition] = entries[-1].key + b"\x00"
                 self._covered[partition] = horizon
                 self._mark_truncated(partition, len(entries) >= room)
                 if entries:
@@ -339,12 +347,20 @@ class Delivery:
 
     def _needs_scan(self, partition: int, index: PartitionIndex, now: int) -> bool:
         lowest = index.take_lowest_put()
+        if lowest is not None:
+            self._rewind(partition, lowest)
         covered = self._covered.get(partition)
         if covered is None or partition in self._truncated:
             return True
         if lowest is not None and codec.decode_due_key(lowest).due_ms <= covered:
             return True
         return now + self._config.lookahead_ms // 2 >= covered
+
+    def _rewind(self, partition: int, key: bytes) -> None:
+        """Move the partition's scan cursor back to ``key`` (an entry not held yet)."""
+        cursor = self._cursor.get(partition)
+        if cursor is not None and key < cursor:
+            self._cursor[partition] = key
 
     def _mark_truncated(self, partition: int, truncated: bool) -> None:
         if truncated:
@@ -359,6 +375,7 @@ class Delivery:
                 found = originals.get((partition, entry.due.offset))
                 if found is None:
                     self._covered.pop(partition, None)
+                    self._rewind(partition, entry.key)
                     continue
                 self._hold(Task(entry, found))
 

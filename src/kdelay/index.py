@@ -172,15 +172,24 @@ class PartitionIndex:
         if self._lowest_put is None or key < self._lowest_put:
             self._lowest_put = key
 
-    def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = ()) -> list[Entry]:
+    def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
+             start: bytes | None = None) -> list[Entry]:
         """Return up to ``limit`` entries due at or before ``upper_ms``, in key order.
 
         Keys in ``skip`` (entries in flight or waiting for a retry) are passed
         over without counting towards ``limit``, so a failing target never
-        hides the entries behind it.
+        hides the entries behind it. With ``start`` the scan begins at that key
+        (a caller's cursor past what it already holds) instead of the head.
         """
         found: list[Entry] = []
         if limit <= 0:
+            return found
+        if start is not None:
+            for key, raw in self._iterate(codec.due_upper_bound(upper_ms), start=start):
+                if key not in skip:
+                    found.append(Entry(key, codec.decode_index_value(raw)))
+                    if len(found) >= limit:
+                        break
             return found
         first_live = b""
         for key, raw in self._iterate(codec.due_upper_bound(upper_ms)):
@@ -222,13 +231,15 @@ class PartitionIndex:
         return self._db.property_int_value("rocksdb.estimate-num-keys") or 0
 
     def _iterate(
-        self, upper: bytes | None, *, from_head: bool = True
+        self, upper: bytes | None, *, from_head: bool = True, start: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         options = ReadOptions()
         if upper is not None:
             options.set_iterate_upper_bound(upper)
         it = self._db.iter(options)
-        if from_head and self._head:
+        if start is not None:
+            it.seek(start)
+        elif from_head and self._head:
             it.seek(self._head)
         else:
             it.seek_to_first()

@@ -135,8 +135,9 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
     produce_requests(setup.topics.bootstrap, settings.requests_topic, target, total,
                      setup.value_size, lambda i: due if i < due_count else due + DAY_MS,
                      setup.partitions)
+    # The collector starts before intake, so its deadline covers intake too.
     collector = CollectorProcess(setup.topics.bootstrap, target, due_count,
-                                 timeout_s=max(300.0, due_count / 500),
+                                 timeout_s=300.0 + total / 5_000 + due_count / 500,
                                  out=setup.work_dir / f"{role}-{time.monotonic_ns()}.json")
     service = InProcess(settings, clock)
     try:
