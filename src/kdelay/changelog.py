@@ -52,6 +52,9 @@ def reader_config(config: Mapping[str, str | int | bool]) -> dict[str, str | int
         "auto.offset.reset": "earliest",
         "enable.partition.eof": True,
         "isolation.level": "read_committed",
+        # Changelog records are ~70 bytes: fetch in large chunks, not the 1 MiB default.
+        "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "fetch.max.bytes": 64 * 1024 * 1024,
     }
 
 
