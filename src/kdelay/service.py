@@ -188,6 +188,9 @@ class Service:
     # -- at-least-once ------------------------------------------------------------
 
     def _step_at_least_once(self, plans: list[Plan]) -> None:
+        # What is due goes out before the intake batch waits for its
+        # acknowledgements, and what intake adopted goes out right after.
+        self._delivery.tick(self._indexes)
         if plans and self._write_durably(plans):
             self._apply(plans)
         self._delivery.tick(self._indexes)
