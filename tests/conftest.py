@@ -14,8 +14,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -95,6 +97,25 @@ def wait_visible(admin: AdminClient, name: str, partitions: int, timeout_s: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"topic {name} not visible in metadata after {timeout_s}s")
         time.sleep(0.1)
+
+
+def produce_all(producer: Producer, topic: str, records: list[dict[str, Any]]) -> list[Message]:
+    """Produce records (kwargs of ``Producer.produce``), flush, and return the delivery
+    reports; fail on any delivery error."""
+    reports: list[Message] = []
+    errors: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            errors.append(error)
+        reports.append(message)
+
+    for record in records:
+        producer.produce(topic, on_delivery=callbacks.guarded(on_delivery), **record)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    assert not errors, errors
+    return reports
 
 
 @pytest.fixture(autouse=True)

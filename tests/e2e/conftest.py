@@ -31,14 +31,13 @@ import pytest
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    KafkaError,
     Message,
     Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
-from kdelay.callbacks import guarded
+from tests.conftest import produce_all
 
 READY = re.compile(r"assigned \[\d")
 STOP_TIMEOUT_S = 30.0
@@ -138,26 +137,8 @@ def produce_requests(deployment: Deployment, records: list[dict[str, Any]]) -> l
                          "linger.ms": 5})
     warm_up = [{"partition": p, "headers": [("kdelay-cancel", b"e2e-warm-up")]}
                for p in range(deployment.partitions)]
-    _produce_all(producer, deployment.requests, warm_up)
-    return _produce_all(producer, deployment.requests, records)
-
-
-def _produce_all(producer: Producer, topic: str, records: list[dict[str, Any]]) -> list[Message]:
-    """Produce, flush, and return the delivery reports; fail on any delivery error."""
-    reports: list[Message] = []
-    errors: list[KafkaError] = []
-
-    def on_delivery(error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            errors.append(error)
-        reports.append(message)
-
-    for record in records:
-        producer.produce(topic, on_delivery=guarded(on_delivery), **record)
-        producer.poll(0)
-    assert producer.flush(30) == 0
-    assert not errors, errors
-    return reports
+    produce_all(producer, deployment.requests, warm_up)
+    return produce_all(producer, deployment.requests, records)
 
 
 class KdelayProcess:

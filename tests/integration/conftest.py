@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, Message, Producer
 
-from kdelay.callbacks import guarded
 from kdelay.clock import ManualClock
 from kdelay.service import Service
 from kdelay.settings import Guarantee, Settings
 from kdelay.topics import check_layout
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, produce_all
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -126,20 +125,7 @@ def produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> list[M
     """Produce records (kwargs of ``Producer.produce``) and return their delivery reports."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                          "linger.ms": 5})
-    reports: list[Message] = []
-    errors: list[KafkaError] = []
-
-    def on_delivery(error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            errors.append(error)
-        reports.append(message)
-
-    for record in records:
-        producer.produce(topic, on_delivery=guarded(on_delivery), **record)
-        producer.poll(0)
-    assert producer.flush(30) == 0
-    assert not errors, errors
-    return reports
+    return produce_all(producer, topic, records)
 
 
 class Collector:
