@@ -80,12 +80,6 @@ class Restorer:
                                "`kdelay topics create`")
         return sorted(topic.partitions)
 
-    def lag(self, index: PartitionIndex) -> int:
-        """Return how many changelog offsets ``index`` has not replayed yet."""
-        low, high = self._watermarks(index.partition)
-        start = index.offset(CHANGELOG)
-        return max(0, high - max(low, start if start is not None else low))
-
     def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
         """Replay the changelog into ``index`` up to its current end; return records applied.
 

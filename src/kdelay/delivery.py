@@ -457,9 +457,8 @@ class Delivery:
         if missing is not None:
             raise KafkaException(missing)
         due = task.entry.due
-        origin = f"{self._config.requests_topic}/{due.partition}/{due.offset}"
-        headers = [*routing.user, (envelope.ORIGIN, origin.encode()),
-                   (envelope.DUE_MS, str(due.due_ms).encode())]
+        origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
+        headers = [*routing.user, *envelope.delivery_tail(origin, due.due_ms)]
         self._producer.produce(
             routing.target, value=original.value(), key=original.key(),
             partition=-1 if routing.partition is None else routing.partition,
@@ -471,8 +470,7 @@ class Delivery:
         due = task.entry.due
         origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
         reason = envelope.rejection_headers(envelope.Rejection(code, detail))
-        tail = [*reason, (envelope.ORIGIN, origin.encode()),
-                (envelope.DUE_MS, str(due.due_ms).encode())]
+        tail = [*reason, *envelope.delivery_tail(origin, due.due_ms)]
         if isinstance(task.original, Message) and code is ErrorCode.UNDELIVERABLE:
             # The original's own kdelay-* headers are replaced by the target and
             # due time, so the DLQ record can be sent back as a request as is.

@@ -439,11 +439,12 @@ def delivery_headers(headers: AnyHeaders, origin: str, due_ms: int) -> Headers:
     Every ``kdelay-*`` header of the request is dropped, so a delivered record
     re-sent through kdelay does not carry stale request headers.
     """
-    return [
-        *user_headers(headers),
-        (ORIGIN, origin.encode("utf-8")),
-        (DUE_MS, str(due_ms).encode("ascii")),
-    ]
+    return [*user_headers(headers), *delivery_tail(origin, due_ms)]
+
+
+def delivery_tail(origin: str, due_ms: int) -> Headers:
+    """The headers kdelay adds to every record it delivers or dead-letters."""
+    return [(ORIGIN, origin.encode("utf-8")), (DUE_MS, str(due_ms).encode("ascii"))]
 
 
 _CHECK_LIMITS = Limits(levels=(1,), max_due_after_ms=None)
