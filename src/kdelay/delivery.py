@@ -74,6 +74,7 @@ class Task:
 
     entry: Entry
     original: Found
+    partition: int
     attempts: int = 0
     not_before_ms: int = 0
     in_flight: bool = False
@@ -81,10 +82,6 @@ class Task:
     failure: tuple[ErrorCode, str] | None = None
     detail: str = ""
     routing: envelope.Routing | None = None
-
-    @property
-    def partition(self) -> int:
-        return self.entry.due.partition
 
 
 @dataclass(slots=True)
@@ -212,7 +209,7 @@ class Delivery:
                 missed = True
                 self._rewind(partition, entry.key)
                 continue
-            self._hold(Task(entry, original))
+            self._hold(Task(entry, original, partition))
             room -= 1
         if missed:
             self._covered.pop(partition, None)
@@ -377,7 +374,7 @@ class Delivery:
                     self._covered.pop(partition, None)
                     self._rewind(partition, entry.key)
                     continue
-                self._hold(Task(entry, found))
+                self._hold(Task(entry, found, partition))
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -391,11 +388,12 @@ class Delivery:
                 heapq.heappush(self._ready, key)
 
     def _dispatch(self, now: int) -> None:
-        while self._ready:
-            key = self._ready[0]
-            task = self._tasks.get(key)
-            if task is None or not self._dispatchable(key):
-                heapq.heappop(self._ready)
+        ready, tasks = self._ready, self._tasks
+        while ready:
+            key = ready[0]
+            task = tasks.get(key)
+            if task is None or task.in_flight or task.backing_off:
+                heapq.heappop(ready)
                 continue
             if task.entry.due.due_ms > now:
                 return
@@ -405,7 +403,7 @@ class Delivery:
                 self._producer.poll(0)
                 self._internal.poll(0)
                 return
-            heapq.heappop(self._ready)
+            heapq.heappop(ready)
 
     def _dispatchable(self, key: bytes) -> bool:
         """Whether a key on the ready heap still stands for a task waiting to be sent."""
@@ -433,22 +431,28 @@ class Delivery:
 
     def _verify(self, task: Task) -> tuple[ErrorCode, str] | None:
         """Return why the fetched original cannot be delivered, or None if it can."""
-        due = task.entry.due
-        where = f"{self._config.requests_topic}/{due.partition}/{due.offset}"
-        if task.original is Missing.EXPIRED:
-            return ErrorCode.EXPIRED, f"{where} is below the log start offset (retention)"
-        if task.original is Missing.ABSENT:
-            return ErrorCode.MISMATCH, f"{where} holds no record any more"
-        assert isinstance(task.original, Message)  # noqa: S101 - Missing handled above
+        original = task.original
+        if original is Missing.EXPIRED:
+            return (ErrorCode.EXPIRED,
+                    f"{self._where(task)} is below the log start offset (retention)")
+        if original is Missing.ABSENT:
+            return ErrorCode.MISMATCH, f"{self._where(task)} holds no record any more"
+        assert isinstance(original, Message)  # noqa: S101 - Missing handled above
         expected = task.entry.value.fingerprint
-        found = fingerprint_of(task.original)
+        found = fingerprint_of(original)
         if found != expected:
-            return ErrorCode.MISMATCH, f"{where} fingerprint {found} differs from {expected}"
-        routing = envelope.routing(task.original.headers())
+            return (ErrorCode.MISMATCH,
+                    f"{self._where(task)} fingerprint {found} differs from {expected}")
+        routing = envelope.routing(original.headers())
         if routing is None:
-            return ErrorCode.MISMATCH, f"{where} no longer carries a valid schedule"
+            return ErrorCode.MISMATCH, f"{self._where(task)} no longer carries a valid schedule"
         task.routing = routing
         return None
+
+    def _where(self, task: Task) -> str:
+        """Return the request's coordinates, ``topic/partition/offset``, for messages."""
+        due = task.entry.due
+        return envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
 
     def _produce_target(self, key: bytes, task: Task, original: Message, now: int) -> None:
         routing = task.routing
@@ -500,7 +504,9 @@ class Delivery:
         if task is None:
             return
         self._drop(key)
-        change = changes.setdefault(task.partition, Changes())
+        change = changes.get(task.partition)
+        if change is None:  # not setdefault: that would build a Changes per entry
+            change = changes[task.partition] = Changes()
         change.deletes.append(key)
         sid = task.entry.value.schedule_id
         if sid is not None:

@@ -29,6 +29,7 @@ from kdelay.polling import take
 
 log = logging.getLogger(__name__)
 
+MAX_TAKE = 10_000
 RANGE_ERRORS = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 
 
@@ -161,7 +162,10 @@ class OriginalReader:
                           deadline: float) -> None:
         """Consume until every run is resolved, an out-of-range error, or the deadline."""
         while open_runs and time.monotonic() < deadline:
-            for message in take(consumer, 10_000, 0.2):
+            # No more than the runs still span: records fetched past their ends
+            # stay in librdkafka's queue instead of becoming Python objects.
+            span = sum(current[p].end - current[p].start + 1 for p in open_runs)
+            for message in take(consumer, min(span, MAX_TAKE), 0.2):
                 partition = int(message.partition() or 0)
                 run = current.get(partition)
                 if run is None or partition not in open_runs:

@@ -28,6 +28,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from kdelay import envelope
+from kdelay.polling import take
 from kdelay_bench.broker import wait_for_topic
 from kdelay_bench.load import WARMUP
 from kdelay_bench.stats import summary
@@ -88,7 +89,7 @@ def collect(bootstrap: str, topic: str, expect: int, timeout_s: float, ready: IO
     print("ready", file=ready, flush=True)
     try:
         while tally.count < expect and time.monotonic() < deadline:
-            batch = consumer.consume(10_000, timeout=0.05)
+            batch = take(consumer, 10_000, 0.05)
             received = time.time()
             for message in batch:
                 if message.error() is None:

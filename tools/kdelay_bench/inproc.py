@@ -13,7 +13,7 @@ from collections.abc import Callable
 from confluent_kafka.admin import AdminClient
 
 from kdelay.clock import ManualClock
-from kdelay.service import Service
+from kdelay.service import Service, tune_gc
 from kdelay.settings import Settings
 from kdelay.topics import check_layout
 from kdelay_bench.progress import Progress
@@ -37,6 +37,7 @@ class InProcess:
         self.clock = clock
         self.service = Service(settings, clock, check_layout(admin, settings))
         self.service.start()
+        tune_gc()  # as `kdelay run` does
 
     def close(self) -> None:
         """Finish the work in flight and close the service."""
