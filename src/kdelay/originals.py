@@ -30,6 +30,7 @@ from kdelay.polling import take
 log = logging.getLogger(__name__)
 
 MAX_TAKE = 10_000
+PREFETCH_RECORDS = 2_000
 RANGE_ERRORS = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 
 
@@ -95,6 +96,13 @@ class OriginalReader:
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 10,
+            # librdkafka keeps up to 100 000 records per partition queued by
+            # default; every read re-positions the reader and drops them, so a
+            # large prefetch is fetched, and thrown away, once per read.
+            "queued.min.messages": PREFETCH_RECORDS,
+            # With a small queue the next fetch must not wait the default 1 s
+            # for it to drain below the threshold.
+            "fetch.queue.backoff.ms": 1,
         }
         self._topic = topic
         self._max_gap = max_gap
