@@ -7,8 +7,11 @@ broker; kdelay's intake and burst delivery are reported as ratios to it.
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -22,6 +25,8 @@ from confluent_kafka import (
 from kdelay.callbacks import guarded
 from kdelay_bench.progress import Progress
 from kdelay_bench.report import Result
+
+TOMBSTONE_KEY = struct.Struct(">QIQ")  # the layout of kdelay's due keys
 
 
 class _Acks:
@@ -47,23 +52,39 @@ def _consumer(bootstrap: str, topic: str, partitions: int) -> Consumer:
     return consumer
 
 
-def _forward(producer: Producer, target: str, messages: list[Message], acks: _Acks) -> int:
+def _forward(producer: Producer, target: str, messages: list[Message], acks: _Acks,
+             tombstones: str | None) -> int:
     callback = guarded(acks.report)
     for message in messages:
-        while True:
-            try:
-                producer.produce(target, value=message.value(), key=message.key(),
-                                 headers=message.headers(), on_delivery=callback)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        _produce(producer, callback, target, value=message.value(), key=message.key(),
+                 headers=message.headers())
+        if tombstones is not None:
+            key = TOMBSTONE_KEY.pack(message.timestamp()[1], message.partition() or 0,
+                                     message.offset() or 0)
+            _produce(producer, callback, tombstones, value=None, key=key,
+                     partition=message.partition() or 0)
     producer.poll(0)
     return len(messages)
 
 
+def _produce(producer: Producer, callback: Callable[[KafkaError | None, Message], None],
+             topic: str, **fields: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, on_delivery=callback, **fields)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
 def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total: int,
-             batch_size: int) -> Result:
+             batch_size: int, tombstones: str | None = None) -> Result:
     """Pipe ``total`` records from ``requests`` to ``target``; report records/s.
+
+    With ``tombstones`` (a compacted topic) each record also gets a tombstone
+    keyed like a due key: the Kafka work of one kdelay delivery (read the
+    original, produce it, produce its changelog tombstone) with no kdelay code
+    around it. That run is reported as scenario ``floor``.
 
     The clock starts when the first batch has been forwarded and stops when the
     last produce is acknowledged, so group joins and connection set-up are not
@@ -78,7 +99,7 @@ def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total:
     try:
         while seen < total:
             batch = [m for m in consumer.consume(batch_size, timeout=1.0) if m.error() is None]
-            seen += _forward(producer, target, batch, acks)
+            seen += _forward(producer, target, batch, acks, tombstones)
             if batch and not start:
                 first, start = seen, time.monotonic()
             progress.update(seen)
@@ -86,8 +107,9 @@ def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total:
         elapsed = time.monotonic() - start
     finally:
         consumer.close()
-    result = Result("pipe", {"records": total, "seconds": round(elapsed, 3),
-                             "records_per_s": round((total - first) / elapsed)})
+    scenario = "pipe" if tombstones is None else "floor"
+    result = Result(scenario, {"records": total, "seconds": round(elapsed, 3),
+                               "records_per_s": round((total - first) / elapsed)})
     result.figures.update({"produce_errors": acks.errors, "unflushed": remaining})
     if acks.errors or remaining:
         result.skipped = f"{acks.errors} produce errors ({acks.first_error}), {remaining} left"

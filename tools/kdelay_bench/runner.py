@@ -50,7 +50,8 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
     chosen = set(options.scenarios)
     if chosen & {"pipe", "intake", "burst"}:
         results += _guarded("pipe", lambda: pipe_and_intake(
-            setup, options.intake_records, options.pipe_repeats, "intake" in chosen))
+            setup, options.intake_records, options.pipe_repeats, "intake" in chosen,
+            run_floor="burst" in chosen))
     if "burst" in chosen:
         results += _guarded("burst", lambda: [burst(setup, options.burst_records,
                                                      _pipe(results))])

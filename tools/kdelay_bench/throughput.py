@@ -61,9 +61,11 @@ def ratio(rate: float, baseline: Result | None) -> float | None:
     return round(rate / pipe_rate, 3)
 
 
-def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool) -> list[Result]:
-    """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``intake`` over the
-    same ``total`` requests."""
+def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
+                    run_floor: bool = False) -> list[Result]:
+    """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``floor`` (the pipe
+    plus a changelog tombstone per record) and ``intake`` over the same ``total``
+    requests."""
     settings = setup.deployment("intake")
     target = setup.topics.create("pipe-target", setup.partitions)
     setup.requests(settings, target, total, SystemClock().now_ms() + HOUR_MS)
@@ -74,6 +76,15 @@ def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool) ->
                              setup.partitions, target, total, setup.batch_size))
     pipe = median_run(runs)
     results = [pipe]
+    if run_floor:
+        say("floor: consume -> produce + tombstone, the Kafka work of a delivery")
+        changelog = setup.topics.create("floor-tombstones", setup.partitions,
+                                        {"cleanup.policy": "compact"})
+        floor = run_pipe(setup.topics.bootstrap, settings.requests_topic, setup.partitions,
+                         target, total, setup.batch_size, tombstones=changelog)
+        rate = floor.figures["records_per_s"]
+        floor.figures["ratio_to_pipe"] = ratio(rate, pipe) if isinstance(rate, int) else None
+        results.append(floor)
     if run_intake:
         results.append(intake(settings, total, pipe))
     return results
