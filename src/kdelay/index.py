@@ -46,9 +46,13 @@ def store_path(state_dir: Path, requests_topic: str, partition: int) -> Path:
     return state_dir / f"{requests_topic}-{partition}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
-    """A pending request: where its original lives and how to recognise it."""
+    """A pending request: where its original lives and how to recognise it.
+
+    Treated as immutable, but not a frozen dataclass: intake makes one per
+    request, and a frozen one costs twice as much to build.
+    """
 
     key: bytes
     value: IndexValue
@@ -58,7 +62,7 @@ class Entry:
 
     def __post_init__(self) -> None:
         """Decode the key once: due time, request partition, request offset."""
-        object.__setattr__(self, "due", codec.decode_due_key(self.key))
+        self.due = codec.decode_due_key(self.key)
 
 
 @dataclass(slots=True)
@@ -146,31 +150,34 @@ class PartitionIndex:
     def apply(self, changes: Changes) -> None:
         """Write ``changes`` and the offsets they cover in one atomic batch."""
         batch = WriteBatch(raw_mode=True)
+        put = batch.put
         for entry in changes.puts:
-            batch.put(entry.key, entry.raw or codec.encode_index_value(entry.value))
-            self._note_put(entry.key)
+            put(entry.key, entry.raw or codec.encode_index_value(entry.value))
         for key, raw in changes.raw_puts.items():
-            batch.put(key, raw)
-            self._note_put(key)
+            put(key, raw)
         for key in changes.deletes:
             batch.delete(key)
         for schedule_id, state in changes.ids.items():
             if state is None:
                 batch.delete(schedule_id.encode(), self._ids_handle)
             else:
-                batch.put(schedule_id.encode(), codec.encode_id_state(state), self._ids_handle)
+                put(schedule_id.encode(), codec.encode_id_state(state), self._ids_handle)
         if changes.consumed is not None:
-            batch.put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
+            put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
         if changes.changelog is not None:
-            batch.put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
+            put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
+        self._note_puts([*(entry.key for entry in changes.puts), *changes.raw_puts])
         self._db.write(batch)
 
-    def _note_put(self, key: bytes) -> None:
-        """Move the scan head back, and remember the lowest put, for a key written."""
-        if self._head and key < self._head:
-            self._head = key
-        if self._lowest_put is None or key < self._lowest_put:
-            self._lowest_put = key
+    def _note_puts(self, keys: list[bytes]) -> None:
+        """Move the scan head back, and remember the lowest put, for the keys written."""
+        if not keys:
+            return
+        lowest = min(keys)
+        if self._head and lowest < self._head:
+            self._head = lowest
+        if self._lowest_put is None or lowest < self._lowest_put:
+            self._lowest_put = lowest
 
     def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
              start: bytes | None = None) -> list[Entry]:

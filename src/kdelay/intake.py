@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
@@ -37,15 +38,18 @@ class Outcome(StrEnum):
     ALREADY_DELIVERED = "already-delivered"
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A record to produce: to the changelog, the DLQ or a target."""
+class Record(NamedTuple):
+    """A record to produce: to the changelog, the DLQ or a target.
+
+    A named tuple rather than a dataclass: intake builds one per request.
+    ``headers`` is None for a record without headers (changelog records).
+    """
 
     topic: str
     partition: int | None
     key: bytes | None
     value: bytes | None
-    headers: Headers = field(default_factory=list)
+    headers: Headers | None = None
 
 
 @dataclass(slots=True)
@@ -62,6 +66,11 @@ class Plan:
     # ones due soon without reading them back from Kafka.
     originals: dict[bytes, Message] = field(default_factory=dict)
 
+
+_SCHEDULED = (Outcome.SCHEDULED, "")
+# Builds a named tuple from all its fields without the generated Python-level
+# ``__new__``, which costs three times as much: for the objects made per request.
+_new = tuple.__new__
 
 IdLookup = Callable[[str], IdState | None]
 InFlight = Callable[[bytes], bool]
@@ -116,6 +125,7 @@ class Planner:
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
                  in_flight: InFlight) -> None:
         self._topics = topics
+        self._changelog = topics.changelog
         self._limits = limits
         self._lookup = lookup
         self._in_flight = in_flight
@@ -123,20 +133,25 @@ class Planner:
     def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order."""
         plan = Plan(partition)
+        parse, limits = envelope.parse, self._limits
+        offset = None
         for message in messages:
-            offset = int(message.offset() or 0)
+            offset = message.offset() or 0
             if plan.first is None:
                 plan.first = offset
+            kind, timestamp = message.timestamp()
+            known = kind != TIMESTAMP_NOT_AVAILABLE
             # A record without a timestamp gets -1: relative delays are then
             # rejected (bad-time) instead of being measured from "now", which
             # would give a different key each time the record is re-read.
-            parsed = envelope.parse(message.headers(), record_time(message, -1), self._limits)
-            if isinstance(parsed, Rejection):
-                self._reject(plan, message, parsed)
+            parsed = parse(message.headers(), timestamp if known else -1, limits)
+            if isinstance(parsed, Schedule):
+                self._schedule(plan, message, parsed, offset, timestamp if known else 0)
             elif isinstance(parsed, Cancel):
                 self._cancel(plan, parsed.schedule_id)
             else:
-                self._schedule(plan, message, parsed)
+                self._reject(plan, message, parsed)
+        if offset is not None:
             plan.changes.consumed = offset + 1
         return plan
 
@@ -149,8 +164,9 @@ class Planner:
         plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
         plan.outcomes.append((Outcome.REJECTED, f"{rejection.code}: {rejection.detail}"))
 
-    def _schedule(self, plan: Plan, message: Message, schedule: Schedule) -> None:
-        offset = int(message.offset() or 0)
+    def _schedule(self, plan: Plan, message: Message, schedule: Schedule, offset: int,
+                  timestamp: int) -> None:
+        """Index a valid request; ``timestamp`` is as :func:`fingerprint_of` reads it."""
         key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
         sid = schedule.schedule_id
         if sid is not None:
@@ -159,12 +175,13 @@ class Planner:
                 plan.outcomes.append((Outcome.DUPLICATE, sid))
                 return
             plan.changes.ids[sid] = IdState(key, None)
-        value = IndexValue(fingerprint_of(message), sid)
+        fingerprint = codec.fingerprint(message.key(), message.value(), timestamp)
+        value = _new(IndexValue, (fingerprint, sid))
         raw = codec.encode_index_value(value)
         plan.changes.puts.append(Entry(key, value, raw))
         plan.originals[key] = message
-        plan.changelog.append(Record(self._topics.changelog, plan.partition, key, raw))
-        plan.outcomes.append((Outcome.SCHEDULED, sid or ""))
+        plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
+        plan.outcomes.append(_SCHEDULED if sid is None else (Outcome.SCHEDULED, sid))
 
     def _cancel(self, plan: Plan, schedule_id: str) -> None:
         state = self._id_state(plan, schedule_id)

@@ -84,6 +84,11 @@ def test_fingerprint_keeps_timestamp() -> None:
     assert fingerprint(b"k", b"v", 1234).timestamp_ms == 1234
 
 
+def test_decoders_build_their_named_tuples() -> None:
+    assert type(fingerprint(b"k", b"v", 1)) is Fingerprint
+    assert type(decode_due_key(encode_due_key(1, 2, 3))) is DueKey
+
+
 @pytest.mark.parametrize(
     ("a", "b"),
     [

@@ -559,3 +559,71 @@ def test_routing_splits_an_accepted_requests_headers_in_one_pass() -> None:
 ])
 def test_routing_of_unreadable_headers_is_none(headers: list[tuple[str, bytes | None]]) -> None:
     assert envelope.routing(headers) is None
+
+
+# the fast path for well-formed requests agrees with the general path
+
+near_numbers = (
+    st.from_regex(rb"[0-9]{1,22}", fullmatch=True)
+    | st.integers(0, 2**64).map(lambda n: str(n).encode())
+    | st.sampled_from([b"", b"0", b"00", b"1", b"-1", b"+1", b" 1", b"1 ", b"1_0", b"\xd9\xa1"])
+)
+near_values = (
+    near_numbers
+    | topics.map(str.encode)
+    | st.sampled_from([b".", b"..", b"a b", b"\xff", None, "1", "t"])
+)
+request_names = st.sampled_from([TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL])
+
+
+@st.composite
+def near_requests(draw: st.DrawFn) -> Headers:
+    """Requests that are mostly well-formed: a target, a time, maybe a partition and an id,
+    user headers, and now and then one header too many or one value slightly off."""
+    headers: Headers = [
+        (TARGET, draw(topics.map(str.encode) | near_values)),
+        (draw(st.sampled_from([DUE_MS, DELAY_MS, LEVEL])), draw(near_numbers)),
+    ]
+    if draw(st.booleans()):
+        headers.append((PARTITION, draw(near_numbers)))
+    if draw(st.booleans()):
+        headers.append((SCHEDULE_ID, draw(ids.map(lambda s: s and s.encode()) | near_values)))
+    headers += draw(st.lists(st.tuples(request_names | header_names, near_values), max_size=2))
+    return list(draw(st.permutations(headers)))
+
+
+@settings(max_examples=1_000)
+@given(near_requests() | header_lists, st.integers(-(2**64), 2**64) | st.just(TS), limits)
+def test_fast_path_agrees_with_the_general_path(
+    headers: Headers, timestamp_ms: int, limits: Limits
+) -> None:
+    general = envelope._parse_general(headers, timestamp_ms, limits)
+    try:
+        fast = envelope._parse_common(headers, timestamp_ms, limits)
+    except envelope._Uncommon:
+        assert parse(headers, timestamp_ms, limits) == general
+        return
+    assert fast == general
+    assert type(fast) is Schedule
+    assert parse(headers, timestamp_ms, limits) == general
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        schedule_headers("orders", due_ms=TS),
+        schedule_headers("orders", delay_ms=5, partition=2, schedule_id="ordre-é"),
+        schedule_headers("orders", level=40),
+        [("trace", b"x"), *schedule_headers("orders", due_ms=7), (ORIGIN, b"a/0/1")],
+    ],
+)
+def test_fast_path_takes_the_usual_requests(headers: Headers) -> None:
+    assert envelope._parse_common(headers, TS, UNLIMITED) == parse(headers, TS, UNLIMITED)
+
+
+@pytest.mark.parametrize(("pairs", "code"), MALFORMED)
+def test_fast_path_leaves_every_malformed_request_to_the_general_path(
+    pairs: list[tuple[str, HeaderValue]], code: ErrorCode
+) -> None:
+    with pytest.raises(envelope._Uncommon):
+        envelope._parse_common(hdrs(*pairs), TS, UNLIMITED)

@@ -293,6 +293,19 @@ def test_take_lowest_put_returns_the_smallest_put_since_the_last_call(
     assert index.take_lowest_put() == encode_due_key(800, 0, 5)
 
 
+def test_one_batch_of_unordered_puts_and_raw_puts_notes_its_lowest_key(
+    index: PartitionIndex,
+) -> None:
+    put(index, entry(1_000, offset=1))
+    index.scan(1_000, 10)
+    index.take_lowest_put()
+    raw = entry(400, offset=7)
+    index.apply(Changes(puts=[entry(900, offset=2), entry(600, offset=3)],
+                        raw_puts={raw.key: b"\x00" * 12}))
+    assert index.take_lowest_put() == raw.key
+    assert dues(index.scan(1_000, 10)) == [(400, 0, 7), (600, 0, 3), (900, 0, 2), (1_000, 0, 1)]
+
+
 # -- the store on disk -----------------------------------------------------------
 #
 # A closed PartitionIndex is dropped (``del``) before its path is opened again: see

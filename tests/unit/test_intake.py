@@ -80,8 +80,8 @@ def key(due_ms: int, offset: int) -> bytes:
     return codec.encode_due_key(due_ms, PART, offset)
 
 
-def header(headers: Headers, name: str) -> list[bytes | str | None]:
-    return [v for n, v in headers if n == name]
+def header(headers: Headers | None, name: str) -> list[bytes | str | None]:
+    return [v for n, v in headers or [] if n == name]
 
 
 # -- schedule --------------------------------------------------------------------
@@ -102,6 +102,10 @@ def test_a_delay_counts_from_the_record_timestamp_not_from_now(ids: Ids) -> None
     assert result.changes.consumed == 43
     assert result.dead_letters == []
     assert result.outcomes == [(Outcome.SCHEDULED, "")]
+    assert type(result.changes.puts[0].value) is IndexValue
+    assert type(result.changelog[0]) is Record
+    assert result.changes.puts[0].raw == result.changelog[0].value
+    assert result.changes.puts[0].value.fingerprint == fingerprint_of(msg)
 
 
 def test_the_same_request_planned_later_yields_the_same_key(ids: Ids) -> None:
@@ -233,6 +237,7 @@ def test_a_malformed_request_is_dead_lettered_intact(
     [dead] = result.dead_letters
     assert dead.topic == TOPICS.dlq
     assert (dead.key, dead.value) == (b"the-key", b"\x01 raw value")
+    assert dead.headers is not None
     assert dead.headers[: len(original)] == original
     assert header(dead.headers, ERROR) == [code.encode()]
     [detail] = header(dead.headers, ERROR_DETAIL)
@@ -407,7 +412,7 @@ def test_the_consumed_marker_records_how_far_the_batch_reaches(ids: Ids) -> None
                             codec.encode_offset(43))
     assert marker.value is not None
     assert codec.decode_offset(marker.value) == result.changes.consumed == 43
-    assert marker.headers == []
+    assert not marker.headers, "the marker carries no headers"
 
 
 def test_the_consumed_marker_goes_to_the_plans_own_partition() -> None:
