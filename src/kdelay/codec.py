@@ -21,10 +21,12 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
 DUE_KEY_SIZE = _DUE_KEY.size
+"""Length in bytes of an encoded due key (20)."""
+INDEX_HEAD_SIZE = _INDEX_HEAD.size
+"""Length in bytes of an encoded index value without a schedule id (12)."""
 # The changelog key under which intake records its consumed offset; any length
 # but DUE_KEY_SIZE keeps it apart from due keys.
 CONSUMED_MARKER = b"kdelay/consumed"
-"""Length in bytes of an encoded due key (20)."""
 
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1

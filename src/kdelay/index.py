@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
@@ -31,6 +32,8 @@ IDS_CF = "ids"
 META_CF = "meta"
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
+# What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
+_RdictKey = str | int | float | bytes | bool
 
 
 class IndexCorrupt(Exception):
@@ -146,6 +149,12 @@ class PartitionIndex:
         """Return the index value stored under a due key, or None."""
         raw = self._db.get(key)
         return None if raw is None else codec.decode_index_value(raw)
+
+    def raw_values(self, keys: list[bytes]) -> list[bytes | None]:
+        """Return the encoded index values under ``keys`` (None where absent), in one lookup."""
+        if not keys:
+            return []
+        return cast(list[bytes | None], self._db.get(cast(list[_RdictKey], keys)))
 
     def apply(self, changes: Changes) -> None:
         """Write ``changes`` and the offsets they cover in one atomic batch."""

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
 
-from kdelay import envelope
+from kdelay import codec, envelope
+from kdelay.changelog import Restorer
 from kdelay.cli import app
 from kdelay.clock import ManualClock
-from kdelay.index import PartitionIndex, store_path
+from kdelay.codec import Fingerprint, IdState, IndexValue
+from kdelay.index import CHANGELOG, CONSUMED, PartitionIndex, store_path
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Deployment, Running, produce
 
@@ -72,3 +75,45 @@ def test_restore_refuses_a_store_that_is_in_use(deployment_factory: Make) -> Non
         assert "error[state-dir-in-use]" in result.output
     finally:
         holder.close()
+
+
+T0 = 1_700_000_000_000
+
+
+def _put(key: bytes, crc: int, schedule_id: str | None = None) -> dict[str, Any]:
+    value = codec.encode_index_value(IndexValue(Fingerprint(T0, crc), schedule_id))
+    return {"key": key, "value": value, "partition": 0}
+
+
+def _tombstone(key: bytes) -> dict[str, Any]:
+    return {"key": key, "value": None, "partition": 0}
+
+
+def test_restorer_replays_tombstones_ids_and_offsets_and_catches_up(
+    topic_factory: TopicFactory, bootstrap: str, tmp_path: Path,
+) -> None:
+    topic = topic_factory("changelog", 1, {"cleanup.policy": "compact"})
+    k1, k2, k3, k4 = (codec.encode_due_key(T0 + i, 0, i) for i in (40, 10, 30, 20))
+    produce(bootstrap, topic, [
+        _put(k1, 1, "a"), _put(k2, 2), _tombstone(k1), _put(k3, 3, "b"),
+        {"key": codec.CONSUMED_MARKER, "value": codec.encode_offset(7), "partition": 0},
+        _put(k1, 11, "a")])
+    restorer = Restorer({"bootstrap.servers": bootstrap}, topic)
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        assert restorer.restore(index) == 4, "k1, k2, k3 and the marker"
+        assert [e.key for e in index.entries()] == [k2, k3, k1]
+        assert index.id_state("a") == IdState(k1, None)
+        assert (index.offset(CONSUMED), index.offset(CHANGELOG)) == (7, 6)
+
+        produce(bootstrap, topic, [_tombstone(k3), _put(k4, 4, "b"), _tombstone(k2),
+                                   _tombstone(k4), _put(k2, 22)])
+        assert restorer.restore(index) == 3, "k3, k4 and k2, from offset 6 on"
+        assert [(e.key, e.value.fingerprint.crc) for e in index.entries()] == [(k2, 22), (k1, 11)]
+        assert index.id_state("b") is None, "released by the tombstone of k4"
+        assert index.id_state("a") == IdState(k1, None)
+        assert (index.offset(CONSUMED), index.offset(CHANGELOG)) == (7, 11)
+        assert restorer.restore(index) == 0
+    finally:
+        index.close()
+        restorer.close()

@@ -6,12 +6,14 @@ stage, and :func:`open_restored` gets a fake restorer.
 
 from __future__ import annotations
 
+import gc
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
 from kdelay import codec
 from kdelay.changelog import (
@@ -21,6 +23,8 @@ from kdelay.changelog import (
     Restorer,
     StaleIndex,
     _apply,
+    _collector_paused,
+    _stage,
     open_restored,
 )
 from kdelay.codec import Fingerprint, IdState, IndexValue
@@ -121,6 +125,179 @@ def test_the_position_is_written_even_for_an_empty_batch(index: PartitionIndex) 
     _apply(index, {}, 42)
     assert index.offset(CHANGELOG) == 42
     assert entries(index) == []
+
+
+def test_a_value_too_short_or_with_a_bad_id_is_ignored_and_the_rest_applied(
+    index: PartitionIndex,
+) -> None:
+    bad_id = codec.encode_index_value(IndexValue(Fingerprint(T0, 5), None)) + b"\xff"
+    other = codec.encode_due_key(T0 + 30, PART, 3)
+    _apply(index, {K1: b"short", other: bad_id, **staged((K2, V1))}, 8)
+    assert entries(index) == [Entry(K2, V1)]
+    assert index.id_state("order-1") == IdState(K2, None)
+    assert index.offset(CHANGELOG) == 8
+
+
+def test_a_rescheduled_id_points_at_its_new_entry(index: PartitionIndex) -> None:
+    _apply(index, staged((K1, V1)), 1)
+    again = IndexValue(Fingerprint(T0, 333), "order-1")
+    _apply(index, staged((K1, None), (K2, again)), 3)
+    assert entries(index) == [Entry(K2, again)]
+    assert index.id_state("order-1") == IdState(K2, None)
+
+
+# -- staging consumed messages ----------------------------------------------------------
+
+
+def message(offset: int, key: bytes | None, value: bytes | None,
+            error: KafkaError | None = None) -> Message:
+    return Message(topic="kdelay.changelog", partition=PART, offset=offset, key=key,
+                   value=value, error=error)
+
+
+def eof(offset: int) -> Message:
+    return message(offset, None, None, KafkaError(KafkaError._PARTITION_EOF))
+
+
+def test_staging_keeps_the_latest_value_per_key_and_returns_the_next_offset() -> None:
+    into: dict[bytes, bytes | None] = {}
+    v1, v2 = codec.encode_index_value(V1), codec.encode_index_value(V2)
+    reached = _stage(into, [message(4, K1, v1), message(5, K2, v2), message(6, K1, None)],
+                     100, "chg")
+    assert reached == 7
+    assert into == {K1: None, K2: v2}
+
+
+def test_staging_an_empty_batch_reaches_nothing() -> None:
+    into: dict[bytes, bytes | None] = {}
+    assert _stage(into, [], 100, "chg") is None
+    assert into == {}
+
+
+def test_staging_stops_at_the_end_of_the_partition_and_skips_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    into: dict[bytes, bytes | None] = {}
+    failed = message(0, None, None, KafkaError(KafkaError._TRANSPORT))
+    batch = [message(4, K1, b"a"), failed, message(5, None, b"b"), eof(6), message(6, K2, b"c")]
+    assert _stage(into, batch, 6, "chg") == 6
+    assert into == {K1: b"a", b"": b"b"}, "a null key stages as empty, to be dropped as odd"
+    assert "restoring chg" in caplog.text
+
+
+def test_staging_skips_errors_and_reaches_past_the_last_message() -> None:
+    into: dict[bytes, bytes | None] = {}
+    failed = message(0, None, None, KafkaError(KafkaError._TRANSPORT))
+    assert _stage(into, [message(4, K1, b"a"), failed], 100, "chg") == 5
+    assert into == {K1: b"a"}
+
+
+# -- replay in batches against a record-at-a-time model ----------------------------------
+
+Record = tuple[bytes, bytes | None]
+
+
+def replay(index: PartitionIndex, records: list[Record], batch: int) -> None:
+    """Stage and apply ``records`` (offsets 0…) ``batch`` messages at a time, as a restore does."""
+    for start in range(0, len(records), batch):
+        chunk = records[start : start + batch]
+        into: dict[bytes, bytes | None] = {}
+        reached = _stage(into, [message(start + i, k, v) for i, (k, v) in enumerate(chunk)],
+                         len(records), "chg")
+        assert reached is not None
+        _apply(index, into, reached)
+
+
+def model(records: list[Record]) -> tuple[dict[bytes, bytes], dict[str, bytes], int | None]:
+    """Apply ``records`` one at a time: entries, pending ids and the consumed offset."""
+    store: dict[bytes, bytes] = {}
+    ids: dict[str, bytes] = {}
+    consumed = None
+    for key, raw in records:
+        if key == codec.CONSUMED_MARKER:
+            consumed = None if raw is None else codec.decode_offset(raw)
+        elif raw is None:
+            old = store.pop(key, None)
+            old_id = None if old is None else codec.schedule_id_of(old)
+            if old_id is not None:
+                del ids[old_id]
+        else:
+            store[key] = raw
+            schedule_id = codec.schedule_id_of(raw)
+            if schedule_id is not None:
+                ids[schedule_id] = key
+    return store, ids, consumed
+
+
+def history(seed: int, length: int) -> list[Record]:
+    """A random changelog over a few keys: puts, tombstones and consumed markers.
+
+    Every third key carries a schedule id of its own, so no two pending
+    entries share one, as intake guarantees.
+    """
+    rng = random.Random(seed)
+    keys = [codec.encode_due_key(T0 + rng.randrange(1_000), PART, i) for i in range(12)]
+    records: list[Record] = []
+    for offset in range(length):
+        pick = rng.randrange(len(keys))
+        roll = rng.random()
+        if roll < 0.1:
+            records.append((codec.CONSUMED_MARKER, codec.encode_offset(offset)))
+        elif roll < 0.45:
+            records.append((keys[pick], None))
+        else:
+            schedule_id = f"id-{pick}" if pick % 3 == 0 else None
+            value = IndexValue(Fingerprint(T0, rng.randrange(2**32)), schedule_id)
+            records.append((keys[pick], codec.encode_index_value(value)))
+    return records
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7, 50, 400])
+@pytest.mark.parametrize("seed", range(5))
+def test_batched_replay_equals_record_at_a_time(tmp_path: Path, seed: int, batch: int) -> None:
+    records = history(seed, 400)
+    index = PartitionIndex(tmp_path / "store", PART)
+    try:
+        replay(index, records, batch)
+        store, ids, consumed = model(records)
+        assert {e.key: codec.encode_index_value(e.value) for e in entries(index)} == store
+        for pick in range(0, 12, 3):
+            expected = ids.get(f"id-{pick}")
+            state = index.id_state(f"id-{pick}")
+            assert state == (None if expected is None else IdState(expected, None))
+        assert index.offset(CONSUMED) == consumed
+        assert index.offset(CHANGELOG) == len(records)
+        replay(index, records, batch)
+        assert {e.key: codec.encode_index_value(e.value) for e in entries(index)} == store, \
+            "replaying again yields the same store"
+    finally:
+        index.close()
+
+
+# -- the collector during a restore ------------------------------------------------------
+
+
+def fail_while_paused() -> None:
+    with _collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("restore failed")
+
+
+def test_the_collector_is_paused_during_a_restore_and_resumed_after_an_error() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="restore failed"):
+        fail_while_paused()
+    assert gc.isenabled()
+
+
+def test_a_collector_paused_elsewhere_stays_paused() -> None:
+    gc.disable()
+    try:
+        with _collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # -- positions --------------------------------------------------------------------------

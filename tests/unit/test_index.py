@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.codec import DueKey, Fingerprint, IdState, IndexValue, encode_due_key
+from kdelay.codec import (
+    DueKey,
+    Fingerprint,
+    IdState,
+    IndexValue,
+    encode_due_key,
+    encode_index_value,
+)
 from kdelay.index import (
     CHANGELOG,
     CONSUMED,
@@ -304,6 +311,25 @@ def test_one_batch_of_unordered_puts_and_raw_puts_notes_its_lowest_key(
                         raw_puts={raw.key: b"\x00" * 12}))
     assert index.take_lowest_put() == raw.key
     assert dues(index.scan(1_000, 10)) == [(400, 0, 7), (600, 0, 3), (900, 0, 2), (1_000, 0, 1)]
+
+
+def test_raw_puts_move_the_lowest_put_and_the_scan_head_back(index: PartitionIndex) -> None:
+    put(index, entry(500, offset=1))
+    assert index.take_lowest_put() is not None
+    assert index.scan(1_000, 10) == [entry(500, offset=1)]
+    raw = {e.key: encode_index_value(e.value) for e in (entry(900, offset=2), entry(200, offset=3))}
+    index.apply(Changes(raw_puts=raw))
+    assert index.take_lowest_put() == encode_due_key(200, 0, 3)
+    assert dues(index.scan(1_000, 10)) == [(200, 0, 3), (500, 0, 1), (900, 0, 2)]
+
+
+def test_raw_values_reads_many_keys_at_once(index: PartitionIndex) -> None:
+    a, b = entry(100, offset=1, sid="a"), entry(200, offset=2)
+    put(index, a, b)
+    missing = encode_due_key(150, 0, 9)
+    assert index.raw_values([b.key, missing, a.key]) == [
+        encode_index_value(b.value), None, encode_index_value(a.value)]
+    assert index.raw_values([]) == []
 
 
 # -- the store on disk -----------------------------------------------------------
