@@ -351,23 +351,29 @@ class Service:
     def _produce_plans(self, plans: list[Plan]) -> list[tuple[str, KafkaError]]:
         """Produce the plans' changelog and DLQ records; return a list failures land in.
 
-        One callback serves the whole batch: it confirms changelog positions and
-        collects ``(topic, error)`` for every record that failed.
+        Every callback collects ``(topic, error)`` for a record that failed. Only
+        the consumed-offset marker, a plan's last changelog record on its
+        partition, confirms the changelog position: the producer is idempotent,
+        so its offset is the highest of the plan's, and the other records' reports
+        stay as cheap as possible.
         """
         failures: list[tuple[str, KafkaError]] = []
-        changelog = self.settings.changelog_topic
 
-        def report(error: KafkaError | None, message: Message) -> None:
+        def failed(error: KafkaError | None, message: Message) -> None:
             if error is not None:
                 failures.append((str(message.topic()), error))
-            elif message.topic() == changelog:
+
+        def marker(error: KafkaError | None, message: Message) -> None:
+            failed(error, message)
+            if error is None:
                 self._positions.confirm(message)
 
-        callback = guarded(report)
+        on_record, on_marker = guarded(failed), guarded(marker)
         for plan in plans:
-            for record in (*plan.changelog, *consumed_marker(self._topics, plan),
-                           *plan.dead_letters):
-                self._produce_internal(record, callback)
+            for record in (*plan.changelog, *plan.dead_letters):
+                self._produce_internal(record, on_record)
+            for record in consumed_marker(self._topics, plan):
+                self._produce_internal(record, on_marker)
         return failures
 
     def _produce_internal(self, record: Record,
