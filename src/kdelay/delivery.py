@@ -209,7 +209,11 @@ class Delivery:
                 missed = True
                 self._rewind(partition, entry.key)
                 continue
-            self._hold(Task(entry, original, partition))
+            task = Task(entry, original, partition)
+            # The record the entry was just made from: its fingerprint matches by
+            # construction, so only its routing is read (None leaves it to _verify).
+            task.routing = envelope.routing(original.headers())
+            self._hold(task)
             room -= 1
         if missed:
             self._covered.pop(partition, None)
