@@ -75,6 +75,7 @@ class Task:
     entry: Entry
     original: Found
     partition: int
+    adopted: bool = False
     attempts: int = 0
     not_before_ms: int = 0
     in_flight: bool = False
@@ -158,6 +159,7 @@ class Delivery:
         self._per_partition: Counter[int] = Counter()
         self._backing_off: Counter[int] = Counter()
         self._flying: Counter[int] = Counter()
+        self._adopted: Counter[int] = Counter()
         self._ready: list[bytes] = []
         self._waiting: list[tuple[int, bytes]] = []
         self._covered: dict[int, int] = {}
@@ -199,7 +201,8 @@ class Delivery:
         covered = self._covered.get(partition)
         if covered is None:
             return
-        room = self._room(partition)
+        # Adopted entries cost no read: only the cap on held entries bounds them.
+        room = self._cap(partition)
         missed = False
         for entry in entries:
             original = originals.get(entry.key)
@@ -213,6 +216,8 @@ class Delivery:
             # The record the entry was just made from: its fingerprint matches by
             # construction, so only its routing is read (None leaves it to _verify).
             task.routing = envelope.routing(original.headers())
+            task.adopted = True
+            self._adopted[partition] += 1
             self._hold(task)
             room -= 1
         if missed:
@@ -333,18 +338,32 @@ class Delivery:
         if task.in_flight != in_flight:
             task.in_flight = in_flight
             self._flying[task.partition] += 1 if in_flight else -1
+        if in_flight:
+            self._unadopt(task)
+
+    def _unadopt(self, task: Task) -> None:
+        """Count an adopted task like a read one from its first produce (or its end) on."""
+        if task.adopted:
+            task.adopted = False
+            self._adopted[task.partition] -= 1
 
     def _room(self, partition: int) -> int:
         """Return how many more entries of ``partition`` the read-ahead may take.
 
         Entries in flight or backing off do not count against the batch (the
-        next batch is read while the last one is acknowledged); the cap on all
-        held entries keeps memory bounded.
+        next batch is read while the last one is acknowledged), nor do entries
+        adopted from intake and not yet sent: they were never read, and under
+        steady load with short delays they alone would fill the batch and stop
+        the read-ahead. The cap on all held entries keeps memory bounded.
         """
         held = self._per_partition[partition]
-        active = held - self._backing_off[partition] - self._flying[partition]
-        cap = MAX_HELD_BATCHES * self._config.batch_size - held
-        return min(self._config.batch_size - active, cap)
+        active = (held - self._backing_off[partition] - self._flying[partition]
+                  - self._adopted[partition])
+        return min(self._config.batch_size - active, self._cap(partition))
+
+    def _cap(self, partition: int) -> int:
+        """Return how many more entries ``partition`` may hold in memory, whatever their state."""
+        return MAX_HELD_BATCHES * self._config.batch_size - self._per_partition[partition]
 
     def _needs_scan(self, partition: int, index: PartitionIndex, now: int) -> bool:
         lowest = index.take_lowest_put()
@@ -579,6 +598,7 @@ class Delivery:
     def _drop(self, key: bytes) -> None:
         task = self._tasks.pop(key)
         self._fly(task, False)
+        self._unadopt(task)
         self._per_partition[task.partition] -= 1
         if task.backing_off:
             self._backing_off[task.partition] -= 1

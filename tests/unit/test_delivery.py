@@ -1070,6 +1070,27 @@ def test_an_adopted_entry_is_delivered_without_reading_it_back(world: World) -> 
     assert len(world.reader.calls) == reads_before, "no read back from Kafka"
 
 
+def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_read(
+    world: World,
+) -> None:
+    """Under steady load with short delays, adopted entries alone can outnumber a batch
+    (CONFIG.batch_size is 100): none of them may be read back, and they must not stop
+    the read-ahead of entries intake did not adopt."""
+    world.at(T0)
+    adopted = [_new_request(world, 0, offset, T0 + 500) for offset in range(250)]
+    world.delivery.adopt(0, [e for e, _ in adopted], {e.key: m for e, m in adopted},
+                         world.indexes[0])
+    world.request(0, 1_000, T0 + 400)  # indexed by other means: found by a scan
+    world.at(T0 + 1)
+    assert [call.get(0) for call in world.reader.calls if call.get(0)] == [[1_000]]
+    world.at(T0 + 400)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 400]
+    world.at(T0 + 500)
+    assert len(world.targets.sent) == 251
+    reads = [call.get(0) for call in world.reader.calls if call.get(0)]
+    assert reads == [[1_000]], "no adopted entry was read back"
+
+
 def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> None:
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 60_000)
