@@ -107,7 +107,7 @@ def _measure(setup: Setup, settings: Settings, target: str, guarantee: str, load
                                  timeout_s=load.seconds + load.warmup_seconds
                                  + load.delay_ms / 1000 + load.drain_seconds,
                                  out=setup.work_dir / f"late-{time.monotonic_ns()}.json")
-    loader = Loader(setup.topics.bootstrap, **{"linger.ms": 0})
+    loader = Loader(setup.topics.bootstrap, **{"linger.ms": 5})
     try:
         say(f"lateness[{guarantee}]: {load.rate:,}/s for {load.seconds:g}s "
             f"(+{load.warmup_seconds:g}s warm-up)")
