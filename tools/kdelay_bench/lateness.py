@@ -59,10 +59,11 @@ def _command(settings: Settings, guarantee: str) -> list[str]:
             "--guarantee", guarantee, "--log-level", "WARNING"]
 
 
-def _steady(loader: Loader, settings: Settings, target: str, count: int, rate: int,
+def _steady(loader: Loader, topic: str, target: str, count: int, rate: int,
             delay_ms: int, *, warmup: bool) -> float:
-    """Produce ``count`` requests at ``rate``/s, each due ``delay_ms`` after its send;
-    return the seconds it took (longer than ``count / rate`` if the bench fell behind)."""
+    """Produce ``count`` requests to ``topic`` at ``rate``/s, each due ``delay_ms`` after
+    its send; return the seconds it took (longer than ``count / rate`` if the bench fell
+    behind)."""
     pool = values(100)
     start = time.monotonic()
     sent = 0
@@ -70,11 +71,42 @@ def _steady(loader: Loader, settings: Settings, target: str, count: int, rate: i
         wanted = min(count, int((time.monotonic() - start) * rate) + 1)
         while sent < wanted:
             due = time.time_ns() // 1_000_000 + delay_ms
-            loader.produce(settings.requests_topic, f"l{sent}".encode(), pool[sent % len(pool)],
+            loader.produce(topic, f"l{sent}".encode(), pool[sent % len(pool)],
                            request_headers(target, due, warmup=warmup))
             sent += 1
         loader.poll(0.001)
     return time.monotonic() - start
+
+
+def run_hop(setup: Setup, load: Load) -> Result:
+    """The lateness floor: records produced straight to a topic and read by the collector.
+
+    The same load and collector as ``lateness``, but no kdelay: each record is
+    due when it is sent, by a producer with the service's target settings
+    (idempotent, ``linger.ms=2``). What it measures is the producer-broker-
+    consumer hop every delivered record takes after kdelay produced it.
+    """
+    target = setup.topics.create("hop-target", setup.partitions)
+    collector = CollectorProcess(setup.topics.bootstrap, target, load.total,
+                                 timeout_s=load.seconds + load.warmup_seconds
+                                 + load.drain_seconds,
+                                 out=setup.work_dir / f"hop-{time.monotonic_ns()}.json")
+    loader = Loader(setup.topics.bootstrap, **{"linger.ms": 2})
+    try:
+        say(f"hop: {load.rate:,}/s for {load.seconds:g}s straight to a topic, no kdelay")
+        _steady(loader, target, target, int(load.rate * load.warmup_seconds), load.rate, 0,
+                warmup=True)
+        _steady(loader, target, target, int(load.rate * load.seconds), load.rate, 0,
+                warmup=False)
+        loader.finish()
+        seen = collector.result()
+    finally:
+        collector.kill()
+    result = Result("hop", {"rate_per_s": load.rate, "seconds": load.seconds,
+                            "sent": load.total, "received": as_int(seen.get("count"))})
+    late = _percentiles(seen.get("lateness_ms"))
+    result.figures.update({f"{k}_ms": v for k, v in late.items()})
+    return result
 
 
 def _stderr_tail(path: Path) -> str:
@@ -111,10 +143,11 @@ def _measure(setup: Setup, settings: Settings, target: str, guarantee: str, load
     try:
         say(f"lateness[{guarantee}]: {load.rate:,}/s for {load.seconds:g}s "
             f"(+{load.warmup_seconds:g}s warm-up)")
-        _steady(loader, settings, target, int(load.rate * load.warmup_seconds), load.rate,
-                load.delay_ms, warmup=True)
+        _steady(loader, settings.requests_topic, target, int(load.rate * load.warmup_seconds),
+                load.rate, load.delay_ms, warmup=True)
         count = int(load.rate * load.seconds)
-        took = _steady(loader, settings, target, count, load.rate, load.delay_ms, warmup=False)
+        took = _steady(loader, settings.requests_topic, target, count, load.rate, load.delay_ms,
+                       warmup=False)
         loader.finish()
         seen = collector.result()
     finally:

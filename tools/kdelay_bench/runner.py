@@ -19,7 +19,7 @@ from pathlib import Path
 from kdelay_bench.broker import Topics, bootstrap_servers
 from kdelay_bench.capacity import run_capacity
 from kdelay_bench.footprint import run_footprint
-from kdelay_bench.lateness import Load, run_lateness
+from kdelay_bench.lateness import Load, run_hop, run_lateness
 from kdelay_bench.machine import finish, machine
 from kdelay_bench.options import BenchOptions, parse_options
 from kdelay_bench.progress import say
@@ -59,6 +59,7 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
         load = Load(options.lateness_rate, options.lateness_seconds,
                     options.lateness_warmup_seconds, options.lateness_delay_ms,
                     options.lateness_drain_seconds)
+        results += _guarded("hop", lambda: [run_hop(setup, load)])
         for guarantee in options.guarantees:
             results += _guarded("lateness", functools.partial(_lateness, setup, guarantee, load))
     if "footprint" in chosen:
