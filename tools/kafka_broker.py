@@ -184,9 +184,15 @@ def write_config(port: int, controller_port: int) -> Path:
 
 def java_command(*args: str) -> list[str]:
     """Return a ``java`` command line with the broker's classpath and JVM options."""
-    heap = os.environ.get("KDELAY_BROKER_HEAP", "512m")
+    heap = os.environ.get("KDELAY_BROKER_HEAP", "1g")
     return [
-        "java", f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC",
+        # Kafka's own defaults (kafka-server-start.sh, kafka-run-class.sh): a 1 GiB
+        # heap and G1 aiming at 20 ms pauses. With 512 MiB and G1's default 200 ms
+        # goal, young collections averaged 140 ms and showed in every p99.
+        "java", f"-Xms{heap}", f"-Xmx{heap}", "-server", "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+        "-XX:+ExplicitGCInvokesConcurrent", "-XX:MaxInlineLevel=15",
+        "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
         "-cp", f"{LIBS}/*", *args,
     ]
