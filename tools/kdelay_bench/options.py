@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--long", action="store_true", help="also run capacity (10 M pending)")
     p.add_argument("--bootstrap-servers", help="broker to use (default: "
                    "KDELAY_BOOTSTRAP_SERVERS, else `tools/kafka start`)")
-    p.add_argument("--scenarios", type=_names, help=f"comma list of {','.join(SCENARIOS)}")
+    p.add_argument("--scenarios", type=_names,
+                   help=f"comma list of {','.join(SCENARIOS)} (the floor baseline runs "
+                   "with burst, the hop baseline with lateness)")
     p.add_argument("--partitions", type=int, default=3, help="request partitions")
     p.add_argument("--value-size", type=int, default=100, help="request value bytes")
     p.add_argument("--batch-size", type=int, default=1_000,
