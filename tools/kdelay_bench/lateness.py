@@ -87,26 +87,34 @@ def run_hop(setup: Setup, load: Load) -> Result:
     consumer hop every delivered record takes after kdelay produced it.
     """
     target = setup.topics.create("hop-target", setup.partitions)
-    collector = CollectorProcess(setup.topics.bootstrap, target, load.total,
-                                 timeout_s=load.seconds + load.warmup_seconds
-                                 + load.drain_seconds,
-                                 out=setup.work_dir / f"hop-{time.monotonic_ns()}.json")
-    loader = Loader(setup.topics.bootstrap, **{"linger.ms": 2})
-    try:
-        say(f"hop: {load.rate:,}/s for {load.seconds:g}s straight to a topic, no kdelay")
-        _steady(loader, target, target, int(load.rate * load.warmup_seconds), load.rate, 0,
-                warmup=True)
-        _steady(loader, target, target, int(load.rate * load.seconds), load.rate, 0,
-                warmup=False)
-        loader.finish()
-        seen = collector.result()
-    finally:
-        collector.kill()
+    say(f"hop: {load.rate:,}/s for {load.seconds:g}s straight to a topic, no kdelay")
+    seen, _ = _drive(setup, target, target, load, delay_ms=0, linger_ms=2)
     result = Result("hop", {"rate_per_s": load.rate, "seconds": load.seconds,
                             "sent": load.total, "received": as_int(seen.get("count"))})
     late = _percentiles(seen.get("lateness_ms"))
     result.figures.update({f"{k}_ms": v for k, v in late.items()})
     return result
+
+
+def _drive(setup: Setup, topic: str, target: str, load: Load, *, delay_ms: int,
+           linger_ms: int) -> tuple[dict[str, object], float]:
+    """Produce ``load`` to ``topic`` (records for ``target``, due ``delay_ms`` after their
+    send) while a collector reads ``target``; return its summary and the seconds the
+    measured part took to produce. The producer batches for ``linger_ms``."""
+    collector = CollectorProcess(setup.topics.bootstrap, target, load.total,
+                                 timeout_s=load.seconds + load.warmup_seconds
+                                 + delay_ms / 1000 + load.drain_seconds,
+                                 out=setup.work_dir / f"collect-{time.monotonic_ns()}.json")
+    loader = Loader(setup.topics.bootstrap, **{"linger.ms": linger_ms})
+    try:
+        _steady(loader, topic, target, int(load.rate * load.warmup_seconds), load.rate,
+                delay_ms, warmup=True)
+        took = _steady(loader, topic, target, int(load.rate * load.seconds), load.rate,
+                       delay_ms, warmup=False)
+        loader.finish()
+        return collector.result(), took
+    finally:
+        collector.kill()
 
 
 def _stderr_tail(path: Path) -> str:
@@ -135,28 +143,15 @@ def run_lateness(setup: Setup, guarantee: str, load: Load) -> Result:
 
 def _measure(setup: Setup, settings: Settings, target: str, guarantee: str, load: Load,
              proc: subprocess.Popen[bytes], log: Path) -> Result:
-    collector = CollectorProcess(setup.topics.bootstrap, target, load.total,
-                                 timeout_s=load.seconds + load.warmup_seconds
-                                 + load.delay_ms / 1000 + load.drain_seconds,
-                                 out=setup.work_dir / f"late-{time.monotonic_ns()}.json")
-    loader = Loader(setup.topics.bootstrap, **{"linger.ms": 5})
-    try:
-        say(f"lateness[{guarantee}]: {load.rate:,}/s for {load.seconds:g}s "
-            f"(+{load.warmup_seconds:g}s warm-up)")
-        _steady(loader, settings.requests_topic, target, int(load.rate * load.warmup_seconds),
-                load.rate, load.delay_ms, warmup=True)
-        count = int(load.rate * load.seconds)
-        took = _steady(loader, settings.requests_topic, target, count, load.rate, load.delay_ms,
-                       warmup=False)
-        loader.finish()
-        seen = collector.result()
-    finally:
-        collector.kill()
+    say(f"lateness[{guarantee}]: {load.rate:,}/s for {load.seconds:g}s "
+        f"(+{load.warmup_seconds:g}s warm-up)")
+    seen, took = _drive(setup, settings.requests_topic, target, load, delay_ms=load.delay_ms,
+                        linger_ms=5)
     if proc.poll() is not None:
         return Result("lateness", {"guarantee": guarantee},
                       skipped=f"kdelay run exited (rc={proc.returncode}): {_stderr_tail(log)}")
     result = _result(guarantee, load, seen)
-    result.figures["achieved_rate_per_s"] = round(count / took)
+    result.figures["achieved_rate_per_s"] = round(int(load.rate * load.seconds) / took)
     return result
 
 
