@@ -411,11 +411,11 @@ class Delivery:
                 heapq.heappush(self._ready, key)
 
     def _dispatch(self, now: int) -> None:
-        ready, tasks = self._ready, self._tasks
+        ready = self._ready
         while ready:
             key = ready[0]
-            task = tasks.get(key)
-            if task is None or task.in_flight or task.backing_off:
+            task = self._waiting_to_send(key)
+            if task is None:
                 heapq.heappop(ready)
                 continue
             if task.entry.due.due_ms > now:
@@ -428,10 +428,12 @@ class Delivery:
                 return
             heapq.heappop(ready)
 
-    def _dispatchable(self, key: bytes) -> bool:
-        """Whether a key on the ready heap still stands for a task waiting to be sent."""
+    def _waiting_to_send(self, key: bytes) -> Task | None:
+        """Return the task a key on the ready heap stands for, if it still waits to be sent."""
         task = self._tasks.get(key)
-        return task is not None and not task.in_flight and not task.backing_off
+        if task is None or task.in_flight or task.backing_off:
+            return None
+        return task
 
     def _send(self, key: bytes, task: Task, now: int) -> None:
         """Produce the task's record to its target, or to the DLQ with a reason."""
@@ -473,7 +475,7 @@ class Delivery:
         return None
 
     def _where(self, task: Task) -> str:
-        """Return the request's coordinates, ``topic/partition/offset``, for messages."""
+        """Return the request's coordinates, ``topic/partition/offset`` (``kdelay-origin``)."""
         due = task.entry.due
         return envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
 
@@ -484,7 +486,7 @@ class Delivery:
         if missing is not None:
             raise KafkaException(missing)
         due = task.entry.due
-        origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
+        origin = self._where(task)
         headers = [*routing.user, *envelope.delivery_tail(origin, due.due_ms)]
         self._producer.produce(
             routing.target, value=original.value(), key=original.key(),
@@ -495,7 +497,7 @@ class Delivery:
 
     def _produce_dead_letter(self, key: bytes, task: Task, code: ErrorCode, detail: str) -> None:
         due = task.entry.due
-        origin = envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
+        origin = self._where(task)
         reason = envelope.rejection_headers(envelope.Rejection(code, detail))
         tail = [*reason, *envelope.delivery_tail(origin, due.due_ms)]
         if isinstance(task.original, Message) and code is ErrorCode.UNDELIVERABLE:
@@ -605,7 +607,7 @@ class Delivery:
 
     def _next_wakeup_ms(self, now: int) -> int:
         candidates = [MAX_WAIT_MS]
-        while self._ready and not self._dispatchable(self._ready[0]):
+        while self._ready and self._waiting_to_send(self._ready[0]) is None:
             heapq.heappop(self._ready)
         for key in self._ready[:1]:
             candidates.append(codec.decode_due_key(key).due_ms - now)
