@@ -282,8 +282,7 @@ def run(options: Options) -> Report:
            "KDELAY_REQUESTS_TOPIC": requests, "KDELAY_CHANGELOG_TOPIC": changelog,
            "KDELAY_DLQ_TOPIC": dlq, "KDELAY_GROUP_ID": f"crash-{suffix}",
            "KDELAY_STATE_DIR": str(options.workdir / "state"),
-           "KDELAY_GUARANTEE": options.guarantee, "KDELAY_INSTANCE_ID": f"crash-{suffix}",
-           "KDELAY_DELIVERY_TIMEOUT_MS": "10000"}
+           "KDELAY_GUARANTEE": options.guarantee}
     started = time.monotonic()
     load = Load(options.bootstrap, requests, target, options.rate, options.seed)
     load.start()

@@ -127,10 +127,17 @@ DeliveryTimeoutMs = Annotated[int | None, _common(
     "delivery-timeout-ms", "How long one produce to a target may take before it counts as failed.",
     _DEFAULTS.delivery_timeout_ms)]
 InstanceId = Annotated[str | None, _common(
-    "instance-id", "Static group member id (group.instance.id): a restart takes the "
-    "partitions back at once. Give each instance its own.")]
+    "instance-id", "Static group member id (group.instance.id); derived from the host name "
+    "and the absolute --state-dir when not given. Unique per instance, stable across restarts.")]
 TransactionalId = Annotated[str | None, _common(
-    "transactional-id", "Transactional id for exactly-once; derived from --group-id if not given.")]
+    "transactional-id", "Transactional id for exactly-once; derived from --group-id and the "
+    "instance id when not given.")]
+SessionTimeoutMs = Annotated[int | None, _common(
+    "session-timeout-ms", "How long the partitions of an instance that died stay unserved "
+    "before the group hands them to the others.", _DEFAULTS.session_timeout_ms)]
+PartitionerOpt = Annotated[str | None, _common(
+    "partitioner", "librdkafka partitioner for keyed records without kdelay-partition; "
+    "murmur2_random places keys as a Java producer does.", _DEFAULTS.partitioner)]
 
 
 
@@ -154,6 +161,8 @@ _COMMON_OPTIONS: dict[str, Any] = {
     "delivery_timeout_ms": DeliveryTimeoutMs,
     "instance_id": InstanceId,
     "transactional_id": TransactionalId,
+    "session_timeout_ms": SessionTimeoutMs,
+    "partitioner": PartitionerOpt,
 }
 
 

@@ -16,18 +16,17 @@ any point re-reads the request and re-derives the same index keys.
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay import envelope
+from kdelay import envelope, identity
 from kdelay.callbacks import guarded
 from kdelay.changelog import Positions, Progress, Restorer, open_restored
 from kdelay.clock import Clock, SystemClock
@@ -65,17 +64,23 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def transactional_id(settings: Settings) -> str:
-    """Return the instance's transactional id: given, or derived from group and state dir.
+def membership(me: identity.Identity, session_timeout_ms: int,
+               given: Mapping[str, str]) -> dict[str, str | int | bool]:
+    """Return the consumer settings that make an instance a static group member.
 
-    The same state directory gives the same id across restarts, so a restarted
-    instance fences its previous incarnation and aborts its open transaction at
-    once instead of leaving consumers stuck behind it until it times out.
+    A restarted instance rejoins under the same ``group.instance.id`` and gets
+    its partitions back without a rebalance; an instance that died for good
+    holds its partitions until ``session_timeout_ms`` passes, then the group
+    hands them to the survivors. Heartbeats go every second (a tenth of the
+    session timeout when that is shorter): a survivor learns of the rebalance
+    from its next heartbeat, so librdkafka's 3 s would add up to 3 s to every
+    failover. A key the user set in ``--kafka-config`` (``given``) is left to
+    that setting.
     """
-    if settings.transactional_id:
-        return settings.transactional_id
-    where = hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()[:12]
-    return f"kdelay-{settings.group_id}-{where}"
+    wanted: dict[str, str | int | bool] = {
+        "group.instance.id": me.member_id, "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(1, min(1_000, session_timeout_ms // 10))}
+    return {key: value for key, value in wanted.items() if key not in given}
 
 
 class ServiceError(Exception):
@@ -120,18 +125,23 @@ class Service:
     def start(self) -> None:
         """Create the Kafka clients and join the consumer group."""
         s = self.settings
+        me = identity.of(s)
+        log.info("instance %s (group %s, transactional id %s)", me.member_id, s.group_id,
+                 me.transactional_id)
         if self.exactly_once:
             txn: dict[str, str | int | bool] = {
-                "transactional.id": transactional_id(s), "linger.ms": 2,
+                "transactional.id": me.transactional_id, "linger.ms": 2,
+                "partitioner": s.partitioner,
                 "message.timeout.ms": s.delivery_timeout_ms,
                 "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS}
             producer = Producer(s.client_config(**txn))
             producer.init_transactions(30)
             self._targets = self._internal = producer
         else:
-            self._targets = Producer(s.client_config(**{
-                "enable.idempotence": True, "linger.ms": 2,
-                "message.timeout.ms": s.delivery_timeout_ms}))
+            targets: dict[str, str | int | bool] = {
+                "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
+                "message.timeout.ms": s.delivery_timeout_ms}
+            self._targets = Producer(s.client_config(**targets))
             self._internal = Producer(s.client_config(**{
                 "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0}))
         self._reader = OriginalReader(s.client_config(), s.requests_topic)
@@ -145,9 +155,8 @@ class Service:
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": not self.exactly_once,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
-        if s.instance_id:
-            group["group.instance.id"] = s.instance_id
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         self._consumer = Consumer(s.client_config(**group))
         self._consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
                                  on_revoke=guarded(self._on_revoke),

@@ -24,6 +24,10 @@ from kdelay.envelope import DEFAULT_LEVELS, parse_levels
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
+# librdkafka's partitioners; murmur2_random matches a Java producer's default
+# (murmur2 of the key; records without a key spread at random).
+PARTITIONERS = ("murmur2_random", "murmur2", "consistent_random", "consistent", "fnv1a_random",
+                "fnv1a", "random")
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
@@ -57,9 +61,12 @@ class Settings:
     Durations are integer milliseconds. ``levels`` is the delay-level table in
     milliseconds, level 1 first. ``transactional_id`` stays ``None`` unless
     given: deriving one from ``group_id`` is the service's job.
-    ``instance_id``, when given, makes the instance a static group member
-    (``group.instance.id``): a restarted instance takes its partitions back at
-    once instead of after the session timeout of its previous incarnation.
+    ``instance_id`` overrides the static group member id (``group.instance.id``)
+    that :mod:`kdelay.identity` otherwise derives from the host name and the
+    state dir. ``session_timeout_ms`` bounds how long the partitions of an
+    instance that died for good stay unserved. ``partitioner`` places keyed
+    records that carry no target partition; librdkafka's ``murmur2_random`` is
+    what a Java producer's default partitioner does.
 
     Raises :class:`SettingsError` (a ``ValueError``, code ``invalid-setting``)
     whose message names every invalid field.
@@ -84,6 +91,8 @@ class Settings:
     batch_size: int = 1_000
     transactional_id: str | None = None
     instance_id: str | None = None
+    session_timeout_ms: int = 10_000
+    partitioner: str = "murmur2_random"
 
     def __post_init__(self) -> None:
         """Normalise field types, then validate; see the class docstring."""
@@ -109,6 +118,11 @@ class Settings:
         yield from _number_problems(self)
         if self.transactional_id is not None and not self.transactional_id:
             yield "transactional_id must be None or a non-empty string"
+        if self.instance_id is not None and not self.instance_id:
+            yield "instance_id must be None or a non-empty string"
+        if self.partitioner not in PARTITIONERS:
+            yield (f"partitioner must be one of {', '.join(PARTITIONERS)}, "
+                   f"got {self.partitioner!r}")
 
     def client_config(self, **overrides: str | int | bool) -> dict[str, str | int | bool]:
         """Return a librdkafka configuration for a client of this deployment.
@@ -174,6 +188,7 @@ def _number_problems(settings: Settings) -> Iterator[str]:
         "delivery_timeout_ms": 1,
         "lookahead_ms": 0,
         "batch_size": 1,
+        "session_timeout_ms": 1,
     }
     for name, minimum in minimums.items():
         value: int = getattr(settings, name)

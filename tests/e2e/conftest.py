@@ -145,12 +145,12 @@ class KdelayProcess:
     """One ``kdelay run`` subprocess, its combined output in ``log_path``."""
 
     def __init__(self, name: str, env: dict[str, str], log_path: Path,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> None:
         self.name = name
         self.log_path = log_path
         self.started = time.monotonic()
         with log_path.open("wb") as log:
-            self.popen = subprocess.Popen([*kdelay_command(), "run", *args], env=env,
+            self.popen = subprocess.Popen([*prefix, *kdelay_command(), "run", *args], env=env,
                                           stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT)
 
@@ -162,13 +162,14 @@ class KdelayProcess:
         """The last ``lines`` lines of the log."""
         return "\n".join(self.log().splitlines()[-lines:])
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> float:
-        """Wait until the service logs its partition assignment; return seconds since start.
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, times: int = 1) -> float:
+        """Wait until the service logs its ``times``-th partition assignment.
 
-        Fails if the process exits first or is not ready within ``timeout_s``.
+        Returns the seconds since the process started. Fails if the process
+        exits first or is not ready within ``timeout_s``.
         """
         deadline = time.monotonic() + timeout_s
-        while READY.search(self.log()) is None:
+        while len(READY.findall(self.log())) < times:
             code = self.popen.poll()
             assert code is None, f"{self.name} exited with {code} before it was ready"
             assert time.monotonic() < deadline, f"{self.name} not ready within {timeout_s}s"
@@ -200,9 +201,11 @@ def start_kdelay(request: pytest.FixtureRequest,
     processes: list[KdelayProcess] = []
     request.node.stash[_PROCESSES] = processes
 
-    def start(deployment: Deployment, *args: str, **env: str) -> KdelayProcess:
+    def start(deployment: Deployment, *args: str, prefix: tuple[str, ...] = (),
+              **env: str) -> KdelayProcess:
         name = f"kdelay-run-{len(processes) + 1}"
-        process = KdelayProcess(name, deployment.env(**env), tmp_path / f"{name}.log", args)
+        process = KdelayProcess(name, deployment.env(**env), tmp_path / f"{name}.log", args,
+                                prefix)
         processes.append(process)
         return process
 

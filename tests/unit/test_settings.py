@@ -167,6 +167,9 @@ def test_defaults() -> None:
         ({"levels": (0, 1_000)}, "positive"),
         ({"guarantee": "at-most-once"}, "guarantee must be one of"),
         ({"transactional_id": ""}, "transactional_id"),
+        ({"instance_id": ""}, "instance_id"),
+        ({"partitioner": "murmur3"}, "partitioner must be one of murmur2_random"),
+        ({"session_timeout_ms": 0}, "session_timeout_ms must be at least 1"),
     ],
 )
 def test_invalid_settings_raise_a_clear_value_error(
