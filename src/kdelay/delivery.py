@@ -173,11 +173,36 @@ class Delivery:
         self._guarded_tombstone = guarded(self._on_tombstone)
         self._lateness: list[int] = []
         self._delivered = 0
+        # Keys a planned cancel holds back: never produced until the plan is
+        # applied (they leave) or abandoned (they are released).
+        self._withheld: set[bytes] = set()
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
         task = self._tasks.get(key)
         return task is not None and task.in_flight
+
+    def withhold(self, key: bytes) -> bool:
+        """Keep ``key`` from being produced, for a cancel being planned; False if too late.
+
+        Returns False when a produce for ``key`` already awaits its report: the
+        record is on its way and the cancel's truthful outcome is
+        ``already-delivered``. Otherwise the key is not produced (even if it
+        comes due, or is read ahead later) until :meth:`forget` or
+        :meth:`release` is called for it, so a ``cancelled`` outcome is never
+        followed by a delivery.
+        """
+        if self.in_flight(key):
+            return False
+        self._withheld.add(key)
+        return True
+
+    def release(self, keys: list[bytes]) -> None:
+        """Let withheld keys go out again: the cancels that withheld them were not applied."""
+        for key in keys:
+            self._withheld.discard(key)
+            if key in self._tasks:
+                heapq.heappush(self._ready, key)
 
     def idle(self) -> bool:
         """Return whether no produce awaits a report."""
@@ -186,6 +211,7 @@ class Delivery:
     def forget(self, keys: list[bytes]) -> None:
         """Drop read-ahead entries that left the index by other means (cancel)."""
         for key in keys:
+            self._withheld.discard(key)
             task = self._tasks.get(key)
             if task is not None and not task.in_flight:
                 self._drop(key)
@@ -431,7 +457,7 @@ class Delivery:
     def _waiting_to_send(self, key: bytes) -> Task | None:
         """Return the task a key on the ready heap stands for, if it still waits to be sent."""
         task = self._tasks.get(key)
-        if task is None or task.in_flight or task.backing_off:
+        if task is None or task.in_flight or task.backing_off or key in self._withheld:
             return None
         return task
 

@@ -73,7 +73,9 @@ _SCHEDULED = (Outcome.SCHEDULED, "")
 _new = tuple.__new__
 
 IdLookup = Callable[[str], IdState | None]
-InFlight = Callable[[bytes], bool]
+# Asked before a pending entry is cancelled: True when delivery now holds the
+# key back (see Delivery.withhold), False when its produce is already in flight.
+Withhold = Callable[[bytes], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +125,12 @@ class Planner:
     """Plans the batches of one request partition against its index."""
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
-                 in_flight: InFlight) -> None:
+                 withhold: Withhold) -> None:
         self._topics = topics
         self._changelog = topics.changelog
         self._limits = limits
         self._lookup = lookup
-        self._in_flight = in_flight
+        self._withhold = withhold
 
     def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order."""
@@ -187,7 +189,7 @@ class Planner:
         state = self._id_state(plan, schedule_id)
         if state is None:
             plan.outcomes.append((Outcome.UNKNOWN, schedule_id))
-        elif state.pending_key is None or self._in_flight(state.pending_key):
+        elif state.pending_key is None or not self._withhold(state.pending_key):
             plan.outcomes.append((Outcome.ALREADY_DELIVERED, schedule_id))
         else:
             key = state.pending_key

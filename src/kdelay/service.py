@@ -220,8 +220,11 @@ class Service:
         # What is due goes out before the intake batch waits for its
         # acknowledgements, and what intake adopted goes out right after.
         self._delivery.tick(self._indexes)
-        if plans and self._write_durably(plans):
-            self._apply(plans)
+        if plans:
+            if self._write_durably(plans):
+                self._apply(plans)
+            else:
+                self._release(plans)
         self._delivery.tick(self._indexes)
         self._targets.poll(0)
         self._internal.poll(0)
@@ -265,6 +268,7 @@ class Service:
         if committed:
             self._apply(plans)
         else:
+            self._release(plans)
             self._rewind(plans)
 
     def _commit(self, plans: list[Plan], failures: list[tuple[str, KafkaError]]) -> bool:
@@ -303,6 +307,11 @@ class Service:
                           if p.changes.consumed is not None})
         return [TopicPartition(self.settings.requests_topic, p, offset)
                 for p, offset in sorted(positions.items()) if p in self._indexes]
+
+    def _release(self, plans: list[Plan]) -> None:
+        """Give back to delivery the entries the plans' cancels held back: they were not applied."""
+        for plan in plans:
+            self._delivery.release(plan.changes.deletes)
 
     def _rewind(self, plans: list[Plan]) -> None:
         """Seek back to the first record of each aborted plan, so it is read again."""
@@ -412,7 +421,7 @@ class Service:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(self._topics, self._limits, index.id_state,
-                                                   self._delivery.in_flight)
+                                                   self._delivery.withhold)
         log.info("assigned %s", [tp.partition for tp in partitions])
         consumer.assign(partitions)
 

@@ -631,6 +631,37 @@ def test_forget_drops_a_read_ahead_entry(world: World) -> None:
     assert world.pending() == [kept]
 
 
+def test_a_withheld_entry_is_not_produced_when_due_until_released(world: World) -> None:
+    key = world.request(0, 1, T0 + 1_000)
+    world.at(T0)
+    assert world.delivery.withhold(key)
+    world.at(T0 + 1_000)
+    world.at(T0 + 1_500)
+    assert world.targets.sent == []
+    world.delivery.release([key])
+    world.at(T0 + 1_501)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)]
+
+
+def test_an_entry_withheld_before_it_is_read_ahead_is_never_produced(txn: World) -> None:
+    key = txn.request(0, 1, T0)
+    assert txn.delivery.withhold(key)
+    txn.at(T0)
+    assert txn.targets.sent == []
+    txn.indexes[0].apply(Changes(deletes=[key]))
+    txn.delivery.forget([key])
+    txn.at(T0 + 10_000)
+    assert txn.targets.sent == []
+    assert txn.pending() == []
+
+
+def test_an_in_flight_entry_cannot_be_withheld(world: World) -> None:
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    assert not world.delivery.withhold(key)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)]
+
+
 def test_forget_leaves_an_in_flight_entry_to_its_report(world: World) -> None:
     key = world.request(0, 1, T0)
     world.at(T0)

@@ -59,12 +59,16 @@ class Ids:
     def __init__(self) -> None:
         self.states: dict[str, IdState] = {}
         self.flying: set[bytes] = set()
+        self.withheld: set[bytes] = set()
 
     def lookup(self, schedule_id: str) -> IdState | None:
         return self.states.get(schedule_id)
 
-    def in_flight(self, key: bytes) -> bool:
-        return key in self.flying
+    def withhold(self, key: bytes) -> bool:
+        if key in self.flying:
+            return False
+        self.withheld.add(key)
+        return True
 
 
 @pytest.fixture
@@ -73,7 +77,7 @@ def ids() -> Ids:
 
 
 def plan(ids: Ids, messages: Sequence[Message], limits: Limits = LIMITS) -> Plan:
-    return Planner(TOPICS, limits, ids.lookup, ids.in_flight).plan(PART, messages)
+    return Planner(TOPICS, limits, ids.lookup, ids.withhold).plan(PART, messages)
 
 
 def key(due_ms: int, offset: int) -> bytes:
@@ -397,6 +401,15 @@ def test_in_flight_is_asked_about_the_pending_key(ids: Ids) -> None:
     ids.flying.add(other)
     result = plan(ids, [request(5, cancel_headers("order-1"))])
     assert result.outcomes == [(Outcome.CANCELLED, "order-1")]
+    assert ids.withheld == {key(TS - 1, 0)}, "a cancelled entry is held back from delivery"
+
+
+def test_a_cancel_too_late_to_hold_the_entry_back_withholds_nothing(ids: Ids) -> None:
+    pending = key(TS - 1, 0)
+    ids.states["order-1"] = IdState(pending, None)
+    ids.flying.add(pending)
+    plan(ids, [request(5, cancel_headers("order-1"))])
+    assert ids.withheld == set()
 
 
 # -- the consumed marker and the batch's first offset ------------------------------
