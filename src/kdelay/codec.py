@@ -219,6 +219,32 @@ def decode_id_state(raw: bytes) -> IdState:
     raise ValueError(f"an id state must start with b'P' or b'D', got {tag!r}")
 
 
+def encode_expiry_key(delivered_ms: int, schedule_id: str) -> bytes:
+    """Encode ``u64 delivered_ms | UTF-8 id``: the expiry index of delivered-id markers.
+
+    Byte order is delivery-time order, so the markers old enough to drop form
+    a prefix of the keyspace. Raises ValueError for a negative or oversized time.
+    """
+    _check_range("delivered_ms", delivered_ms, 0, _U64_MAX)
+    return _U64.pack(delivered_ms) + schedule_id.encode("utf-8")
+
+
+def decode_expiry_key(raw: bytes) -> tuple[int, str]:
+    """Decode :func:`encode_expiry_key`; ValueError for a short key or an id not UTF-8."""
+    if len(raw) < _U64.size:
+        raise ValueError(f"an expiry key needs at least {_U64.size} bytes, got {len(raw)}")
+    try:
+        schedule_id = raw[_U64.size :].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the schedule id in an expiry key is not UTF-8: {exc}") from exc
+    return _U64.unpack(raw[: _U64.size])[0], schedule_id
+
+
+def expiry_upper_bound(before_ms: int) -> bytes:
+    """The exclusive upper bound of expiry keys of markers delivered before ``before_ms``."""
+    return _U64.pack(max(0, min(before_ms, _U64_MAX)))
+
+
 def encode_offset(offset: int) -> bytes:
     """Encode a Kafka offset as i64 big-endian; ``-1`` means "no offset yet"."""
     _check_range("offset", offset, _I64_MIN, _I64_MAX)

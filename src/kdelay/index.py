@@ -4,6 +4,9 @@ One store (rocksdict, raw mode) per request partition, three column families:
 
 - ``default``: the due index, ``due key -> index value`` (see :mod:`kdelay.codec`);
 - ``ids``: ``schedule id -> pending due key | delivered marker``, for dedup and cancel;
+- ``expiry``: ``delivered time | schedule id -> ""``, so that delivered markers
+  older than the requests topic's retention can be dropped (:meth:`prune_ids`)
+  without a scan of every id;
 - ``meta``: the offsets the index covers (``consumed``: the next requests offset
   to read; ``changelog``: the next changelog offset to replay).
 
@@ -30,6 +33,7 @@ from kdelay.codec import IdState, IndexValue
 
 IDS_CF = "ids"
 META_CF = "meta"
+EXPIRY_CF = "expiry"
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
@@ -105,7 +109,7 @@ class PartitionIndex:
         self.path = path
         self.partition = partition
         path.parent.mkdir(parents=True, exist_ok=True)
-        families = {IDS_CF: _options(), META_CF: _options()}
+        families = {IDS_CF: _options(), META_CF: _options(), EXPIRY_CF: _options()}
         try:
             self._db = Rdict(str(path), _options(), column_families=families,
                              access_type=AccessType.read_write())
@@ -115,8 +119,10 @@ class PartitionIndex:
             raise IndexCorrupt(f"cannot open index {path}: {exc}") from exc
         self._ids = self._db.get_column_family(IDS_CF)
         self._meta = self._db.get_column_family(META_CF)
+        self._expiry = self._db.get_column_family(EXPIRY_CF)
         self._ids_handle = self._db.get_column_family_handle(IDS_CF)
         self._meta_handle = self._db.get_column_family_handle(META_CF)
+        self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._head = b""
         self._lowest_put: bytes | None = None
 
@@ -124,7 +130,8 @@ class PartitionIndex:
         """Close the store and release its lock; the object is unusable afterwards."""
         self._ids.close()
         self._meta.close()
-        del self._ids_handle, self._meta_handle
+        self._expiry.close()
+        del self._ids_handle, self._meta_handle, self._expiry_handle
         self._db.close()
 
     @staticmethod
@@ -171,6 +178,9 @@ class PartitionIndex:
                 batch.delete(schedule_id.encode(), self._ids_handle)
             else:
                 put(schedule_id.encode(), codec.encode_id_state(state), self._ids_handle)
+                if state.delivered_ms is not None:
+                    put(codec.encode_expiry_key(state.delivered_ms, schedule_id), b"",
+                        self._expiry_handle)
         if changes.consumed is not None:
             put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
         if changes.changelog is not None:
@@ -241,6 +251,39 @@ class PartitionIndex:
             self._head = key
             return key
         return None
+
+    def prune_ids(self, before_ms: int, limit: int) -> int:
+        """Drop up to ``limit`` delivered-id markers delivered before ``before_ms``.
+
+        A marker lets intake recognise a late duplicate or cancel of a
+        delivered id; once no request older than the requests topic's
+        retention can be read again, it serves nothing. An id scheduled again
+        since (pending, or delivered later) keeps its newer state: only a
+        marker still holding the expired delivery time is deleted. Returns the
+        number of expiry entries processed.
+        """
+        options = ReadOptions()
+        options.set_iterate_upper_bound(codec.expiry_upper_bound(before_ms))
+        it = self._expiry.iter(options)
+        it.seek_to_first()
+        batch = WriteBatch(raw_mode=True)
+        done = 0
+        while it.valid() and done < limit:
+            key = it.key()
+            delivered_ms, schedule_id = codec.decode_expiry_key(key)
+            if self.id_state(schedule_id) == IdState(None, delivered_ms):
+                batch.delete(schedule_id.encode(), self._ids_handle)
+            batch.delete(key, self._expiry_handle)
+            done += 1
+            it.next()
+        del it
+        if done:
+            self._db.write(batch)
+        return done
+
+    def id_count(self) -> int:
+        """Return the number of schedule ids the store holds (a full scan; for tests, tools)."""
+        return sum(1 for _ in self._ids.keys())
 
     def estimate_pending(self) -> int:
         """Return RocksDB's estimate of the number of pending entries (cheap, approximate)."""

@@ -35,6 +35,9 @@ class Metrics:
                              ["partition"], registry=r)
         self.restored = Counter("kdelay_restored_changelog_records",
                                 "Changelog records replayed into local indexes", registry=r)
+        self.ids_expired = Counter(
+            "kdelay_schedule_ids_expired", "Delivered-id markers dropped after the requests "
+            "topic's retention", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",
                                "Partitions being restored from the changelog", registry=r)
 

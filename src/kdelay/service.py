@@ -21,7 +21,7 @@ import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from types import FrameType
+from types import FrameType, MappingProxyType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -41,7 +41,10 @@ from kdelay.topics import Layout, check_layout
 
 log = logging.getLogger(__name__)
 
-GAUGE_EVERY_S = 5.0
+HOUSEKEEPING_EVERY_MS = 5_000
+# Most delivered-id markers one partition drops per housekeeping round, so a
+# backlog of them never stalls a step.
+PRUNE_LIMIT = 10_000
 TXN_MARGIN_MS = 10_000
 # Collect the youngest generation every 50 000 container allocations instead of
 # 700, and the older ones far more rarely. See :func:`tune_gc`.
@@ -103,6 +106,8 @@ class Service:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._clock = clock
+        # Delivered-id markers live as long as a request they answer can be read.
+        self._id_ttl_ms = layout.retention_ms
         self._limits = envelope.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._topics = Topics(settings.requests_topic, settings.changelog_topic,
@@ -111,7 +116,7 @@ class Service:
         self._planners: dict[int, Planner] = {}
         self._positions = Positions()
         self._stopping = False
-        self._next_gauges = 0.0
+        self._next_housekeeping_ms = 0
         self._consumed: dict[int, int] = {}
         self._consumer: Consumer | None = None
 
@@ -193,6 +198,11 @@ class Service:
         """Return the request partitions this instance serves now."""
         return sorted(self._indexes)
 
+    @property
+    def indexes(self) -> Mapping[int, PartitionIndex]:
+        """The open index of every owned partition (read-only view; for tools and tests)."""
+        return MappingProxyType(self._indexes)
+
     def step(self, max_wait_ms: int | None = None) -> None:
         """Take in one batch of requests, deliver what is due, settle the outcomes.
 
@@ -212,7 +222,7 @@ class Service:
             self._transact(plans)
         else:
             self._step_at_least_once(plans)
-        self._update_gauges()
+        self._housekeeping()
 
     # -- at-least-once ------------------------------------------------------------
 
@@ -488,12 +498,16 @@ class Service:
                 index.close()
                 self.metrics.pending.remove(str(partition))
 
-    def _update_gauges(self) -> None:
-        now = time.monotonic()
-        if now < self._next_gauges:
+    def _housekeeping(self) -> None:
+        """Every few seconds (service clock): refresh the gauges, drop expired id markers."""
+        now = self._clock.now_ms()
+        if now < self._next_housekeeping_ms:
             return
-        self._next_gauges = now + GAUGE_EVERY_S
+        self._next_housekeeping_ms = now + HOUSEKEEPING_EVERY_MS
+        expired_before = None if self._id_ttl_ms is None else now - self._id_ttl_ms
         for partition, index in self._indexes.items():
+            if expired_before is not None:
+                self.metrics.ids_expired.inc(index.prune_ids(expired_before, PRUNE_LIMIT))
             self.metrics.pending.labels(partition=str(partition)).set(index.estimate_pending())
 
 

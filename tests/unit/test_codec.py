@@ -15,14 +15,17 @@ from kdelay.codec import (
     IdState,
     IndexValue,
     decode_due_key,
+    decode_expiry_key,
     decode_id_state,
     decode_index_value,
     decode_offset,
     due_upper_bound,
     encode_due_key,
+    encode_expiry_key,
     encode_id_state,
     encode_index_value,
     encode_offset,
+    expiry_upper_bound,
     fingerprint,
 )
 
@@ -198,3 +201,31 @@ def test_offset_errors() -> None:
         encode_offset(2**63)
     with pytest.raises(ValueError, match="must be 8 bytes"):
         decode_offset(b"\x00" * 7)
+
+
+@given(u64, utf8_ids)
+def test_expiry_key_round_trips(delivered_ms: int, schedule_id: str) -> None:
+    assert decode_expiry_key(encode_expiry_key(delivered_ms, schedule_id)) == (
+        delivered_ms, schedule_id)
+
+
+@given(u64, u64, utf8_ids, utf8_ids)
+def test_expiry_keys_sort_by_delivery_time(a: int, b: int, ida: str, idb: str) -> None:
+    if a < b:
+        assert encode_expiry_key(a, ida) < encode_expiry_key(b, idb)
+
+
+@given(u64, utf8_ids)
+def test_expiry_bound_separates_earlier_from_later_deliveries(ms: int, sid: str) -> None:
+    assert encode_expiry_key(ms, sid) >= expiry_upper_bound(ms)
+    if ms < 2**64 - 1:
+        assert encode_expiry_key(ms, sid) < expiry_upper_bound(ms + 1)
+
+
+def test_expiry_key_errors() -> None:
+    with pytest.raises(ValueError, match="must be in"):
+        encode_expiry_key(-1, "x")
+    with pytest.raises(ValueError, match="at least 8 bytes"):
+        decode_expiry_key(b"\x00" * 7)
+    with pytest.raises(ValueError, match="not UTF-8"):
+        decode_expiry_key(b"\x00" * 8 + b"\xff")

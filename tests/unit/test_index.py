@@ -431,3 +431,58 @@ def test_a_store_held_open_elsewhere_is_locked_not_corrupt(tmp_path: Path) -> No
         assert list(holder.entries()) == [entry(100)], "the held store is untouched"
     finally:
         holder.close()
+
+
+# -- delivered-id markers expire -------------------------------------------------
+
+
+def delivered(index: PartitionIndex, **ids: int) -> None:
+    index.apply(Changes(ids={sid: IdState(None, ms) for sid, ms in ids.items()}))
+
+
+def test_prune_drops_markers_delivered_before_the_cutoff(index: PartitionIndex) -> None:
+    delivered(index, old=100, older=50, recent=1_000)
+    assert index.id_count() == 3
+    assert index.prune_ids(before_ms=500, limit=100) == 2
+    assert index.id_state("old") is None
+    assert index.id_state("older") is None
+    assert index.id_state("recent") == IdState(None, 1_000)
+    assert index.id_count() == 1
+    assert index.prune_ids(before_ms=500, limit=100) == 0, "expiry entries go with the ids"
+
+
+def test_prune_keeps_an_id_scheduled_again_after_its_delivery(index: PartitionIndex) -> None:
+    delivered(index, reused=100)
+    again = entry(5_000, offset=9, sid="reused")
+    index.apply(Changes(puts=[again], ids={"reused": IdState(again.key, None)}))
+    index.prune_ids(before_ms=500, limit=100)
+    assert index.id_state("reused") == IdState(again.key, None)
+
+
+def test_prune_keeps_an_id_delivered_again_later(index: PartitionIndex) -> None:
+    delivered(index, twice=100)
+    delivered(index, twice=900)
+    index.prune_ids(before_ms=500, limit=100)
+    assert index.id_state("twice") == IdState(None, 900)
+    index.prune_ids(before_ms=1_000, limit=100)
+    assert index.id_state("twice") is None
+
+
+def test_prune_stops_at_its_limit(index: PartitionIndex) -> None:
+    delivered(index, **{f"id{i}": i for i in range(10)})
+    assert index.prune_ids(before_ms=100, limit=4) == 4
+    assert index.id_count() == 6
+    assert index.id_state("id3") is None
+    assert index.id_state("id4") == IdState(None, 4)
+
+
+def test_markers_and_their_expiry_survive_a_reopen(tmp_path: Path) -> None:
+    store = PartitionIndex(tmp_path / "p", 0)
+    delivered(store, kept=100)
+    store.close()
+    reopened = PartitionIndex(tmp_path / "p", 0)
+    try:
+        assert reopened.prune_ids(before_ms=500, limit=10) == 1
+        assert reopened.id_count() == 0
+    finally:
+        reopened.close()

@@ -1,0 +1,80 @@
+"""Schedule ids are kept only as long as a cancel for them can still arrive.
+
+A delivered id's marker answers a late cancel with ``already-delivered``
+instead of ``unknown``; a request older than the requests topic's retention
+can no longer be read, so its marker is dropped after that long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kdelay import envelope
+from kdelay.clock import ManualClock
+from kdelay.service import HOUSEKEEPING_EVERY_MS, Service
+from tests.conftest import TopicFactory
+from tests.integration.conftest import Collector, Deployment, Running, produce
+
+Make = Callable[..., Deployment]
+Run = Callable[[Deployment, ManualClock], Running]
+Collect = Callable[[list[str]], Collector]
+
+RETENTION_MS = 3 * 3_600_000
+
+
+def ids_held(service: Service) -> int:
+    return sum(index.id_count() for index in service.indexes.values())
+
+
+def with_id(target: str, sid: str, partition: int) -> dict[str, object]:
+    return {"key": sid.encode(), "value": b"v", "partition": partition,
+            "headers": [(envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"0"),
+                        (envelope.SCHEDULE_ID, sid.encode())]}
+
+
+def delivered_markers(service: Service) -> int:
+    """How many of the test's ids the indexes hold as delivered."""
+    states = [index.id_state(f"id-{i}") for index in service.indexes.values() for i in range(60)]
+    return sum(1 for state in states if state is not None and state.delivered_ms is not None)
+
+
+def cancel(sid: str, partition: int) -> dict[str, object]:
+    return {"partition": partition, "headers": [(envelope.CANCEL, sid.encode())]}
+
+
+def outcomes(service: Service, outcome: str) -> float:
+    value = service.metrics.registry.get_sample_value(
+        "kdelay_intake_records_total", {"outcome": outcome})
+    return value or 0.0
+
+
+@pytest.mark.kafka
+def test_delivered_ids_are_dropped_once_the_requests_retention_has_passed(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    deployment = deployment_factory(partitions=3, retention_ms=RETENTION_MS)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    produce(bootstrap, deployment.requests,
+            [with_id(target, f"id-{i}", i % 3) for i in range(60)])
+    out = collector([target])
+    group = running(deployment, clock)
+    service = group.add()
+    group.until(lambda: out.poll() >= 60, advance_ms=10)
+    group.until(lambda: delivered_markers(service) == 60)
+    clock.advance(RETENTION_MS - HOUSEKEEPING_EVERY_MS)
+    group.step(3)
+    assert ids_held(service) == 60, "a marker is kept while its retention lasts"
+    produce(bootstrap, deployment.requests, [cancel("id-7", 7 % 3)])
+    group.until(lambda: outcomes(service, "already-delivered") == 1)
+    clock.advance(2 * HOUSEKEEPING_EVERY_MS)
+    group.until(lambda: ids_held(service) == 0)
+    assert service.metrics.registry.get_sample_value("kdelay_schedule_ids_expired_total") == 60
+    produce(bootstrap, deployment.requests, [cancel("id-8", 8 % 3)])
+    group.until(lambda: outcomes(service, "unknown") == 1)
+    out.poll(0.5)
+    assert len(out.messages) == 60
