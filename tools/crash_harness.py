@@ -274,7 +274,8 @@ def run(options: Options) -> Report:
     admin = AdminClient({"bootstrap.servers": options.bootstrap})
     suffix = uuid.uuid4().hex[:8]
     topics = {f"crash.req.{suffix}": (options.partitions, {"retention.ms": "604800000"}),
-              f"crash.chg.{suffix}": (options.partitions, {"cleanup.policy": "compact"}),
+              f"crash.chg.{suffix}": (options.partitions, {
+                  "cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime"}),
               f"crash.dlq.{suffix}": (1, {}), f"crash.target.{suffix}": (3, {})}
     create_topics(admin, topics)
     requests, changelog, dlq, target = list(topics)

@@ -38,6 +38,9 @@ class Metrics:
         self.ids_expired = Counter(
             "kdelay_schedule_ids_expired", "Delivered-id markers dropped after the requests "
             "topic's retention", registry=r)
+        self.clock_skew = Gauge(
+            "kdelay_clock_skew_seconds", "Broker clock minus service clock, from the "
+            "LogAppendTime of changelog acknowledgements", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",
                                "Partitions being restored from the changelog", registry=r)
 

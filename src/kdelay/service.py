@@ -37,6 +37,7 @@ from kdelay.metrics import Metrics
 from kdelay.originals import OriginalReader
 from kdelay.polling import take
 from kdelay.settings import Guarantee, Settings
+from kdelay.skew import ClockSkew
 from kdelay.topics import Layout, check_layout
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,13 @@ class Service:
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._topics = Topics(settings.requests_topic, settings.changelog_topic,
                               settings.dlq_topic)
+        self._skew = ClockSkew(clock, self.metrics.clock_skew)
+        if not layout.broker_time:
+            log.warning("clock skew against the broker is not measured: changelog topic %s "
+                        "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
+                        "topics --entity-name %s --add-config "
+                        "message.timestamp.type=LogAppendTime)",
+                        settings.changelog_topic, settings.changelog_topic)
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._positions = Positions()
@@ -395,6 +403,7 @@ class Service:
             failed(error, message)
             if error is None:
                 self._positions.confirm(message)
+                self._skew.observe(message)
 
         on_record, on_marker = guarded(failed), guarded(marker)
         for plan in plans:

@@ -28,8 +28,12 @@ from kdelay.settings import Settings
 
 CLEANUP_POLICY = "cleanup.policy"
 RETENTION_MS = "retention.ms"
+TIMESTAMP_TYPE = "message.timestamp.type"
 CHANGELOG_CONFIG: Mapping[str, str] = {
     CLEANUP_POLICY: "compact",
+    # The broker stamps every changelog record with its own clock, so each
+    # acknowledgement tells the service how far its clock is from the broker's.
+    TIMESTAMP_TYPE: "LogAppendTime",
     "min.compaction.lag.ms": "0",
     # Only closed segments are compacted: a daily roll lets finished entries go.
     "segment.ms": "86400000",
@@ -56,11 +60,13 @@ class Layout:
 
     ``partitions`` is the request (and changelog) partition count;
     ``retention_ms`` is the requests topic's ``retention.ms``, ``None`` when
-    unlimited.
+    unlimited. ``broker_time`` tells whether the changelog topic uses
+    ``LogAppendTime``, which is what the clock-skew measurement needs.
     """
 
     partitions: int
     retention_ms: int | None
+    broker_time: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +275,8 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
             f"requests topic {settings.requests_topic} is compacted, which drops payloads "
             f"before they are due: {_alter_hint(settings.requests_topic, 'delete')}",
         )
-    return Layout(requests.partitions, _retention(requests.config))
+    broker_time = changelog.config.get(TIMESTAMP_TYPE) == "LogAppendTime"
+    return Layout(requests.partitions, _retention(requests.config), broker_time)
 
 
 def _required(

@@ -56,7 +56,8 @@ def deployment_factory(
                **overrides: Any) -> Deployment:
         requests = topic_factory("req", partitions,
                                  {"cleanup.policy": "delete", "retention.ms": str(retention_ms)})
-        changelog = topic_factory("chg", partitions, {"cleanup.policy": "compact"})
+        changelog = topic_factory("chg", partitions, {"cleanup.policy": "compact",
+                                                      "message.timestamp.type": "LogAppendTime"})
         dlq = topic_factory("dlq", 1)
         settings = Settings(
             bootstrap_servers=bootstrap, requests_topic=requests, changelog_topic=changelog,

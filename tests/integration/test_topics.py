@@ -101,7 +101,9 @@ def test_topics_create_command_creates_three_topics_then_is_idempotent(
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
     assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 3
-    assert check_layout(admin, fresh) == Layout(partitions=3, retention_ms=2 * DAY_MS)
+    assert changelog[1]["message.timestamp.type"] == "LogAppendTime"
+    assert check_layout(admin, fresh) == Layout(partitions=3, retention_ms=2 * DAY_MS,
+                                                broker_time=True)
 
 
 def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: AdminClient) -> None:
