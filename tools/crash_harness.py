@@ -23,8 +23,10 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from confluent_kafka import (
@@ -49,6 +52,7 @@ from confluent_kafka.cimpl import NewTopic
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
 IN_FLIGHT_WINDOW_MS = 5_000
+ASSIGNED_AT = re.compile(r"^(\S+ \S+) INFO kdelay\.service: assigned \[\d", re.MULTILINE)
 
 
 @dataclass
@@ -85,6 +89,9 @@ class Report:
     early: int
     dead_lettered: int
     seconds: float
+    restarts_served: int = 0
+    serving_median_s: float = 0.0
+    serving_max_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -171,6 +178,24 @@ class Instance:
         self._env = env
         self._proc: subprocess.Popen[bytes] | None = None
         self._runs = 0
+        self.started_ms: list[int] = []
+
+    def serving_times_s(self) -> list[float]:
+        """Seconds from each restart to its first partition assignment, for restarts that got one.
+
+        Read from the ``assigned [...]`` line each run logs (its timestamp is the
+        wall clock, like the recorded start).
+        """
+        times = []
+        for run, started in enumerate(self.started_ms[1:], start=2):
+            text = (self._options.workdir / f"run-{run}.log").read_text(errors="replace")
+            found = ASSIGNED_AT.search(text)
+            if found:
+                # logging's asctime is local time: astimezone() reads it so.
+                stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").astimezone()
+                stamp_ms = int(stamp.timestamp() * 1000)
+                times.append((stamp_ms - started) / 1000)
+        return times
 
     @property
     def state_dir(self) -> Path:
@@ -178,9 +203,10 @@ class Instance:
 
     def start(self) -> None:
         self._runs += 1
+        self.started_ms.append(time.time_ns() // 1_000_000)
         with (self._options.workdir / f"run-{self._runs}.log").open("wb") as out:
             self._proc = subprocess.Popen(
-                [str(ROOT / ".venv" / "bin" / "kdelay"), "run", "--log-level", "WARNING"],
+                [str(ROOT / ".venv" / "bin" / "kdelay"), "run", "--log-level", "INFO"],
                 env=self._env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
@@ -313,8 +339,14 @@ def run(options: Options) -> Report:
     if code != 0:
         log(f"last instance exited with {code}; see {options.workdir}")
     dead = read_all(options.bootstrap, dlq, set(), 0.0)
-    return judge(options, load.due, delivered, dead, kill_times, (state_losses, broker_kills),
-                 time.monotonic() - started)
+    report = judge(options, load.due, delivered, dead, kill_times, (state_losses, broker_kills),
+                   time.monotonic() - started)
+    serving = instance.serving_times_s()
+    if serving:
+        report = replace(report, restarts_served=len(serving),
+                         serving_median_s=round(statistics.median(serving), 2),
+                         serving_max_s=round(max(serving), 2))
+    return report
 
 
 def judge(options: Options, due: dict[str, int], delivered: list[Message],

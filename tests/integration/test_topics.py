@@ -113,6 +113,7 @@ def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: Admi
         ["exists", fresh.requests_topic], ["created", fresh.changelog_topic],
         ["created", fresh.dlq_topic],
     ]
+    wait_visible(admin, fresh.changelog_topic, 2)  # metadata of a new topic can lag a moment
     assert describe(admin, fresh.changelog_topic)[0] == 2
     assert describe(admin, fresh.requests_topic)[1]["retention.ms"] == "-1"  # left alone
 
