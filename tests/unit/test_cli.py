@@ -16,7 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from kdelay import service
+from kdelay import cli, service
 from kdelay.cli import app, envvar
 from kdelay.settings import Guarantee, Settings
 from kdelay.topics import LayoutError
@@ -31,6 +31,15 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("KDELAY_"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_connection_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No broker here: the CLI's connection check before ``run`` and ``restore`` passes.
+
+    tests/integration/test_connection.py runs the real check against a closed port.
+    """
+    monkeypatch.setattr(cli, "check_connection", lambda config: None)
 
 
 class FakeService:
