@@ -60,7 +60,7 @@ def check_connection(config: Mapping[str, Any], timeout_s: float = DEFAULT_TIMEO
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            admin.list_topics(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+            admin.list_topics(timeout=max(0.01, min(0.1, deadline - time.monotonic())))
             return
         except KafkaException as exc:
             errors.extend(e for e in exc.args[:1] if isinstance(e, KafkaError))
