@@ -384,7 +384,8 @@ def tail(
     Reads without a consumer group: commits nothing, disturbs nobody.
     """
     with _reported(), contextlib.suppress(KeyboardInterrupt):
-        follow(_settings(ctx), topic, typer.echo, from_beginning=from_beginning, count=count)
+        follow(_settings(ctx), topic, typer.echo, from_beginning=from_beginning, count=count,
+               ready=functools.partial(typer.echo, err=True))
 
 
 def main() -> None:

@@ -30,13 +30,15 @@ def follow(
     *,
     from_beginning: bool = False,
     count: int | None = None,
+    ready: Callable[[str], None] | None = None,
 ) -> int:
     """Hand each record arriving on ``topic`` to ``emit`` as one line (see :func:`describe`).
 
     Starts at the end of every partition (records produced from now on), or
     at the beginning with ``from_beginning``. Returns after ``count`` records;
-    without ``count`` it runs until interrupted. Returns how many records it
-    emitted. Raises :class:`~kdelay.connection.ConnectionFailure` when no
+    without ``count`` it runs until interrupted. Once positioned, it hands
+    ``ready`` one sentence saying where it reads from. Returns how many
+    records it emitted. Raises :class:`~kdelay.connection.ConnectionFailure` when no
     broker answers, :class:`LayoutError` ``topic-missing`` for an unknown
     topic, KafkaException for a failed fetch.
     """
@@ -47,7 +49,11 @@ def follow(
     check_connection(config)
     consumer = Consumer(config)
     try:
-        consumer.assign(_start_positions(consumer, topic, from_beginning))
+        positions = _start_positions(consumer, topic, from_beginning)
+        consumer.assign(positions)
+        if ready is not None:
+            start = "the beginning" if from_beginning else "the end"
+            ready(f"following {topic} ({len(positions)} partitions) from {start}")
         emitted = 0
         while count is None or emitted < count:
             message = consumer.poll(POLL_S)
