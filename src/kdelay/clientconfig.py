@@ -98,8 +98,9 @@ def translate(java: Mapping[str, str]) -> dict[str, str]:
     key and its librdkafka equivalent; the message never holds a value.
     """
     config = dict(java)
+    _translate_renamed(config)
     problems = [*_translate_jaas(config), *_translate_truststore(config),
-                *_translate_keystore(config), *_translate_renamed(config)]
+                *_translate_keystore(config)]
     problems += [f"{key}: {JAVA_ONLY[key]}" for key in config if key in JAVA_ONLY]
     if problems:
         raise ClientConfigError(UNSUPPORTED, "client.properties: " + "; ".join(problems))
@@ -152,7 +153,7 @@ JAVA_ONLY: Mapping[str, str] = {
 }
 
 
-def _translate_renamed(config: dict[str, str]) -> Iterator[str]:
+def _translate_renamed(config: dict[str, str]) -> None:
     """Rename :data:`RENAMED` keys; map Java's "no TLS host check" spelling."""
     for java_key, rd_key in RENAMED.items():
         if java_key in config:
@@ -162,7 +163,6 @@ def _translate_renamed(config: dict[str, str]) -> Iterator[str]:
     algorithm = "ssl.endpoint.identification.algorithm"
     if config.get(algorithm, "x").strip() == "":
         config[algorithm] = "none"  # Java's empty value turns the host-name check off
-    return iter(())
 
 
 # --- sasl.jaas.config ------------------------------------------------------------------
@@ -174,7 +174,8 @@ _OAUTH = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 _JAAS_HEAD = re.compile(
     r"\s*(?P<module>[\w.$]+)\s+(?P<flag>required|requisite|sufficient|optional)")
 _JAAS_OPTION = re.compile(
-    r'\s*(?P<name>[\w.-]+)\s*=\s*(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<word>[^\s;"=]+))',
+    r"""\s*(?P<name>[\w.-]+)\s*=\s*"""
+    r"""(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|'(?P<single>(?:[^'\\]|\\.)*)'|(?P<word>[^\s;"'=]+))""",
     re.DOTALL)
 _JAAS_END = re.compile(r"\s*;\s*")
 _JAAS_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "b": "\b", "a": "\a", "v": "\v"}
@@ -199,8 +200,8 @@ class JaasLogin:
 def parse_jaas(text: str) -> JaasLogin:
     """Parse a client ``sasl.jaas.config``: ``Module flag name="value" ...;``.
 
-    Values are double-quoted (backslash escapes as in Java's JAAS parser) or
-    bare words. Exactly one login module is allowed, as in the Java client.
+    Values are double- or single-quoted (backslash escapes as in Java's JAAS
+    parser) or bare words. Exactly one login module is allowed, as in the Java client.
     Raises :class:`ClientConfigError` (``kafka-config-malformed``) describing the
     expected shape; the message never repeats the text, which holds a password.
     """
@@ -210,7 +211,7 @@ def parse_jaas(text: str) -> JaasLogin:
     options: dict[str, str] = {}
     position = head.end()
     while (option := _JAAS_OPTION.match(text, position)) is not None:
-        quoted = option["quoted"]
+        quoted = option["quoted"] if option["quoted"] is not None else option["single"]
         options[option["name"]] = option["word"] if quoted is None else _jaas_unescape(quoted)
         position = option.end()
     end = _JAAS_END.match(text, position)
@@ -267,8 +268,9 @@ def _translate_password_login(login: JaasLogin, config: dict[str, str]) -> Itera
         if not plain:
             yield "sasl.mechanism: ScramLoginModule needs SCRAM-SHA-256 or SCRAM-SHA-512 set"
         config["sasl.mechanism"] = "PLAIN"
-    elif plain != (mechanism.strip().upper() == "PLAIN") or (
-            not plain and not mechanism.strip().upper().startswith("SCRAM-")):
+        return
+    name = mechanism.strip().upper()
+    if not (name == "PLAIN" if plain else name.startswith("SCRAM-")):
         module = "PlainLoginModule" if plain else "ScramLoginModule"
         yield f"sasl.mechanism: {mechanism} does not match the JAAS {module}"
 

@@ -69,6 +69,8 @@ def test_plain_jaas_sets_the_mechanism_when_missing() -> None:
          {"username": "a b", "password": 'x"y\\z;w'}),
         (f'{SCRAM} required password="=;\'";', {"password": "=;'"}),
         (f"{SCRAM} optional;", {}),
+        (f"{SCRAM} required username='a' password='p\\'q\"';",
+         {"username": "a", "password": "p'q\""}),
     ],
 )
 def test_jaas_parsing(text: str, options: dict[str, str]) -> None:
