@@ -356,8 +356,10 @@ class ClientLogger:
     ``log(level, "%s [%s] %s", facility, client name, text)`` with syslog levels
     mapped to Python's (ERR to ERROR, WARNING to WARNING, NOTICE and INFO to
     INFO, DEBUG to DEBUG). Instead of librdkafka's own writes to stderr, the
-    lines follow kdelay's logging configuration. Every secret value of the
-    client's configuration is replaced by ``***`` before a line is logged.
+    lines follow kdelay's logging configuration. Lines below WARNING (idle
+    connections closed, reconnects) are logged at DEBUG, so a service running
+    at INFO shows librdkafka's warnings and errors only. Every secret value of
+    the client's configuration is replaced by ``***`` before a line is logged.
     """
 
     def __init__(self, client: str, secrets: tuple[str, ...] = ()) -> None:
@@ -366,7 +368,8 @@ class ClientLogger:
         self._secrets = tuple(s for s in secrets if s)
 
     def log(self, level: int, message: str, *args: object) -> None:
-        """Log one line at ``level`` (a Python level), secrets scrubbed."""
+        """Log one line at ``level`` (a Python level; below WARNING means DEBUG), scrubbed."""
+        level = level if level >= logging.WARNING else logging.DEBUG
         if not self.logger.isEnabledFor(level):
             return
         text = message % args if args else message
