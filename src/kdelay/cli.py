@@ -8,7 +8,9 @@ be set by an environment variable named after it: ``--bootstrap-servers`` is
 Errors a user can cause (an unreadable ``--kafka-config``, an invalid value,
 missing or misconfigured topics) print one line ``error[<code>]: <message>``
 to stderr and exit 2; Kafka failures print ``error[kafka]`` (or
-``error[delivery-failed]``) and exit 1. Neither shows a traceback.
+``error[delivery-failed]``) and exit 1. Neither shows a traceback. Commands
+that talk to Kafka first check that a broker answers: ``error[broker-unreachable]``
+(exit 1) or ``error[authentication-failed]`` (exit 2) within seconds.
 """
 
 from __future__ import annotations

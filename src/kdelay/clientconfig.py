@@ -43,6 +43,11 @@ def is_secret(key: str) -> bool:
     return any(word in lowered for word in _SECRET_WORDS)
 
 
+def secret_values(config: Mapping[str, object]) -> tuple[str, ...]:
+    """The non-empty string values of the secret keys of ``config``, for scrubbing text."""
+    return tuple(v for k, v in config.items() if is_secret(k) and isinstance(v, str) and v)
+
+
 class ClientProperties(Mapping[str, str]):
     """An immutable librdkafka configuration whose ``repr`` hides every secret value."""
 
@@ -76,10 +81,6 @@ class ClientProperties(Mapping[str, str]):
         """Like a dict's, with ``***`` for the value of every secret key."""
         shown = {k: REDACTED if is_secret(k) else v for k, v in self._items.items()}
         return f"ClientProperties({shown!r})"
-
-    def secrets(self) -> tuple[str, ...]:
-        """The non-empty secret values, for scrubbing them out of log lines."""
-        return tuple(v for k, v in self._items.items() if is_secret(k) and v)
 
 
 # --- the translation -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from kdelay.clientconfig import REDACTED, is_secret
+from kdelay.clientconfig import REDACTED, secret_values
 
 BROKER_UNREACHABLE = "broker-unreachable"
 AUTHENTICATION_FAILED = "authentication-failed"
@@ -93,7 +93,6 @@ def _failure(
 
 def _scrubbed(text: str, config: Mapping[str, object]) -> str:
     """``text`` with every secret value of ``config`` replaced by ``***``."""
-    for key, value in config.items():
-        if is_secret(key) and isinstance(value, str) and value:
-            text = text.replace(value, REDACTED)
+    for secret in secret_values(config):
+        text = text.replace(secret, REDACTED)
     return text

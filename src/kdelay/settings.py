@@ -21,7 +21,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from kdelay.clientconfig import ClientConfigError, ClientLogger, ClientProperties, translate
+from kdelay.clientconfig import (
+    ClientConfigError,
+    ClientLogger,
+    ClientProperties,
+    secret_values,
+    translate,
+)
 from kdelay.envelope import DEFAULT_LEVELS, parse_levels
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"
@@ -134,9 +140,7 @@ class Settings:
         config: ClientConfig = {BOOTSTRAP_SERVERS: self.bootstrap_servers}
         config.update(self.kafka_config)
         config.update(overrides)
-        secrets = self.kafka_config.secrets() if isinstance(
-            self.kafka_config, ClientProperties) else ()
-        config["logger"] = ClientLogger(client, secrets)
+        config["logger"] = ClientLogger(client, secret_values(self.kafka_config))
         return config
 
 

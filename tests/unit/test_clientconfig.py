@@ -22,6 +22,7 @@ from kdelay.clientconfig import (
     ClientProperties,
     is_secret,
     parse_jaas,
+    secret_values,
     translate,
 )
 from kdelay.settings import Settings, SettingsError, build_settings
@@ -276,7 +277,7 @@ def test_client_properties_repr_hides_secrets() -> None:
     assert "alice" in repr(props)
     assert props["sasl.password"] == PASSWORD
     assert props == {"sasl.username": "alice", "sasl.password": PASSWORD}
-    assert props.secrets() == (PASSWORD,)
+    assert secret_values(props) == (PASSWORD,)
 
 
 def test_settings_repr_and_str_hide_the_password(tmp_path: Path) -> None:
