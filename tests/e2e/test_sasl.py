@@ -29,8 +29,11 @@ SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
 
 
 @pytest.fixture(scope="module")
-def sasl_bootstrap() -> str:
-    """The SASL_PLAINTEXT address: KDELAY_SASL_BOOTSTRAP_SERVERS, else ``tools/kafka sasl``."""
+def sasl_bootstrap(bootstrap: str) -> str:
+    """The SASL_PLAINTEXT address: KDELAY_SASL_BOOTSTRAP_SERVERS, else ``tools/kafka sasl``.
+
+    Depends on ``bootstrap`` so that the session's broker has been started first.
+    """
     external = os.environ.get("KDELAY_SASL_BOOTSTRAP_SERVERS")
     if external:
         return external
