@@ -84,9 +84,9 @@ def _start_positions(consumer: Consumer, topic: str, from_beginning: bool) -> li
 def describe(message: Message) -> str:
     """One line: ``topic/partition/offset time key=... value=... header=value ...``.
 
-    Keys, values and header values are shown as UTF-8 (undecodable bytes as
-    escapes); an absent key or value as ``null``; the time is the record's
-    timestamp in UTC.
+    Keys, values and header values are shown as UTF-8 (undecodable bytes and
+    control characters as escapes, so a record is always one line); an absent
+    key or value as ``null``; the time is the record's timestamp in UTC.
     """
     stamp: int = message.timestamp()[1]
     when = datetime.fromtimestamp(stamp / 1000, UTC).isoformat(timespec="milliseconds")
@@ -100,7 +100,9 @@ def describe(message: Message) -> str:
 
 
 def _text(data: str | bytes | None) -> str:
-    """Bytes as UTF-8 text, undecodable bytes escaped; ``None`` as ``null``."""
+    """Bytes as UTF-8 text on one line: undecodable bytes and control characters
+    escaped (``\\xff``, ``\\n``); ``None`` as ``null``."""
     if data is None:
         return "null"
-    return data.decode("utf-8", "backslashreplace") if isinstance(data, bytes) else data
+    text = data.decode("utf-8", "backslashreplace") if isinstance(data, bytes) else data
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
