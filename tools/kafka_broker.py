@@ -8,7 +8,14 @@ order of preference:
 1. ``KDELAY_BOOTSTRAP_SERVERS``: a broker somebody else runs; nothing starts.
 2. A Docker engine that answers: the ``kafka`` service of ``compose.yml``.
 3. Kafka's jars from Maven Central (fetched with Maven into ``.cache/``) run
-   with ``java`` on 127.0.0.1.
+   with ``java`` on 127.0.0.1, port 9092 when it is free (so kdelay's default
+   ``--bootstrap-servers`` finds it; ``KDELAY_BROKER_PORT`` picks another, 0
+   any free one), else a free port.
+
+The jar broker also has a SASL_PLAINTEXT listener for tests of authenticated
+clients, with the mechanisms SCRAM-SHA-256 and PLAIN and one user,
+``kdelay`` / ``kdelay-dev-secret`` (development only). ``sasl`` prints its
+address as ``sasl_bootstrap=HOST:PORT`` (exit 1 when there is none).
 
 ``stop`` ends only the broker this tool started (by its recorded pid, or the
 compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
@@ -35,6 +42,10 @@ RUN = CACHE / "broker"
 POM = ROOT / "tools" / "maven" / "kafka-broker.pom.xml"
 COMPOSE = ROOT / "compose.yml"
 DOCKER_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_PORT = 9092
+SASL_USER = "kdelay"
+SASL_PASSWORD = "kdelay-dev-secret"  # noqa: S105 - the development broker's fixed user
+SCRAM_MECHANISM = "SCRAM-SHA-256"
 READY_TIMEOUT_S = 120.0
 
 
@@ -136,21 +147,51 @@ def fetch_jars() -> None:
     marker.touch()
 
 
-def write_config(port: int, controller_port: int) -> Path:
+def preferred_port() -> int:
+    """``KDELAY_BROKER_PORT`` (default 9092) when nothing listens there, else a free port."""
+    wanted = int(os.environ.get("KDELAY_BROKER_PORT", DEFAULT_PORT))
+    if wanted and not port_open("127.0.0.1", wanted):
+        return wanted
+    return free_port()
+
+
+def broker_ports() -> tuple[int, int, int]:
+    """The (plain, controller, SASL) ports, chosen once and kept in ``RUN/ports``.
+
+    A ports file of an older layout (no SASL port) gets a SASL port added.
+    """
+    ports_file = RUN / "ports"
+    known = [int(p) for p in ports_file.read_text().split()] if ports_file.exists() else []
+    if not known:
+        known = [preferred_port(), free_port()]
+    if len(known) < 3:
+        known.append(free_port())
+    ports_file.write_text(" ".join(map(str, known)) + "\n")
+    return known[0], known[1], known[2]
+
+
+def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
     """Write server.properties and a WARN-level log4j2 config; return the former."""
     data = RUN / "data"
     config = RUN / "server.properties"
+    listeners = (f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                 f"CONTROLLER://127.0.0.1:{controller_port}")
+    plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": (
-            f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
-        ),
+        "listeners": listeners,
+        "advertised.listeners": listeners,
         "inter.broker.listener.name": "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": (
+            "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"),
+        "sasl.enabled.mechanisms": f"{SCRAM_MECHANISM},PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            f'{plain} required user_{SASL_USER}="{SASL_PASSWORD}";'),
+        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": f"{scram} required;",
         "log.dirs": str(data),
         "num.partitions": "1",
         "offsets.topic.replication.factor": "1",
@@ -207,13 +248,8 @@ def start_jars() -> str:
         return bootstrap
     fetch_jars()
     RUN.mkdir(parents=True, exist_ok=True)
-    ports_file = RUN / "ports"
-    if ports_file.exists():
-        port, controller_port = (int(p) for p in ports_file.read_text().split())
-    else:
-        port, controller_port = free_port(), free_port()
-        ports_file.write_text(f"{port} {controller_port}\n")
-    config = write_config(port, controller_port)
+    port, controller_port, sasl_port = broker_ports()
+    config = write_config(port, controller_port, sasl_port)
     started = time.monotonic()
     if not (RUN / "data" / "meta.properties").exists():
         cluster_id = subprocess.run(
@@ -237,8 +273,27 @@ def start_jars() -> str:
     bootstrap = f"127.0.0.1:{port}"
     (RUN / "bootstrap").write_text(bootstrap + "\n")
     wait_ready(bootstrap, time.monotonic() + READY_TIMEOUT_S, proc.pid)
+    add_scram_user(bootstrap)
+    (RUN / "sasl_bootstrap").write_text(f"127.0.0.1:{sasl_port}\n")
     log(f"broker pid {proc.pid} ready on {bootstrap} in {time.monotonic() - started:.1f}s")
     return bootstrap
+
+
+def add_scram_user(bootstrap: str) -> None:
+    """Create (or reset) the SCRAM user of the SASL listener, through the plain listener."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    upsert = UserScramCredentialUpsertion(
+        SASL_USER, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096),
+        SASL_PASSWORD.encode())
+    for future in admin.alter_user_scram_credentials([upsert]).values():
+        future.result(timeout=30)
 
 
 def start_docker() -> str:
@@ -301,11 +356,21 @@ def status() -> int:
     return 0
 
 
+def sasl() -> int:
+    """Print ``sasl_bootstrap=HOST:PORT`` of the running jar broker, or exit 1."""
+    address = RUN / "sasl_bootstrap"
+    if recorded_pid() is None or not address.exists():
+        log("no broker of this tool with a SASL listener is running")
+        return 1
+    print(f"sasl_bootstrap={address.read_text().strip()}")
+    return 0
+
+
 def main() -> int:
-    """Parse the command line and run one of start, stop, kill, status."""
+    """Parse the command line and run one of start, stop, kill, status, reset, sasl."""
     parser = argparse.ArgumentParser(prog="tools/kafka", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["start", "stop", "kill", "status", "reset"])
+    parser.add_argument("command", choices=["start", "stop", "kill", "status", "reset", "sasl"])
     command = parser.parse_args().command
     if command == "start":
         return start()
@@ -318,6 +383,8 @@ def main() -> int:
         shutil.rmtree(RUN, ignore_errors=True)
         log(f"removed {RUN}")
         return 0
+    if command == "sasl":
+        return sasl()
     return status()
 
 

@@ -8,11 +8,14 @@ be set by an environment variable named after it: ``--bootstrap-servers`` is
 Errors a user can cause (an unreadable ``--kafka-config``, an invalid value,
 missing or misconfigured topics) print one line ``error[<code>]: <message>``
 to stderr and exit 2; Kafka failures print ``error[kafka]`` (or
-``error[delivery-failed]``) and exit 1. Neither shows a traceback.
+``error[delivery-failed]``) and exit 1. Neither shows a traceback. Commands
+that talk to Kafka first check that a broker answers: ``error[broker-unreachable]``
+(exit 1) or ``error[authentication-failed]`` (exit 2) within seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -36,9 +39,11 @@ from rich.progress import (
 
 from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
+from kdelay.connection import AUTHENTICATION_FAILED, ConnectionFailure, check_connection
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
 from kdelay.index import IndexLocked
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
+from kdelay.tail import follow
 from kdelay.topics import LayoutError, admin_client, create_topics
 
 _DEFAULTS = Settings()
@@ -223,6 +228,9 @@ def _reported(*, value_errors: bool = True) -> Iterator[None]:
         _fail(exc.code, str(exc), USER_ERROR_EXIT)
     except DeliveryError as exc:
         _fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
+    except ConnectionFailure as exc:
+        bad_credentials = exc.code == AUTHENTICATION_FAILED
+        _fail(exc.code, str(exc), USER_ERROR_EXIT if bad_credentials else KAFKA_ERROR_EXIT)
     except IndexLocked as exc:
         _fail("state-dir-in-use", f"{exc}; stop the service that uses it first",
               USER_ERROR_EXIT)
@@ -258,6 +266,7 @@ def run(
         settings = _settings(ctx)
         logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        check_connection(settings.client_config("probe"))
     from kdelay.service import run_service
 
     with _reported(value_errors=False):
@@ -276,12 +285,16 @@ def topics_create(
     retention_ms: Annotated[int, _option(
         "retention-ms", "retention.ms of the requests topic: bounds the longest delay.",
         shown=_WEEK_MS)] = _WEEK_MS,
+    target: Annotated[list[str] | None, _option(
+        "target", "Also create this target topic (partitions as above) if missing; "
+        "repeatable.")] = None,
 ) -> None:
     """Create the requests, changelog and dlq topics; existing ones are checked, not changed."""
     with _reported():
         settings = _settings(ctx)
         lines = create_topics(admin_client(settings), settings, partitions=partitions,
-                              replication_factor=replication_factor, retention_ms=retention_ms)
+                              replication_factor=replication_factor, retention_ms=retention_ms,
+                              targets=target or ())
     for line in lines:
         typer.echo(line)
 
@@ -351,6 +364,7 @@ def restore(
     """
     with _reported():
         settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
         with Progress(TextColumn("partition {task.fields[partition]}"), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True)) as bar:
@@ -364,6 +378,25 @@ def restore(
             replayed = rebuild(settings, partitions=partition, fresh=fresh, progress=progress)
     for p, count in sorted(replayed.items()):
         typer.echo(f"partition {p}: {count} changelog records replayed")
+
+
+@app.command()
+@common_options
+def tail(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic to print records of.")],
+    from_beginning: Annotated[bool, _option(
+        "from-beginning", "Start at the oldest record instead of the newest.")] = False,
+    count: Annotated[int | None, _option("count", "Exit after this many records.")] = None,
+) -> None:
+    """Print records arriving on TOPIC, one line each, until Ctrl-C (or --count records).
+
+    A line: topic/partition/offset, timestamp (UTC), key, value and headers.
+    Reads without a consumer group: commits nothing, disturbs nobody.
+    """
+    with _reported(), contextlib.suppress(KeyboardInterrupt):
+        follow(_settings(ctx), topic, typer.echo, from_beginning=from_beginning, count=count,
+               ready=functools.partial(typer.echo, err=True))
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kdelay import envelope
 from kdelay.callbacks import guarded
+from kdelay.connection import check_connection
 from kdelay.envelope import Headers, HeaderValue
 from kdelay.settings import Settings
 from kdelay.topics import LayoutError
@@ -218,7 +219,7 @@ class DelayProducer:
         for a config dict). ``metadata_timeout`` bounds the one partition-count
         lookup.
         """
-        base = source.client_config() if isinstance(source, Settings) else dict(source)
+        base = source.client_config("producer") if isinstance(source, Settings) else dict(source)
         default_topic = source.requests_topic if isinstance(source, Settings) else None
         self._config = {**base, **_PRODUCER_CONFIG}
         self._topic = requests_topic or default_topic or Settings().requests_topic
@@ -404,11 +405,16 @@ class DelayProducer:
             raise error
 
     def _ensure_producer(self) -> Producer:
-        """Create the librdkafka producer on first use."""
+        """Create the librdkafka producer on first use, once a broker has answered.
+
+        Raises :class:`~kdelay.connection.ConnectionFailure` within seconds when
+        no broker answers or the credentials are refused.
+        """
         with self._lock:
             if self._closed:
                 raise RuntimeError("this DelayProducer is closed")
             if self._producer is None:
+                check_connection(self._config)
                 self._producer = Producer(self._config)
             return self._producer
 

@@ -7,6 +7,8 @@ code never reads the environment: what it needs arrives here.
 Kafka client settings (SASL, TLS, timeouts, ...) travel in
 :attr:`Settings.kafka_config`, kept apart from kdelay's own settings, and are
 merged into a librdkafka configuration by :meth:`Settings.client_config`.
+The file is a Java ``client.properties``: :mod:`kdelay.clientconfig` translates
+its Java-only keys. No secret of it ever shows in a ``repr`` or an error.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
+from kdelay.clientconfig import (
+    ClientConfigError,
+    ClientLogger,
+    ClientProperties,
+    secret_values,
+    translate,
+)
 from kdelay.envelope import DEFAULT_LEVELS, parse_levels
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"
@@ -29,6 +37,10 @@ DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 PARTITIONERS = ("murmur2_random", "murmur2", "consistent_random", "consistent", "fnv1a_random",
                 "fnv1a", "random")
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+#: A confluent-kafka client configuration: librdkafka settings plus the ``logger`` object.
+ClientConfig = dict[str, Any]
 
 
 class SettingsError(ValueError):
@@ -51,7 +63,7 @@ def _default_levels() -> tuple[int, ...]:
 
 
 def _empty_config() -> Mapping[str, str]:
-    return MappingProxyType({})
+    return ClientProperties()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +111,7 @@ class Settings:
         object.__setattr__(self, "guarantee", _guarantee(self.guarantee))
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "levels", tuple(self.levels))
-        object.__setattr__(self, "kafka_config", MappingProxyType(dict(self.kafka_config)))
+        object.__setattr__(self, "kafka_config", ClientProperties(self.kafka_config))
         problems = list(self._problems())
         if problems:
             raise SettingsError("invalid-setting", "; ".join(problems))
@@ -124,18 +136,25 @@ class Settings:
             yield (f"partitioner must be one of {', '.join(PARTITIONERS)}, "
                    f"got {self.partitioner!r}")
 
-    def client_config(self, **overrides: str | int | bool) -> dict[str, str | int | bool]:
-        """Return a librdkafka configuration for a client of this deployment.
+    def client_config(
+        self, client: str = "client", /, **overrides: str | int | bool
+    ) -> ClientConfig:
+        """Return a confluent-kafka configuration for a client of this deployment.
 
         Precedence, lowest first: ``bootstrap.servers`` from
         :attr:`bootstrap_servers`, then :attr:`kafka_config`, then
         ``overrides`` (pass dotted names with ``**{"enable.idempotence": True}``).
         ``kafka_config`` cannot contradict :attr:`bootstrap_servers` (validation
         rejects that), so the effective bootstrap servers are always the field's.
+
+        ``logger`` routes librdkafka's log lines to the Python logger
+        ``kdelay.kafka.<client>`` (see :class:`~kdelay.clientconfig.ClientLogger`),
+        so name the client (``client_config("targets", ...)``) for readable logs.
         """
-        config: dict[str, str | int | bool] = {BOOTSTRAP_SERVERS: self.bootstrap_servers}
+        config: ClientConfig = {BOOTSTRAP_SERVERS: self.bootstrap_servers}
         config.update(self.kafka_config)
         config.update(overrides)
+        config["logger"] = ClientLogger(client, secret_values(self.kafka_config))
         return config
 
 
@@ -208,10 +227,17 @@ def resolve_kafka_config(
     explicit flag or ``KDELAY_BOOTSTRAP_SERVERS`` wins), else from the file's
     ``bootstrap.servers``, else the default. The returned config never holds
     ``bootstrap.servers``, so it cannot contradict the first element.
-    Raises :class:`SettingsError` as :func:`load_properties` does.
+    The file's Java-only keys are translated (:func:`kdelay.clientconfig.translate`).
+    Raises :class:`SettingsError` as :func:`load_properties` does, and
+    ``kafka-config-unsupported`` / ``kafka-config-malformed`` for keys that
+    cannot be translated.
     """
-    config = load_properties(path) if path is not None else {}
-    from_file = config.pop(BOOTSTRAP_SERVERS, None)
+    properties = load_properties(path) if path is not None else {}
+    from_file = properties.pop(BOOTSTRAP_SERVERS, None)
+    try:
+        config = translate(properties)
+    except ClientConfigError as exc:
+        raise SettingsError(exc.code, f"{path}: {exc}") from None
     return bootstrap_servers or from_file or DEFAULT_BOOTSTRAP_SERVERS, config
 
 
@@ -316,7 +342,8 @@ def _parse_property(line: str, where: str) -> tuple[str, str]:
             "kafka-config-malformed",
             f"{where}: {line.strip()!r} has no value; expected key=value",
         )
-    return _unescape(key, where), _unescape(_rstrip_unescaped(stripped), where)
+    name = _unescape(key, where)
+    return name, _unescape(_rstrip_unescaped(stripped), f"{where}: value of {name}")
 
 
 def _rstrip_unescaped(value: str) -> str:
@@ -359,7 +386,8 @@ def _unescape(text: str, where: str) -> str:
 def _unicode_escape(digits: str, where: str) -> str:
     """The character for the four hex digits of a ``\\uXXXX`` escape."""
     if len(digits) != 4 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        # The digits are not shown: they may be part of a password.
         raise SettingsError(
-            "kafka-config-malformed", f"{where}: malformed \\u escape \\u{digits}"
+            "kafka-config-malformed", f"{where}: malformed \\u escape (four hex digits expected)"
         )
     return chr(int(digits, 16))

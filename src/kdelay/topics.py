@@ -10,7 +10,7 @@ starts, and says how to fix what it finds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -24,11 +24,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from kdelay.connection import check_connection
 from kdelay.settings import Settings
 
 CLEANUP_POLICY = "cleanup.policy"
 RETENTION_MS = "retention.ms"
 TIMESTAMP_TYPE = "message.timestamp.type"
+TARGET = "target"
 CHANGELOG_CONFIG: Mapping[str, str] = {
     CLEANUP_POLICY: "compact",
     # The broker stamps every changelog record with its own clock, so each
@@ -94,8 +96,7 @@ class _Existing:
 
 def admin_client(settings: Settings) -> AdminClient:
     """An AdminClient for the deployment ``settings`` describe (it connects in the background)."""
-    config: dict[str, str | int | float | bool] = {**settings.client_config()}
-    return AdminClient(config)
+    return AdminClient(settings.client_config("admin"))
 
 
 def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> list[TopicSpec]:
@@ -120,9 +121,14 @@ def create_topics(
     partitions: int,
     replication_factor: int,
     retention_ms: int,
+    targets: Sequence[str] = (),
     timeout: float = 30.0,
 ) -> list[str]:
     """Create whichever of the three topics is missing; return one report line per topic.
+
+    ``targets`` names topics to deliver to that are created too when missing
+    (with ``partitions`` partitions and the broker's defaults; an existing
+    target is left as it is), so a first ``kdelay send`` has somewhere to go.
 
     Idempotent: a topic that exists with the right layout is reported as
     ``exists`` and left alone (its retention and replication are not changed).
@@ -131,10 +137,13 @@ def create_topics(
     policy raises :class:`LayoutError` ``<role>-mismatch`` saying what differs.
     A broker refusing a creation raises ``create-failed``. ``replication_factor``
     -1 means the broker's default. Raises ValueError for impossible arguments,
-    including a retention shorter than the longest level plus the margin.
+    including a retention shorter than the longest level plus the margin, and
+    :class:`~kdelay.connection.ConnectionFailure` when no broker answers.
     """
     _check_create_args(settings, partitions, replication_factor, retention_ms)
+    check_connection(settings.client_config("probe"))
     specs = topic_specs(settings, partitions=partitions, retention_ms=retention_ms)
+    specs += [TopicSpec(TARGET, name, partitions, {}) for name in targets]
     existing = _existing(admin, [spec.name for spec in specs], timeout)
     _verify_all(specs, existing)
     missing = [spec for spec in specs if spec.name not in existing]
@@ -168,7 +177,8 @@ def _verify_all(specs: Iterable[TopicSpec], existing: Mapping[str, _Existing]) -
     """Raise ``<role>-mismatch`` for the first existing topic that differs from its spec."""
     for spec in specs:
         found = existing.get(spec.name)
-        differences = _differences(spec, found) if found is not None else []
+        differences = _differences(spec, found) if found is not None and spec.role != TARGET \
+            else []
         if differences:
             raise LayoutError(
                 f"{spec.role}-mismatch",
@@ -242,7 +252,7 @@ def _report(spec: TopicSpec, found: _Existing | None) -> str:
     config = found.config if found is not None else spec.config
     keys = [key for key in (CLEANUP_POLICY, RETENTION_MS) if key in spec.config]
     shown = [f"{key}={config[key]}" for key in keys if key in config]
-    return f"{state} {spec.name} ({spec.role}): partitions={partitions} {' '.join(shown)}"
+    return f"{state} {spec.name} ({spec.role}): partitions={partitions} {' '.join(shown)}".rstrip()
 
 
 def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) -> Layout:

@@ -8,6 +8,8 @@ before touching the network.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from kdelay import service
+from kdelay import cli, service
 from kdelay.cli import app, envvar
 from kdelay.settings import Guarantee, Settings
 from kdelay.topics import LayoutError
@@ -31,6 +33,15 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("KDELAY_"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_connection_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No broker here: the CLI's connection check before ``run`` and ``restore`` passes.
+
+    tests/integration/test_connection.py runs the real check against a closed port.
+    """
+    monkeypatch.setattr(cli, "check_connection", lambda config: None)
 
 
 class FakeService:
@@ -216,6 +227,35 @@ def test_value_error_inside_the_service_keeps_its_traceback(
     result = invoke(["run"])
     assert result.exit_code == 1
     assert isinstance(result.exception, ValueError)
+
+
+_CRASHING_RUN = """
+import sys
+from kdelay import cli, service
+
+def crash(settings, *, check):
+    raise RuntimeError("a bug, with the settings at hand: " + settings.bootstrap_servers)
+
+service.run_service = crash
+cli.check_connection = lambda config: None
+sys.argv = ["kdelay", "run", "--kafka-config", sys.argv[1]]
+cli.main()
+"""
+
+
+def test_a_traceback_never_shows_the_password(tmp_path: Path) -> None:
+    """typer's pretty traceback of a bug (locals hidden) holds no value of the config file."""
+    password = "tr4ceback-s3cret"  # noqa: S105 - a test credential
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+                      "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+                      f'required username="u" password="{password}";\n')
+    result = subprocess.run([sys.executable, "-c", _CRASHING_RUN, str(config)],
+                            capture_output=True, text=True, timeout=60, check=False,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 1
+    assert "RuntimeError: a bug" in result.stderr
+    assert password not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kdelay.clientconfig import ClientLogger
 from kdelay.envelope import DEFAULT_LEVELS, parse_levels
 from kdelay.settings import (
     DEFAULT_BOOTSTRAP_SERVERS,
@@ -214,11 +215,14 @@ def test_kafka_config_is_copied() -> None:
 def test_client_config_precedence() -> None:
     settings = Settings(bootstrap_servers="b:9092",
                         kafka_config={"linger.ms": "5", "client.id": "from-file"})
-    assert settings.client_config() == {
+    config = settings.client_config()
+    assert isinstance(config.pop("logger"), ClientLogger)
+    assert config == {
         "bootstrap.servers": "b:9092", "linger.ms": "5", "client.id": "from-file",
     }
     extra: dict[str, str | int | bool] = {"client.id": "override", "enable.idempotence": True}
     overridden = settings.client_config(**extra)
+    overridden.pop("logger")
     assert overridden == {
         "bootstrap.servers": "b:9092", "linger.ms": "5", "client.id": "override",
         "enable.idempotence": True,
