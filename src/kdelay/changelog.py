@@ -289,7 +289,7 @@ def rebuild(settings: Settings, *, partitions: Sequence[int] | None = None,
     when a running service holds a store, and :class:`RestoreError` when the
     changelog topic does not exist.
     """
-    restorer = Restorer(settings.client_config(), settings.changelog_topic)
+    restorer = Restorer(settings.client_config("restore"), settings.changelog_topic)
     try:
         chosen = list(partitions) if partitions is not None else restorer.partitions()
         replayed: dict[int, int] = {}

@@ -147,18 +147,18 @@ class Service:
                 "partitioner": s.partitioner,
                 "message.timeout.ms": s.delivery_timeout_ms,
                 "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS}
-            producer = Producer(s.client_config(**txn))
+            producer = Producer(s.client_config("transactions", **txn))
             producer.init_transactions(30)
             self._targets = self._internal = producer
         else:
             targets: dict[str, str | int | bool] = {
                 "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
                 "message.timeout.ms": s.delivery_timeout_ms}
-            self._targets = Producer(s.client_config(**targets))
-            self._internal = Producer(s.client_config(**{
+            self._targets = Producer(s.client_config("targets", **targets))
+            self._internal = Producer(s.client_config("internal", **{
                 "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0}))
-        self._reader = OriginalReader(s.client_config(), s.requests_topic)
-        self._restorer = Restorer(s.client_config(), s.changelog_topic)
+        self._reader = OriginalReader(s.client_config("originals"), s.requests_topic)
+        self._restorer = Restorer(s.client_config("restore"), s.changelog_topic)
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
@@ -170,7 +170,7 @@ class Service:
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
-        self._consumer = Consumer(s.client_config(**group))
+        self._consumer = Consumer(s.client_config("intake", **group))
         self._consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
                                  on_revoke=guarded(self._on_revoke),
                                  on_lost=guarded(self._on_lost))
@@ -526,8 +526,7 @@ def run_service(settings: Settings, *, check: bool) -> int:
     Raises :class:`kdelay.topics.LayoutError` when the topics are missing or
     not co-partitioned, with a message that says how to fix it.
     """
-    config: dict[str, str | int | float | bool] = {**settings.client_config()}
-    admin = AdminClient(config)
+    admin = AdminClient(settings.client_config("admin"))
     layout = check_layout(admin, settings)
     if check:
         print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic}, "
