@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import NamedTuple
 
 _DUE_KEY = struct.Struct(">QIQ")
@@ -112,6 +113,18 @@ def decode_due_key(raw: bytes) -> DueKey:
     """Decode a key made by :func:`encode_due_key`; ValueError on a wrong length."""
     _check_size("a due key", raw, DUE_KEY_SIZE)
     return _tuple_new(DueKey, _DUE_KEY.unpack(raw))
+
+
+def decode_due_keys(joined: bytes) -> Iterator[tuple[int, int, int]]:
+    """Decode due keys laid end to end (``b"".join(keys)``) as ``(due_ms, partition, offset)``.
+
+    One C-level pass for scans over whole stores; ValueError unless the length
+    is a multiple of :data:`DUE_KEY_SIZE`.
+    """
+    if len(joined) % DUE_KEY_SIZE:
+        raise ValueError(f"joined due keys must be a multiple of {DUE_KEY_SIZE} bytes, "
+                         f"got {len(joined)}")
+    return _DUE_KEY.iter_unpack(joined)
 
 
 def due_upper_bound(now_ms: int) -> bytes:

@@ -313,6 +313,14 @@ def retention_ms(admin: AdminClient, topic: str, *, timeout: float = 10) -> int 
     return _retention(_configs(admin, [topic], timeout)[topic])
 
 
+def topic_config(admin: AdminClient, topic: str, *, timeout: float = 10) -> dict[str, str]:
+    """Return ``topic``'s effective configuration (``describe_configs``): key -> value.
+
+    Raises :class:`LayoutError` ``topic-missing`` when the topic does not exist.
+    """
+    return _configs(admin, [topic], timeout)[topic]
+
+
 def _retention(config: Mapping[str, str]) -> int | None:
     """Parse ``retention.ms``: -1 (or absent) is ``None``, meaning unlimited."""
     value = int(config.get(RETENTION_MS, "-1"))

@@ -1,0 +1,514 @@
+"""The cluster-wide view of what is pending, for operators.
+
+The compacted changelog is the record of every pending entry of every request
+partition, whichever instance owns it. :class:`PendingView` keeps a local copy
+of it under a view directory of its own (never the service's ``--state-dir``,
+whose stores ``kdelay run`` holds locked): one index store per partition, in
+the service's own format, restored with :mod:`kdelay.changelog` and caught up
+incrementally from the changelog offset it reached last time.
+
+Cost: the first run replays the whole changelog (as a service restore does)
+and takes as much disk as the service's indexes together, about 100 bytes per
+pending entry; later runs replay only what was written since. A view left
+unsynced longer than the changelog's ``delete.retention.ms`` may have missed
+tombstones that compaction has since removed, so it is rebuilt whole.
+
+The original records (target, key, value size, headers) are read back by
+offset in sorted ranges with :class:`kdelay.originals.OriginalReader`, as
+delivery reads them, and only for the entries a command shows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from operator import itemgetter
+from pathlib import Path
+
+from confluent_kafka import Message
+
+from kdelay import codec, envelope
+from kdelay.changelog import Restorer, open_restored
+from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.intake import record_time
+from kdelay.originals import Missing, OriginalReader
+from kdelay.settings import Settings
+from kdelay.topics import admin_client, topic_config
+
+SYNCED_FILE = "synced_ms"
+DEFAULT_DELETE_RETENTION_MS = 86_400_000
+READ_CHUNK = 20_000
+# (what, done, total): progress of a long step, for a bar on stderr.
+Progress = Callable[[str, int, int], None]
+
+
+class ViewBusy(Exception):
+    """Another command holds the view directory; ``code`` is stable."""
+
+    code = "view-in-use"
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One pending entry: when it is due, where its request lies, how to recognise it."""
+
+    due_ms: int
+    partition: int
+    offset: int
+    fingerprint: codec.Fingerprint
+    schedule_id: str | None
+
+    @property
+    def record_ms(self) -> int:
+        """The request record's own timestamp, as intake fingerprinted it."""
+        return self.fingerprint.timestamp_ms
+
+
+def pending_of(key: bytes, raw: bytes) -> Pending:
+    """Decode one index entry; ValueError for bytes that are not one."""
+    due_ms, partition, offset = codec.decode_due_key(key)
+    value = codec.decode_index_value(raw)
+    return Pending(due_ms, partition, offset, value.fingerprint, value.schedule_id)
+
+
+def view_path(view_dir: Path, settings: Settings) -> Path:
+    """The view of one deployment: named by its changelog, told apart by cluster and topics."""
+    identity = f"{settings.bootstrap_servers}|{settings.requests_topic}|{settings.changelog_topic}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return view_dir / f"{settings.changelog_topic}-{digest}"
+
+
+class PendingView:
+    """A local copy of the changelog: every pending entry of the cluster.
+
+    Use it as a context manager: entering syncs it with the changelog (see
+    :meth:`sync`), leaving closes its stores. Raises :class:`ViewBusy` when
+    another command holds the view, and
+    :class:`~kdelay.changelog.RestoreError` when the changelog topic is missing
+    or cannot be read to its end.
+    """
+
+    def __init__(self, settings: Settings, view_dir: Path, now_ms: int,
+                 progress: Progress | None = None) -> None:
+        self._settings = settings
+        self._dir = view_path(view_dir, settings)
+        self._now_ms = now_ms
+        self._progress = progress
+        self._indexes: dict[int, PartitionIndex] = {}
+
+    def __enter__(self) -> PendingView:
+        try:
+            self.sync()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every store of the view."""
+        for index in self._indexes.values():
+            index.close()
+        self._indexes.clear()
+
+    @property
+    def partitions(self) -> list[int]:
+        """The request partitions the view holds."""
+        return sorted(self._indexes)
+
+    def sync(self) -> dict[int, int]:
+        """Catch every partition's store up with the changelog; return records replayed.
+
+        A view older than the changelog's ``delete.retention.ms`` is deleted
+        and rebuilt whole first: tombstones it has not seen may be gone.
+        """
+        restorer = Restorer(self._settings.client_config(), self._settings.changelog_topic)
+        try:
+            partitions = restorer.partitions()
+            if self._outlived_tombstones():
+                self._destroy(partitions)
+            replayed = {p: self._open(p, restorer) for p in partitions}
+        finally:
+            restorer.close()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        (self._dir / SYNCED_FILE).write_text(str(self._now_ms))
+        return replayed
+
+    def _open(self, partition: int, restorer: Restorer) -> int:
+        path = store_path(self._dir, self._settings.requests_topic, partition)
+        progress = self._progress
+
+        def step(done: int, total: int) -> None:
+            if progress is not None:
+                progress(f"changelog partition {partition}", done, total)
+
+        try:
+            index, replayed = open_restored(path, partition, restorer, step)
+        except IndexLocked as exc:
+            raise ViewBusy(f"{exc}; another kdelay command is reading the same view "
+                           "(wait for it or give another --view-dir)") from None
+        self._indexes[partition] = index
+        return replayed
+
+    def _outlived_tombstones(self) -> bool:
+        marker = self._dir / SYNCED_FILE
+        if not marker.exists():
+            return False
+        synced_ms = int(marker.read_text() or "0")
+        config = topic_config(admin_client(self._settings), self._settings.changelog_topic)
+        keep_ms = int(config.get("delete.retention.ms", DEFAULT_DELETE_RETENTION_MS))
+        return self._now_ms - synced_ms >= keep_ms
+
+    def _destroy(self, partitions: Iterable[int]) -> None:
+        for partition in partitions:
+            PartitionIndex.destroy(store_path(self._dir, self._settings.requests_topic,
+                                              partition))
+
+    def entries(self, upper_ms: int | None = None,
+                partitions: Iterable[int] | None = None) -> Iterator[Pending]:
+        """Every pending entry due at or before ``upper_ms`` (all when None), in due order.
+
+        Entries due at the same millisecond come in (partition, offset) order,
+        the order delivery sends them in.
+        """
+        chosen = self.partitions if partitions is None else sorted(set(partitions))
+        streams = [self._indexes[p].raw_items(upper_ms) for p in chosen if p in self._indexes]
+        for key, raw in heapq.merge(*streams):
+            yield pending_of(key, raw)
+
+    def due_times(self, partition: int) -> Iterator[tuple[int, int, int]]:
+        """``(due_ms, partition, offset)`` of every pending entry of ``partition``, in due order.
+
+        Decodes only the keys, in one pass: for counting whole partitions.
+        """
+        keys = map(itemgetter(0), self._indexes[partition].raw_items())
+        return codec.decode_due_keys(b"".join(keys))
+
+    def find_id(self, schedule_id: str) -> Pending | None:
+        """The pending entry that holds ``schedule_id``, or None (delivered, cancelled, unknown)."""
+        for index in self._indexes.values():
+            state = index.id_state(schedule_id)
+            if state is not None and state.pending_key is not None:
+                raw = index.raw_values([state.pending_key])[0]
+                if raw is not None:
+                    return pending_of(state.pending_key, raw)
+        return None
+
+    def find(self, partition: int, offset: int) -> Pending | None:
+        """The pending entry of the request at ``partition``/``offset``, or None.
+
+        Scans the partition's keys: an entry is keyed by due time first.
+        """
+        index = self._indexes.get(partition)
+        if index is None:
+            return None
+        for key, raw in index.raw_items():
+            if codec.decode_due_key(key).offset == offset:
+                return pending_of(key, raw)
+        return None
+
+    def intake_position(self, partition: int) -> int | None:
+        """The next requests offset intake will read, as the changelog last recorded it."""
+        index = self._indexes.get(partition)
+        return None if index is None else index.offset(CONSUMED)
+
+
+class OriginalState(StrEnum):
+    """What reading a pending entry's original by offset found."""
+
+    FOUND = "found"
+    EXPIRED = "expired"
+    ABSENT = "absent"
+    MISMATCH = "mismatch"
+    UNREAD = "unread"
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """The original request record of a pending entry, or why there is none.
+
+    ``record`` is set only when ``state`` is ``FOUND``: the record at the
+    entry's offset, whose fingerprint matches the one intake stored.
+    """
+
+    state: OriginalState
+    record: Message | None = None
+
+    @property
+    def target(self) -> str | None:
+        """The ``kdelay-target`` the record is delivered to, or None."""
+        value = header(self.record, envelope.TARGET) if self.record is not None else None
+        return None if value is None else value.decode("utf-8", "replace")
+
+    @property
+    def key(self) -> bytes | None:
+        return None if self.record is None else self.record.key()
+
+    @property
+    def value_bytes(self) -> int | None:
+        """The value's length in bytes (0 for a null value), or None without a record."""
+        if self.record is None:
+            return None
+        value = self.record.value()
+        return 0 if value is None else len(value)
+
+
+def headers_of(record: Message) -> list[tuple[str, bytes | None]]:
+    """Every header of ``record`` in order, values as bytes (None for a null value)."""
+    raw = record.headers() or []
+    items = raw.items() if isinstance(raw, dict) else raw
+    return [(str(key), value.encode() if isinstance(value, str) else value)
+            for key, value in items]
+
+
+def header(record: Message, name: str) -> bytes | None:
+    """The value of the last header ``name`` of ``record``, or None."""
+    found = [value for key, value in headers_of(record) if key == name]
+    return found[-1] if found else None
+
+
+def _judge(entry: Pending, found: Message | Missing | None) -> Original:
+    """Turn what the reader returned for ``entry`` into an :class:`Original`."""
+    if found is None:
+        return Original(OriginalState.UNREAD)
+    if isinstance(found, Missing):
+        return Original(OriginalState(found.value))
+    print_ = codec.fingerprint(found.key(), found.value(), record_time(found, 0))
+    if print_ != entry.fingerprint:
+        return Original(OriginalState.MISMATCH)
+    return Original(OriginalState.FOUND, found)
+
+
+class Originals:
+    """Reads the originals of pending entries back by offset, in sorted ranges."""
+
+    def __init__(self, settings: Settings, progress: Progress | None = None) -> None:
+        self._reader = OriginalReader(settings.client_config(), settings.requests_topic,
+                                      timeout_s=30.0)
+        self._progress = progress
+
+    def close(self) -> None:
+        """Close the reader's consumer."""
+        self._reader.close()
+
+    def __enter__(self) -> Originals:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def read_raw(self, partition: int, offset: int) -> Message | Missing | None:
+        """Whatever record lies at ``partition``/``offset`` (None: not read in time)."""
+        return self._reader.read({partition: [offset]}).get((partition, offset))
+
+    def read(self, entries: Sequence[Pending]) -> dict[tuple[int, int], Original]:
+        """Return ``(partition, offset) -> Original`` for ``entries``.
+
+        Offsets are read a chunk at a time, each as sorted ranges per
+        partition; an offset the reader could not resolve in time is
+        ``UNREAD``.
+        """
+        result: dict[tuple[int, int], Original] = {}
+        ordered = sorted(entries, key=lambda e: (e.partition, e.offset))
+        for start in range(0, len(ordered), READ_CHUNK):
+            chunk = ordered[start:start + READ_CHUNK]
+            wanted: dict[int, list[int]] = {}
+            for entry in chunk:
+                wanted.setdefault(entry.partition, []).append(entry.offset)
+            found = self._reader.read(wanted)
+            for entry in chunk:
+                result[(entry.partition, entry.offset)] = _judge(
+                    entry, found.get((entry.partition, entry.offset)))
+            if self._progress is not None:
+                self._progress("original records", start + len(chunk), len(ordered))
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class DueQuery:
+    """Which pending entries ``kdelay due`` lists.
+
+    Entries due at or before ``now_ms + within_ms`` (only those due at or
+    before ``now_ms`` with ``overdue_only``), of ``partition`` and ``target``
+    when given, at most ``limit`` of them (all when None).
+    """
+
+    within_ms: int = 60_000
+    overdue_only: bool = False
+    target: str | None = None
+    partition: int | None = None
+    limit: int | None = 100
+
+
+def due(view: PendingView, originals: Originals, query: DueQuery,
+        now_ms: int) -> list[tuple[Pending, Original]]:
+    """List the entries ``query`` asks for, in due order, each with its original.
+
+    Originals are read a page at a time and only until ``limit`` entries
+    match, so a small listing of a large backlog reads few records.
+    """
+    upper = now_ms if query.overdue_only else now_ms + query.within_ms
+    partitions = None if query.partition is None else [query.partition]
+    candidates = view.entries(upper, partitions)
+    listed: list[tuple[Pending, Original]] = []
+    page_size = 1_000 if query.limit is None else max(query.limit, 100)
+    while query.limit is None or len(listed) < query.limit:
+        page = [entry for _, entry in zip(range(page_size), candidates, strict=False)]
+        if not page:
+            break
+        read = originals.read(page)
+        for entry in page:
+            original = read[(entry.partition, entry.offset)]
+            if query.target is None or original.target == query.target:
+                listed.append((entry, original))
+    return listed if query.limit is None else listed[:query.limit]
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """How much is pending and when it comes due.
+
+    ``buckets`` holds ``(start_ms, count)`` for every non-empty bucket of
+    ``bucket_ms``, in time order; ``by_target`` is None unless asked for
+    (``(expired)``, ``(absent)``, ``(mismatch)`` and ``(unread)`` stand for
+    entries whose original could not be read).
+    """
+
+    now_ms: int
+    pending: int
+    overdue: int
+    earliest_due_ms: int | None
+    latest_due_ms: int | None
+    bucket_ms: int
+    buckets: list[tuple[int, int]]
+    by_partition: dict[int, int]
+    by_target: dict[str, int] | None = None
+
+
+def backlog(view: PendingView, now_ms: int, bucket_ms: int,
+            originals: Originals | None = None) -> Backlog:
+    """Count the pending entries of ``view`` by due-time bucket and partition.
+
+    With ``originals``, every pending entry's original is read to count them
+    by target too: that reads the whole pending payload once (see the
+    operations guide for its cost). Raises ValueError for a bucket below 1 ms.
+    """
+    if bucket_ms < 1:
+        raise ValueError(f"a bucket must be at least 1 ms, got {bucket_ms}")
+    buckets: Counter[int] = Counter()
+    by_partition: dict[int, int] = {}
+    overdue, earliest, latest = 0, None, None
+    for partition in view.partitions:
+        dues = [due_ms for due_ms, _, _ in view.due_times(partition)]
+        by_partition[partition] = len(dues)
+        if not dues:
+            continue
+        buckets.update(due_ms // bucket_ms * bucket_ms for due_ms in dues)
+        overdue += sum(1 for due_ms in dues if due_ms <= now_ms)
+        earliest = dues[0] if earliest is None else min(earliest, dues[0])
+        latest = dues[-1] if latest is None else max(latest, dues[-1])
+    by_target = None if originals is None else _by_target(view, originals)
+    return Backlog(now_ms, sum(by_partition.values()), overdue, earliest, latest, bucket_ms,
+                   sorted(buckets.items()), by_partition, by_target)
+
+
+def _by_target(view: PendingView, originals: Originals) -> dict[str, int]:
+    """Count every pending entry by the target its original names."""
+    counts: Counter[str] = Counter()
+    for original in originals.read(list(view.entries())).values():
+        target = original.target
+        counts[target if target is not None else f"({original.state.value})"] += 1
+    return dict(counts.most_common())
+
+
+class NotARequest(ValueError):
+    """A ``topic/partition/offset`` reference that names another topic; ``code`` is stable."""
+
+    code = "not-a-request"
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What ``kdelay show`` found for one reference.
+
+    ``pending`` is the pending entry, if any; ``coordinates`` the request's
+    ``(partition, offset)`` when known (always for a coordinate reference,
+    for an id only while it is pending); ``original`` the record read back
+    there; ``status`` one sentence on where the request stands.
+    """
+
+    reference: str
+    coordinates: tuple[int, int] | None
+    pending: Pending | None
+    original: Original | None
+    status: str
+
+
+def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | None:
+    """``(partition, offset)`` of a ``topic/partition/offset`` reference, None for an id.
+
+    Raises :class:`NotARequest` when the coordinates name a topic other than
+    ``requests_topic``.
+    """
+    topic, _, rest = reference.rpartition("/")
+    topic, _, partition = topic.rpartition("/")
+    if not (topic and partition.isdigit() and rest.isdigit()):
+        return None
+    if topic != requests_topic:
+        raise NotARequest(f"{reference} names topic {topic}, not the requests topic "
+                          f"{requests_topic} (give --requests-topic, or a schedule id)")
+    return int(partition), int(rest)
+
+
+def lookup(view: PendingView, originals: Originals, reference: str,
+           requests_topic: str) -> Lookup:
+    """Find one request by schedule id or ``topic/partition/offset``; never raises for
+    an unknown one (see :func:`parse_reference` for a foreign topic)."""
+    coordinates = parse_reference(reference, requests_topic)
+    if coordinates is None:
+        return _lookup_id(view, originals, reference)
+    partition, offset = coordinates
+    if partition not in view.partitions:
+        return Lookup(reference, None, None, None,
+                      f"{requests_topic} has no partition {partition}")
+    entry = view.find(partition, offset)
+    probe = entry or Pending(0, partition, offset, codec.Fingerprint(0, 0), None)
+    original = _read_one(originals, probe, check=entry is not None)
+    return Lookup(reference, coordinates, entry, original,
+                  _status(view, entry, partition, offset))
+
+
+def _lookup_id(view: PendingView, originals: Originals, schedule_id: str) -> Lookup:
+    entry = view.find_id(schedule_id)
+    if entry is None:
+        return Lookup(schedule_id, None, None, None,
+                      f"no pending request holds id {schedule_id!r}: it was delivered, "
+                      "cancelled or never scheduled, or intake has not read it yet")
+    original = _read_one(originals, entry, check=True)
+    return Lookup(schedule_id, (entry.partition, entry.offset), entry, original, "pending")
+
+
+def _read_one(originals: Originals, entry: Pending, *, check: bool) -> Original:
+    """Read one original; without ``check`` any record found there is accepted."""
+    if check:
+        return originals.read([entry])[(entry.partition, entry.offset)]
+    found = originals.read_raw(entry.partition, entry.offset)
+    if isinstance(found, Message):
+        return Original(OriginalState.FOUND, found)
+    return Original(OriginalState.UNREAD if found is None else OriginalState(found.value))
+
+
+def _status(view: PendingView, entry: Pending | None, partition: int, offset: int) -> str:
+    if entry is not None:
+        return "pending"
+    consumed = view.intake_position(partition)
+    if consumed is None or offset >= consumed:
+        return "not pending: intake has not read this offset yet (or it is not a request)"
+    return ("not pending: delivered, cancelled, rejected to the DLQ, or a duplicate "
+            "of a pending id")

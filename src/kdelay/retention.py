@@ -1,0 +1,184 @@
+"""Retention safety: will the requests topic keep every pending original until it is due?
+
+The payload lives only in the requests topic. Kafka deletes a record no
+earlier than its timestamp + ``retention.ms`` (whole segments go at once, so
+usually later), and at any time when ``retention.bytes`` caps the partition's
+size. :func:`check` compares every pending entry of a :class:`PendingView`
+with the topic's retention and log start offsets:
+
+- *expired*: the entry's offset is already below the log start offset; its
+  delivery will dead-letter it as ``expired``;
+- *at risk*: expired, or due later than its record time + ``retention.ms``
+  (retention may delete it first), or any entry at all while
+  ``retention.bytes`` is not -1;
+- *headroom* of a partition: how long until retention may delete its oldest
+  pending original (by offset), next to how long until that entry is due.
+
+It recommends a ``retention.ms`` that covers the longest delay actually
+pending (and the longest delay level) plus the safety margin, rounded up to
+a whole hour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kdelay.pending import Pending, PendingView
+from kdelay.settings import Settings
+from kdelay.topics import admin_client, topic_config
+
+HOUR_MS = 3_600_000
+RISK_EXIT = 3
+
+
+@dataclass(slots=True)
+class PartitionRetention:
+    """Retention figures of one request partition; times in ms, None where not defined."""
+
+    partition: int
+    log_start_offset: int
+    pending: int = 0
+    oldest_pending_offset: int | None = None
+    oldest_record_ms: int | None = None
+    oldest_due_ms: int | None = None
+    headroom_ms: int | None = None
+    due_in_ms: int | None = None
+    at_risk: int = 0
+    expired: int = 0
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    """What ``kdelay retention check`` reports; ``problems`` are sentences for the operator."""
+
+    topic: str
+    now_ms: int
+    retention_ms: int | None
+    retention_bytes: int
+    segment_ms: int | None
+    segment_bytes: int | None
+    local_retention_ms: int | None
+    longest_pending_delay_ms: int | None
+    recommended_retention_ms: int
+    partitions: list[PartitionRetention] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def at_risk(self) -> int:
+        """Pending entries that may be (or are) deleted before they are due."""
+        return sum(p.at_risk for p in self.partitions)
+
+    @property
+    def expired(self) -> int:
+        """Pending entries whose original is already gone."""
+        return sum(p.expired for p in self.partitions)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing is at risk, :data:`RISK_EXIT` (3) when something is."""
+        return RISK_EXIT if self.at_risk or self.problems else 0
+
+
+def _int(config: Mapping[str, str], name: str) -> int | None:
+    value = config.get(name)
+    return None if value is None else int(value)
+
+
+def _unlimited(value: int | None) -> int | None:
+    """Kafka's -1 (or any negative value) means unlimited: None."""
+    return None if value is None or value < 0 else value
+
+
+def log_starts(settings: Settings, partitions: list[int]) -> dict[int, int]:
+    """The log start offset of each request partition (fresh, not cached)."""
+    consumer = Consumer(settings.client_config(**{"group.id": "kdelay-retention"}))
+    try:
+        return {p: int(consumer.get_watermark_offsets(
+            TopicPartition(settings.requests_topic, p), timeout=30, cached=False)[0])
+            for p in partitions}
+    finally:
+        consumer.close()
+
+
+def recommend(longest_delay_ms: int | None, settings: Settings) -> int:
+    """A ``retention.ms`` for the longest pending delay (or level) plus the margin.
+
+    The service rejects a request due later than record time + retention -
+    margin (``delay-too-long``), so this is the least retention that accepts
+    what is pending now, rounded up to a whole hour.
+    """
+    longest = max(longest_delay_ms or 0, max(settings.levels))
+    needed = longest + settings.retention_margin_ms
+    return -(-needed // HOUR_MS) * HOUR_MS
+
+
+def _judge(entry: Pending, figures: PartitionRetention, retention_ms: int | None,
+           size_limited: bool) -> None:
+    """Count ``entry`` into its partition's figures."""
+    figures.pending += 1
+    expired = entry.offset < figures.log_start_offset
+    late = retention_ms is not None and entry.due_ms > entry.record_ms + retention_ms
+    figures.expired += expired
+    figures.at_risk += expired or late or size_limited
+    if figures.oldest_pending_offset is None or entry.offset < figures.oldest_pending_offset:
+        figures.oldest_pending_offset = entry.offset
+        figures.oldest_record_ms = entry.record_ms
+        figures.oldest_due_ms = entry.due_ms
+
+
+def _headroom(figures: PartitionRetention, retention_ms: int | None, now_ms: int) -> None:
+    if figures.oldest_record_ms is None or figures.oldest_due_ms is None:
+        return
+    figures.due_in_ms = figures.oldest_due_ms - now_ms
+    if retention_ms is not None:
+        figures.headroom_ms = figures.oldest_record_ms + retention_ms - now_ms
+
+
+def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport:
+    """Check every pending entry of ``view`` against the requests topic's retention.
+
+    Raises :class:`~kdelay.topics.LayoutError` ``topic-missing`` when the
+    requests topic does not exist; Kafka errors propagate as KafkaException.
+    """
+    config = topic_config(admin_client(settings), settings.requests_topic)
+    retention_ms = _unlimited(_int(config, "retention.ms"))
+    retention_bytes = _int(config, "retention.bytes") or -1
+    size_limited = retention_bytes >= 0
+    starts = log_starts(settings, view.partitions)
+    figures = {p: PartitionRetention(p, starts[p]) for p in view.partitions}
+    longest: int | None = None
+    for entry in view.entries():
+        _judge(entry, figures[entry.partition], retention_ms, size_limited)
+        delay = entry.due_ms - entry.record_ms
+        longest = delay if longest is None else max(longest, delay)
+    for partition in figures.values():
+        _headroom(partition, retention_ms, now_ms)
+    report = RetentionReport(
+        settings.requests_topic, now_ms, retention_ms, retention_bytes,
+        _int(config, "segment.ms"), _int(config, "segment.bytes"),
+        _unlimited(_int(config, "local.retention.ms")), longest,
+        recommend(longest, settings), sorted(figures.values(), key=lambda f: f.partition))
+    report.problems = problems(report, config)
+    return report
+
+
+def problems(report: RetentionReport, config: Mapping[str, str]) -> list[str]:
+    """Sentences naming each risk in ``report``, with what to do."""
+    found = []
+    if report.retention_bytes >= 0:
+        found.append(f"retention.bytes is {report.retention_bytes}: size-based deletion can "
+                     "drop pending originals at any time; set it to -1")
+    if "compact" in config.get("cleanup.policy", "delete"):
+        found.append("cleanup.policy includes compact: compaction drops pending originals; "
+                     "set it to delete")
+    if report.expired:
+        found.append(f"{report.expired} pending entries lost their original already; they "
+                     "will be dead-lettered as expired")
+    late = report.at_risk - report.expired
+    if late and report.retention_bytes < 0:
+        found.append(f"{late} pending entries are due after retention.ms may delete their "
+                     f"original; raise retention.ms to {report.recommended_retention_ms}")
+    return found
