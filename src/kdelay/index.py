@@ -244,7 +244,9 @@ class PartitionIndex:
         options = ReadOptions()
         if upper_ms is not None:
             options.set_iterate_upper_bound(codec.due_upper_bound(upper_ms))
-        return cast(Iterator[tuple[bytes, bytes]], self._db.items(read_opt=options))
+        # A generator keeps ``options`` alive while iterating: RocksDB's
+        # iterator reads its upper bound from them.
+        yield from cast(Iterator[tuple[bytes, bytes]], self._db.items(read_opt=options))
 
     def first_key(self) -> bytes | None:
         """Return the smallest pending due key, or None when nothing is pending."""

@@ -42,6 +42,8 @@ from kdelay.topics import admin_client, topic_config
 SYNCED_FILE = "synced_ms"
 DEFAULT_DELETE_RETENTION_MS = 86_400_000
 READ_CHUNK = 20_000
+# librdkafka log level for short-lived admin clients: their teardown logs at 6 (info).
+QUIET = 5
 # (what, done, total): progress of a long step, for a bar on stderr.
 Progress = Callable[[str, int, int], None]
 
@@ -161,7 +163,8 @@ class PendingView:
         if not marker.exists():
             return False
         synced_ms = int(marker.read_text() or "0")
-        config = topic_config(admin_client(self._settings), self._settings.changelog_topic)
+        admin = admin_client(self._settings, log_level=QUIET)
+        config = topic_config(admin, self._settings.changelog_topic)
         keep_ms = int(config.get("delete.retention.ms", DEFAULT_DELETE_RETENTION_MS))
         return self._now_ms - synced_ms >= keep_ms
 

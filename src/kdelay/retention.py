@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
-from kdelay.pending import Pending, PendingView
+from kdelay.pending import QUIET, Pending, PendingView
 from kdelay.settings import Settings
 from kdelay.topics import admin_client, topic_config
 
@@ -143,7 +143,7 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
     Raises :class:`~kdelay.topics.LayoutError` ``topic-missing`` when the
     requests topic does not exist; Kafka errors propagate as KafkaException.
     """
-    config = topic_config(admin_client(settings), settings.requests_topic)
+    config = topic_config(admin_client(settings, log_level=QUIET), settings.requests_topic)
     retention_ms = _unlimited(_int(config, "retention.ms"))
     retention_bytes = _int(config, "retention.bytes") or -1
     size_limited = retention_bytes >= 0

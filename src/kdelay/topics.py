@@ -86,9 +86,12 @@ class _Existing:
         return frozenset(self.config.get(CLEANUP_POLICY, "delete").split(","))
 
 
-def admin_client(settings: Settings) -> AdminClient:
-    """An AdminClient for the deployment ``settings`` describe (it connects in the background)."""
-    config: dict[str, str | int | float | bool] = {**settings.client_config()}
+def admin_client(settings: Settings, **overrides: str | int | bool) -> AdminClient:
+    """An AdminClient for the deployment ``settings`` describe (it connects in the background).
+
+    ``overrides`` are client settings on top of the deployment's.
+    """
+    config: dict[str, str | int | float | bool] = {**settings.client_config(**overrides)}
     return AdminClient(config)
 
 
