@@ -60,6 +60,7 @@ from kdelay.pending import (
     lookup,
 )
 from kdelay.retention import check as check_retention
+from kdelay.retention import set_retention
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.topics import LayoutError, admin_client, create_topics
 
@@ -504,6 +505,25 @@ def retention_check(
     else:
         Console().print(retention_tables(report))
     raise typer.Exit(report.exit_code)
+
+
+@retention_app.command("set")
+@common_options
+def retention_set(
+    ctx: typer.Context,
+    retention: Annotated[str, typer.Argument(
+        metavar="RETENTION", help="New retention.ms of the requests topic: ms, 30d, 72h, or -1.")],
+) -> None:
+    """Set the requests topic's retention.ms (and retention.bytes=-1).
+
+    Restart the kdelay instances afterwards: they read retention at start.
+    """
+    with _reported():
+        settings = _settings(ctx)
+        new_ms = -1 if retention == "-1" else parse_duration_ms(retention)
+        old = set_retention(settings, new_ms)
+    typer.echo(f"{settings.requests_topic}: retention.ms {-1 if old is None else old} -> "
+               f"{new_ms}, retention.bytes -1")
 
 
 def main() -> None:

@@ -26,6 +26,14 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
+# confluent_kafka.admin re-exports these without listing them, which strict mypy rejects.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
 from kdelay.pending import QUIET, Pending, PendingView
 from kdelay.settings import Settings
 from kdelay.topics import admin_client, topic_config
@@ -182,3 +190,26 @@ def problems(report: RetentionReport, config: Mapping[str, str]) -> list[str]:
         found.append(f"{late} pending entries are due after retention.ms may delete their "
                      f"original; raise retention.ms to {report.recommended_retention_ms}")
     return found
+
+
+def set_retention(settings: Settings, retention_ms: int, *, timeout: float = 30) -> int | None:
+    """Set the requests topic's ``retention.ms`` (and ``retention.bytes=-1``); return the old one.
+
+    Refuses (ValueError) a retention below the longest delay level plus the
+    safety margin, as ``topics create`` does; -1 (unlimited) is accepted.
+    Running instances read retention at start: restart them to accept longer
+    delays. Kafka errors propagate as KafkaException.
+    """
+    needed = max(settings.levels) + settings.retention_margin_ms
+    if retention_ms != -1 and retention_ms < needed:
+        raise ValueError(f"retention.ms {retention_ms} is shorter than the longest delay level "
+                         f"plus the safety margin; use at least {needed} or -1")
+    admin = admin_client(settings, log_level=QUIET)
+    old = _unlimited(_int(topic_config(admin, settings.requests_topic), "retention.ms"))
+    resource = ConfigResource(ResourceType.TOPIC, settings.requests_topic, incremental_configs=[
+        ConfigEntry("retention.ms", str(retention_ms),
+                    incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("retention.bytes", "-1", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource], request_timeout=timeout).values():
+        future.result(timeout=timeout)
+    return old
