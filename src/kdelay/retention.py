@@ -123,7 +123,7 @@ def recommend(longest_delay_ms: int | None, settings: Settings) -> int:
     return -(-needed // HOUR_MS) * HOUR_MS
 
 
-def _judge(entry: Pending, figures: PartitionRetention, retention_ms: int | None,
+def judge(entry: Pending, figures: PartitionRetention, retention_ms: int | None,
            size_limited: bool) -> None:
     """Count ``entry`` into its partition's figures."""
     figures.pending += 1
@@ -159,7 +159,7 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
     figures = {p: PartitionRetention(p, starts[p]) for p in view.partitions}
     longest: int | None = None
     for entry in view.entries():
-        _judge(entry, figures[entry.partition], retention_ms, size_limited)
+        judge(entry, figures[entry.partition], retention_ms, size_limited)
         delay = entry.due_ms - entry.record_ms
         longest = delay if longest is None else max(longest, delay)
     for partition in figures.values():
