@@ -173,6 +173,11 @@ class PendingView:
             PartitionIndex.destroy(store_path(self._dir, self._settings.requests_topic,
                                               partition))
 
+    def report(self, what: str, done: int, total: int) -> None:
+        """Pass progress of a long scan over the view to the progress callback, if any."""
+        if self._progress is not None:
+            self._progress(what, done, total)
+
     def entries(self, upper_ms: int | None = None,
                 partitions: Iterable[int] | None = None) -> Iterator[Pending]:
         """Every pending entry due at or before ``upper_ms`` (all when None), in due order.
@@ -407,7 +412,8 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
     buckets: Counter[int] = Counter()
     by_partition: dict[int, int] = {}
     overdue, earliest, latest = 0, None, None
-    for partition in view.partitions:
+    for number, partition in enumerate(view.partitions, start=1):
+        view.report("counting pending entries (partitions)", number, len(view.partitions))
         dues = [due_ms for due_ms, _, _ in view.due_times(partition)]
         by_partition[partition] = len(dues)
         if not dues:

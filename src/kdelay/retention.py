@@ -158,12 +158,14 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
     starts = log_starts(settings, view.partitions)
     figures = {p: PartitionRetention(p, starts[p]) for p in view.partitions}
     longest: int | None = None
-    for entry in view.entries():
-        judge(entry, figures[entry.partition], retention_ms, size_limited)
-        delay = entry.due_ms - entry.record_ms
-        longest = delay if longest is None else max(longest, delay)
-    for partition in figures.values():
-        _headroom(partition, retention_ms, now_ms)
+    for number, partition in enumerate(view.partitions, start=1):
+        view.report("checking pending entries (partitions)", number, len(view.partitions))
+        for entry in view.entries(partitions=[partition]):
+            judge(entry, figures[partition], retention_ms, size_limited)
+            delay = entry.due_ms - entry.record_ms
+            longest = delay if longest is None else max(longest, delay)
+    for counted in figures.values():
+        _headroom(counted, retention_ms, now_ms)
     report = RetentionReport(
         settings.requests_topic, now_ms, retention_ms, retention_bytes,
         _int(config, "segment.ms"), _int(config, "segment.bytes"),

@@ -1,4 +1,4 @@
-"""Scenario ``operator``: ``kdelay due --within 1m`` and ``kdelay backlog`` with N pending.
+"""Scenario ``operator``: ``kdelay due --within 1m``, ``backlog``, ``retention check``.
 
 N requests (value ``value_size`` bytes) are produced to a deployment's requests
 topic with explicit timestamps, due evenly over the next 24 hours, and the
@@ -76,9 +76,10 @@ def run_operator(topics: Topics, work_dir: Path, count: int, partitions: int,
     _load(settings, count, partitions, value_size)
     seconds: dict[str, float] = {}
     lines: dict[str, int] = {}
-    for command in (("due", "--within", "1m"), ("backlog",)):
+    commands = {"due": ("due", "--within", "1m"), "backlog": ("backlog",),
+                "retention_check": ("retention", "check")}
+    for name, command in commands.items():
         view = Path(tempfile.mkdtemp(prefix="view-", dir=work_dir))
-        name = command[0]
         seconds[f"{name}_cold_s"], _ = _timed(settings, view, *command)
         seconds[f"{name}_warm_s"], out = _timed(settings, view, *command)
         lines[f"{name}_output_lines"] = len(out.splitlines())
