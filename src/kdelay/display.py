@@ -277,6 +277,8 @@ def retention_tables(report: RetentionReport) -> RenderableType:
 
 def _headroom(p: PartitionRetention) -> str:
     """The partition's headroom; ``unlimited`` when retention never deletes by time."""
+    if p.oldest_pending_offset is not None and p.oldest_pending_offset < p.log_start_offset:
+        return "expired"
     return "unlimited" if p.headroom_ms is None and p.pending else _signed(p.headroom_ms)
 
 

@@ -138,10 +138,14 @@ def judge(entry: Pending, figures: PartitionRetention, retention_ms: int | None,
 
 
 def _headroom(figures: PartitionRetention, retention_ms: int | None, now_ms: int) -> None:
+    """Set the headroom and due-in of the partition's oldest pending entry (by offset)."""
     if figures.oldest_record_ms is None or figures.oldest_due_ms is None:
         return
     figures.due_in_ms = figures.oldest_due_ms - now_ms
-    if retention_ms is not None:
+    oldest = figures.oldest_pending_offset
+    if oldest is not None and oldest < figures.log_start_offset:
+        figures.headroom_ms = 0  # already deleted: no time left at all
+    elif retention_ms is not None:
         figures.headroom_ms = figures.oldest_record_ms + retention_ms - now_ms
 
 

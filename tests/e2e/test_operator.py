@@ -147,7 +147,7 @@ def test_retention_check_reports_expired_and_late_originals(
     report = cli(deployment, view, "retention", "check")
     partition = report["partitions"][0]
     assert (partition["log_start_offset"], partition["expired"], report["expired"]) == (3, 2, 2)
-    assert report["at_risk"] == 2
+    assert (report["at_risk"], partition["headroom_ms"]) == (2, 0)
     assert run_cli(deployment.env(KDELAY_VIEW_DIR=str(view)), "retention", "check"
                    ).returncode == 3
     shown = cli(deployment, view, "show", "r0")
