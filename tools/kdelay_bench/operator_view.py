@@ -1,4 +1,5 @@
-"""Scenario ``operator``: ``kdelay due --within 1m``, ``backlog``, ``retention check``.
+"""Scenario ``operator``: ``kdelay due --within 1m``, ``backlog`` (also ``--by target``), and
+``retention check`` with N pending.
 
 N requests (value ``value_size`` bytes) are produced to a deployment's requests
 topic with explicit timestamps, due evenly over the next 24 hours, and the
@@ -77,7 +78,8 @@ def run_operator(topics: Topics, work_dir: Path, count: int, partitions: int,
     seconds: dict[str, float] = {}
     lines: dict[str, int] = {}
     commands = {"due": ("due", "--within", "1m"), "backlog": ("backlog",),
-                "retention_check": ("retention", "check")}
+                "retention_check": ("retention", "check"),
+                "backlog_by_target": ("backlog", "--by", "target")}
     for name, command in commands.items():
         view = Path(tempfile.mkdtemp(prefix="view-", dir=work_dir))
         seconds[f"{name}_cold_s"], _ = _timed(settings, view, *command)
