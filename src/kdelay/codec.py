@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 _DUE_KEY = struct.Struct(">QIQ")
@@ -186,6 +186,16 @@ def decode_index_value(raw: bytes) -> IndexValue:
     except UnicodeDecodeError as exc:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
     return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
+
+
+def record_times(values: Iterable[bytes]) -> list[int]:
+    """The fingerprint timestamps of encoded index values, without decoding the rest.
+
+    For scans over whole stores; raises struct.error for a value shorter than
+    :data:`INDEX_HEAD_SIZE`.
+    """
+    unpack = _INDEX_HEAD.unpack_from
+    return [unpack(raw)[0] for raw in values]
 
 
 def schedule_id_of(raw: bytes) -> str | None:

@@ -15,7 +15,9 @@ tombstones that compaction has since removed, so it is rebuilt whole.
 
 The original records (target, key, value size, headers) are read back by
 offset in sorted ranges with :class:`kdelay.originals.OriginalReader`, as
-delivery reads them, and only for the entries a command shows.
+delivery reads them, and only for the entries a command shows; counting by
+target reads every pending original once and keeps the targets in the view
+(:class:`Targets`), so later counts read only what is new.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
 from pathlib import Path
+from typing import NamedTuple, cast
 
 from confluent_kafka import Message
+from rocksdict import Options, Rdict, WriteBatch
 
 from kdelay import codec, envelope
 from kdelay.changelog import Restorer, open_restored
@@ -42,6 +46,9 @@ from kdelay.topics import admin_client, topic_config
 SYNCED_FILE = "synced_ms"
 DEFAULT_DELETE_RETENTION_MS = 86_400_000
 READ_CHUNK = 20_000
+TARGETS_DIR = "targets"
+# What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
+_RdictKey = str | int | float | bytes | bool
 # librdkafka log level for short-lived admin clients: their teardown logs at 6 (info).
 QUIET = 5
 # (what, done, total): progress of a long step, for a bar on stderr.
@@ -70,6 +77,14 @@ class Pending:
         return self.fingerprint.timestamp_ms
 
 
+class Columns(NamedTuple):
+    """The pending entries of one partition, column by column, in due order."""
+
+    due_ms: list[int]
+    offsets: list[int]
+    record_ms: list[int]
+
+
 def pending_of(key: bytes, raw: bytes) -> Pending:
     """Decode one index entry; ValueError for bytes that are not one."""
     due_ms, partition, offset = codec.decode_due_key(key)
@@ -82,6 +97,44 @@ def view_path(view_dir: Path, settings: Settings) -> Path:
     identity = f"{settings.bootstrap_servers}|{settings.requests_topic}|{settings.changelog_topic}"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     return view_dir / f"{settings.changelog_topic}-{digest}"
+
+
+class Targets:
+    """The targets of originals already read, by due key, kept in the view between runs.
+
+    An original never changes at its offset (the fingerprint was checked
+    when it was read), so its target is read from Kafka once. Keys below
+    the smallest pending due key can no longer be pending and are dropped by
+    :meth:`prune`; a cancelled far-future entry stays until its due time
+    passes.
+    """
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._db = Rdict(str(path), Options(raw_mode=True))
+        except Exception as exc:
+            raise ViewBusy(f"cannot open the target cache {path}: {exc}") from None
+
+    def close(self) -> None:
+        """Close the store."""
+        self._db.close()
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The cached targets of ``keys`` (None where not cached), in one lookup."""
+        if not keys:
+            return []
+        return cast(list[bytes | None], self._db.get(cast(list[_RdictKey], keys)))
+
+    def put(self, found: dict[bytes, bytes]) -> None:
+        """Remember targets by due key."""
+        batch = WriteBatch(raw_mode=True)
+        for key, target in found.items():
+            batch.put(key, target)
+        self._db.write(batch)
+
+    def prune(self, lowest_pending: bytes | None) -> None:
+        """Drop every key below ``lowest_pending`` (all keys when nothing is pending)."""
+        self._db.delete_range(b"", lowest_pending or b"\xff" * (codec.DUE_KEY_SIZE + 1))
 
 
 class PendingView:
@@ -101,6 +154,7 @@ class PendingView:
         self._now_ms = now_ms
         self._progress = progress
         self._indexes: dict[int, PartitionIndex] = {}
+        self._targets: Targets | None = None
 
     def __enter__(self) -> PendingView:
         try:
@@ -118,6 +172,9 @@ class PendingView:
         for index in self._indexes.values():
             index.close()
         self._indexes.clear()
+        if self._targets is not None:
+            self._targets.close()
+            self._targets = None
 
     @property
     def partitions(self) -> list[int]:
@@ -139,6 +196,7 @@ class PendingView:
         finally:
             restorer.close()
         self._dir.mkdir(parents=True, exist_ok=True)
+        self._targets = Targets(self._dir / TARGETS_DIR)
         (self._dir / SYNCED_FILE).write_text(str(self._now_ms))
         return replayed
 
@@ -169,6 +227,7 @@ class PendingView:
         return self._now_ms - synced_ms >= keep_ms
 
     def _destroy(self, partitions: Iterable[int]) -> None:
+        PartitionIndex.destroy(self._dir / TARGETS_DIR)
         for partition in partitions:
             PartitionIndex.destroy(store_path(self._dir, self._settings.requests_topic,
                                               partition))
@@ -197,6 +256,37 @@ class PendingView:
         """
         keys = map(itemgetter(0), self._indexes[partition].raw_items())
         return codec.decode_due_keys(b"".join(keys))
+
+    def columns(self, partition: int) -> Columns:
+        """Due times, offsets and record times of every pending entry of ``partition``.
+
+        Decoded in bulk, without a :class:`Pending` per entry: for checks
+        over whole partitions.
+        """
+        items = list(self._indexes[partition].raw_items())
+        keys = codec.decode_due_keys(b"".join(map(itemgetter(0), items)))
+        dues, offsets = [], []
+        for due_ms, _, offset in keys:
+            dues.append(due_ms)
+            offsets.append(offset)
+        return Columns(dues, offsets, codec.record_times(map(itemgetter(1), items)))
+
+    @property
+    def targets(self) -> Targets:
+        """The view's cache of targets already read; only while the view is open."""
+        if self._targets is None:
+            raise RuntimeError("the view is not open")
+        return self._targets
+
+    def keys(self, partition: int) -> list[bytes]:
+        """Every pending due key of ``partition``, in due order."""
+        return [key for key, _ in self._indexes[partition].raw_items()]
+
+    def pending(self, partition: int, keys: list[bytes]) -> list[Pending]:
+        """The pending entries of ``partition`` under ``keys`` (skipping any gone since)."""
+        raws = self._indexes[partition].raw_values(keys)
+        return [pending_of(key, raw) for key, raw in zip(keys, raws, strict=True)
+                if raw is not None]
 
     def find_id(self, schedule_id: str) -> Pending | None:
         """The pending entry that holds ``schedule_id``, or None (delivered, cancelled, unknown)."""
@@ -428,12 +518,43 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
 
 
 def _by_target(view: PendingView, originals: Originals) -> dict[str, int]:
-    """Count every pending entry by the target its original names."""
+    """Count every pending entry by the target its original names.
+
+    Targets already in the view's cache cost a lookup; the rest are read
+    from Kafka and cached. Entries whose original cannot be read count under
+    ``(expired)``, ``(absent)``, ``(mismatch)`` or ``(unread)``.
+    """
     counts: Counter[str] = Counter()
-    for original in originals.read(list(view.entries())).values():
-        target = original.target
-        counts[target if target is not None else f"({original.state.value})"] += 1
+    lowest: list[bytes] = []
+    for partition in view.partitions:
+        keys = view.keys(partition)
+        lowest += keys[:1]
+        cached = view.targets.get(keys)
+        counts.update(target.decode("utf-8", "replace") for target in cached if target)
+        missing = [key for key, target in zip(keys, cached, strict=True) if target is None]
+        counts.update(_read_targets(view, originals, partition, missing))
+    view.targets.prune(min(lowest, default=None))
     return dict(counts.most_common())
+
+
+def _read_targets(view: PendingView, originals: Originals, partition: int,
+                  keys: list[bytes]) -> Counter[str]:
+    """Read the originals under ``keys``, cache the targets found, and count them."""
+    entries = view.pending(partition, keys)
+    read = originals.read(entries)
+    found: dict[bytes, bytes] = {}
+    counts: Counter[str] = Counter()
+    for entry in entries:
+        original = read[(entry.partition, entry.offset)]
+        target = original.target
+        if target is None:
+            counts[f"({original.state.value})"] += 1
+            continue
+        counts[target] += 1
+        found[codec.encode_due_key(entry.due_ms, entry.partition, entry.offset)] = (
+            target.encode())
+    view.targets.put(found)
+    return counts
 
 
 class NotARequest(ValueError):

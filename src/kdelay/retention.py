@@ -34,7 +34,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from kdelay.pending import QUIET, Pending, PendingView
+from kdelay.pending import QUIET, Columns, PendingView
 from kdelay.settings import Settings
 from kdelay.topics import admin_client, topic_config
 
@@ -123,18 +123,33 @@ def recommend(longest_delay_ms: int | None, settings: Settings) -> int:
     return -(-needed // HOUR_MS) * HOUR_MS
 
 
-def judge(entry: Pending, figures: PartitionRetention, retention_ms: int | None,
-           size_limited: bool) -> None:
-    """Count ``entry`` into its partition's figures."""
-    figures.pending += 1
-    expired = entry.offset < figures.log_start_offset
-    late = retention_ms is not None and entry.due_ms > entry.record_ms + retention_ms
-    figures.expired += expired
-    figures.at_risk += expired or late or size_limited
-    if figures.oldest_pending_offset is None or entry.offset < figures.oldest_pending_offset:
-        figures.oldest_pending_offset = entry.offset
-        figures.oldest_record_ms = entry.record_ms
-        figures.oldest_due_ms = entry.due_ms
+def count(figures: PartitionRetention, columns: Columns, retention_ms: int | None,
+          size_limited: bool) -> int | None:
+    """Count one partition's pending entries into ``figures``; return its longest delay.
+
+    An entry is expired below the log start offset, and at risk when expired,
+    due after its record time + ``retention_ms``, or whenever the partition
+    is ``size_limited``.
+    """
+    dues, offsets, stamps = columns
+    low = figures.log_start_offset
+    figures.pending = len(offsets)
+    if not offsets:
+        return None
+    figures.expired = sum(1 for offset in offsets if offset < low)
+    if size_limited:
+        figures.at_risk = figures.pending
+    elif retention_ms is None:
+        figures.at_risk = figures.expired
+    else:
+        figures.at_risk = sum(1 for due_ms, record_ms, offset in zip(dues, stamps, offsets,
+                                                                      strict=True)
+                              if offset < low or due_ms > record_ms + retention_ms)
+    oldest = offsets.index(min(offsets))
+    figures.oldest_pending_offset = offsets[oldest]
+    figures.oldest_record_ms = stamps[oldest]
+    figures.oldest_due_ms = dues[oldest]
+    return max(due_ms - record_ms for due_ms, record_ms in zip(dues, stamps, strict=True))
 
 
 def _headroom(figures: PartitionRetention, retention_ms: int | None, now_ms: int) -> None:
@@ -157,17 +172,17 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
     """
     config = topic_config(admin_client(settings, log_level=QUIET), settings.requests_topic)
     retention_ms = _unlimited(_int(config, "retention.ms"))
-    retention_bytes = _int(config, "retention.bytes") or -1
+    retention_bytes = _int(config, "retention.bytes")
+    retention_bytes = -1 if retention_bytes is None else retention_bytes
     size_limited = retention_bytes >= 0
     starts = log_starts(settings, view.partitions)
     figures = {p: PartitionRetention(p, starts[p]) for p in view.partitions}
-    longest: int | None = None
+    delays: list[int] = []
     for number, partition in enumerate(view.partitions, start=1):
         view.report("checking pending entries (partitions)", number, len(view.partitions))
-        for entry in view.entries(partitions=[partition]):
-            judge(entry, figures[partition], retention_ms, size_limited)
-            delay = entry.due_ms - entry.record_ms
-            longest = delay if longest is None else max(longest, delay)
+        delay = count(figures[partition], view.columns(partition), retention_ms, size_limited)
+        delays += [] if delay is None else [delay]
+    longest = max(delays, default=None)
     for counted in figures.values():
         _headroom(counted, retention_ms, now_ms)
     report = RetentionReport(

@@ -114,6 +114,8 @@ def test_listing_spans_instances_and_drops_delivered_and_cancelled(
     assert backlog["by_target"] == {target: 2}
     assert sum(b["count"] for b in backlog["buckets"]) == 2
     assert backlog["earliest_due_ms"] == min(r["due_ms"] for r in rows.values())
+    cached = cli(deployment, view, "backlog", "--by", "target", "--bucket", "1d")
+    assert cached | {"now_ms": 0} == backlog | {"now_ms": 0}  # targets from the view's cache
 
     shown = cli(deployment, view, "show", "far-1")
     assert (shown["pending"], shown["target"], shown["partition"]) == (True, target, 1)

@@ -6,15 +6,16 @@ import pytest
 
 from kdelay import codec
 from kdelay.display import preview, relative, span, utc
-from kdelay.pending import NotARequest, Pending, parse_reference
-from kdelay.retention import PartitionRetention, judge, recommend
+from kdelay.pending import Columns, NotARequest, parse_reference
+from kdelay.retention import PartitionRetention, count, recommend
 from kdelay.settings import Settings
 
 HOUR = 3_600_000
 
 
-def entry(offset: int, record_ms: int, due_ms: int) -> Pending:
-    return Pending(due_ms, 0, offset, codec.Fingerprint(record_ms, 0), None)
+def columns(*entries: tuple[int, int, int]) -> Columns:
+    """Columns from ``(offset, record_ms, due_ms)`` entries."""
+    return Columns([e[2] for e in entries], [e[0] for e in entries], [e[1] for e in entries])
 
 
 def test_references_are_coordinates_of_the_requests_topic_or_ids() -> None:
@@ -26,20 +27,21 @@ def test_references_are_coordinates_of_the_requests_topic_or_ids() -> None:
 
 
 def test_an_entry_is_at_risk_when_expired_due_after_retention_or_size_limited() -> None:
+    entries = columns((4, 0, HOUR), (6, 0, 3 * HOUR), (7, 0, HOUR))
     figures = PartitionRetention(0, log_start_offset=5)
-    judge(entry(4, 0, HOUR), figures, retention_ms=2 * HOUR, size_limited=False)
-    judge(entry(6, 0, 3 * HOUR), figures, retention_ms=2 * HOUR, size_limited=False)
-    judge(entry(7, 0, HOUR), figures, retention_ms=2 * HOUR, size_limited=False)
+    assert count(figures, entries, retention_ms=2 * HOUR, size_limited=False) == 3 * HOUR
     assert (figures.pending, figures.expired, figures.at_risk) == (3, 1, 2)
     assert (figures.oldest_pending_offset, figures.oldest_due_ms) == (4, HOUR)
-    judge(entry(8, 0, HOUR), figures, retention_ms=None, size_limited=True)
-    assert figures.at_risk == 3
+    limited = PartitionRetention(0, log_start_offset=0)
+    count(limited, entries, retention_ms=None, size_limited=True)
+    assert (limited.at_risk, limited.expired) == (3, 0)
 
 
 def test_unlimited_retention_puts_nothing_at_risk_by_time() -> None:
     figures = PartitionRetention(0, log_start_offset=0)
-    judge(entry(0, 0, 1_000 * HOUR), figures, retention_ms=None, size_limited=False)
+    count(figures, columns((0, 0, 1_000 * HOUR)), retention_ms=None, size_limited=False)
     assert figures.at_risk == 0
+    assert count(figures, columns(), retention_ms=None, size_limited=False) is None
 
 
 def test_recommendation_covers_the_longest_delay_or_level_plus_margin_in_hours() -> None:
@@ -51,6 +53,8 @@ def test_recommendation_covers_the_longest_delay_or_level_plus_margin_in_hours()
 def test_due_keys_decode_end_to_end() -> None:
     keys = [codec.encode_due_key(5, 1, 2), codec.encode_due_key(7, 0, 9)]
     assert list(codec.decode_due_keys(b"".join(keys))) == [(5, 1, 2), (7, 0, 9)]
+    assert codec.record_times([codec.encode_index_value(
+        codec.IndexValue(codec.Fingerprint(-5, 7), "id"))]) == [-5]
     with pytest.raises(ValueError, match="multiple"):
         codec.decode_due_keys(b"x")
 
