@@ -6,7 +6,7 @@ import pytest
 
 from kdelay import codec
 from kdelay.display import preview, relative, span, utc
-from kdelay.pending import Columns, NotARequest, parse_reference
+from kdelay.pending import Columns, NotARequest, bucket_counts, parse_reference
 from kdelay.retention import PartitionRetention, count, recommend
 from kdelay.settings import Settings
 
@@ -67,3 +67,8 @@ def test_times_and_previews_read_well() -> None:
         "250 ms", "90 s", "3.0 h", "36 h")
     assert (preview(None), preview(b"k1"), preview(b"\x00\xff")) == ("null", "k1", "0x00ff")
     assert preview(b"x" * 50, chars=10) == "x" * 9 + "…"
+
+
+def test_buckets_count_sorted_due_times_by_aligned_start() -> None:
+    assert bucket_counts([], 10) == []
+    assert bucket_counts([3, 9, 10, 10, 35], 10) == [(0, 2), (10, 2), (30, 1)]
