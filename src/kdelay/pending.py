@@ -111,10 +111,17 @@ class Targets:
     """
 
     def __init__(self, path: Path) -> None:
+        """Open the cache at ``path``; one that cannot be opened (corrupt) starts empty.
+
+        Raises :class:`ViewBusy` when another command holds it.
+        """
         try:
             self._db = Rdict(str(path), Options(raw_mode=True))
         except Exception as exc:
-            raise ViewBusy(f"cannot open the target cache {path}: {exc}") from None
+            if "lock" in str(exc).lower():
+                raise ViewBusy(f"the target cache {path} is in use: {exc}") from None
+            PartitionIndex.destroy(path)
+            self._db = Rdict(str(path), Options(raw_mode=True))
 
     def close(self) -> None:
         """Close the store."""
