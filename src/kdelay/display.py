@@ -35,6 +35,13 @@ def utc(ms: int | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
+def utc_short(ms: int | None) -> str:
+    """``11-23 03:12:45`` (UTC, to the second) for narrow tables; ``-`` for None."""
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%m-%d %H:%M:%S")
+
+
 def span(ms: int) -> str:
     """A duration in the largest unit that keeps it at 2 or more: ``90 s``, ``3 h``, ``250 ms``."""
     for unit, name in _UNITS:
@@ -260,14 +267,15 @@ def retention_tables(report: RetentionReport) -> RenderableType:
         f"longest pending delay {_span_or_dash(report.longest_pending_delay_ms)}"
         f"; recommended retention.ms {report.recommended_retention_ms} "
         f"({span(report.recommended_retention_ms)})")
-    table = Table(title="per partition", title_justify="left")
-    for name in ("partition", "log start", "pending", "oldest pending", "record time",
-                 "due", "headroom", "due in", "at risk", "expired"):
-        table.add_column(name)
+    table = Table(title="per partition (oldest pending entry by offset; times UTC)",
+                  title_justify="left")
+    for name in ("partition", "log start", "pending", "oldest", "record time",
+                 "due time", "headroom", "due in", "at risk", "expired"):
+        table.add_column(name, no_wrap=name.endswith("time"))
     for p in report.partitions:
         table.add_row(str(p.partition), str(p.log_start_offset), str(p.pending),
                       "-" if p.oldest_pending_offset is None else str(p.oldest_pending_offset),
-                      utc(p.oldest_record_ms), utc(p.oldest_due_ms),
+                      utc_short(p.oldest_record_ms), utc_short(p.oldest_due_ms),
                       _headroom(p),
                       _signed(p.due_in_ms), str(p.at_risk), str(p.expired))
     verdict = Text("\n".join(f"AT RISK: {line}" for line in report.problems)
