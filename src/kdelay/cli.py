@@ -34,6 +34,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from kdelay.backlog import DueQuery, backlog, due
 from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.clock import SystemClock
@@ -49,16 +50,8 @@ from kdelay.display import (
 )
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
 from kdelay.index import IndexLocked
-from kdelay.pending import (
-    DueQuery,
-    NotARequest,
-    Originals,
-    PendingView,
-    ViewBusy,
-    backlog,
-    due,
-    lookup,
-)
+from kdelay.lookup import NotARequest, lookup
+from kdelay.pending import Originals, PendingView, ViewBusy
 from kdelay.retention import check as check_retention
 from kdelay.retention import set_retention
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings

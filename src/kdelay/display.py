@@ -17,7 +17,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kdelay.pending import Backlog, Lookup, Original, Pending, headers_of
+from kdelay.backlog import Backlog
+from kdelay.lookup import Lookup
+from kdelay.pending import Original, Pending, headers_of
 from kdelay.retention import PartitionRetention, RetentionReport
 
 PREVIEW_CHARS = 40

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kdelay import codec
+from kdelay.backlog import bucket_counts
 from kdelay.display import preview, relative, span, utc
-from kdelay.pending import Columns, NotARequest, bucket_counts, parse_reference
+from kdelay.lookup import NotARequest, parse_reference
+from kdelay.pending import Columns
 from kdelay.retention import PartitionRetention, count, recommend
 from kdelay.settings import Settings
 
