@@ -37,11 +37,27 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from kdelay.backlog import DueQuery, backlog, due
 from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
+from kdelay.clock import SystemClock
 from kdelay.connection import AUTHENTICATION_FAILED, ConnectionFailure, check_connection
+from kdelay.display import (
+    backlog_json,
+    backlog_tables,
+    due_json,
+    due_table,
+    retention_json,
+    retention_tables,
+    show_json,
+    show_renderable,
+)
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
 from kdelay.index import IndexLocked
+from kdelay.lookup import NotARequest, lookup
+from kdelay.pending import Originals, PendingView, ViewBusy
+from kdelay.retention import check as check_retention
+from kdelay.retention import set_retention
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.tail import follow
 from kdelay.topics import LayoutError, admin_client, create_topics
@@ -397,6 +413,151 @@ def tail(
     with _reported(), contextlib.suppress(KeyboardInterrupt):
         follow(_settings(ctx), topic, typer.echo, from_beginning=from_beginning, count=count,
                ready=functools.partial(typer.echo, err=True))
+# --- operator's view: due, backlog, show, retention check -------------------------------
+
+retention_app = typer.Typer(help="Check the requests topic's retention.", no_args_is_help=True)
+app.add_typer(retention_app, name="retention")
+_DEFAULT_VIEW_DIR = Path.home() / ".cache" / "kdelay" / "view"
+ViewDir = Annotated[Path, _option(
+    "view-dir", "Where the operator commands keep their local copy of the changelog "
+    "(never the service's --state-dir).", shown="~/.cache/kdelay/view")]
+JsonOutput = Annotated[bool, _option("json", "Print JSON instead of tables.")]
+_BUCKETS = {"1m": 60_000, "1h": 3_600_000, "1d": 86_400_000}
+
+
+@contextmanager
+def _operator_view(ctx: typer.Context, view_dir: Path) -> Iterator[
+        tuple[Settings, PendingView, Originals, int]]:
+    """Settings, the synced view, an original reader and "now", with errors reported.
+
+    Progress of the changelog replay and of long reads goes to stderr.
+    """
+    with _reported():
+        settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
+        now_ms = SystemClock().now_ms()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=Console(stderr=True),
+                      transient=True) as bar:
+            tasks: dict[str, TaskID] = {}
+
+            def progress(what: str, done: int, total: int) -> None:
+                if what not in tasks:
+                    tasks[what] = bar.add_task(what, total=total)
+                bar.update(tasks[what], completed=done, total=total)
+
+            try:
+                with PendingView(settings, view_dir, now_ms, progress) as view, \
+                        Originals(settings, progress) as originals:
+                    yield settings, view, originals, now_ms
+            except (ViewBusy, NotARequest) as exc:
+                _fail(exc.code, str(exc), USER_ERROR_EXIT)
+
+
+@app.command("due")
+@common_options
+def due_command(
+    ctx: typer.Context,
+    within: Annotated[str, _option("within", "Window ahead of now: 30s, 1m, 2h.")] = "1m",
+    overdue: Annotated[bool, _option("overdue", "Only entries already due.")] = False,
+    target: Annotated[str | None, _option("target", "Only entries for this target.")] = None,
+    partition: Annotated[int | None, _option("partition", "Only this request partition.")]
+    = None,
+    limit: Annotated[int, _option("limit", "Most entries listed; 0 for all.", shown=100)] = 100,
+    as_json: JsonOutput = False,
+    view_dir: ViewDir = _DEFAULT_VIEW_DIR,
+) -> None:
+    """List pending entries that are overdue or due within --within, in due order."""
+    with _reported():
+        query = DueQuery(parse_duration_ms(within), overdue, target, partition, limit or None)
+    with _operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
+        listed = due(view, originals, query, now_ms)
+    if as_json:
+        for line in due_json(listed, settings.requests_topic):
+            typer.echo(line)
+    else:
+        Console().print(due_table(listed, settings.requests_topic, now_ms))
+
+
+@app.command("backlog")
+@common_options
+def backlog_command(
+    ctx: typer.Context,
+    bucket: Annotated[str, _option("bucket", "Due-time bucket: 1m, 1h or 1d.", shown="1h")]
+    = "1h",
+    by: Annotated[str, _option(
+        "by", "Count per partition, or per target (reads every pending original).",
+        shown="partition")] = "partition",
+    as_json: JsonOutput = False,
+    view_dir: ViewDir = _DEFAULT_VIEW_DIR,
+) -> None:
+    """How much is pending and when it comes due: totals, buckets, per partition or target."""
+    if bucket not in _BUCKETS or by not in ("partition", "target"):
+        _fail("invalid-argument", "--bucket is one of 1m, 1h, 1d and --by one of "
+              "partition, target", USER_ERROR_EXIT)
+    with _operator_view(ctx, view_dir) as (_, view, originals, now_ms):
+        result = backlog(view, now_ms, _BUCKETS[bucket], originals if by == "target" else None)
+    if as_json:
+        typer.echo(backlog_json(result))
+    else:
+        Console().print(backlog_tables(result))
+
+
+@app.command("show")
+@common_options
+def show_command(
+    ctx: typer.Context,
+    reference: Annotated[str, typer.Argument(
+        metavar="ID_OR_COORDINATES", help="A schedule id, or topic/partition/offset.")],
+    as_json: JsonOutput = False,
+    view_dir: ViewDir = _DEFAULT_VIEW_DIR,
+) -> None:
+    """Show one request: whether it is pending, when and where it goes, and its original."""
+    with _operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
+        found = lookup(view, originals, reference, settings.requests_topic)
+    if as_json:
+        typer.echo(show_json(found, settings.requests_topic))
+    else:
+        Console().print(show_renderable(found, settings.requests_topic, now_ms))
+
+
+@retention_app.command("check")
+@common_options
+def retention_check(
+    ctx: typer.Context,
+    as_json: JsonOutput = False,
+    view_dir: ViewDir = _DEFAULT_VIEW_DIR,
+) -> None:
+    """Check that retention keeps every pending original until it is due.
+
+    Exit status 0 when nothing is at risk, 3 when something is.
+    """
+    with _operator_view(ctx, view_dir) as (settings, view, _, now_ms):
+        report = check_retention(settings, view, now_ms)
+    if as_json:
+        typer.echo(retention_json(report))
+    else:
+        Console().print(retention_tables(report))
+    raise typer.Exit(report.exit_code)
+
+
+@retention_app.command("set")
+@common_options
+def retention_set(
+    ctx: typer.Context,
+    retention: Annotated[str, typer.Argument(
+        metavar="RETENTION", help="New retention.ms of the requests topic: ms, 30d, 72h, or -1.")],
+) -> None:
+    """Set the requests topic's retention.ms (and retention.bytes=-1).
+
+    Restart the kdelay instances afterwards: they read retention at start.
+    """
+    with _reported():
+        settings = _settings(ctx)
+        new_ms = -1 if retention == "-1" else parse_duration_ms(retention)
+        old = set_retention(settings, new_ms)
+    typer.echo(f"{settings.requests_topic}: retention.ms {-1 if old is None else old} -> "
+               f"{new_ms}, retention.bytes -1")
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 _DUE_KEY = struct.Struct(">QIQ")
@@ -114,6 +115,18 @@ def decode_due_key(raw: bytes) -> DueKey:
     return _tuple_new(DueKey, _DUE_KEY.unpack(raw))
 
 
+def decode_due_keys(joined: bytes) -> Iterator[tuple[int, int, int]]:
+    """Decode due keys laid end to end (``b"".join(keys)``) as ``(due_ms, partition, offset)``.
+
+    One C-level pass for scans over whole stores; ValueError unless the length
+    is a multiple of :data:`DUE_KEY_SIZE`.
+    """
+    if len(joined) % DUE_KEY_SIZE:
+        raise ValueError(f"joined due keys must be a multiple of {DUE_KEY_SIZE} bytes, "
+                         f"got {len(joined)}")
+    return _DUE_KEY.iter_unpack(joined)
+
+
 def due_upper_bound(now_ms: int) -> bytes:
     """Return an exclusive ``iterate_upper_bound`` admitting every key due by ``now_ms``.
 
@@ -173,6 +186,16 @@ def decode_index_value(raw: bytes) -> IndexValue:
     except UnicodeDecodeError as exc:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
     return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
+
+
+def record_times(values: Iterable[bytes]) -> list[int]:
+    """The fingerprint timestamps of encoded index values, without decoding the rest.
+
+    For scans over whole stores; raises struct.error for a value shorter than
+    :data:`INDEX_HEAD_SIZE`.
+    """
+    unpack = _INDEX_HEAD.unpack_from
+    return [unpack(raw)[0] for raw in values]
 
 
 def schedule_id_of(raw: bytes) -> str | None:

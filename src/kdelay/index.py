@@ -245,6 +245,19 @@ class PartitionIndex:
         for key, raw in self._iterate(bound, from_head=False):
             yield Entry(key, codec.decode_index_value(raw))
 
+    def raw_items(self, upper_ms: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Iterate over ``(due key, encoded index value)`` of every pending entry, in key order.
+
+        Bounded by ``upper_ms`` like :meth:`entries`, without decoding: for
+        readers that go over a whole store and need only part of each entry.
+        """
+        options = ReadOptions()
+        if upper_ms is not None:
+            options.set_iterate_upper_bound(codec.due_upper_bound(upper_ms))
+        # A generator keeps ``options`` alive while iterating: RocksDB's
+        # iterator reads its upper bound from them.
+        yield from cast(Iterator[tuple[bytes, bytes]], self._db.items(read_opt=options))
+
     def first_key(self) -> bytes | None:
         """Return the smallest pending due key, or None when nothing is pending."""
         for key, _ in self._iterate(None):

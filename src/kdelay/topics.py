@@ -94,9 +94,12 @@ class _Existing:
         return frozenset(self.config.get(CLEANUP_POLICY, "delete").split(","))
 
 
-def admin_client(settings: Settings) -> AdminClient:
-    """An AdminClient for the deployment ``settings`` describe (it connects in the background)."""
-    return AdminClient(settings.client_config("admin"))
+def admin_client(settings: Settings, **overrides: str | int | bool) -> AdminClient:
+    """An AdminClient for the deployment ``settings`` describe (it connects in the background).
+
+    ``overrides`` are client settings on top of the deployment's.
+    """
+    return AdminClient(settings.client_config("admin", **overrides))
 
 
 def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> list[TopicSpec]:
@@ -328,6 +331,14 @@ def retention_ms(admin: AdminClient, topic: str, *, timeout: float = 10) -> int 
     other Kafka errors propagate as ``KafkaException``.
     """
     return _retention(_configs(admin, [topic], timeout)[topic])
+
+
+def topic_config(admin: AdminClient, topic: str, *, timeout: float = 10) -> dict[str, str]:
+    """Return ``topic``'s effective configuration (``describe_configs``): key -> value.
+
+    Raises :class:`LayoutError` ``topic-missing`` when the topic does not exist.
+    """
+    return _configs(admin, [topic], timeout)[topic]
 
 
 def _retention(config: Mapping[str, str]) -> int | None:

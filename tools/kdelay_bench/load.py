@@ -46,12 +46,17 @@ class Loader:
         self.first_error = self.first_error or error.str()
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
-                headers: Headers | None = None, partition: int = -1) -> None:
-        """Produce one record, waiting for queue room when librdkafka's queue is full."""
+                headers: Headers | None = None, partition: int = -1,
+                timestamp: int = 0) -> None:
+        """Produce one record, waiting for queue room when librdkafka's queue is full.
+
+        ``timestamp`` 0 lets the producer stamp the record with its own clock.
+        """
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, headers=headers,
-                                       partition=partition, on_delivery=self._callback)
+                                       partition=partition, timestamp=timestamp,
+                                       on_delivery=self._callback)
                 return
             except BufferError:
                 self._producer.poll(0.05)

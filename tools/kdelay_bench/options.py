@@ -11,7 +11,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-SCENARIOS = ("pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity")
+SCENARIOS = ("pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity",
+             "operator")
 GUARANTEES = ("at-least-once", "exactly-once")
 
 # name -> (full default, quick default)
@@ -24,7 +25,10 @@ SIZES: dict[str, tuple[float, float]] = {
     "capacity_pending": (10_000_000, 10_000_000),
     "capacity_base": (1_000_000, 1_000_000),
     "capacity_slice": (100_000, 100_000),
+    "operator_pending": (1_000_000, 100_000),
 }
+# With --long the operator scenario runs again at this size.
+OPERATOR_LONG_PENDING = 10_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,7 @@ class BenchOptions:
     capacity_pending: int
     capacity_base: int
     capacity_slice: int
+    operator_pending: tuple[int, ...]
     json_path: Path | None
     markdown_path: Path | None
     work_dir: Path | None
@@ -74,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         "pipe and a payload-copy store, on the local broker (see docs/benchmarks.md).")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes: under 5 minutes")
-    mode.add_argument("--long", action="store_true", help="also run capacity (10 M pending)")
+    mode.add_argument("--long", action="store_true",
+                      help="also run capacity, and operator at 10 M pending")
     p.add_argument("--bootstrap-servers", help="broker to use (default: "
                    "KDELAY_BOOTSTRAP_SERVERS, else `tools/kafka start`)")
     p.add_argument("--scenarios", type=_names,
@@ -145,6 +151,8 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         capacity_pending=int(_size(args, "capacity_pending")),
         capacity_base=int(_size(args, "capacity_base")),
         capacity_slice=int(_size(args, "capacity_slice")),
+        operator_pending=(int(_size(args, "operator_pending")),
+                          *((OPERATOR_LONG_PENDING,) if args.long else ())),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
         keep_topics=args.keep_topics,
     )

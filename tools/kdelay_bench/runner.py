@@ -21,6 +21,7 @@ from kdelay_bench.capacity import run_capacity
 from kdelay_bench.footprint import run_footprint
 from kdelay_bench.lateness import Load, run_hop, run_lateness
 from kdelay_bench.machine import finish, machine
+from kdelay_bench.operator_view import run_operator
 from kdelay_bench.options import BenchOptions, parse_options
 from kdelay_bench.progress import say
 from kdelay_bench.report import Result, markdown, write_json
@@ -71,6 +72,14 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
     if "capacity" in chosen:
         results += _guarded("capacity", lambda: [run_capacity(
             setup, options.capacity_base, options.capacity_pending, options.capacity_slice)])
+    if "operator" in chosen:
+        results += _guarded("operator", lambda: _operator(options, setup))
+
+
+def _operator(options: BenchOptions, setup: Setup) -> list[Result]:
+    return [run_operator(setup.topics, setup.work_dir, count, options.partitions,
+                         options.value_size, options.batch_size)
+            for count in options.operator_pending]
 
 
 def _write(options: BenchOptions, results: list[Result]) -> None:
