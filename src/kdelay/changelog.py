@@ -27,7 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from kdelay import codec
 from kdelay.codec import IdState
 from kdelay.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex, store_path
-from kdelay.polling import take
+from kdelay.polling import take, watermarks
 from kdelay.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,9 +114,7 @@ class Restorer:
             self._consumer.unassign()
 
     def _watermarks(self, partition: int) -> tuple[int, int]:
-        low, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self._topic, partition), timeout=30, cached=False)
-        return int(low), int(high)
+        return watermarks(self._consumer, TopicPartition(self._topic, partition), 30)
 
     def _replay(self, index: PartitionIndex, begin: int, high: int,
                 progress: Progress | None) -> int:

@@ -25,7 +25,7 @@ from enum import Enum
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from kdelay.polling import take
+from kdelay.polling import take, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,8 @@ class OriginalReader:
     def _classify_by_watermarks(self, consumer: Consumer, partition: int,
                                 queue: list[_Run], result: dict[tuple[int, int], Found]) -> None:
         """Resolve offsets below the log start or at/after the log end without fetching."""
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(self._topic, partition), timeout=self._timeout_s, cached=False
-        )
+        low, high = watermarks(consumer, TopicPartition(self._topic, partition),
+                               self._timeout_s)
         for run in queue:
             for offset in list(run.pending):
                 if offset < low:
@@ -217,9 +216,8 @@ class OriginalReader:
     def _expire_below_start(self, consumer: Consumer, run: _Run,
                             result: dict[tuple[int, int], Found]) -> None:
         """Mark the run's offsets below the (moved) log start offset ``EXPIRED``."""
-        low, _ = consumer.get_watermark_offsets(
-            TopicPartition(self._topic, run.partition), timeout=self._timeout_s, cached=False
-        )
+        low, _ = watermarks(consumer, TopicPartition(self._topic, run.partition),
+                            self._timeout_s)
         for offset in [o for o in run.pending if o < low]:
             result[(run.partition, offset)] = Missing.EXPIRED
             run.pending.discard(offset)

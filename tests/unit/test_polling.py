@@ -1,4 +1,4 @@
-"""polling.take against a fake consumer that records every ``consume`` call.
+"""polling.take and polling.watermarks against fake consumers that record every call.
 
 The fake never waits: a blocking ``consume`` (timeout > 0) finds the records
 that "arrive" during the wait queued, so the tests see exactly which calls
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import cast
 
 import pytest
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.polling import take
+from kdelay.polling import take, watermarks
 
 
 def records(*offsets: int) -> list[Message]:
@@ -83,3 +83,49 @@ def test_a_timeout_of_zero_or_less_never_blocks(timeout_s: float) -> None:
     assert take_from(consumer, 10, timeout_s) == []
     assert consumer.calls == [(10, 0)]
     assert all(timeout == 0 for _, timeout in consumer.calls)
+
+
+class FlakyLeader:
+    """Answers watermark queries with the errors given, then with (3, 9)."""
+
+    def __init__(self, *errors: int) -> None:
+        self.errors = list(errors)
+        self.asked = 0
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = -1,
+                              cached: bool = False) -> tuple[int, int]:
+        self.asked += 1
+        assert not cached, "watermarks must come from the leader"
+        if self.errors:
+            raise KafkaException(KafkaError(self.errors.pop(0)))
+        return 3, 9
+
+
+def ask(consumer: FlakyLeader, timeout_s: float) -> tuple[int, int]:
+    pauses: list[float] = []
+    found = watermarks(cast(Consumer, consumer), TopicPartition("t", 0), timeout_s,
+                       pause=pauses.append)
+    assert len(pauses) == consumer.asked - 1
+    return found
+
+
+def test_watermarks_wait_out_a_leader_change() -> None:
+    leader = FlakyLeader(KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                         KafkaError._TRANSPORT)
+    assert ask(leader, 30) == (3, 9)
+    assert leader.asked == 4
+
+
+def test_watermarks_raise_other_errors_at_once() -> None:
+    leader = FlakyLeader(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(KafkaException) as raised:
+        ask(leader, 30)
+    assert raised.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert leader.asked == 1
+
+
+def test_watermarks_give_up_when_the_time_is_over() -> None:
+    leader = FlakyLeader(*[KafkaError.NOT_LEADER_FOR_PARTITION] * 5)
+    with pytest.raises(KafkaException):
+        ask(leader, 0)
+    assert leader.asked == 1
