@@ -16,7 +16,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import signal
 import sys
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,8 +39,10 @@ from rich.progress import (
 
 from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
-from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
+from kdelay.clock import SystemClock
+from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms, parse_levels
 from kdelay.index import IndexLocked
+from kdelay.recurring import cancel as cancel_series
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.topics import LayoutError, admin_client, create_topics
 
@@ -295,11 +300,25 @@ def send(
     schedule_id: Annotated[str | None, _option(
         "id", "Schedule id: dedupes, and is the handle for cancel.")] = None,
     partition: Annotated[int | None, _option("partition", "Target partition.")] = None,
+    every: Annotated[str | None, _option(
+        "every", "Recurring: every interval (5m, 1h); needs `kdelay worker`.")] = None,
+    cron: Annotated[str | None, _option(
+        "cron", "Recurring: a cron expression (\"0 9 * * MON-FRI\"); needs `kdelay worker`.")]
+    = None,
+    tz: Annotated[str, _option("tz", "Time zone of --cron (IANA name).", shown="UTC")] = "UTC",
+    until: Annotated[str | None, _option(
+        "until", "Recurring: no occurrence after this time (epoch ms or ISO-8601).")] = None,
+    count: Annotated[int | None, _option("count", "Recurring: at most this many times.")]
+    = None,
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
 
-    Give exactly one of --delay, --due and --level.
+    Give exactly one of --delay, --due and --level; or --every or --cron for a
+    recurring record (then print its id and first due time too).
     """
+    if every is not None or cron is not None:
+        _send_series(ctx, target, value, key, header, schedule_id, every, cron, tz, until, count)
+        return
     with _reported():
         settings = _settings(ctx)
         with DelayProducer(settings) as producer:
@@ -318,11 +337,11 @@ def cancel(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
 ) -> None:
-    """Cancel the pending schedule ID; print the cancel request's topic/partition/offset."""
+    """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
     with _reported():
         settings = _settings(ctx)
         with DelayProducer(settings) as producer:
-            coordinates = producer.cancel(schedule_id)
+            coordinates = cancel_series(settings, producer, schedule_id, SystemClock().now_ms())
     typer.echo(str(coordinates))
 
 
@@ -355,6 +374,88 @@ def restore(
             replayed = rebuild(settings, partitions=partition, fresh=fresh, progress=progress)
     for p, count in sorted(replayed.items()):
         typer.echo(f"partition {p}: {count} changelog records replayed")
+
+
+# --- Around the service: recurring sends and the task/series worker (issue 14) ---
+
+
+def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | None,
+                 header: list[str] | None, schedule_id: str | None, every: str | None,
+                 cron: str | None, tz: str, until: str | None, count: int | None) -> None:
+    """``kdelay send --every|--cron``: start a plain record series, print where and when."""
+    from kdelay import recurring
+
+    with _reported():
+        settings = _settings(ctx)
+        now_ms = SystemClock().now_ms()
+        spec = recurring.spec_of(every, cron, tz, now_ms)
+        series_id = schedule_id or f"series-{uuid.uuid4().hex}"
+        coordinates, first_ms = recurring.send_series(
+            settings, target, value, spec, schedule_id=series_id, now_ms=now_ms, key=key,
+            headers=[parse_header(h) for h in header or ()],
+            until_ms=parse_due(until) if until is not None else None, count=count)
+    typer.echo(f"{coordinates} id={series_id} first-due-ms={first_ms}")
+
+
+@app.command()
+@common_options
+def worker(
+    ctx: typer.Context,
+    registry: Annotated[str | None, _option(
+        "registry", "The task registry to run, as module:object; plain series only if not "
+        "given.", metavar="MODULE:OBJECT")] = None,
+    worker_group_id: Annotated[str, _option(
+        "worker-group-id", "Consumer group of the workers.", shown="kdelay-worker")]
+    = "kdelay-worker",
+    tasks_topic: Annotated[str, _option(
+        "tasks-topic", "Topic task calls are delivered to.", shown="kdelay.tasks")]
+    = "kdelay.tasks",
+    series_topic: Annotated[str, _option(
+        "series-topic", "Topic plain series occurrences are delivered to.",
+        shown="kdelay.series")] = "kdelay.series",
+    series_cancels_topic: Annotated[str, _option(
+        "series-cancels-topic", "Compacted topic of series cancel markers.",
+        shown="kdelay.series.cancels")] = "kdelay.series.cancels",
+    worker_dlq_topic: Annotated[str, _option(
+        "worker-dlq-topic", "Dead-letter topic of failed tasks.", shown="kdelay.tasks.dlq")]
+    = "kdelay.tasks.dlq",
+    backoff: Annotated[str | None, _option(
+        "backoff", "Retry steps of a failed task.", shown="10s 30s 1m ... 1h 2h")] = None,
+    create_topics: Annotated[bool, _option(
+        "create-topics", "Create the worker's topics if missing, then exit.")] = False,
+    partitions: Annotated[int, _option(
+        "partitions", "Partitions of the tasks and series topics (--create-topics).",
+        shown=3)] = 3,
+    log_level: Annotated[str, _option("log-level", "Log level of the worker.")] = "INFO",
+) -> None:
+    """Run scheduled tasks and drive recurring series until SIGTERM or SIGINT.
+
+    Exactly-once (--guarantee) makes each occurrence's next request, retries
+    and offsets commit in one transaction.
+    """
+    from kdelay import tasks
+
+    topics = tasks.WorkerTopics(tasks_topic, series_topic, series_cancels_topic,
+                                worker_dlq_topic)
+    with _reported():
+        settings = _settings(ctx)
+        if create_topics:
+            for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
+                typer.echo(line)
+            return
+        try:
+            loaded = tasks.load_registry(registry) if registry is not None else None
+        except tasks.RegistryError as exc:
+            _fail(exc.code, str(exc), USER_ERROR_EXIT)
+        options = tasks.WorkerOptions(worker_group_id, topics,
+                                      parse_levels(backoff) if backoff else None)
+        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        typer.echo(f"worker: tasks {loaded.names() if loaded else 'none'}", err=True)
+        tasks.run_worker(settings, loaded, options, stop.is_set)
 
 
 def main() -> None:

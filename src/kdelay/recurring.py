@@ -401,3 +401,29 @@ class Cancels:
     def close(self) -> None:
         """Release the consumer."""
         self._consumer.close()
+
+
+def spec_of(every_text: str | None, cron_text: str | None, tz: str, now_ms: int) -> Spec:
+    """The spec ``--every`` or ``--cron`` (exactly one) gives; SeriesError otherwise.
+
+    An interval series starts one interval after ``now_ms``.
+    """
+    if (every_text is None) == (cron_text is None):
+        raise SeriesError("give exactly one of --every and --cron")
+    if every_text is not None:
+        interval = every(every_text, now_ms)
+        return Every(interval.interval_ms, now_ms + interval.interval_ms)
+    return cron(str(cron_text), tz)
+
+
+def send_series(
+    settings: Settings, target: str, value: bytes | str | None, spec: Spec, *,
+    schedule_id: str, now_ms: int, key: bytes | str | None = None,
+    headers: UserHeaders | None = None, until_ms: int | None = None, count: int | None = None,
+    series_topic: str = SERIES_TOPIC,
+) -> tuple[Coordinates, int]:
+    """Start a plain record series with a producer of its own (``kdelay send --every``)."""
+    with DelayProducer(settings) as producer:
+        return start(producer, target, value, spec, schedule_id=schedule_id, now_ms=now_ms,
+                     key=key, headers=headers, until_ms=until_ms, count=count,
+                     series_topic=series_topic)

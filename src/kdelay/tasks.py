@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -282,6 +282,18 @@ def create_worker_topics(admin: AdminClient, topics: WorkerTopics, partitions: i
     return lines
 
 
+class Markers(Protocol):
+    """What the worker needs of the cancel markers (:class:`kdelay.recurring.Cancels`)."""
+
+    def catch_up(self) -> None:
+        """Read every marker written before the call."""
+        ...
+
+    def ends(self, series: Series) -> bool:
+        """Whether a known marker ends ``series``."""
+        ...
+
+
 @dataclass
 class Worker:
     """Handles the records of the tasks and series topics (see the module docstring).
@@ -295,7 +307,7 @@ class Worker:
     topics: WorkerTopics
     requests_topic: str
     requests_partitions: int
-    cancels: Cancels
+    cancels: Markers
     clock: Clock
     _continued: list[Series] = field(default_factory=list)
 
@@ -313,6 +325,8 @@ class Worker:
         try:
             self._run(message, series)
         except Exception as exc:
+            if not follow:
+                raise
             raise Failed(exc, follow) from exc
         return follow
 
