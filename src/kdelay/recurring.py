@@ -1,7 +1,8 @@
 """Recurring schedules: a fixed interval or a cron expression with a time zone.
 
 A series is one kdelay request at a time. Every occurrence is a request due at
-the occurrence's instant, under the series id (``kdelay-id``), carrying the
+the occurrence's instant, under the series id (``kdelay-id``; see
+:func:`occurrence_id` for even occurrences), carrying the
 ``kdelay.series`` header: a JSON object with the series' spec, its start, its
 end (``until`` ms, ``count``) and the occurrence number ``n``. The occurrence is
 delivered to a worker (``kdelay worker``): a task occurrence to the tasks topic,
@@ -25,6 +26,14 @@ same request partition and cancels it; an occurrence delivered anyway is
 dropped by the worker, which knows the marker by then. A marker ends the series
 that started before it; a new series may reuse the id later.
 
+Two ids. The service marks an id delivered only when it settles the delivery
+report, so a worker quick enough to schedule the next occurrence under the very
+id of the one it is handling could see it refused as a duplicate. Odd
+occurrences therefore use the series id and even ones the id plus ``~``
+(:func:`occurrence_id`): the next occurrence never meets its predecessor, while
+a re-handled occurrence (after a crash) still meets the copy it wrote before
+and is deduplicated by kdelay.
+
 Time zones and daylight saving follow croniter: a local time skipped by a
 spring-forward change fires at the first instant after the gap (02:30 on the
 change day fires at 03:00 new time); a local time repeated by a fall-back
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -295,6 +305,16 @@ def start(
     return coordinates, first_ms
 
 
+def occurrence_id(schedule_id: str, n: int) -> str:
+    """The kdelay id of occurrence ``n``: the series id when odd, the id plus ``~`` when even."""
+    return schedule_id if n % 2 else f"{schedule_id}~"
+
+
+def occurrence_ids(schedule_id: str) -> tuple[str, str]:
+    """Both kdelay ids a series' pending occurrence may have (for ``kdelay show``)."""
+    return schedule_id, occurrence_id(schedule_id, 2)
+
+
 def next_occurrence(series: Series) -> Series:
     """The series header of the occurrence after ``series``'s."""
     return replace(series, n=series.n + 1)
@@ -327,12 +347,14 @@ def write_marker(settings: Settings, schedule_id: str, now_ms: int,
 
 def cancel(settings: Settings, producer: DelayProducer, schedule_id: str, now_ms: int,
            cancels_topic: str = CANCELS_TOPIC) -> Coordinates:
-    """End the series (or plain schedule) ``schedule_id``: marker first, then the kdelay cancel.
+    """End the series (or plain schedule) ``schedule_id``: marker first, then the kdelay cancels.
 
-    Returns the kdelay cancel's coordinates. See the module docstring for why
-    the order matters.
+    Returns the coordinates of the cancel of ``schedule_id``. When the cancels
+    topic exists the even occurrences' id is cancelled too. See the module
+    docstring for why the order matters.
     """
-    write_marker(settings, schedule_id, now_ms, cancels_topic)
+    if write_marker(settings, schedule_id, now_ms, cancels_topic):
+        producer.cancel(occurrence_id(schedule_id, 2))
     return producer.cancel(schedule_id)
 
 
@@ -363,20 +385,21 @@ class Cancels:
 
     def catch_up(self) -> None:
         """Read every marker written before this call; TimeoutError if that takes too long."""
-        ends = {tp.partition: self._consumer.get_watermark_offsets(
-            tp, timeout=self._timeout_s, cached=False)[1] for tp in self._partitions}
+        deadline = time.monotonic() + self._timeout_s
         for tp in self._partitions:
-            self._read_to(tp.partition, ends[tp.partition])
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=self._timeout_s,
+                                                             cached=False)
+            while high > low and self._position(tp.partition) < high:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cancel markers not read within {self._timeout_s} s")
+                for message in self._consumer.consume(500, timeout=0.1):
+                    self._apply(message)
 
-    def _read_to(self, partition: int, end: int) -> None:
-        """Consume this partition until its position reaches ``end``."""
+    def _position(self, partition: int) -> int:
+        """The consumer's next offset on ``partition`` (negative before the first fetch)."""
         topic = self._partitions[0].topic
-        while True:
-            position = self._consumer.position([TopicPartition(topic, partition)])[0].offset
-            if position >= end:
-                return
-            for message in self._consumer.consume(500, timeout=self._timeout_s / 30):
-                self._apply(message)
+        offset: int = self._consumer.position([TopicPartition(topic, partition)])[0].offset
+        return offset
 
     def _apply(self, message: Message) -> None:
         """Remember a marker; a tombstone forgets one."""

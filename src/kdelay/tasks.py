@@ -335,9 +335,10 @@ class Worker:
         if not self._continued:
             return []
         self.cancels.catch_up()
-        ended = {s.schedule_id for s in self._continued if self.cancels.ends(s)}
+        ended = {recurring.occurrence_id(s.schedule_id, s.n) for s in self._continued
+                 if self.cancels.ends(s)}
         self._continued.clear()
-        return [self._cancel_request(schedule_id) for schedule_id in sorted(ended)]
+        return [self._cancel_request(occurrence) for occurrence in sorted(ended)]
 
     def _run(self, message: Message, series: Series | None) -> None:
         """Decode, check and call the task; TaskRejected for what can never run."""
@@ -361,12 +362,13 @@ class Worker:
         if next_ms is None:
             return []
         following = recurring.next_occurrence(series)
+        occurrence = recurring.occurrence_id(series.schedule_id, following.n)
         headers = client.request_headers(
             str(message.topic()), recurring.occurrence_headers(message.headers(), following),
-            due=next_ms, schedule_id=series.schedule_id)
+            due=next_ms, schedule_id=occurrence)
         self._continued.append(following)
         return [Outgoing(self.requests_topic, message.key(), message.value(), headers,
-                         client.id_partition(series.schedule_id, self.requests_partitions))]
+                         client.id_partition(occurrence, self.requests_partitions))]
 
     def _forward(self, message: Message, series: Series | None) -> list[Outgoing]:
         """A plain occurrence to its real target, with the delivery headers kdelay gave it."""

@@ -142,3 +142,8 @@ def test_spec_of_needs_exactly_one_of_every_and_cron() -> None:
     for every, cron in ((None, None), ("5m", "0 9 * * *")):
         with pytest.raises(SeriesError):
             recurring.spec_of(every, cron, "UTC", 0)
+
+
+def test_occurrences_alternate_between_two_ids() -> None:
+    assert [recurring.occurrence_id("s", n) for n in (1, 2, 3, 4)] == ["s", "s~", "s", "s~"]
+    assert recurring.occurrence_ids("s") == ("s", "s~")

@@ -135,9 +135,9 @@ def test_an_occurrence_runs_and_schedules_the_next(worker: Worker) -> None:
     [request] = worker.handle(delivered("kdelay.tasks", call("remind", user="ann", times=1),
                                         series))
     assert RUNS == [("ann", 1)]
-    assert request.partition == client.id_partition("s1", 3)
+    assert request.partition == client.id_partition("s1~", 3)
     assert envelope.parse(request.headers, 0, LIMITS) == Schedule("kdelay.tasks", 11_000,
-                                                                  None, "s1")
+                                                                  None, "s1~")
     following = [v for n, v in request.headers if n == "kdelay.series"]
     assert isinstance(following[0], bytes)
     assert orjson.loads(following[0])["n"] == 2
@@ -186,6 +186,6 @@ def test_a_cancel_racing_the_occurrence_cancels_the_next_one(worker: Worker,
     markers.ended.add("s5")
     [cancel] = worker.settle()
     assert markers.caught_up == 1
-    assert envelope.parse(cancel.headers, 0, LIMITS) == Cancel("s5")
+    assert envelope.parse(cancel.headers, 0, LIMITS) == Cancel("s5~")
     assert cancel.partition == request.partition
     assert worker.settle() == []
