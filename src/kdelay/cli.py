@@ -22,6 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -42,6 +43,7 @@ from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.clock import SystemClock
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms, parse_levels
 from kdelay.index import IndexLocked
+from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
 from kdelay.recurring import cancel as cancel_series
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.topics import LayoutError, admin_client, create_topics
@@ -310,6 +312,9 @@ def send(
         "until", "Recurring: no occurrence after this time (epoch ms or ISO-8601).")] = None,
     count: Annotated[int | None, _option("count", "Recurring: at most this many times.")]
     = None,
+    series_topic: Annotated[str, _option(
+        "series-topic", "Recurring: topic the worker reads occurrences from.",
+        shown=SERIES_TOPIC)] = SERIES_TOPIC,
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
 
@@ -317,7 +322,11 @@ def send(
     recurring record (then print its id and first due time too).
     """
     if every is not None or cron is not None:
-        _send_series(ctx, target, value, key, header, schedule_id, every, cron, tz, until, count)
+        if delay is not None or due is not None or level is not None:
+            _fail("invalid-argument", "--every and --cron exclude --delay, --due and --level",
+                  USER_ERROR_EXIT)
+        _send_series(ctx, target, value, key, header, schedule_id,
+                     SeriesOptions(every, cron, tz, until, count, series_topic))
         return
     with _reported():
         settings = _settings(ctx)
@@ -336,12 +345,16 @@ def send(
 def cancel(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
+    series_cancels_topic: Annotated[str, _option(
+        "series-cancels-topic", "Compacted topic of series cancel markers (written when it "
+        "exists).", shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
 ) -> None:
     """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
     with _reported():
         settings = _settings(ctx)
         with DelayProducer(settings) as producer:
-            coordinates = cancel_series(settings, producer, schedule_id, SystemClock().now_ms())
+            coordinates = cancel_series(settings, producer, schedule_id, SystemClock().now_ms(),
+                                        series_cancels_topic)
     typer.echo(str(coordinates))
 
 
@@ -379,21 +392,34 @@ def restore(
 # --- Around the service: recurring sends and the task/series worker (issue 14) ---
 
 
+@dataclass(frozen=True)
+class SeriesOptions:
+    """The recurring options of ``kdelay send``."""
+
+    every: str | None
+    cron: str | None
+    tz: str
+    until: str | None
+    count: int | None
+    series_topic: str
+
+
 def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | None,
-                 header: list[str] | None, schedule_id: str | None, every: str | None,
-                 cron: str | None, tz: str, until: str | None, count: int | None) -> None:
+                 header: list[str] | None, schedule_id: str | None,
+                 options: SeriesOptions) -> None:
     """``kdelay send --every|--cron``: start a plain record series, print where and when."""
     from kdelay import recurring
 
     with _reported():
         settings = _settings(ctx)
         now_ms = SystemClock().now_ms()
-        spec = recurring.spec_of(every, cron, tz, now_ms)
+        spec = recurring.spec_of(options.every, options.cron, options.tz, now_ms)
         series_id = schedule_id or f"series-{uuid.uuid4().hex}"
         coordinates, first_ms = recurring.send_series(
             settings, target, value, spec, schedule_id=series_id, now_ms=now_ms, key=key,
             headers=[parse_header(h) for h in header or ()],
-            until_ms=parse_due(until) if until is not None else None, count=count)
+            until_ms=parse_due(options.until) if options.until is not None else None,
+            count=options.count, series_topic=options.series_topic)
     typer.echo(f"{coordinates} id={series_id} first-due-ms={first_ms}")
 
 
@@ -412,10 +438,10 @@ def worker(
     = "kdelay.tasks",
     series_topic: Annotated[str, _option(
         "series-topic", "Topic plain series occurrences are delivered to.",
-        shown="kdelay.series")] = "kdelay.series",
+        shown=SERIES_TOPIC)] = SERIES_TOPIC,
     series_cancels_topic: Annotated[str, _option(
         "series-cancels-topic", "Compacted topic of series cancel markers.",
-        shown="kdelay.series.cancels")] = "kdelay.series.cancels",
+        shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
     worker_dlq_topic: Annotated[str, _option(
         "worker-dlq-topic", "Dead-letter topic of failed tasks.", shown="kdelay.tasks.dlq")]
     = "kdelay.tasks.dlq",
