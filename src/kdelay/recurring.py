@@ -298,9 +298,8 @@ def start(
         raise SeriesError(f"the first occurrence ({first_ms}) is after until ({until_ms})")
     series = Series(schedule_id, spec, now_ms, 1, until_ms, count,
                     None if task else target)
-    pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
     coordinates = producer.send(target if task else series_topic, value, key=key,
-                                headers=occurrence_headers(pairs, series), due=first_ms,
+                                headers=occurrence_headers(headers, series), due=first_ms,
                                 id=schedule_id)
     return coordinates, first_ms
 

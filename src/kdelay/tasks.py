@@ -36,9 +36,18 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from kdelay import client, envelope, recurring
 from kdelay.client import Coordinates, DelayProducer
 from kdelay.clock import Clock, SystemClock
+from kdelay.envelope import parse_levels
 from kdelay.recurring import Cancels, Series, SeriesError, Spec
-from kdelay.retry import SERIES, Failed, Outgoing, RetryingConsumer, RetryPolicy, attempts_of
-from kdelay.settings import Settings
+from kdelay.retry import (
+    DEFAULT_BACKOFF,
+    SERIES,
+    Failed,
+    Outgoing,
+    RetryingConsumer,
+    RetryPolicy,
+    attempts_of,
+)
+from kdelay.settings import Guarantee, Settings
 from kdelay.topics import LayoutError
 
 TASKS_TOPIC = "kdelay.tasks"
@@ -417,14 +426,12 @@ def build_worker(settings: Settings, registry: Registry | None, options: WorkerO
     cancels.catch_up()
     worker = Worker(registry, options.topics, settings.requests_topic,
                     requests_partitions(settings), cancels, clock or SystemClock())
-    policy = RetryPolicy(options.topics.dead_letters, non_retryable=(TaskRejected,))
-    if options.backoff is not None:
-        policy = RetryPolicy(options.topics.dead_letters, options.backoff,
-                             non_retryable=(TaskRejected,))
+    backoff = options.backoff if options.backoff is not None else parse_levels(DEFAULT_BACKOFF)
+    policy = RetryPolicy(options.topics.dead_letters, backoff, non_retryable=(TaskRejected,))
     topics = [options.topics.series, *([options.topics.tasks] if registry else [])]
     consumer = RetryingConsumer(
         settings, topics, worker.handle, policy, group_id=options.group_id,
-        transactional=settings.guarantee.value == "exactly-once", settle=worker.settle,
+        transactional=settings.guarantee is Guarantee.EXACTLY_ONCE, settle=worker.settle,
         batch_size=options.batch_size)
     return consumer, cancels
 
