@@ -360,6 +360,65 @@ def test_a_cancel_racing_an_occurrence_ends_the_series(
                      series_id + "~": ["cancel", "occurrence", "cancel"]}
 
 
+@kafka
+@pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+def test_a_series_survives_a_worker_crash_before_its_commit(
+        worker_factory: Callable[..., Worked], topic_factory: TopicFactory,
+        receiver: Receive, service: Deployment, guarantee: Guarantee) -> None:
+    """The worker dies after the next occurrence is acknowledged, before its commit.
+
+    Its successor handles the occurrence again. The second copy of the next
+    occurrence meets the first, still pending under the same id, and kdelay
+    drops it: no occurrence is lost or doubled. Only the forward of the
+    occurrence in hand is repeated, and under exactly-once not even that.
+    """
+    topics = worker_factory(guarantee).topics
+    settings = settings_of(service, guarantee)
+    cancels = recurring.Cancels(settings, topics.cancels)
+    worker = tasks.Worker(None, topics, service.requests, 3, cancels, SystemClock())
+    target = topic_factory("target", 1)
+    seen = receiver([target])
+    series_id, now = f"crash-{uuid.uuid4().hex}", SystemClock().now_ms()
+
+    def crash() -> list[Outgoing]:
+        worker.settle()
+        raise Crash
+
+    def consumer(settle: Callable[[], list[Outgoing]]) -> RetryingConsumer:
+        return RetryingConsumer(settings, [topics.series], worker.handle,
+                                RetryPolicy(topics.dead_letters), group_id=f"w-{target}",
+                                transactional=guarantee is Guarantee.EXACTLY_ONCE,
+                                settle=settle)
+
+    recurring.send_series(settings, target, b"tick", Every(1_000, now + 300),
+                          schedule_id=series_id, now_ms=now, headers=[("trace", series_id)],
+                          count=3, series_topic=topics.series)
+    first = consumer(crash)
+    with pytest.raises(Crash):
+        step_until(lambda: False, "a crash", first.step)
+    first.close()
+    second = consumer(worker.settle)
+
+    def dues() -> list[int]:
+        return sorted(int(header(m, "kdelay-due-ms") or 0)
+                      for m in forwarded(seen, target, series_id))
+
+    try:
+        step_until(lambda: len(set(dues())) == 3, "three occurrences", second.step, seen.poll)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            second.step(0.05)
+            seen.poll(0.01)
+    finally:
+        second.close()
+        cancels.close()
+    first_due = now + 300
+    expected = [first_due, first_due + 1_000, first_due + 2_000]
+    if guarantee is Guarantee.AT_LEAST_ONCE:
+        expected.insert(0, first_due)
+    assert dues() == expected
+
+
 def test_unknown_registry_is_a_clear_error(tmp_path: Path) -> None:
     from tests.e2e.conftest import clean_environment
 
