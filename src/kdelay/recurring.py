@@ -11,7 +11,9 @@ driver forwards it to its real target. Before the worker commits the
 occurrence it schedules the next one (same id, ``n + 1``), acknowledged first,
 or in the same transaction as the commit under exactly-once. A crash before
 the commit re-reads the occurrence; no occurrence is lost and, under
-exactly-once, none is scheduled twice.
+exactly-once, none is scheduled twice. Under at-least-once the re-written next
+occurrence is dropped by kdelay as a duplicate while the first copy is
+pending; a restart slower than the interval can run an occurrence twice.
 
 Cancel. ``kdelay cancel ID`` alone can race an occurrence being handled: the
 service answers ``already-delivered`` and the worker then schedules the next

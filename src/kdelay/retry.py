@@ -281,9 +281,15 @@ class RetryingConsumer:
             self.step(timeout_s)
 
     def close(self) -> None:
-        """Leave the group (committing nothing more) and release the producer."""
+        """Leave the group (committing nothing more); TimeoutError if records stay unsent.
+
+        Every batch waits for its records, so none is outstanding here unless a
+        step was interrupted.
+        """
         self.consumer.close()
-        self._producer.flush(self._flush_timeout_s)
+        remaining = self._producer.flush(self._flush_timeout_s)
+        if remaining:
+            raise TimeoutError(f"{remaining} records unsent when the consumer closed")
 
     @staticmethod
     def _usable(message: Message) -> bool:
