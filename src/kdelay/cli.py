@@ -19,9 +19,13 @@ import contextlib
 import functools
 import inspect
 import logging
+import signal
 import sys
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -52,10 +56,12 @@ from kdelay.display import (
     show_json,
     show_renderable,
 )
-from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
+from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms, parse_levels
 from kdelay.index import IndexLocked
 from kdelay.lookup import NotARequest, lookup
 from kdelay.pending import Originals, PendingView, ViewBusy
+from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
+from kdelay.recurring import cancel as cancel_series
 from kdelay.retention import check as check_retention
 from kdelay.retention import set_retention
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
@@ -333,11 +339,32 @@ def send(
     schedule_id: Annotated[str | None, _option(
         "id", "Schedule id: dedupes, and is the handle for cancel.")] = None,
     partition: Annotated[int | None, _option("partition", "Target partition.")] = None,
+    every: Annotated[str | None, _option(
+        "every", "Recurring: every interval (5m, 1h); needs `kdelay worker`.")] = None,
+    cron: Annotated[str | None, _option(
+        "cron", "Recurring: a cron expression (\"0 9 * * MON-FRI\"); needs `kdelay worker`.")]
+    = None,
+    tz: Annotated[str, _option("tz", "Time zone of --cron (IANA name).", shown="UTC")] = "UTC",
+    until: Annotated[str | None, _option(
+        "until", "Recurring: no occurrence after this time (epoch ms or ISO-8601).")] = None,
+    count: Annotated[int | None, _option("count", "Recurring: at most this many times.")]
+    = None,
+    series_topic: Annotated[str, _option(
+        "series-topic", "Recurring: topic the worker reads occurrences from.",
+        shown=SERIES_TOPIC)] = SERIES_TOPIC,
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
 
-    Give exactly one of --delay, --due and --level.
+    Give exactly one of --delay, --due and --level; or --every or --cron for a
+    recurring record (then print its id and first due time too).
     """
+    if every is not None or cron is not None:
+        if delay is not None or due is not None or level is not None:
+            _fail("invalid-argument", "--every and --cron exclude --delay, --due and --level",
+                  USER_ERROR_EXIT)
+        _send_series(ctx, target, value, key, header, schedule_id,
+                     SeriesOptions(every, cron, tz, until, count, series_topic))
+        return
     with _reported():
         settings = _settings(ctx)
         with DelayProducer(settings) as producer:
@@ -355,12 +382,16 @@ def send(
 def cancel(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
+    series_cancels_topic: Annotated[str, _option(
+        "series-cancels-topic", "Compacted topic of series cancel markers (written when it "
+        "exists).", shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
 ) -> None:
-    """Cancel the pending schedule ID; print the cancel request's topic/partition/offset."""
+    """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
     with _reported():
         settings = _settings(ctx)
         with DelayProducer(settings) as producer:
-            coordinates = producer.cancel(schedule_id)
+            coordinates = cancel_series(settings, producer, schedule_id, SystemClock().now_ms(),
+                                        series_cancels_topic)
     typer.echo(str(coordinates))
 
 
@@ -514,7 +545,7 @@ def show_command(
 ) -> None:
     """Show one request: whether it is pending, when and where it goes, and its original."""
     with _operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
-        found = lookup(view, originals, reference, settings.requests_topic)
+        found = lookup(view, originals, reference, settings.requests_topic, now_ms)
     if as_json:
         typer.echo(show_json(found, settings.requests_topic))
     else:
@@ -558,6 +589,101 @@ def retention_set(
         old = set_retention(settings, new_ms)
     typer.echo(f"{settings.requests_topic}: retention.ms {-1 if old is None else old} -> "
                f"{new_ms}, retention.bytes -1")
+
+
+# --- Around the service: recurring sends and the task/series worker (issue 14) ---
+
+
+@dataclass(frozen=True)
+class SeriesOptions:
+    """The recurring options of ``kdelay send``."""
+
+    every: str | None
+    cron: str | None
+    tz: str
+    until: str | None
+    count: int | None
+    series_topic: str
+
+
+def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | None,
+                 header: list[str] | None, schedule_id: str | None,
+                 options: SeriesOptions) -> None:
+    """``kdelay send --every|--cron``: start a plain record series, print where and when."""
+    from kdelay import recurring
+
+    with _reported():
+        settings = _settings(ctx)
+        now_ms = SystemClock().now_ms()
+        spec = recurring.spec_of(options.every, options.cron, options.tz, now_ms)
+        series_id = schedule_id or f"series-{uuid.uuid4().hex}"
+        coordinates, first_ms = recurring.send_series(
+            settings, target, value, spec, schedule_id=series_id, now_ms=now_ms, key=key,
+            headers=[parse_header(h) for h in header or ()],
+            until_ms=parse_due(options.until) if options.until is not None else None,
+            count=options.count, series_topic=options.series_topic)
+    typer.echo(f"{coordinates} id={series_id} first-due-ms={first_ms}")
+
+
+@app.command()
+@common_options
+def worker(
+    ctx: typer.Context,
+    registry: Annotated[str | None, _option(
+        "registry", "The task registry to run, as module:object; plain series only if not "
+        "given.", metavar="MODULE:OBJECT")] = None,
+    worker_group_id: Annotated[str, _option(
+        "worker-group-id", "Consumer group of the workers.", shown="kdelay-worker")]
+    = "kdelay-worker",
+    tasks_topic: Annotated[str, _option(
+        "tasks-topic", "Topic task calls are delivered to.", shown="kdelay.tasks")]
+    = "kdelay.tasks",
+    series_topic: Annotated[str, _option(
+        "series-topic", "Topic plain series occurrences are delivered to.",
+        shown=SERIES_TOPIC)] = SERIES_TOPIC,
+    series_cancels_topic: Annotated[str, _option(
+        "series-cancels-topic", "Compacted topic of series cancel markers.",
+        shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
+    worker_dlq_topic: Annotated[str, _option(
+        "worker-dlq-topic", "Dead-letter topic of failed tasks.", shown="kdelay.tasks.dlq")]
+    = "kdelay.tasks.dlq",
+    backoff: Annotated[str | None, _option(
+        "backoff", "Retry steps of a failed task.", shown="10s 30s 1m ... 1h 2h")] = None,
+    create_topics: Annotated[bool, _option(
+        "create-topics", "Create the worker's topics if missing, then exit.")] = False,
+    partitions: Annotated[int, _option(
+        "partitions", "Partitions of the tasks and series topics (--create-topics).",
+        shown=3)] = 3,
+    log_level: Annotated[str, _option("log-level", "Log level of the worker.")] = "INFO",
+) -> None:
+    """Run scheduled tasks and drive recurring series until SIGTERM or SIGINT.
+
+    Exactly-once (--guarantee) makes each occurrence's next request, retries
+    and offsets commit in one transaction.
+    """
+    from kdelay import tasks
+
+    topics = tasks.WorkerTopics(tasks_topic, series_topic, series_cancels_topic,
+                                worker_dlq_topic)
+    with _reported():
+        settings = _settings(ctx)
+        if create_topics:
+            for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
+                typer.echo(line)
+            return
+        try:
+            loaded = tasks.load_registry(registry) if registry is not None else None
+        except tasks.RegistryError as exc:
+            _fail(exc.code, str(exc), USER_ERROR_EXIT)
+        options = tasks.WorkerOptions(worker_group_id, topics,
+                                      parse_levels(backoff) if backoff else None)
+        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        typer.echo(f"worker: tasks {loaded.names() if loaded else 'none'}", err=True)
+        tasks.run_worker(settings, loaded, options, stop.is_set)
 
 
 def main() -> None:
