@@ -20,6 +20,7 @@ from rich.text import Text
 from kdelay.backlog import Backlog
 from kdelay.lookup import Lookup
 from kdelay.pending import Original, Pending, headers_of
+from kdelay.recurring import Description
 from kdelay.retention import PartitionRetention, RetentionReport
 
 PREVIEW_CHARS = 40
@@ -198,12 +199,26 @@ def show_renderable(found: Lookup, topic: str, now_ms: int) -> RenderableType:
     original = found.original
     if original is not None and original.target is not None and entry is not None:
         lines.append(f"goes to {original.target}")
+    if found.series is not None:
+        lines.extend(series_lines(found.series, now_ms))
     parts: list[RenderableType] = [Text("\n".join(lines))]
     if original is not None and original.record is not None:
         parts.append(render_original(original.record))
     elif original is not None:
         parts.append(Text(f"original record: {original.state.value}"))
     return Group(*parts)
+
+
+def series_lines(series: Description, now_ms: int) -> list[str]:
+    """How ``kdelay show`` describes a recurring series: spec, occurrence, the next one."""
+    bounds = [f"until {utc(series.until_ms)}" if series.until_ms is not None else "",
+              f"{series.count} occurrences" if series.count is not None else ""]
+    limit = ", ".join(b for b in bounds if b) or "no end"
+    following = ("none: the series ends with this occurrence" if series.next_due_ms is None
+                 else f"{utc(series.next_due_ms)} ({relative(series.next_due_ms, now_ms)})")
+    return [f"series {series.schedule_id}: {series.spec} ({limit}), to "
+            f"{series.target or 'its task'}",
+            f"this is occurrence {series.n}; next occurrence {following}"]
 
 
 def show_json(found: Lookup, topic: str) -> str:
@@ -223,6 +238,11 @@ def show_json(found: Lookup, topic: str) -> str:
             [name, text_of(value)] for name, value in headers_of(record)],
         "key": None if record is None else text_of(record.key()),
         "value_bytes": None if original is None else original.value_bytes,
+        "series": None if found.series is None else {
+            "id": found.series.schedule_id, "spec": found.series.spec, "n": found.series.n,
+            "due_ms": found.series.pending_due_ms, "next_due_ms": found.series.next_due_ms,
+            "until_ms": found.series.until_ms, "count": found.series.count,
+            "target": found.series.target},
     }
     return orjson.dumps(body).decode()
 

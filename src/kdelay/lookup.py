@@ -8,12 +8,13 @@ a :class:`Lookup` that says so, never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from confluent_kafka import Message
 
 from kdelay import codec
 from kdelay.pending import Original, Originals, OriginalState, Pending, PendingView
+from kdelay.recurring import Description, SeriesError, describe, occurrence_ids
 
 
 class NotARequest(ValueError):
@@ -29,7 +30,9 @@ class Lookup:
     ``pending`` is the pending entry, if any; ``coordinates`` the request's
     ``(partition, offset)`` when known (always for a coordinate reference,
     for an id only while it is pending); ``original`` the record read back
-    there; ``status`` one sentence on where the request stands.
+    there; ``status`` one sentence on where the request stands; ``series``
+    the recurring series a pending occurrence belongs to, with its next
+    occurrence (see :func:`kdelay.recurring.describe`).
     """
 
     reference: str
@@ -37,6 +40,7 @@ class Lookup:
     pending: Pending | None
     original: Original | None
     status: str
+    series: Description | None = None
 
 
 def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | None:
@@ -56,12 +60,17 @@ def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | No
 
 
 def lookup(view: PendingView, originals: Originals, reference: str,
-           requests_topic: str) -> Lookup:
+           requests_topic: str, now_ms: int) -> Lookup:
     """Find one request by schedule id or ``topic/partition/offset``; never raises for
-    an unknown one (see :func:`parse_reference` for a foreign topic)."""
+    an unknown one (see :func:`parse_reference` for a foreign topic).
+
+    A series id finds the series' pending occurrence under either of the two
+    ids its occurrences alternate between.
+    """
     coordinates = parse_reference(reference, requests_topic)
     if coordinates is None:
-        return _lookup_id(view, originals, reference)
+        found = _lookup_id(view, originals, reference)
+        return replace(found, series=_series(found, now_ms))
     partition, offset = coordinates
     if partition not in view.partitions:
         return Lookup(reference, None, None, None,
@@ -69,12 +78,24 @@ def lookup(view: PendingView, originals: Originals, reference: str,
     entry = view.find(partition, offset)
     probe = entry or Pending(0, partition, offset, codec.Fingerprint(0, 0), None)
     original = _read_one(originals, probe, check=entry is not None)
-    return Lookup(reference, coordinates, entry, original,
-                  _status(view, entry, partition, offset))
+    found = Lookup(reference, coordinates, entry, original,
+                   _status(view, entry, partition, offset))
+    return replace(found, series=_series(found, now_ms))
+
+
+def _series(found: Lookup, now_ms: int) -> Description | None:
+    """The series a pending request belongs to, from its original's headers, if any."""
+    record = None if found.original is None else found.original.record
+    if found.pending is None or record is None:
+        return None
+    try:
+        return describe(record.headers() or [], now_ms)
+    except SeriesError:
+        return None
 
 
 def _lookup_id(view: PendingView, originals: Originals, schedule_id: str) -> Lookup:
-    entry = view.find_id(schedule_id)
+    entry = next((e for e in map(view.find_id, occurrence_ids(schedule_id)) if e), None)
     if entry is None:
         return Lookup(schedule_id, None, None, None,
                       f"no pending request holds id {schedule_id!r}: it was delivered, "

@@ -188,3 +188,28 @@ def test_every_runbook_command_runs(deploy: Deploy, start_kdelay: Start,
         result = run_cli(env, *shlex.split(command)[1:])
         allowed = (0, 3) if "retention check" in command else (0,)
         assert result.returncode in allowed, f"{command}: {result.stderr}"
+
+
+@kafka
+def test_show_reports_a_series_and_its_next_occurrence(
+    deploy: Deploy, start_kdelay: Start, tmp_path: Path,
+) -> None:
+    deployment = deploy(partitions=2)
+    view = tmp_path / "view"
+    start_kdelay(deployment).wait_ready()
+    sent = run_cli(deployment.env(), "send", "orders", "--value", "tick", "--every", "1h",
+                   "--id", "hourly-report")
+    assert sent.returncode == 0, sent.stderr
+    first_ms = int(sent.stdout.split("first-due-ms=")[1])
+
+    def shown() -> Any:
+        return cli(deployment, view, "show", "hourly-report")
+
+    wait(lambda: shown()["pending"], "the first occurrence pending")
+    series = shown()["series"]
+    assert series == {"id": "hourly-report", "spec": "every 3600000 ms", "n": 1,
+                      "due_ms": first_ms, "next_due_ms": first_ms + HOUR_MS,
+                      "until_ms": None, "count": None, "target": "orders"}
+    text = run_cli(deployment.env(KDELAY_VIEW_DIR=str(view)), "show", "hourly-report")
+    assert "series hourly-report: every 3600000 ms (no end), to orders" in text.stdout
+    assert "this is occurrence 1; next occurrence" in text.stdout
