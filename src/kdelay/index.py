@@ -252,6 +252,37 @@ class PartitionIndex:
             return key
         return None
 
+    def last_key(self) -> bytes | None:
+        """Return the largest pending due key, or None when nothing is pending.
+
+        A seek to the last key: its cost does not grow with the number of entries.
+        """
+        it = self._db.iter(ReadOptions())
+        it.seek_to_last()
+        key = cast(bytes, it.key()) if it.valid() else None
+        del it
+        return key
+
+    def count_due(self, upper_ms: int, limit: int) -> int:
+        """Count the entries due at or before ``upper_ms``, stopping at ``limit``.
+
+        Reads keys only, from the remembered head, so its cost is bounded by
+        ``limit`` plus the tombstones ahead of the head.
+        """
+        options = ReadOptions()
+        options.set_iterate_upper_bound(codec.due_upper_bound(upper_ms))
+        it = self._db.iter(options)
+        if self._head:
+            it.seek(self._head)
+        else:
+            it.seek_to_first()
+        count = 0
+        while it.valid() and count < limit:
+            count += 1
+            it.next()
+        del it
+        return count
+
     def prune_ids(self, before_ms: int, limit: int) -> int:
         """Drop up to ``limit`` delivered-id markers delivered before ``before_ms``.
 

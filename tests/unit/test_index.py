@@ -486,3 +486,14 @@ def test_markers_and_their_expiry_survive_a_reopen(tmp_path: Path) -> None:
         assert reopened.id_count() == 0
     finally:
         reopened.close()
+
+
+def test_last_key_and_a_capped_count_of_due_entries(index: PartitionIndex) -> None:
+    assert index.last_key() is None
+    assert index.count_due(10_000, 100) == 0
+    put(index, *(entry(1_000 * d, offset=d) for d in range(1, 6)))
+    assert index.last_key() == encode_due_key(5_000, 0, 5)
+    assert index.count_due(3_000, 100) == 3
+    assert index.count_due(3_000, 2) == 2
+    index.apply(Changes(deletes=[encode_due_key(1_000, 0, 1)]))
+    assert index.count_due(3_000, 100) == 2
