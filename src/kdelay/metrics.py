@@ -46,6 +46,9 @@ class Metrics:
             "LogAppendTime of changelog acknowledgements", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",
                                "Partitions being restored from the changelog", registry=r)
+        self.partitions = Gauge("kdelay_request_partitions",
+                                "Partitions of the requests topic (each must be owned by "
+                                "one instance)", registry=r)
         self.owned = Gauge("kdelay_owned_partitions",
                            "Request partitions this instance serves", registry=r)
         self.rebalances = Counter(

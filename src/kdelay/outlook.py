@@ -45,9 +45,11 @@ class Outlook:
     another instance now serves.
     """
 
-    def __init__(self, metrics: Metrics, requests_topic: str,
+    def __init__(self, metrics: Metrics, requests_topic: str, partitions: int,
                  overdue_cap: int = OVERDUE_CAP) -> None:
+        """Start an outlook of ``requests_topic``, which has ``partitions`` partitions."""
         self._metrics = metrics
+        metrics.partitions.set(partitions)
         self._topic = requests_topic
         self._cap = overdue_cap
         self._shown: set[int] = set()

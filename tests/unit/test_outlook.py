@@ -47,7 +47,7 @@ def test_due_times_overdue_count_and_age(indexes: dict[int, PartitionIndex]) -> 
     indexes[0].apply(Changes(puts=[entry(NOW - 4_000, offset=1), entry(NOW - 1_000, offset=2),
                                    entry(NOW, offset=3), entry(NOW + 60_000, offset=4)]))
     metrics = Metrics()
-    Outlook(metrics, TOPIC).refresh(NOW, indexes, {}, None)
+    Outlook(metrics, TOPIC, 2).refresh(NOW, indexes, {}, None)
     assert value(metrics, "kdelay_pending_earliest_due_timestamp_seconds", 0) == (
         (NOW - 4_000) / 1000)
     assert value(metrics, "kdelay_pending_latest_due_timestamp_seconds", 0) == (
@@ -65,7 +65,7 @@ def test_due_times_overdue_count_and_age(indexes: dict[int, PartitionIndex]) -> 
 def test_nothing_due_yet_is_not_overdue(indexes: dict[int, PartitionIndex]) -> None:
     indexes[0].apply(Changes(puts=[entry(NOW + 1)]))
     metrics = Metrics()
-    Outlook(metrics, TOPIC).refresh(NOW, indexes, {}, None)
+    Outlook(metrics, TOPIC, 2).refresh(NOW, indexes, {}, None)
     assert value(metrics, "kdelay_overdue_entries", 0) == 0
     assert value(metrics, "kdelay_overdue_oldest_age_seconds", 0) == 0
 
@@ -73,7 +73,7 @@ def test_nothing_due_yet_is_not_overdue(indexes: dict[int, PartitionIndex]) -> N
 def test_overdue_count_stops_at_its_cap(indexes: dict[int, PartitionIndex]) -> None:
     indexes[0].apply(Changes(puts=[entry(NOW - 10, offset=o) for o in range(7)]))
     metrics = Metrics()
-    Outlook(metrics, TOPIC, overdue_cap=5).refresh(NOW, indexes, {}, None)
+    Outlook(metrics, TOPIC, 2, overdue_cap=5).refresh(NOW, indexes, {}, None)
     assert value(metrics, "kdelay_overdue_entries", 0) == 5
 
 
@@ -81,7 +81,7 @@ def test_delivered_entries_leave_the_outlook(indexes: dict[int, PartitionIndex])
     first, second = entry(NOW - 2_000, offset=1), entry(NOW + 5_000, offset=2)
     indexes[0].apply(Changes(puts=[first, second]))
     metrics = Metrics()
-    outlook = Outlook(metrics, TOPIC)
+    outlook = Outlook(metrics, TOPIC, 2)
     outlook.refresh(NOW, indexes, {}, None)
     indexes[0].apply(Changes(deletes=[first.key]))
     outlook.refresh(NOW, indexes, {}, None)
@@ -92,7 +92,7 @@ def test_delivered_entries_leave_the_outlook(indexes: dict[int, PartitionIndex])
 
 def test_intake_lag_from_cached_watermarks(indexes: dict[int, PartitionIndex]) -> None:
     metrics, consumer = Metrics(), FakeWatermarks({0: 120})
-    Outlook(metrics, TOPIC).refresh(NOW, indexes, {0: 100, 1: 7}, consumer)
+    Outlook(metrics, TOPIC, 2).refresh(NOW, indexes, {0: 100, 1: 7}, consumer)
     assert value(metrics, "kdelay_intake_lag_records", 0) == 20
     # Partition 1's high watermark was never fetched: no lag series rather than a guess.
     assert value(metrics, "kdelay_intake_lag_records", 1) is None
@@ -102,7 +102,7 @@ def test_intake_lag_from_cached_watermarks(indexes: dict[int, PartitionIndex]) -
 def test_series_of_a_partition_no_longer_owned_go(indexes: dict[int, PartitionIndex]) -> None:
     indexes[1].apply(Changes(puts=[entry(NOW - 1, partition=1)]))
     metrics = Metrics()
-    outlook = Outlook(metrics, TOPIC)
+    outlook = Outlook(metrics, TOPIC, 2)
     outlook.refresh(NOW, indexes, {1: 3}, FakeWatermarks({1: 5}))
     assert value(metrics, "kdelay_overdue_entries", 1) == 1
     outlook.refresh(NOW, {0: indexes[0]}, {}, None)
