@@ -366,6 +366,30 @@ def restore(
         typer.echo(f"partition {p}: {count} changelog records replayed")
 
 
+@app.command()
+@common_options
+def stats(
+    ctx: typer.Context,
+    url: Annotated[list[str] | None, typer.Option(
+        "--url", envvar=envvar("url"), show_default=False,
+        help="A metrics endpoint (host:port or URL), repeatable; this host's --metrics-port "
+             "when not given.")] = None,
+    watch: Annotated[bool, _option("watch", "Refresh until Ctrl-C.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", envvar=envvar("json"), help="Print JSON (one line per refresh).")] = False,
+    interval: Annotated[float, _option(
+        "interval", "Seconds between the readings rates are taken from.", shown=2.0)] = 2.0,
+) -> None:
+    """Summarise running instances from their metrics: rates, lateness, backlog, DLQ, skew."""
+    from kdelay.stats import endpoints, show
+
+    with _reported():
+        settings = _settings(ctx)
+        urls = endpoints(url or [], settings.metrics_port)
+    raise typer.Exit(show(urls, console=Console(), watch=watch, as_json=as_json,
+                          interval_s=interval))
+
+
 def main() -> None:
     """Entry point of the ``kdelay`` console script."""
     app()
