@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +36,8 @@ from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms
 from kdelay.index import IndexLocked
+from kdelay.logs import LogFormat
+from kdelay.logs import configure as configure_logs
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.topics import LayoutError, admin_client, create_topics
 
@@ -252,12 +252,14 @@ def run(
         "check", "Check the settings and the topic layout, then exit.")] = False,
     log_level: Annotated[str, _option(
         "log-level", "Log level of the service (DEBUG, INFO, WARNING, ERROR).")] = "INFO",
+    log_format: Annotated[LogFormat, _option(
+        "log-format", "Log lines as text, or as JSON objects (time, level, logger, message).",
+        shown=LogFormat.TEXT.value)] = LogFormat.TEXT,
 ) -> None:
     """Run the delay service: schedule requests and deliver them when due."""
     with _reported():
         settings = _settings(ctx)
-        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logs(log_level, log_format)
     from kdelay.service import run_service
 
     with _reported(value_errors=False):
