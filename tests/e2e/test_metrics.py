@@ -8,6 +8,7 @@ deadline passes.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +18,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import TopicFactory
-from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests
+from tests.e2e.conftest import (
+    Deployment,
+    KdelayProcess,
+    Receiver,
+    clean_environment,
+    produce_requests,
+    run_cli,
+)
 from tests.e2e.prometheus_server import PrometheusServer, free_port
 
 kafka = pytest.mark.kafka
@@ -70,7 +78,7 @@ def test_prometheus_stores_what_the_service_did(
     absent = f"e2e-absent-{uuid.uuid4().hex[:12]}"  # never created: delivery is held back
     port = free_port()
     service = start_kdelay(deployment, KDELAY_METRICS_PORT=str(port),
-                           KDELAY_DELIVERY_ATTEMPTS="1000")
+                           KDELAY_DELIVERY_ATTEMPTS="1000", KDELAY_LOG_FORMAT="json")
     server = prometheus([f"127.0.0.1:{port}"])
     service.wait_ready()
 
@@ -111,4 +119,30 @@ def test_prometheus_stores_what_the_service_did(
     assert retries is not None
     assert retries > 0
     assert len(out.received) == 5
+
+    # kdelay stats reads the same endpoint.
+    shown = run_cli(clean_environment(), "stats", "--url", f"127.0.0.1:{port}", "--json",
+                    "--interval", "0.5")
+    assert shown.returncode == 0, shown.stderr
+    [summary] = json.loads(shown.stdout)
+    assert summary["error"] is None
+    assert summary["owned_partitions"] == 2
+    assert summary["request_partitions"] == 2
+    assert summary["overdue"] == 3
+    assert summary["oldest_overdue_s"] > 0
+    assert summary["intake_lag"] == 0
+    assert summary["dead_letters_by_reason"] == {"missing-target": 0.0}  # a rate, /s
+    assert summary["lateness_p99_s"] is None  # nothing delivered in the last 0.5 s
+    screen = run_cli(clean_environment(COLUMNS="200"), "stats", "--url", f"127.0.0.1:{port}",
+                     "--interval", "0.2")
+    assert screen.returncode == 0, screen.stderr
+    assert f"http://127.0.0.1:{port}/metrics" in screen.stdout
+    assert "missing-target" in screen.stdout
+
     assert service.terminate() == 0
+    # With KDELAY_LOG_FORMAT=json every line of the service's own is a JSON object
+    # (librdkafka's lines, "%<level>|...", do not go through Python logging).
+    own = [line for line in service.log().splitlines() if not line.startswith("%")]
+    logged = [json.loads(line) for line in own]
+    assert {"time", "level", "logger", "message"} <= set(logged[0])
+    assert any(x["message"].startswith("assigned [") for x in logged)
