@@ -12,7 +12,7 @@ LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
                     10.0, 30.0, 60.0)
 COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Most overdue keys one partition's housekeeping counts; see kdelay.outlook.
-OVERDUE_CAP = 100_000
+OVERDUE_CAP = 10_000
 
 
 class Metrics:
