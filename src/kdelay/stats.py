@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 READ_TIMEOUT_S = 5.0
 Labels = frozenset[tuple[str, str]]
@@ -117,6 +118,7 @@ class Summary:
     delivered_rate: float | None = None
     dead_letter_rate: float | None = None
     dead_letters_by_reason: dict[str, float] = field(default_factory=dict)
+    dead_letters_total_by_reason: dict[str, float] = field(default_factory=dict)
     lateness_p50_s: float | None = None
     lateness_p99_s: float | None = None
     pending: float | None = None
@@ -155,10 +157,11 @@ def summarize(before: Reading | None, after: Reading) -> Summary:
     if before is not None and before.error is not None:
         before = None
     span = after.taken_s - before.taken_s if before is not None else 0.0
-    reasons = after.by("kdelay_dead_lettered_records_total", "reason")
+    totals = after.by("kdelay_dead_lettered_records_total", "reason")
+    reasons: dict[str, float] = {}
     if before is not None and span > 0:
         earlier = before.by("kdelay_dead_lettered_records_total", "reason")
-        reasons = {r: max(0.0, n - earlier.get(r, 0.0)) / span for r, n in reasons.items()}
+        reasons = {r: max(0.0, n - earlier.get(r, 0.0)) / span for r, n in totals.items()}
     return Summary(
         url=after.url,
         owned_partitions=after.total("kdelay_owned_partitions"),
@@ -167,6 +170,7 @@ def summarize(before: Reading | None, after: Reading) -> Summary:
         delivered_rate=_rate(before, after, "kdelay_delivered_records_total"),
         dead_letter_rate=_rate(before, after, "kdelay_dead_lettered_records_total"),
         dead_letters_by_reason=reasons,
+        dead_letters_total_by_reason=totals,
         lateness_p50_s=_lateness(before, after, 0.5),
         lateness_p99_s=_lateness(before, after, 0.99),
         pending=after.total("kdelay_pending_entries"),
@@ -197,31 +201,38 @@ def _seconds(value: float | None) -> str:
     return f"{value:.2f}s"
 
 
-def render(summaries: Sequence[Summary], rates: bool = True) -> Group:
-    """Build the terminal view: one row per instance, then DLQ counts by reason."""
+def _short(url: str) -> str:
+    """``http://host:port/metrics`` as ``host:port``; any other URL as it is."""
+    rest = url.removeprefix("http://")
+    return rest.removesuffix("/metrics") if "/" not in rest.removesuffix("/metrics") else url
+
+
+def render(summaries: Sequence[Summary]) -> Group:
+    """Build the terminal view: one row per instance, then dead letters by reason."""
     table = Table(title="kdelay instances", title_justify="left")
     for column in ("instance", "owned", "intake/s", "delivered/s", "dlq/s", "late p50",
                    "late p99", "pending~", "overdue", "oldest overdue", "intake lag",
                    "clock skew"):
         table.add_column(column, justify="left" if column == "instance" else "right")
-    reasons = Table(title="dead letters by reason" + (" (/s)" if rates else " (total)"),
-                    title_justify="left")
-    reasons.add_column("instance")
-    reasons.add_column("reason")
-    reasons.add_column("count" if not rates else "rate", justify="right")
+    reasons = Table(title="dead letters by reason", title_justify="left")
+    for column in ("instance", "reason", "total", "/s"):
+        reasons.add_column(column, justify="right" if column in ("total", "/s") else "left")
+    down: list[str] = []
     for s in summaries:
         if s.error is not None:
-            table.add_row(s.url, f"[red]down: {s.error}[/red]")
+            table.add_row(_short(s.url), "[red]down[/red]")
+            down.append(f"{_short(s.url)}: {s.error}")
             continue
         owned = f"{_num(s.owned_partitions)}/{_num(s.request_partitions)}"
-        table.add_row(s.url, owned, _num(s.intake_rate, digits=1),
+        table.add_row(_short(s.url), owned, _num(s.intake_rate, digits=1),
                       _num(s.delivered_rate, digits=1), _num(s.dead_letter_rate, digits=2),
                       _seconds(s.lateness_p50_s), _seconds(s.lateness_p99_s), _num(s.pending),
                       _num(s.overdue), _seconds(s.oldest_overdue_s), _num(s.intake_lag),
                       _seconds(s.clock_skew_s))
-        for reason, value in sorted(s.dead_letters_by_reason.items()):
-            reasons.add_row(s.url, reason, _num(value, digits=2 if rates else 0))
-    return Group(table, reasons)
+        for reason, total in sorted(s.dead_letters_total_by_reason.items()):
+            reasons.add_row(_short(s.url), reason, _num(total),
+                            _num(s.dead_letters_by_reason.get(reason), digits=2))
+    return Group(table, reasons, *(Text(f"down: {line}", style="red") for line in down))
 
 
 class Stats:

@@ -140,6 +140,7 @@ def test_show_prints_one_table_from_two_readings() -> None:
     assert "25.0" in screen  # delivered/s
     assert "bad-time" in screen
     assert "3/6" in screen  # owned of all partitions
+    assert "127.0.0.1:9100 " in screen  # the URL shortened
 
 
 def test_show_json_and_exit_status_when_all_are_down() -> None:
@@ -166,3 +167,21 @@ def test_watch_refreshes_until_interrupted() -> None:
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert code == 0
     assert [line[0]["delivered_rate"] for line in lines] == [5.0, 10.0, 15.0]
+
+
+def test_a_down_instance_is_named_with_its_reason() -> None:
+    out = io.StringIO()
+    up, down = URL, "http://127.0.0.1:9101/metrics"
+    texts = {up: exposition(5, [], {"expired": 1})}
+
+    def reader(url: str) -> Reading:
+        if url in texts:
+            return parse(url, texts[url], 1.0)
+        return Reading(url, 1.0, error="connection refused")
+
+    code = show([up, down], console=Console(file=out, width=200), sleep=lambda _: None,
+                stats=Stats([up, down], reader))
+    screen = out.getvalue()
+    assert code == 0  # one of them answered
+    assert "down: 127.0.0.1:9101: connection refused" in screen
+    assert "expired" in screen
