@@ -175,6 +175,17 @@ def decode_index_value(raw: bytes) -> IndexValue:
     return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
 
 
+def request_timestamp_of(raw: bytes) -> int:
+    """Return the request timestamp (ms) of an encoded index value without decoding the rest.
+
+    Raises ValueError if ``raw`` is shorter than the fixed head.
+    """
+    if len(raw) < _INDEX_HEAD.size:
+        raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
+    timestamp_ms: int = _INDEX_HEAD.unpack_from(raw)[0]
+    return timestamp_ms
+
+
 def schedule_id_of(raw: bytes) -> str | None:
     """Return the schedule id of an encoded index value without decoding the rest.
 

@@ -90,6 +90,17 @@ class Changes:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class DueSummary:
+    """The entries due by some time: how many (up to a limit) and their oldest request."""
+
+    count: int
+    # The smallest request timestamp (ms) among the entries counted; None if none.
+    oldest_request_ms: int | None
+    # Whether counting stopped at the limit with more entries due.
+    capped: bool
+
+
 def _options() -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -263,11 +274,12 @@ class PartitionIndex:
         del it
         return key
 
-    def count_due(self, upper_ms: int, limit: int) -> int:
-        """Count the entries due at or before ``upper_ms``, stopping at ``limit``.
+    def due_summary(self, upper_ms: int, limit: int) -> DueSummary:
+        """Count the entries due at or before ``upper_ms`` and find their oldest request.
 
-        Reads keys only, from the remembered head, so its cost is bounded by
-        ``limit`` plus the tombstones ahead of the head.
+        Stops after ``limit`` entries (then ``capped`` is set and the oldest
+        request is the oldest among those counted). Reads from the remembered
+        head, so its cost is bounded by ``limit`` plus the tombstones ahead.
         """
         options = ReadOptions()
         options.set_iterate_upper_bound(codec.due_upper_bound(upper_ms))
@@ -276,12 +288,23 @@ class PartitionIndex:
             it.seek(self._head)
         else:
             it.seek_to_first()
-        count = 0
+        count, oldest = 0, None
         while it.valid() and count < limit:
+            stamp = codec.request_timestamp_of(it.value())
+            oldest = stamp if oldest is None else min(oldest, stamp)
             count += 1
             it.next()
+        capped = count >= limit and it.valid()
         del it
-        return count
+        return DueSummary(count, oldest, capped)
+
+    def first_key_after(self, after_ms: int) -> bytes | None:
+        """Return the smallest key due after ``after_ms``, or None (one seek)."""
+        it = self._db.iter(ReadOptions())
+        it.seek(codec.due_upper_bound(after_ms))
+        key = cast(bytes, it.key()) if it.valid() else None
+        del it
+        return key
 
     def prune_ids(self, before_ms: int, limit: int) -> int:
         """Drop up to ``limit`` delivered-id markers delivered before ``before_ms``.

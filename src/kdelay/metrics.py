@@ -78,10 +78,16 @@ class Metrics:
             "(as last fetched) minus the consumed position, by partition", ["partition"],
             registry=r)
 
+        self.headroom = Gauge(
+            "kdelay_retention_headroom_seconds", "Least time before the requests topic's "
+            "retention may delete a pending original, by partition: exact over the overdue "
+            f"entries counted (capped at {OVERDUE_CAP}), a lower bound for the rest; absent "
+            "when nothing is pending or retention is unlimited", ["partition"], registry=r)
+
     def partition_gauges(self) -> tuple[Gauge, ...]:
         """The gauges labelled by partition, whose series go when a partition goes."""
         return (self.pending, self.earliest_due, self.latest_due, self.oldest_overdue,
-                self.overdue, self.intake_lag)
+                self.overdue, self.intake_lag, self.headroom)
 
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""

@@ -10,7 +10,15 @@ the intake lag. Every figure is bounded in cost, so none is a full scan:
 - overdue entries: a key-only scan up to now, stopped at
   :data:`~kdelay.metrics.OVERDUE_CAP` keys (the gauge's help says so);
 - intake lag: the high watermark the consumer last fetched (no broker
-  request) minus the position the service has taken in.
+  request) minus the position the service has taken in;
+- retention headroom: how long until retention may delete the oldest
+  pending original. Intake only schedules an entry due by its request's
+  timestamp + retention - margin, so an entry not yet due has more than
+  ``margin + (due - now)`` left: the overdue entries (read in the same capped
+  scan, their request timestamps from the index values) and the first entry
+  not yet due (one seek) bound it. Retention deletes whole segments once
+  their newest record is older than ``retention.ms``, so an original may live
+  longer, never shorter (size-based retention aside).
 
 An exact pending count and pending-by-horizon counts are not here: they need
 counters kept in step with every put and delete, which the index does not
@@ -26,8 +34,10 @@ from confluent_kafka import KafkaException, TopicPartition
 from prometheus_client import Gauge
 
 from kdelay import codec
-from kdelay.index import PartitionIndex
+from kdelay.index import DueSummary, PartitionIndex
 from kdelay.metrics import OVERDUE_CAP, Metrics
+from kdelay.settings import Settings
+from kdelay.topics import Layout
 
 
 class Watermarks(Protocol):
@@ -45,12 +55,14 @@ class Outlook:
     another instance now serves.
     """
 
-    def __init__(self, metrics: Metrics, requests_topic: str, partitions: int,
+    def __init__(self, metrics: Metrics, settings: Settings, layout: Layout,
                  overdue_cap: int = OVERDUE_CAP) -> None:
-        """Start an outlook of ``requests_topic``, which has ``partitions`` partitions."""
+        """Start an outlook of the requests topic ``settings`` name, laid out as ``layout``."""
         self._metrics = metrics
-        metrics.partitions.set(partitions)
-        self._topic = requests_topic
+        metrics.partitions.set(layout.partitions)
+        self._topic = settings.requests_topic
+        self._retention_ms = layout.retention_ms
+        self._margin_ms = settings.retention_margin_ms
         self._cap = overdue_cap
         self._shown: set[int] = set()
 
@@ -81,6 +93,7 @@ class Outlook:
         if first is None or last is None:
             _remove(m.earliest_due, label)
             _remove(m.latest_due, label)
+            _remove(m.headroom, label)
             m.oldest_overdue.labels(partition=label).set(0)
             m.overdue.labels(partition=label).set(0)
             return
@@ -88,8 +101,29 @@ class Outlook:
         m.earliest_due.labels(partition=label).set(earliest / 1000)
         m.latest_due.labels(partition=label).set(codec.decode_due_key(last).due_ms / 1000)
         m.oldest_overdue.labels(partition=label).set(max(0, now_ms - earliest) / 1000)
-        overdue = index.count_due(now_ms, self._cap) if earliest <= now_ms else 0
-        m.overdue.labels(partition=label).set(overdue)
+        due = index.due_summary(now_ms, self._cap) if earliest <= now_ms else DueSummary(
+            0, None, False)
+        m.overdue.labels(partition=label).set(due.count)
+        headroom = self._headroom_ms(index, due, now_ms)
+        if headroom is None:
+            _remove(m.headroom, label)
+        else:
+            m.headroom.labels(partition=label).set(headroom / 1000)
+
+    def _headroom_ms(self, index: PartitionIndex, due: DueSummary, now_ms: int) -> int | None:
+        """The least time before retention may delete a pending original (see the module)."""
+        if self._retention_ms is None:
+            return None
+        bounds = []
+        if due.oldest_request_ms is not None:
+            bounds.append(due.oldest_request_ms + self._retention_ms - now_ms)
+        following = due.count == 0 or not due.capped
+        after = index.first_key_after(now_ms) if following else None
+        if after is not None:
+            # Intake took it only if due <= timestamp + retention - margin (0 at least).
+            margin = min(self._margin_ms, self._retention_ms)
+            bounds.append(codec.decode_due_key(after).due_ms - now_ms + margin)
+        return min(bounds) if bounds else None
 
     def _lag(self, partition: int, position: int | None,
              consumer: Watermarks | None) -> int | None:

@@ -115,7 +115,7 @@ class Service:
         self._topics = Topics(settings.requests_topic, settings.changelog_topic,
                               settings.dlq_topic)
         self._skew = ClockSkew(clock, self.metrics.clock_skew)
-        self._outlook = Outlook(self.metrics, settings.requests_topic, layout.partitions)
+        self._outlook = Outlook(self.metrics, settings, layout)
         if not layout.broker_time:
             log.warning("clock skew against the broker is not measured: changelog topic %s "
                         "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
