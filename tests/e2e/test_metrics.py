@@ -30,6 +30,7 @@ from tests.e2e.prometheus_server import PrometheusServer, free_port
 
 kafka = pytest.mark.kafka
 SCRAPE_TIMEOUT_S = 60.0
+WEEK_S = 7 * 86_400  # the requests topic's retention, as kdelay topics create sets it
 Prometheus = Callable[[list[str]], PrometheusServer]
 
 
@@ -117,6 +118,10 @@ def test_prometheus_stores_what_the_service_did(
     age = server.value('kdelay_overdue_oldest_age_seconds{partition="0"}')
     assert age is not None
     assert age > 0
+    # The held entries' originals stay for the topic's retention (a week) from their timestamp.
+    headroom = server.value('kdelay_retention_headroom_seconds{partition="0"}')
+    assert headroom is not None
+    assert WEEK_S - age - SCRAPE_TIMEOUT_S < headroom <= WEEK_S - age + 0.001
     retries = server.value("sum(kdelay_delivery_retries_total)")
     assert retries is not None
     assert retries > 0
