@@ -58,6 +58,8 @@ from kdelay.display import (
 )
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms, parse_levels
 from kdelay.index import IndexLocked
+from kdelay.logs import LogFormat
+from kdelay.logs import configure as configure_logs
 from kdelay.lookup import NotARequest, lookup
 from kdelay.pending import Originals, PendingView, ViewBusy
 from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
@@ -282,12 +284,14 @@ def run(
         "check", "Check the settings and the topic layout, then exit.")] = False,
     log_level: Annotated[str, _option(
         "log-level", "Log level of the service (DEBUG, INFO, WARNING, ERROR).")] = "INFO",
+    log_format: Annotated[LogFormat, _option(
+        "log-format", "Log lines as text, or as JSON objects (time, level, logger, message).",
+        shown=LogFormat.TEXT.value)] = LogFormat.TEXT,
 ) -> None:
     """Run the delay service: schedule requests and deliver them when due."""
     with _reported():
         settings = _settings(ctx)
-        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logs(log_level, log_format)
         check_connection(settings.client_config("probe"))
     from kdelay.service import run_service
 
@@ -684,6 +688,30 @@ def worker(
             signal.signal(signum, lambda *_: stop.set())
         typer.echo(f"worker: tasks {loaded.names() if loaded else 'none'}", err=True)
         tasks.run_worker(settings, loaded, options, stop.is_set)
+
+
+@app.command()
+@common_options
+def stats(
+    ctx: typer.Context,
+    url: Annotated[list[str] | None, typer.Option(
+        "--url", envvar=envvar("url"), show_default=False,
+        help="A metrics endpoint (host:port or URL), repeatable; this host's --metrics-port "
+             "when not given.")] = None,
+    watch: Annotated[bool, _option("watch", "Refresh until Ctrl-C.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", envvar=envvar("json"), help="Print JSON (one line per refresh).")] = False,
+    interval: Annotated[float, _option(
+        "interval", "Seconds between the readings rates are taken from.", shown=2.0)] = 2.0,
+) -> None:
+    """Summarise running instances from their metrics: rates, lateness, backlog, DLQ, skew."""
+    from kdelay.stats import endpoints, show
+
+    with _reported():
+        settings = _settings(ctx)
+        urls = endpoints(url or [], settings.metrics_port)
+    raise typer.Exit(show(urls, console=Console(), watch=watch, as_json=as_json,
+                          interval_s=interval))
 
 
 def main() -> None:

@@ -198,6 +198,17 @@ def record_times(values: Iterable[bytes]) -> list[int]:
     return [unpack(raw)[0] for raw in values]
 
 
+def request_timestamp_of(raw: bytes) -> int:
+    """Return the request timestamp (ms) of an encoded index value without decoding the rest.
+
+    Raises ValueError if ``raw`` is shorter than the fixed head.
+    """
+    if len(raw) < _INDEX_HEAD.size:
+        raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
+    timestamp_ms: int = _INDEX_HEAD.unpack_from(raw)[0]
+    return timestamp_ms
+
+
 def schedule_id_of(raw: bytes) -> str | None:
     """Return the schedule id of an encoded index value without decoding the rest.
 

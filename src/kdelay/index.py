@@ -90,6 +90,17 @@ class Changes:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class DueSummary:
+    """The entries due by some time: how many (up to a limit) and their oldest request."""
+
+    count: int
+    # The smallest request timestamp (ms) among the entries counted; None if none.
+    oldest_request_ms: int | None
+    # Whether counting stopped at the limit with more entries due.
+    capped: bool
+
+
 def _options() -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -264,6 +275,49 @@ class PartitionIndex:
             self._head = key
             return key
         return None
+
+    def last_key(self) -> bytes | None:
+        """Return the largest pending due key, or None when nothing is pending.
+
+        A seek to the last key: its cost does not grow with the number of entries.
+        """
+        it = self._db.iter(ReadOptions())
+        it.seek_to_last()
+        key = cast(bytes, it.key()) if it.valid() else None
+        del it
+        return key
+
+    def due_summary(self, upper_ms: int, limit: int) -> DueSummary:
+        """Count the entries due at or before ``upper_ms`` and find their oldest request.
+
+        Stops after ``limit`` entries (then ``capped`` is set and the oldest
+        request is the oldest among those counted). Reads from the remembered
+        head, so its cost is bounded by ``limit`` plus the tombstones ahead.
+        """
+        options = ReadOptions()
+        options.set_iterate_upper_bound(codec.due_upper_bound(upper_ms))
+        it = self._db.iter(options)
+        if self._head:
+            it.seek(self._head)
+        else:
+            it.seek_to_first()
+        count, oldest = 0, None
+        while it.valid() and count < limit:
+            stamp = codec.request_timestamp_of(it.value())
+            oldest = stamp if oldest is None else min(oldest, stamp)
+            count += 1
+            it.next()
+        capped = count >= limit and it.valid()
+        del it
+        return DueSummary(count, oldest, capped)
+
+    def first_key_after(self, after_ms: int) -> bytes | None:
+        """Return the smallest key due after ``after_ms``, or None (one seek)."""
+        it = self._db.iter(ReadOptions())
+        it.seek(codec.due_upper_bound(after_ms))
+        key = cast(bytes, it.key()) if it.valid() else None
+        del it
+        return key
 
     def prune_ids(self, before_ms: int, limit: int) -> int:
         """Drop up to ``limit`` delivered-id markers delivered before ``before_ms``.

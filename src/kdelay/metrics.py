@@ -10,6 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
+COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Most overdue keys one partition's housekeeping counts; see kdelay.outlook.
+OVERDUE_CAP = 10_000
 
 
 class Metrics:
@@ -43,6 +46,48 @@ class Metrics:
             "LogAppendTime of changelog acknowledgements", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",
                                "Partitions being restored from the changelog", registry=r)
+        self.partitions = Gauge("kdelay_request_partitions",
+                                "Partitions of the requests topic (each must be owned by "
+                                "one instance)", registry=r)
+        self.owned = Gauge("kdelay_owned_partitions",
+                           "Request partitions this instance serves", registry=r)
+        self.rebalances = Counter(
+            "kdelay_rebalances", "Partition assignments, revocations and losses, by kind",
+            ["kind"], registry=r)
+        self.commit_duration = Histogram(
+            "kdelay_transaction_commit_seconds", "Time to commit one transaction "
+            "(exactly-once only)", buckets=COMMIT_BUCKETS, registry=r)
+        # The gauges below are refreshed by kdelay.outlook every housekeeping round.
+        self.earliest_due = Gauge(
+            "kdelay_pending_earliest_due_timestamp_seconds", "Due time (Unix seconds) of the "
+            "earliest pending entry, by partition; absent when nothing is pending",
+            ["partition"], registry=r)
+        self.latest_due = Gauge(
+            "kdelay_pending_latest_due_timestamp_seconds", "Due time (Unix seconds) of the "
+            "latest pending entry, by partition; absent when nothing is pending",
+            ["partition"], registry=r)
+        self.oldest_overdue = Gauge(
+            "kdelay_overdue_oldest_age_seconds", "Service clock minus the due time of the "
+            "earliest pending entry when it is due, else 0, by partition", ["partition"],
+            registry=r)
+        self.overdue = Gauge(
+            "kdelay_overdue_entries", "Pending entries already due (in flight included), by "
+            f"partition; capped: counting stops at {OVERDUE_CAP}", ["partition"], registry=r)
+        self.intake_lag = Gauge(
+            "kdelay_intake_lag_records", "Request records not yet taken in: high watermark "
+            "(as last fetched) minus the consumed position, by partition", ["partition"],
+            registry=r)
+
+        self.headroom = Gauge(
+            "kdelay_retention_headroom_seconds", "Least time before the requests topic's "
+            "retention may delete a pending original, by partition: exact over the overdue "
+            f"entries counted (capped at {OVERDUE_CAP}), a lower bound for the rest; absent "
+            "when nothing is pending or retention is unlimited", ["partition"], registry=r)
+
+    def partition_gauges(self) -> tuple[Gauge, ...]:
+        """The gauges labelled by partition, whose series go when a partition goes."""
+        return (self.pending, self.earliest_due, self.latest_due, self.oldest_overdue,
+                self.overdue, self.intake_lag, self.headroom)
 
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""

@@ -35,6 +35,7 @@ from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
 from kdelay.intake import Outcome, Plan, Planner, Record, Topics, consumed_marker
 from kdelay.metrics import Metrics
 from kdelay.originals import OriginalReader
+from kdelay.outlook import Outlook
 from kdelay.polling import take
 from kdelay.settings import Guarantee, Settings
 from kdelay.skew import ClockSkew
@@ -114,6 +115,7 @@ class Service:
         self._topics = Topics(settings.requests_topic, settings.changelog_topic,
                               settings.dlq_topic)
         self._skew = ClockSkew(clock, self.metrics.clock_skew)
+        self._outlook = Outlook(self.metrics, settings, layout)
         if not layout.broker_time:
             log.warning("clock skew against the broker is not measured: changelog topic %s "
                         "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
@@ -308,7 +310,8 @@ class Service:
                 assert self._consumer is not None  # noqa: S101 - step() checked it
                 producer.send_offsets_to_transaction(
                     offsets, self._consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(30)
+            with self.metrics.commit_duration.time():
+                producer.commit_transaction(30)
             return True
         except KafkaException as exc:
             error = exc.args[0]
@@ -441,6 +444,8 @@ class Service:
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(self._topics, self._limits, index.id_state,
                                                    self._delivery.withhold)
+        self.metrics.rebalances.labels(kind="assign").inc()
+        self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])
         consumer.assign(partitions)
 
@@ -470,6 +475,7 @@ class Service:
         return progress
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.metrics.rebalances.labels(kind="revoke").inc()
         try:
             if not self.exactly_once:
                 self._drain()
@@ -479,6 +485,7 @@ class Service:
 
     def _on_lost(self, _: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning("partitions lost: %s", [tp.partition for tp in partitions])
+        self.metrics.rebalances.labels(kind="lost").inc()
         self._close_partitions([tp.partition for tp in partitions])
 
     def _drain(self) -> None:
@@ -506,6 +513,7 @@ class Service:
             if index is not None:
                 index.close()
                 self.metrics.pending.remove(str(partition))
+        self.metrics.owned.set(len(self._indexes))
 
     def _housekeeping(self) -> None:
         """Every few seconds (service clock): refresh the gauges, drop expired id markers."""
@@ -518,6 +526,7 @@ class Service:
             if expired_before is not None:
                 self.metrics.ids_expired.inc(index.prune_ids(expired_before, PRUNE_LIMIT))
             self.metrics.pending.labels(partition=str(partition)).set(index.estimate_pending())
+        self._outlook.refresh(now, self._indexes, self._consumed, self._consumer)
 
 
 def run_service(settings: Settings, *, check: bool) -> int:

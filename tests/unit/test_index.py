@@ -19,6 +19,7 @@ from kdelay.index import (
     CHANGELOG,
     CONSUMED,
     Changes,
+    DueSummary,
     Entry,
     IndexCorrupt,
     IndexLocked,
@@ -486,3 +487,18 @@ def test_markers_and_their_expiry_survive_a_reopen(tmp_path: Path) -> None:
         assert reopened.id_count() == 0
     finally:
         reopened.close()
+
+
+def test_last_key_and_a_capped_summary_of_due_entries(index: PartitionIndex) -> None:
+    assert index.last_key() is None
+    assert index.due_summary(10_000, 100) == DueSummary(0, None, False)
+    put(index, *(entry(1_000 * d, offset=d) for d in range(1, 6)))
+    assert index.last_key() == encode_due_key(5_000, 0, 5)
+    # entry() stamps each request 1 ms before its due time.
+    assert index.due_summary(3_000, 100) == DueSummary(3, 999, False)
+    assert index.due_summary(3_000, 3) == DueSummary(3, 999, False)
+    assert index.due_summary(3_000, 2) == DueSummary(2, 999, True)
+    index.apply(Changes(deletes=[encode_due_key(1_000, 0, 1)]))
+    assert index.due_summary(3_000, 100) == DueSummary(2, 1_999, False)
+    assert index.first_key_after(3_000) == encode_due_key(4_000, 0, 4)
+    assert index.first_key_after(5_000) is None

@@ -1,0 +1,52 @@
+"""Log output of ``kdelay run``: plain text lines or JSON lines.
+
+JSON lines carry ``time`` (UTC, ISO-8601 with milliseconds), ``level``,
+``logger`` and ``message``, plus ``exception`` (the formatted traceback) when
+the record has one, so a log shipper can index them without a pattern.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import UTC, datetime
+from enum import StrEnum
+
+import orjson
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LogFormat(StrEnum):
+    """How log records are written to stderr."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return the record as a JSON line (without the newline)."""
+        line: dict[str, str] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line).decode()
+
+
+def configure(level: str, log_format: LogFormat) -> None:
+    """Send the root logger's records at ``level`` and above to stderr in ``log_format``.
+
+    Raises ValueError for an unknown level name.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format is LogFormat.JSON
+                         else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

@@ -1,0 +1,83 @@
+"""``--log-format``: text or JSON lines, chosen by option or ``KDELAY_LOG_FORMAT``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+from kdelay import service
+from kdelay.cli import app
+from kdelay.logs import JsonFormatter
+from kdelay.settings import Settings
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Give the root logger back as it was; no ``KDELAY_*`` variable leaks in."""
+    for name in list(os.environ):
+        if name.startswith("KDELAY_"):
+            monkeypatch.delenv(name)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def logging_service(settings: Settings, *, check: bool) -> int:
+    """Stands in for ``run_service``: logs one line, and one with a traceback."""
+    log = logging.getLogger("kdelay.service")
+    log.info("assigned %s", [0, 1])
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("step failed")
+    return 0
+
+
+def test_json_formatter_writes_one_object_per_record() -> None:
+    record = logging.LogRecord("kdelay.delivery", logging.WARNING, __file__, 1,
+                               'retry "%s"', ("k1",), None)
+    record.created = 1_700_000_000.25
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    assert json.loads(line) == {"time": "2023-11-14T22:13:20.250+00:00", "level": "WARNING",
+                                "logger": "kdelay.delivery", "message": 'retry "k1"'}
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_run_logs_json_lines(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    monkeypatch.setattr(service, "run_service", logging_service)
+    args, env = (["run", "--log-format", "json"], {}) if how == "option" else (
+        ["run"], {"KDELAY_LOG_FORMAT": "json"})
+    result = runner.invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(x["level"], x["logger"], x["message"]) for x in lines] == [
+        ("INFO", "kdelay.service", "assigned [0, 1]"),
+        ("ERROR", "kdelay.service", "step failed")]
+    assert "RuntimeError: boom" in lines[1]["exception"]
+
+
+def test_run_logs_text_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "run_service", logging_service)
+    result = runner.invoke(app, ["run"])
+    assert result.exit_code == 0, result.output
+    first = result.stderr.splitlines()[0]
+    assert first.endswith(" INFO kdelay.service: assigned [0, 1]")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(first)
+
+
+def test_an_unknown_log_format_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "run_service", logging_service)
+    result = runner.invoke(app, ["run", "--log-format", "yaml"])
+    assert result.exit_code == 2
+    assert "yaml" in result.stderr
