@@ -279,6 +279,47 @@ def expiry_upper_bound(before_ms: int) -> bytes:
     return _U64.pack(max(0, min(before_ms, _U64_MAX)))
 
 
+TALLY_PREFIX = b"tally/"
+"""Meta-column-family keys of the pending tally (see :mod:`kdelay.tally`) start with this."""
+TALLY_COMPLETE = b"tally/complete"
+"""Present once the tally stored in a meta column family covers the whole store."""
+
+
+def encode_tally_key(kind: bytes, minute: int) -> bytes:
+    """Encode ``tally/ | kind (1 byte) | i64 minute``: one bucket of the pending tally.
+
+    ``kind`` is ``b"d"`` (by due minute) or ``b"s"`` (by slack minute: request
+    time minus due time). Raises ValueError for another kind or a minute out of range.
+    """
+    if len(kind) != 1 or kind not in b"ds":
+        raise ValueError(f"a tally kind is b'd' or b's', got {kind!r}")
+    _check_range("minute", minute, _I64_MIN, _I64_MAX)
+    return TALLY_PREFIX + kind + _I64.pack(minute)
+
+
+def decode_tally_key(raw: bytes) -> tuple[bytes, int]:
+    """Decode :func:`encode_tally_key`; ValueError for anything else."""
+    body = raw[len(TALLY_PREFIX):]
+    if not raw.startswith(TALLY_PREFIX) or len(body) != 1 + _I64.size or body[:1] not in (
+            b"d", b"s"):
+        raise ValueError(f"not a tally key: {raw!r}")
+    minute: int = _I64.unpack(body[1:])[0]
+    return body[:1], minute
+
+
+def encode_count(count: int) -> bytes:
+    """Encode a non-negative count as u64 big-endian; ValueError when out of range."""
+    _check_range("count", count, 0, _U64_MAX)
+    return _U64.pack(count)
+
+
+def decode_count(raw: bytes) -> int:
+    """Decode :func:`encode_count`; ValueError unless ``raw`` is 8 bytes."""
+    _check_size("a count", raw, _U64.size)
+    count: int = _U64.unpack(raw)[0]
+    return count
+
+
 def encode_offset(offset: int) -> bytes:
     """Encode a Kafka offset as i64 big-endian; ``-1`` means "no offset yet"."""
     _check_range("offset", offset, _I64_MIN, _I64_MAX)

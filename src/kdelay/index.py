@@ -8,7 +8,8 @@ One store (rocksdict, raw mode) per request partition, three column families:
   older than the requests topic's retention can be dropped (:meth:`prune_ids`)
   without a scan of every id;
 - ``meta``: the offsets the index covers (``consumed``: the next requests offset
-  to read; ``changelog``: the next changelog offset to replay).
+  to read; ``changelog``: the next changelog offset to replay), and the exact
+  tally of pending entries (:mod:`kdelay.tally`), written with every batch.
 
 Every change, with the offsets it covers, is written in one ``WriteBatch``, so
 the store is never ahead of or behind its own offsets. Scans are bounded by an
@@ -30,6 +31,7 @@ from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from kdelay import codec
 from kdelay.codec import IdState, IndexValue
+from kdelay.tally import Change, Tally
 
 IDS_CF = "ids"
 META_CF = "meta"
@@ -136,6 +138,7 @@ class PartitionIndex:
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._head = b""
         self._lowest_put: bytes | None = None
+        self.tally = self._load_tally()
 
     def close(self) -> None:
         """Close the store and release its lock; the object is unusable afterwards."""
@@ -175,9 +178,20 @@ class PartitionIndex:
         return cast(list[bytes | None], self._db.get(cast(list[_RdictKey], keys)))
 
     def apply(self, changes: Changes) -> None:
-        """Write ``changes`` and the offsets they cover in one atomic batch."""
+        """Write ``changes``, the offsets they cover and the tally's change in one atomic batch.
+
+        One multi-get tells which put keys are new and which deleted keys are
+        there: only those change the :attr:`tally`, so re-applying a batch (a
+        request read again, a changelog record replayed twice) counts nothing twice.
+        """
         batch = WriteBatch(raw_mode=True)
         put = batch.put
+        change = self._tally_change(changes)
+        for key, count in self.tally.rows(change):
+            if count > 0:
+                put(key, codec.encode_count(count), self._meta_handle)
+            else:
+                batch.delete(key, self._meta_handle)
         for entry in changes.puts:
             put(entry.key, entry.raw or codec.encode_index_value(entry.value))
         for key, raw in changes.raw_puts.items():
@@ -198,6 +212,44 @@ class PartitionIndex:
             put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
         self._note_puts([*(entry.key for entry in changes.puts), *changes.raw_puts])
         self._db.write(batch)
+        self.tally.commit(change)
+
+    def _tally_change(self, changes: Changes) -> Change:
+        """How ``changes`` move the tally: the keys they really add and really remove."""
+        change = Change()
+        new: dict[bytes, bytes] = {e.key: e.raw or codec.encode_index_value(e.value)
+                                   for e in changes.puts}
+        new.update(changes.raw_puts)
+        keys = [*new, *changes.deletes]
+        present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
+                   if v is not None}
+        for key, raw in new.items():
+            if key not in present:
+                change.count(key, raw, 1)
+                present[key] = raw
+        for key in dict.fromkeys(changes.deletes):
+            old = present.pop(key, None)
+            if old is not None:
+                change.count(key, old, -1)
+        return change
+
+    def _load_tally(self) -> Tally:
+        """The stored tally; a store without one (made before it existed) is counted once."""
+        if self._meta.get(codec.TALLY_COMPLETE) is not None:
+            it = self._meta.iter(ReadOptions())
+            it.seek(codec.TALLY_PREFIX)
+            stored = []
+            while it.valid() and it.key().startswith(codec.TALLY_PREFIX):
+                stored.append((it.key(), it.value()))
+                it.next()
+            return Tally.load(stored)
+        tally = Tally.of(self._iterate(None, from_head=False))
+        batch = WriteBatch(raw_mode=True)
+        for key, count in tally.all_rows():
+            batch.put(key, codec.encode_count(count), self._meta_handle)
+        batch.put(codec.TALLY_COMPLETE, b"", self._meta_handle)
+        self._db.write(batch)
+        return tally
 
     def _note_puts(self, keys: list[bytes]) -> None:
         """Move the scan head back, and remember the lowest put, for the keys written."""
@@ -351,10 +403,6 @@ class PartitionIndex:
     def id_count(self) -> int:
         """Return the number of schedule ids the store holds (a full scan; for tests, tools)."""
         return sum(1 for _ in self._ids.keys())
-
-    def estimate_pending(self) -> int:
-        """Return RocksDB's estimate of the number of pending entries (cheap, approximate)."""
-        return self._db.property_int_value("rocksdb.estimate-num-keys") or 0
 
     def _iterate(
         self, upper: bytes | None, *, from_head: bool = True, start: bytes | None = None

@@ -34,8 +34,16 @@ class Metrics:
         self.lateness = Histogram("kdelay_lateness_seconds",
                                   "Produce time minus due time, by the service clock",
                                   buckets=LATENESS_BUCKETS, registry=r)
-        self.pending = Gauge("kdelay_pending_entries", "Pending entries (estimate), by partition",
+        self.pending = Gauge("kdelay_pending_entries", "Pending entries (exact), by partition",
                              ["partition"], registry=r)
+        self.pending_by_horizon = Gauge(
+            "kdelay_pending_by_horizon_entries", "Pending entries by partition and due horizon "
+            "(overdue, 1m, 10m, 1h, 1d, beyond), counted by due minute", ["partition", "horizon"],
+            registry=r)
+        self.at_risk = Gauge(
+            "kdelay_retention_at_risk_entries", "Pending entries whose original the requests "
+            "topic's retention may delete before they are due, by partition", ["partition"],
+            registry=r)
         self.restored = Counter("kdelay_restored_changelog_records",
                                 "Changelog records replayed into local indexes", registry=r)
         self.ids_expired = Counter(
@@ -87,7 +95,7 @@ class Metrics:
     def partition_gauges(self) -> tuple[Gauge, ...]:
         """The gauges labelled by partition, whose series go when a partition goes."""
         return (self.pending, self.earliest_due, self.latest_due, self.oldest_overdue,
-                self.overdue, self.intake_lag, self.headroom)
+                self.overdue, self.intake_lag, self.headroom, self.at_risk)
 
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""

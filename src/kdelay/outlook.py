@@ -20,13 +20,14 @@ the intake lag. Every figure is bounded in cost, so none is a full scan:
   their newest record is older than ``retention.ms``, so an original may live
   longer, never shorter (size-based retention aside).
 
-An exact pending count and pending-by-horizon counts are not here: they need
-counters kept in step with every put and delete, which the index does not
-keep (see docs/operations.md, Monitoring).
+- pending entries, by horizon and at risk of retention: from the index's
+  exact tally (:mod:`kdelay.tally`), kept in step with every batch it writes;
+  summing it costs one step per due minute (or slack minute) with entries.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -37,6 +38,7 @@ from kdelay import codec
 from kdelay.index import DueSummary, PartitionIndex
 from kdelay.metrics import OVERDUE_CAP, Metrics
 from kdelay.settings import Settings
+from kdelay.tally import horizons
 from kdelay.topics import Layout
 
 
@@ -89,6 +91,10 @@ class Outlook:
 
     def _index_gauges(self, label: str, index: PartitionIndex, now_ms: int) -> None:
         m = self._metrics
+        m.pending.labels(partition=label).set(index.tally.total)
+        for horizon, count in index.tally.by_horizon(now_ms).items():
+            m.pending_by_horizon.labels(partition=label, horizon=horizon).set(count)
+        m.at_risk.labels(partition=label).set(index.tally.at_risk(self._retention_ms))
         first, last = index.first_key(), index.last_key()
         if first is None or last is None:
             _remove(m.earliest_due, label)
@@ -141,6 +147,9 @@ class Outlook:
     def _forget(self, partition: int) -> None:
         for gauge in self._metrics.partition_gauges():
             _remove(gauge, str(partition))
+        for horizon in horizons():
+            with contextlib.suppress(KeyError):
+                self._metrics.pending_by_horizon.remove(str(partition), horizon)
 
 
 def _remove(gauge: Gauge, label: str) -> None:

@@ -512,7 +512,6 @@ class Service:
             index = self._indexes.pop(partition, None)
             if index is not None:
                 index.close()
-                self.metrics.pending.remove(str(partition))
         self.metrics.owned.set(len(self._indexes))
 
     def _housekeeping(self) -> None:
@@ -522,10 +521,9 @@ class Service:
             return
         self._next_housekeeping_ms = now + HOUSEKEEPING_EVERY_MS
         expired_before = None if self._id_ttl_ms is None else now - self._id_ttl_ms
-        for partition, index in self._indexes.items():
+        for index in self._indexes.values():
             if expired_before is not None:
                 self.metrics.ids_expired.inc(index.prune_ids(expired_before, PRUNE_LIMIT))
-            self.metrics.pending.labels(partition=str(partition)).set(index.estimate_pending())
         self._outlook.refresh(now, self._indexes, self._consumed, self._consumer)
 
 

@@ -211,7 +211,7 @@ def render(summaries: Sequence[Summary]) -> Group:
     """Build the terminal view: one row per instance, then dead letters by reason."""
     table = Table(title="kdelay instances", title_justify="left")
     for column in ("instance", "owned", "intake/s", "delivered/s", "dlq/s", "late p50",
-                   "late p99", "pending~", "overdue", "oldest overdue", "intake lag",
+                   "late p99", "pending", "overdue", "oldest overdue", "intake lag",
                    "clock skew"):
         table.add_column(column, justify="left" if column == "instance" else "right")
     reasons = Table(title="dead letters by reason", title_justify="left")

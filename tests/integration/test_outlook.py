@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from kdelay.clock import ManualClock
+from kdelay.retention import set_retention
 from kdelay.service import HOUSEKEEPING_EVERY_MS, Service
 from kdelay.settings import Guarantee
 from tests.conftest import TopicFactory
@@ -57,6 +58,13 @@ def test_outlook_of_a_running_service(
         assert sample(instance, "kdelay_intake_lag_records", partition=partition) == 0
         assert sample(instance, "kdelay_pending_latest_due_timestamp_seconds",
                       partition=partition) == (start + 3_600_000) / 1000
+        # Exact, from the index's tally: one entry due in an hour on each partition.
+        assert sample(instance, "kdelay_pending_entries", partition=partition) == 1
+        horizons = {h: sample(instance, "kdelay_pending_by_horizon_entries",
+                              partition=partition, horizon=h)
+                    for h in ("overdue", "1m", "10m", "1h", "1d", "beyond")}
+        assert horizons == {"overdue": 0, "1m": 0, "10m": 0, "1h": 1, "1d": 0, "beyond": 0}
+        assert sample(instance, "kdelay_retention_at_risk_entries", partition=partition) == 0
     commits = sample(instance, "kdelay_transaction_commit_seconds_count")
     if guarantee is Guarantee.EXACTLY_ONCE:
         assert commits is not None
@@ -66,12 +74,37 @@ def test_outlook_of_a_running_service(
 
     # The hour passes: both entries are overdue until delivery catches up, and
     # the outlook says so at the next round, before the step delivers them.
-    clock.advance(3_600_000 + 2_000)
+    clock.advance(3_600_000 + 62_000)  # past the due minute: "overdue" counts by minute
     instance._housekeeping()  # the round alone: a step would deliver them first
     overdue = [sample(instance, "kdelay_overdue_entries", partition=p) for p in ("0", "1")]
     assert overdue == [1, 1]
+    assert [sample(instance, "kdelay_pending_by_horizon_entries", partition=p,
+                   horizon="overdue") for p in ("0", "1")] == [1, 1]
     age = sample(instance, "kdelay_overdue_oldest_age_seconds", partition="0")
     assert age == (clock.now_ms() - start - 3_600_000) / 1000
 
     service.close(instance)
     assert sample(instance, "kdelay_owned_partitions") == 0
+
+
+def test_entries_due_after_a_lowered_retention_are_counted_at_risk(
+    deployment_factory: Make, running: Run, topic_factory: TopicFactory, bootstrap: str,
+) -> None:
+    deployment = deployment_factory(partitions=1, retention_ms=7 * 86_400_000)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    produce(bootstrap, deployment.requests, [
+        request(target, 0, clock.now_ms(), 2 * 86_400_000, partition=0),
+        request(target, 1, clock.now_ms(), 3_600_000, partition=0)])
+    group = running(deployment, clock)
+    first = group.add()
+    group.until(lambda: sample(first, "kdelay_intake_records_total", outcome="scheduled") == 2)
+    clock.advance(HOUSEKEEPING_EVERY_MS)
+    group.step()
+    assert sample(first, "kdelay_retention_at_risk_entries", partition="0") == 0
+    group.close(first)
+    set_retention(deployment.settings, 86_400_000)  # a day: the two-day entry outlives it
+    second = group.add()  # reads the new retention at start
+    group.until(lambda: sample(second, "kdelay_pending_entries", partition="0") == 2,
+                advance_ms=HOUSEKEEPING_EVERY_MS)
+    assert sample(second, "kdelay_retention_at_risk_entries", partition="0") == 1

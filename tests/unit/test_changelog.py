@@ -36,6 +36,7 @@ from kdelay.index import (
     IndexLocked,
     PartitionIndex,
 )
+from kdelay.tally import Tally
 
 T0 = 1_700_000_000_000
 PART = 4
@@ -267,9 +268,13 @@ def test_batched_replay_equals_record_at_a_time(tmp_path: Path, seed: int, batch
             assert state == (None if expected is None else IdState(expected, None))
         assert index.offset(CONSUMED) == consumed
         assert index.offset(CHANGELOG) == len(records)
+        counted = Tally.of(store.items())
+        assert (index.tally.total, index.tally.due, index.tally.slack) == (
+            counted.total, counted.due, counted.slack), "the tally is exact after a replay"
         replay(index, records, batch)
         assert {e.key: codec.encode_index_value(e.value) for e in entries(index)} == store, \
             "replaying again yields the same store"
+        assert index.tally.total == len(store), "and counts nothing twice"
     finally:
         index.close()
 

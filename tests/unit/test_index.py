@@ -502,3 +502,66 @@ def test_last_key_and_a_capped_summary_of_due_entries(index: PartitionIndex) -> 
     assert index.due_summary(3_000, 100) == DueSummary(2, 1_999, False)
     assert index.first_key_after(3_000) == encode_due_key(4_000, 0, 4)
     assert index.first_key_after(5_000) is None
+
+
+# -- the exact tally of pending entries ------------------------------------------
+
+
+def test_the_tally_counts_new_keys_once_and_only_deletes_of_present_keys(
+    index: PartitionIndex,
+) -> None:
+    a, b, c = entry(100_000, offset=1), entry(200_000, offset=2), entry(300_000, offset=3)
+    put(index, a, b)
+    put(index, a)  # a request read again writes the same key: not a new entry
+    assert index.tally.total == 2
+    index.apply(Changes(deletes=[a.key, c.key]))  # c was never there
+    assert index.tally.total == 1
+    index.apply(Changes(puts=[c], deletes=[c.key]))  # put and deleted in one batch
+    assert index.tally.total == 1
+    assert sum(1 for _ in index.entries()) == index.tally.total
+
+
+def test_replayed_changelog_records_are_counted_once(index: PartitionIndex) -> None:
+    a, b = entry(100_000, offset=1), entry(160_000, offset=2)
+    raw = {a.key: encode_index_value(a.value), b.key: encode_index_value(b.value)}
+    index.apply(Changes(raw_puts=dict(raw)))
+    index.apply(Changes(raw_puts=dict(raw)))
+    assert index.tally.total == 2
+    assert dict(index.tally.due) == {1: 1, 2: 1}
+
+
+def test_the_tally_is_stored_with_the_entries_and_loaded_on_open(tmp_path: Path) -> None:
+    store = PartitionIndex(tmp_path / "p", 0)
+    put(store, *(entry(60_000 * i, offset=i) for i in range(1, 40)))
+    store.apply(Changes(deletes=[entry(60_000 * 5, offset=5).key]))
+    expected = (store.tally.total, dict(store.tally.due), dict(store.tally.slack))
+    store.close()
+    reopened = PartitionIndex(tmp_path / "p", 0)
+    try:
+        assert (reopened.tally.total, dict(reopened.tally.due),
+                dict(reopened.tally.slack)) == expected
+        assert expected[0] == 38
+    finally:
+        reopened.close()
+
+
+def test_a_store_written_before_the_tally_existed_is_counted_when_opened(
+    tmp_path: Path,
+) -> None:
+    from rocksdict import Options, Rdict
+
+    path = tmp_path / "old"
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    old = Rdict(str(path), options)
+    for i in range(25):
+        e = entry(60_000 * i, offset=i)
+        old[e.key] = encode_index_value(e.value)
+    old.close()
+    store = PartitionIndex(path, 0)
+    try:
+        assert store.tally.total == 25
+        put(store, entry(10 ** 9, offset=99))
+        assert store.tally.total == 26
+    finally:
+        store.close()

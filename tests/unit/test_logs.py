@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from kdelay import service
+from kdelay import cli, service
 from kdelay.cli import app
 from kdelay.logs import JsonFormatter
 from kdelay.settings import Settings
@@ -29,6 +29,12 @@ def _restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _no_connection_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No broker here: the connection check ``run`` makes first passes."""
+    monkeypatch.setattr(cli, "check_connection", lambda config: None)
 
 
 def logging_service(settings: Settings, *, check: bool) -> int:
