@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import SparkSession
 
-from kdelay.spark.jars import default_cache_dir  # noqa: E402
-from kdelay.spark.session import SparkOptions, builder_conf  # noqa: E402
+from kdelay.spark.jars import default_cache_dir
+from kdelay.spark.session import SparkOptions, builder_conf
 
 TEST_CONF = {
     "spark.sql.shuffle.partitions": "2",

@@ -50,7 +50,7 @@ def test_forecast_counts_buckets_targets_and_retention(
               _request(0, "refunds", 5, now - 3_000), _request(1, "refunds", 7, now - 4_000),
               _request(1, "orders", 1, now - 500), _request(0, "orders", 3, now - 600)]
     sent = [produce_all(producer, requests, [record])[0] for record in wanted]
-    at = [(m.partition(), m.offset()) for m in sent]
+    at = [(int(m.partition() or 0), int(m.offset() or 0)) for m in sent]
     due = [now + 30_000, now + 90_000, now + 70_000, now - 5_000, now + DAY_MS + 3_600_000,
            now + 10_000]
     records = [_put(p, o, d) for (p, o), d in zip(at, due, strict=True)]

@@ -42,7 +42,7 @@ from kdelay import envelope
 from kdelay.envelope import ErrorCode
 from kdelay.settings import Settings
 from kdelay.spark import source
-from kdelay.spark.source import Snapshot, header, millis
+from kdelay.spark.source import header, millis
 
 DELIVERED_ONCE = "delivered_once"
 DELIVERED_MORE = "delivered_more_than_once"

@@ -13,7 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 _HOUR_MS = 3_600_000
 
@@ -27,7 +27,7 @@ def lateness_histograms(path: Path, edges: Sequence[int],
     for axis, target in zip(axes[:, 0], targets, strict=True):
         axis.bar(range(len(labels)), counts.get(target, [0] * len(labels)))
         axis.set_xticks(range(len(labels)), labels, rotation=45, fontsize=7)
-        axis.set_title(f"lateness on {target} (first delivery − due, ≥ bin start)")
+        axis.set_title(f"lateness on {target} (first delivery - due, per bin start)")
         axis.set_ylabel("requests")
     return _save(figure, path)
 

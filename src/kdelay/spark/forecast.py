@@ -67,7 +67,7 @@ class Group:
 class PartitionNeed:
     """The retention a request partition needs against the topic's configured one.
 
-    ``needed_ms`` is the longest (due − record time) among its pending entries
+    ``needed_ms`` is the longest (due - record time) among its pending entries
     plus the margin; ``retention_ms`` is None when retention is unlimited.
     """
 

@@ -46,9 +46,10 @@ def snapshot(settings: Settings, topics: Iterable[str]) -> Snapshot:
     Raises :class:`confluent_kafka.KafkaException` when the cluster cannot be
     reached within the timeout.
     """
-    consumer = Consumer(settings.client_config(**{
+    overrides: dict[str, str | int | bool] = {
         "group.id": f"kdelay-spark-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed"}))
+        "isolation.level": "read_committed"}
+    consumer = Consumer(settings.client_config(**overrides))
     try:
         wanted = sorted(set(topics))
         metadata = consumer.list_topics(timeout=_TIMEOUT_S).topics
