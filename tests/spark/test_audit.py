@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from kdelay import codec, envelope
 from kdelay.cli import app
 from kdelay.settings import Settings
-from kdelay.spark.audit import AuditReport, AuditWindow, request_table, summarize
+from kdelay.spark.audit import AuditReport, AuditWindow, audit
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import (
     Deployment,
@@ -156,8 +156,9 @@ def test_audit_counts_every_class(
                         requests_topic=deployment.requests,
                         changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
 
-    table, missing = request_table(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
-    report = summarize(table, missing)
+    report, table = audit(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
+    assert table.count() == report.requests
+    table.unpersist()
 
     assert report.to_json() | {"lateness_ms": None, "lateness_ms_by_target": None} == {
         "requests": 16, "delivered_once": 4, "delivered_more_than_once": 1, "extra_copies": 1,
@@ -166,11 +167,7 @@ def test_audit_counts_every_class(
         "early": 1, "lateness_ms": None, "lateness_ms_by_target": None, "missing_topics": []}
     _check_lateness(report, seeded)
     assert not report.clean(exactly_once=False)
-
-    since = summarize(*request_table(spark, settings, AuditWindow(
-        now_ms=_now(), settle_ms=SETTLE_MS, since_ms=int(str(seeded["stopped"])))))
-    assert (since.requests, since.counts) == (2, {"lost": 1, "overdue": 1})
-    _check_cli(deployment, tmp_path)
+    _check_cli(deployment, int(str(seeded["stopped"])), tmp_path)
 
 
 def _check_lateness(report: AuditReport, seeded: dict[str, object]) -> None:
@@ -186,14 +183,14 @@ def _check_lateness(report: AuditReport, seeded: dict[str, object]) -> None:
     assert (refunds[0], refunds[0], refunds[0]) in by_target
 
 
-def _check_cli(deployment: Deployment, tmp_path: Path) -> None:
-    """``kdelay audit --json --output``: exit 4, the same counts, Parquet and charts."""
-    args = ["audit", "--json", "--output", str(tmp_path / "out"), "--expect", "exactly-once",
-            "--settle", "10m"]
+def _check_cli(deployment: Deployment, since_ms: int, tmp_path: Path) -> None:
+    """``kdelay audit --since --json --output``: the two late requests, exit 4, files."""
+    args = ["audit", "--json", "--output", str(tmp_path / "out"), "--settle", "10m",
+            "--since", str(since_ms)]
     result = CliRunner().invoke(app, args, env=deployment.env())
     assert result.exit_code == 4, result.output
     printed = orjson.loads(result.stdout)
-    assert (printed["requests"], printed["lost"], printed["early"]) == (16, 1, 1)
+    assert (printed["requests"], printed["lost"], printed["overdue"]) == (2, 1, 1)
     assert (tmp_path / "out" / "requests.parquet").is_dir()
     for chart in ("lateness.png", "outcomes.png"):
         assert (tmp_path / "out" / chart).read_bytes().startswith(b"\x89PNG")

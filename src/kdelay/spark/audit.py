@@ -306,33 +306,36 @@ def _targets(requests: DataFrame) -> tuple[str, ...]:
 
 
 def summarize(table: DataFrame, missing: tuple[str, ...] = ()) -> AuditReport:
-    """Aggregate the per-request table into the report; only aggregates reach the driver."""
+    """Aggregate the per-request table into the report in two passes over it.
+
+    Only aggregates reach the driver: one row per (outcome, reason) and one
+    per target. Persist ``table`` first when it is read from Kafka.
+    """
     counts: dict[str, int] = {}
     reasons: dict[str, int] = {}
-    for row in table.groupBy("outcome", "reason").count().collect():
-        counts[row["outcome"]] = counts.get(row["outcome"], 0) + row["count"]
+    extra = early = 0
+    for row in table.groupBy("outcome", "reason").agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("extra"),
+            F.count_if(F.col("early")).alias("early")).collect():
+        counts[row["outcome"]] = counts.get(row["outcome"], 0) + row["n"]
+        extra, early = extra + row["extra"], early + row["early"]
         if row["outcome"] == DEAD_LETTERED:
-            reasons[row["reason"]] = row["count"]
-    totals = table.agg(
-        F.coalesce(F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1)), F.lit(0)).alias(
-            "extra"),
-        F.count_if(F.col("early")).alias("early")).first()
-    assert totals is not None  # noqa: S101 - a global aggregate has one row
+            reasons[row["reason"]] = row["n"]
     overall, by_target = _lateness(table)
-    return AuditReport(counts, dict(sorted(reasons.items())), int(totals["extra"]),
-                       int(totals["early"]), overall, by_target, missing)
+    return AuditReport(counts, dict(sorted(reasons.items())), extra, early, overall, by_target,
+                       missing)
 
 
 def _lateness(table: DataFrame) -> tuple[Lateness, dict[str, Lateness]]:
-    """Lateness percentiles of the first delivery, overall and per target."""
+    """Lateness percentiles of the first delivery, per target and overall (one rollup)."""
     delivered = table.where(F.col("lateness_ms").isNotNull())
-    stats = [F.percentile_approx("lateness_ms", [0.5, 0.99], 10_000).alias("p"),
-             F.max("lateness_ms").alias("max")]
-    overall = delivered.agg(*stats).first()
-    assert overall is not None  # noqa: S101 - a global aggregate has one row
-    per_target = {row["target"]: _percentiles(row)
-                  for row in delivered.groupBy("target").agg(*stats).collect()}
-    return _percentiles(overall), dict(sorted(per_target.items()))
+    rows = delivered.rollup("target").agg(
+        F.percentile_approx("lateness_ms", [0.5, 0.99], 10_000).alias("p"),
+        F.max("lateness_ms").alias("max"), F.grouping_id().alias("all")).collect()
+    overall = next((_percentiles(r) for r in rows if r["all"]), Lateness(None, None, None))
+    per_target = {r["target"]: _percentiles(r) for r in rows if not r["all"]}
+    return overall, dict(sorted(per_target.items()))
 
 
 def _percentiles(row: Any) -> Lateness:
@@ -341,3 +344,15 @@ def _percentiles(row: Any) -> Lateness:
     if p is None:
         return Lateness(None, None, None)
     return Lateness(int(p[0]), int(p[1]), int(row["max"]))
+
+
+def audit(spark: SparkSession, settings: Settings,
+          window: AuditWindow) -> tuple[AuditReport, DataFrame]:
+    """Run the audit; return the report and the per-request table, persisted.
+
+    The caller unpersists the table when done with it. Raises
+    :class:`confluent_kafka.KafkaException` when the cluster cannot be read.
+    """
+    table, missing = request_table(spark, settings, window)
+    table = table.persist()
+    return summarize(table, missing), table

@@ -37,10 +37,8 @@ def run_audit(settings: Settings, options: SparkOptions, window: AuditWindow,
     cannot be read.
     """
     with spark_session(options) as spark:
-        table, missing = audit.request_table(spark, settings, window)
-        table = table.persist()
+        report, table = audit.audit(spark, settings, window)
         try:
-            report = audit.summarize(table, missing)
             if output is not None:
                 write_audit(table, output)
             return report
