@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from kdelay import codec, envelope
 from kdelay.codec import Fingerprint, IndexValue
 from kdelay.settings import Settings
-from kdelay.spark.forecast import ForecastWindow, forecast
+from kdelay.spark.forecast import ForecastWindow, cube, forecast
 from kdelay.spark.jobs import write_forecast
 from tests.conftest import TopicFactory, produce_all
 
@@ -59,7 +59,8 @@ def test_forecast_counts_buckets_targets_and_retention(
     marker = {"partition": 0, "key": codec.CONSUMED_MARKER, "value": codec.encode_offset(6)}
     produce_all(producer, changelog, [*records, tombstone, gone, marker])
 
-    report, cube = forecast(spark, settings, ForecastWindow(now, DAY_MS, 60_000))
+    window = ForecastWindow(now, DAY_MS, 60_000)
+    report, table = forecast(spark, settings, window)
 
     assert (report.pending, report.bytes, report.overdue, report.beyond_horizon,
             report.missing_originals) == (6, 43, 1, 1, 1)
@@ -73,7 +74,8 @@ def test_forecast_counts_buckets_targets_and_retention(
                      (1, 3, 8, DAY_MS + 3_600_000 + 500 + MARGIN_MS, False)]
     assert report.to_json()["by_partition"]["1"]["retention_ms"] == DAY_MS
 
-    write_forecast(report, cube, tmp_path)
+    write_forecast(report, cube(table, window), tmp_path)
+    table.unpersist()
     assert spark.read.parquet(str(tmp_path / "due.parquet")).count() == 4
     for chart in ("due-curve.png", "targets.png", "retention.png"):
         assert (tmp_path / chart).read_bytes().startswith(b"\x89PNG")

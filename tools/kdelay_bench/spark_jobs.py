@@ -130,7 +130,8 @@ def run_spark(topics: Topics, work_dir: Path, n: int, partitions: int) -> list[R
         table.unpersist()
         say(f"spark: audit took {audit_took[0]:.1f}s; forecasting")
         with _timed() as forecast_took:
-            predicted, _ = forecast.forecast(spark, settings, forecast.ForecastWindow(now))
+            predicted, pending = forecast.forecast(spark, settings, forecast.ForecastWindow(now))
+        pending.unpersist()
     jars = sorted(jars_dir(options.cache_dir, pyspark_version()).glob("*.jar"))
     versions: dict[str, Figure] = {
         "pyspark": metadata.version("pyspark"), "jars": " ".join(j.name for j in jars),

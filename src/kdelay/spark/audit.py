@@ -279,12 +279,13 @@ def _bounded(rows: DataFrame, window: AuditWindow) -> DataFrame:
 
 
 def request_table(spark: SparkSession, settings: Settings,
-                  window: AuditWindow) -> tuple[DataFrame, tuple[str, ...]]:
-    """Read the topics and return the per-request table and the topics found missing.
+                  window: AuditWindow) -> tuple[DataFrame, DataFrame, tuple[str, ...]]:
+    """Read the topics; return the per-request table, the persisted requests, missing topics.
 
     The requests, DLQ and changelog are pinned first; the target topics are
     pinned once the requests have named them, so a delivery that happened in
-    between is seen rather than taken for a loss.
+    between is seen rather than taken for a loss. The requests frame is
+    persisted (the targets are read from it); unpersist it when done.
     """
     own = [settings.requests_topic, settings.dlq_topic, settings.changelog_topic]
     snap = source.snapshot(settings, own)
@@ -296,7 +297,7 @@ def request_table(spark: SparkSession, settings: Settings,
     dead = dead_letters_frame(settings, source.read(spark, settings, snap, [settings.dlq_topic]))
     pending = pending_frame(source.read(spark, settings, snap, [settings.changelog_topic]))
     rows = joined(settings, requests, deliveries, dead, pending)
-    return classified(rows, window), (*snap.missing, *target_snap.missing)
+    return classified(rows, window), requests, (*snap.missing, *target_snap.missing)
 
 
 def _targets(requests: DataFrame) -> tuple[str, ...]:
@@ -353,6 +354,9 @@ def audit(spark: SparkSession, settings: Settings,
     The caller unpersists the table when done with it. Raises
     :class:`confluent_kafka.KafkaException` when the cluster cannot be read.
     """
-    table, missing = request_table(spark, settings, window)
+    table, requests, missing = request_table(spark, settings, window)
     table = table.persist()
-    return summarize(table, missing), table
+    try:
+        return summarize(table, missing), table
+    finally:
+        requests.unpersist()

@@ -184,14 +184,14 @@ def _needs(table: DataFrame, margin_ms: int, retention_ms: int | None) -> list[P
 
 def forecast(spark: SparkSession, settings: Settings,
              window: ForecastWindow) -> tuple[ForecastReport, DataFrame]:
-    """Run the forecast; return the report and the cube (for Parquet output).
+    """Run the forecast; return the report and the pending entries, persisted.
 
-    Raises :class:`confluent_kafka.KafkaException` when the cluster cannot be
+    The caller unpersists the entries when done (:func:`cube` makes the Parquet
+    output from them). Raises :class:`confluent_kafka.KafkaException` when the cluster cannot be
     read, and :class:`kdelay.topics.LayoutError` when the requests topic's
     configuration cannot be described.
     """
     table = entries(spark, settings).persist()
     retention = topics.retention_ms(topics.admin_client(settings), settings.requests_topic)
-    report = summarize(table, window, settings.retention_margin_ms, retention)
-    return report, cube(table, window)
+    return summarize(table, window, settings.retention_margin_ms, retention), table
 

@@ -76,10 +76,13 @@ def run_forecast(settings: Settings, options: SparkOptions, window: ForecastWind
     when the requests topic is missing.
     """
     with spark_session(options) as spark:
-        report, cube = forecast.forecast(spark, settings, window)
-        if output is not None:
-            write_forecast(report, cube, output)
-        return report
+        report, table = forecast.forecast(spark, settings, window)
+        try:
+            if output is not None:
+                write_forecast(report, forecast.cube(table, window), output)
+            return report
+        finally:
+            table.unpersist()
 
 
 def write_forecast(report: ForecastReport, cube: DataFrame, output: Path) -> None:
