@@ -279,13 +279,14 @@ def _bounded(rows: DataFrame, window: AuditWindow) -> DataFrame:
 
 
 def request_table(spark: SparkSession, settings: Settings,
-                  window: AuditWindow) -> tuple[DataFrame, DataFrame, tuple[str, ...]]:
-    """Read the topics; return the per-request table, the persisted requests, missing topics.
+                  window: AuditWindow) -> tuple[DataFrame, list[DataFrame], tuple[str, ...]]:
+    """Read the topics; return the per-request table, the frames it persisted, missing topics.
 
     The requests, DLQ and changelog are pinned first; the target topics are
     pinned once the requests have named them, so a delivery that happened in
-    between is seen rather than taken for a loss. The requests frame is
-    persisted (the targets are read from it); unpersist it when done.
+    between is seen rather than taken for a loss. The requests (the targets are
+    read from them) and the joined rows (classification reads them twice) are
+    persisted; unpersist them when done.
     """
     own = [settings.requests_topic, settings.dlq_topic, settings.changelog_topic]
     snap = source.snapshot(settings, own)
@@ -296,8 +297,8 @@ def request_table(spark: SparkSession, settings: Settings,
     deliveries = deliveries_frame(settings, source.read(spark, settings, target_snap, targets))
     dead = dead_letters_frame(settings, source.read(spark, settings, snap, [settings.dlq_topic]))
     pending = pending_frame(source.read(spark, settings, snap, [settings.changelog_topic]))
-    rows = joined(settings, requests, deliveries, dead, pending)
-    return classified(rows, window), requests, (*snap.missing, *target_snap.missing)
+    rows = joined(settings, requests, deliveries, dead, pending).persist()
+    return classified(rows, window), [requests, rows], (*snap.missing, *target_snap.missing)
 
 
 def _targets(requests: DataFrame) -> tuple[str, ...]:
@@ -354,9 +355,10 @@ def audit(spark: SparkSession, settings: Settings,
     The caller unpersists the table when done with it. Raises
     :class:`confluent_kafka.KafkaException` when the cluster cannot be read.
     """
-    table, requests, missing = request_table(spark, settings, window)
+    table, cached, missing = request_table(spark, settings, window)
     table = table.persist()
     try:
         return summarize(table, missing), table
     finally:
-        requests.unpersist()
+        for frame in cached:
+            frame.unpersist()
