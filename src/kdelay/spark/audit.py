@@ -145,25 +145,19 @@ def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
         header(envelope.CANCEL).alias("cancel"), due.alias("due_ms"))
 
 
-def deliveries_frame(settings: Settings, raw: DataFrame) -> DataFrame:
-    """Per origin: copies on the targets, first copy's time and topic, due, early copies."""
-    origin, due = header(envelope.ORIGIN), millis(envelope.DUE_MS)
-    mine = raw.select("topic", "ts_ms", origin.alias("origin"), due.alias("due")).where(
-        F.col("origin").startswith(origin_prefix(settings)))
-    return mine.groupBy("origin").agg(
-        F.count(F.lit(1)).alias("copies"), F.min("ts_ms").alias("first_ms"),
-        F.min_by("topic", "ts_ms").alias("delivered_to"), F.max("due").alias("delivered_due"),
-        F.sum(F.when(F.col("ts_ms") < F.col("due"), 1).otherwise(0)).alias("early_copies"))
+def delivery_traces(settings: Settings, raw: DataFrame) -> DataFrame:
+    """One row per target record that carries an origin of this deployment's requests."""
+    return raw.select(header(envelope.ORIGIN).alias("origin"), F.col("ts_ms").alias("d_ts"),
+                      F.col("topic").alias("d_topic"), millis(envelope.DUE_MS).alias("d_due"),
+                      ).where(F.col("origin").startswith(origin_prefix(settings)))
 
 
-def dead_letters_frame(settings: Settings, raw: DataFrame) -> DataFrame:
-    """Per origin: the DLQ reason, and the due time a delivery failure records."""
-    mine = raw.select(header(envelope.ORIGIN).alias("origin"),
+def dead_letter_traces(settings: Settings, raw: DataFrame) -> DataFrame:
+    """One row per DLQ record of this deployment's requests: its reason and recorded due."""
+    return raw.select(header(envelope.ORIGIN).alias("origin"),
                       header(envelope.ERROR).alias("reason"),
                       millis(envelope.DUE_MS).alias("dlq_due")).where(
         F.col("origin").startswith(origin_prefix(settings)))
-    return mine.groupBy("origin").agg(F.min("reason").alias("reason"),
-                                      F.max("dlq_due").alias("dlq_due"))
 
 
 def pending_frame(raw: DataFrame) -> DataFrame:
@@ -187,32 +181,44 @@ def _unsigned(raw: Column) -> Column:
     return F.conv(F.hex(raw), 16, 10).try_cast("bigint")
 
 
-def _orphans(settings: Settings, requests: DataFrame, traces: DataFrame) -> DataFrame:
-    """Origins seen on targets or the DLQ whose request record is no longer readable."""
-    parts = F.split("origin", "/")
-    gone = traces.join(requests.select("origin"), "origin", "left_anti")
-    return gone.select(
-        "origin", F.element_at(parts, -2).try_cast("int").alias("partition"),
-        F.element_at(parts, -1).try_cast("bigint").alias("offset"),
-        F.lit(None).cast("bigint").alias("ts_ms"), F.lit(None).cast("string").alias("target"),
-        F.lit(None).cast("string").alias("sid"), F.lit(None).cast("string").alias("cancel"),
-        F.lit(None).cast("bigint").alias("due_ms"))
+def pending_traces(settings: Settings, pending: DataFrame) -> DataFrame:
+    """One row per live changelog entry, keyed by the origin of its request."""
+    origin = F.concat_ws("/", F.lit(settings.requests_topic), "partition", "offset")
+    return pending.select(origin.alias("origin"), "pending_due")
 
 
 def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
            dead: DataFrame, pending: DataFrame) -> DataFrame:
-    """Every request (and orphan) with its deliveries, DLQ reason and pending entry."""
-    traces = deliveries.select("origin").unionByName(dead.select("origin")).distinct()
-    every = requests.unionByName(_orphans(settings, requests, traces))
-    rows = (every.join(deliveries, "origin", "left").join(dead, "origin", "left")
-            .join(pending.drop("value"), ["partition", "offset"], "left"))
+    """Every request (and orphan) with its deliveries, DLQ reason and pending entry.
+
+    The four kinds of rows are stacked and grouped by origin once: one shuffle,
+    where joins would take one each. An origin with no request row is an
+    orphan: its partition and offset come from the origin itself.
+    """
+    stacked = requests.unionByName(deliveries, allowMissingColumns=True).unionByName(
+        dead, allowMissingColumns=True).unionByName(
+        pending_traces(settings, pending), allowMissingColumns=True)
+    copies = F.count("d_ts")
+    grouped = stacked.groupBy("origin").agg(
+        F.max("ts_ms").alias("ts_ms"), F.max("target").alias("target"),
+        F.max("sid").alias("sid"), F.max("cancel").alias("cancel"),
+        F.max("due_ms").alias("due_ms"),
+        F.when(copies > 0, copies).alias("copies"), F.min("d_ts").alias("first_ms"),
+        F.min_by("d_topic", "d_ts").alias("delivered_to"),
+        F.max("d_due").alias("delivered_due"),
+        F.sum(F.when(F.col("d_ts") < F.col("d_due"), 1).otherwise(0)).alias("early_copies"),
+        F.min("reason").alias("reason"), F.max("dlq_due").alias("dlq_due"),
+        F.max("pending_due").alias("pending_due"))
+    parts = F.split("origin", "/")
     rejected = F.col("reason").isNotNull() & ~F.col("reason").isin(
         *(code.value for code in DELIVERY_FAILURES))
     due = F.coalesce("delivered_due", "pending_due", "dlq_due", "due_ms")
     evidence = F.col("copies").isNotNull() | F.col("reason").isNotNull() | F.col(
         "pending_due").isNotNull()
-    return rows.select(
-        "*", due.alias("due"), rejected.alias("rejected"), evidence.alias("evidence"),
+    return grouped.select(
+        "*", F.element_at(parts, -2).try_cast("int").alias("partition"),
+        F.element_at(parts, -1).try_cast("bigint").alias("offset"), due.alias("due"),
+        rejected.alias("rejected"), evidence.alias("evidence"),
         F.coalesce("ts_ms", due).alias("time_ms"))
 
 
@@ -294,8 +300,8 @@ def request_table(spark: SparkSession, settings: Settings,
     requests = requests_frame(settings, raw_requests).persist()
     targets = window.targets if window.targets is not None else _targets(requests)
     target_snap = source.snapshot(settings, targets)
-    deliveries = deliveries_frame(settings, source.read(spark, settings, target_snap, targets))
-    dead = dead_letters_frame(settings, source.read(spark, settings, snap, [settings.dlq_topic]))
+    deliveries = delivery_traces(settings, source.read(spark, settings, target_snap, targets))
+    dead = dead_letter_traces(settings, source.read(spark, settings, snap, [settings.dlq_topic]))
     pending = pending_frame(source.read(spark, settings, snap, [settings.changelog_topic]))
     rows = joined(settings, requests, deliveries, dead, pending).persist()
     return classified(rows, window), [requests, rows], (*snap.missing, *target_snap.missing)
