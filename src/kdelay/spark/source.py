@@ -34,10 +34,6 @@ class Snapshot:
     ranges: Ranges
     missing: tuple[str, ...]
 
-    def records(self) -> int:
-        """How many offsets the snapshot spans (an upper bound on its records)."""
-        return sum(high - low for parts in self.ranges.values() for low, high in parts.values())
-
 
 def snapshot(settings: Settings, topics: Iterable[str]) -> Snapshot:
     """Pin the readable range of every partition of ``topics``.
