@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCENARIOS = ("pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity",
-             "operator")
+             "operator", "spark")
+OPT_IN = ("capacity", "spark")
 GUARANTEES = ("at-least-once", "exactly-once")
 
 # name -> (full default, quick default)
@@ -26,6 +27,7 @@ SIZES: dict[str, tuple[float, float]] = {
     "capacity_base": (1_000_000, 1_000_000),
     "capacity_slice": (100_000, 100_000),
     "operator_pending": (1_000_000, 100_000),
+    "spark_requests": (1_000_000, 100_000),
 }
 # With --long the operator scenario runs again at this size.
 OPERATOR_LONG_PENDING = 10_000_000
@@ -57,6 +59,7 @@ class BenchOptions:
     capacity_base: int
     capacity_slice: int
     operator_pending: tuple[int, ...]
+    spark_requests: int
     json_path: Path | None
     markdown_path: Path | None
     work_dir: Path | None
@@ -85,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                    "KDELAY_BOOTSTRAP_SERVERS, else `tools/kafka start`)")
     p.add_argument("--scenarios", type=_names,
                    help=f"comma list of {','.join(SCENARIOS)} (the floor baseline runs "
-                   "with burst, the hop baseline with lateness)")
+                   "with burst, the hop baseline with lateness; capacity and spark run only "
+                   "when named, or capacity with --long)")
     p.add_argument("--partitions", type=int, default=3, help="request partitions")
     p.add_argument("--value-size", type=int, default=100, help="request value bytes")
     p.add_argument("--batch-size", type=int, default=1_000,
@@ -114,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _scenarios(args: argparse.Namespace) -> tuple[str, ...]:
     chosen: tuple[str, ...] = args.scenarios or tuple(
-        s for s in SCENARIOS if s != "capacity" or args.long)
+        s for s in SCENARIOS if s not in OPT_IN or (s == "capacity" and args.long))
     unknown = sorted(set(chosen) - set(SCENARIOS))
     if unknown:
         raise SystemExit(f"tools/bench: unknown scenarios {unknown}; choose from {SCENARIOS}")
@@ -153,6 +157,7 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         capacity_slice=int(_size(args, "capacity_slice")),
         operator_pending=(int(_size(args, "operator_pending")),
                           *((OPERATOR_LONG_PENDING,) if args.long else ())),
+        spark_requests=int(_size(args, "spark_requests")),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
         keep_topics=args.keep_topics,
     )

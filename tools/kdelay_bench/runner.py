@@ -26,6 +26,7 @@ from kdelay_bench.options import BenchOptions, parse_options
 from kdelay_bench.progress import say
 from kdelay_bench.report import Result, markdown, write_json
 from kdelay_bench.restore import run_restore
+from kdelay_bench.spark_jobs import run_spark
 from kdelay_bench.throughput import Setup, burst, pipe_and_intake
 
 
@@ -74,6 +75,9 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
             setup, options.capacity_base, options.capacity_pending, options.capacity_slice)])
     if "operator" in chosen:
         results += _guarded("operator", lambda: _operator(options, setup))
+    if "spark" in chosen:
+        results += _guarded("spark-audit", lambda: run_spark(
+            setup.topics, setup.work_dir, options.spark_requests, options.partitions))
 
 
 def _operator(options: BenchOptions, setup: Setup) -> list[Result]:

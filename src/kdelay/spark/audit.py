@@ -1,0 +1,370 @@
+"""The delivery audit: every schedule request reconciled with what became of it.
+
+Requests are joined to their deliveries on every target topic (by
+``kdelay-origin``), to the DLQ (by ``kdelay-origin``) and to the pending
+entries of the changelog (by request partition and offset). Each request gets
+exactly one outcome, the first that holds:
+
+``delivered_more_than_once`` / ``delivered_once``
+    one or more target records carry its origin;
+``dead_lettered``
+    the DLQ holds it, with its ``kdelay-error`` as the reason (intake rejections
+    and delivery failures such as ``expired`` alike);
+``pending`` / ``overdue``
+    the changelog holds its entry, not yet due / already due;
+``deduplicated``
+    it carries a ``kdelay-id`` that an earlier request of the same partition
+    still held when it arrived: no cancel in between, and the earlier one not
+    yet delivered by this one's record time;
+``cancelled``
+    it carries an id and a cancel for that id follows it on its partition;
+``pending`` / ``overdue`` / ``lost``
+    nothing at all: not yet due, due less than ``settle`` ago (the service may
+    still be reading it), or due longer ago: lost.
+
+A request seen only through its traces (a delivery or DLQ record whose request
+retention has deleted) is still counted, its time being its due time. Valid
+cancel requests are not schedule requests; a malformed cancel is dead-lettered
+like any malformed request. A delivery is early when its record time is before
+its due time; lateness is the first delivery's record time minus the due time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from kdelay import envelope
+from kdelay.envelope import ErrorCode
+from kdelay.settings import Settings
+from kdelay.spark import source
+from kdelay.spark.source import header, millis
+
+DELIVERED_ONCE = "delivered_once"
+DELIVERED_MORE = "delivered_more_than_once"
+PENDING = "pending"
+OVERDUE = "overdue"
+CANCELLED = "cancelled"
+DEDUPLICATED = "deduplicated"
+DEAD_LETTERED = "dead_lettered"
+LOST = "lost"
+OUTCOMES = (DELIVERED_ONCE, DELIVERED_MORE, PENDING, OVERDUE, CANCELLED, DEDUPLICATED,
+            DEAD_LETTERED, LOST)
+DELIVERY_FAILURES = frozenset({ErrorCode.MISMATCH, ErrorCode.EXPIRED, ErrorCode.UNDELIVERABLE})
+"""DLQ reasons of requests that were scheduled first (the others are intake rejections)."""
+DEFAULT_SETTLE_MS = 60_000
+_DUE_KEY_BYTES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class AuditWindow:
+    """What the audit covers and when it runs.
+
+    ``now_ms`` is the time outcomes are judged at (the snapshot's). ``since_ms``
+    and ``until_ms`` bound the requests by record time (``until`` exclusive).
+    ``targets`` replaces the target topics named by the requests when given.
+    """
+
+    now_ms: int
+    settle_ms: int = DEFAULT_SETTLE_MS
+    since_ms: int | None = None
+    until_ms: int | None = None
+    targets: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lateness:
+    """Lateness percentiles in milliseconds; None when nothing was delivered."""
+
+    p50: int | None
+    p99: int | None
+    max: int | None
+
+    def to_json(self) -> dict[str, int | None]:
+        """The JSON form: ``{"p50": …, "p99": …, "max": …}``."""
+        return {"p50": self.p50, "p99": self.p99, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """The audit's summary: counts per outcome, DLQ reasons, copies, earliness, lateness."""
+
+    counts: Mapping[str, int]
+    reasons: Mapping[str, int]
+    extra_copies: int
+    early: int
+    lateness: Lateness
+    lateness_by_target: Mapping[str, Lateness]
+    missing_topics: tuple[str, ...] = field(default=())
+
+    @property
+    def requests(self) -> int:
+        """How many schedule requests the audit classified."""
+        return sum(self.counts.values())
+
+    def clean(self, exactly_once: bool) -> bool:
+        """True unless anything is lost or early (or, for exactly-once, delivered twice)."""
+        if self.counts.get(LOST, 0) or self.early:
+            return False
+        return not (exactly_once and self.counts.get(DELIVERED_MORE, 0))
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object: one count per outcome, reasons, copies, lateness."""
+        counts = {outcome: self.counts.get(outcome, 0) for outcome in OUTCOMES}
+        return {
+            "requests": self.requests, **counts, "dead_lettered": dict(self.reasons),
+            "extra_copies": self.extra_copies, "early": self.early,
+            "lateness_ms": self.lateness.to_json(),
+            "lateness_ms_by_target": {t: v.to_json() for t, v in self.lateness_by_target.items()},
+            "missing_topics": list(self.missing_topics),
+        }
+
+
+def origin_prefix(settings: Settings) -> str:
+    """What every ``kdelay-origin`` of this deployment's requests starts with."""
+    return f"{settings.requests_topic}/"
+
+
+def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
+    """One row per request record: coordinates, time, target, id, cancel, computed due."""
+    ts = F.col("ts_ms")
+    levels = F.array(*(F.lit(level) for level in settings.levels))
+    level = header(envelope.LEVEL).try_cast("int")
+    level_ms = F.when(level >= 1, F.try_element_at(levels, F.least(level, F.lit(
+        len(settings.levels)))))
+    due = F.coalesce(millis(envelope.DUE_MS), F.try_add(ts, millis(envelope.DELAY_MS)),
+                     F.try_add(ts, level_ms))
+    return raw.select(
+        F.concat_ws("/", F.lit(settings.requests_topic), "partition", "offset").alias("origin"),
+        "partition", "offset", ts.alias("ts_ms"),
+        header(envelope.TARGET).alias("target"), header(envelope.SCHEDULE_ID).alias("sid"),
+        header(envelope.CANCEL).alias("cancel"), due.alias("due_ms"))
+
+
+def delivery_traces(settings: Settings, raw: DataFrame) -> DataFrame:
+    """One row per target record that carries an origin of this deployment's requests."""
+    return raw.select(header(envelope.ORIGIN).alias("origin"), F.col("ts_ms").alias("d_ts"),
+                      F.col("topic").alias("d_topic"), millis(envelope.DUE_MS).alias("d_due"),
+                      ).where(F.col("origin").startswith(origin_prefix(settings)))
+
+
+def dead_letter_traces(settings: Settings, raw: DataFrame) -> DataFrame:
+    """One row per DLQ record of this deployment's requests: its reason and recorded due."""
+    return raw.select(header(envelope.ORIGIN).alias("origin"),
+                      header(envelope.ERROR).alias("reason"),
+                      millis(envelope.DUE_MS).alias("dlq_due")).where(
+        F.col("origin").startswith(origin_prefix(settings)))
+
+
+def pending_frame(raw: DataFrame) -> DataFrame:
+    """The changelog's live entries: the latest record per due key, tombstones dropped.
+
+    A due key is ``u64 due_ms | u32 partition | u64 offset`` (see
+    :mod:`kdelay.codec`); other keys (the consumed-offset marker) are skipped.
+    """
+    latest = raw.where(F.length("key") == _DUE_KEY_BYTES).groupBy("key").agg(
+        F.max_by("value", "offset").alias("value"))
+    live = latest.where(F.col("value").isNotNull())
+    return live.select(
+        _unsigned(F.substring("key", 9, 4)).cast("int").alias("partition"),
+        _unsigned(F.substring("key", 13, 8)).alias("offset"),
+        _unsigned(F.substring("key", 1, 8)).alias("pending_due"),
+        F.col("value"))
+
+
+def _unsigned(raw: Column) -> Column:
+    """A big-endian unsigned integer of up to 8 bytes as a long (null past 2**63 - 1)."""
+    return F.conv(F.hex(raw), 16, 10).try_cast("bigint")
+
+
+def pending_traces(settings: Settings, pending: DataFrame) -> DataFrame:
+    """One row per live changelog entry, keyed by the origin of its request."""
+    origin = F.concat_ws("/", F.lit(settings.requests_topic), "partition", "offset")
+    return pending.select(origin.alias("origin"), "pending_due")
+
+
+def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
+           dead: DataFrame, pending: DataFrame) -> DataFrame:
+    """Every request (and orphan) with its deliveries, DLQ reason and pending entry.
+
+    The four kinds of rows are stacked and grouped by origin once: one shuffle,
+    where joins would take one each. An origin with no request row is an
+    orphan: its partition and offset come from the origin itself.
+    """
+    stacked = requests.unionByName(deliveries, allowMissingColumns=True).unionByName(
+        dead, allowMissingColumns=True).unionByName(
+        pending_traces(settings, pending), allowMissingColumns=True)
+    copies = F.count("d_ts")
+    grouped = stacked.groupBy("origin").agg(
+        F.max("ts_ms").alias("ts_ms"), F.max("target").alias("target"),
+        F.max("sid").alias("sid"), F.max("cancel").alias("cancel"),
+        F.max("due_ms").alias("due_ms"),
+        F.when(copies > 0, copies).alias("copies"), F.min("d_ts").alias("first_ms"),
+        F.min_by("d_topic", "d_ts").alias("delivered_to"),
+        F.max("d_due").alias("delivered_due"),
+        F.sum(F.when(F.col("d_ts") < F.col("d_due"), 1).otherwise(0)).alias("early_copies"),
+        F.min("reason").alias("reason"), F.max("dlq_due").alias("dlq_due"),
+        F.max("pending_due").alias("pending_due"))
+    parts = F.split("origin", "/")
+    rejected = F.col("reason").isNotNull() & ~F.col("reason").isin(
+        *(code.value for code in DELIVERY_FAILURES))
+    due = F.coalesce("delivered_due", "pending_due", "dlq_due", "due_ms")
+    evidence = F.col("copies").isNotNull() | F.col("reason").isNotNull() | F.col(
+        "pending_due").isNotNull()
+    return grouped.select(
+        "*", F.element_at(parts, -2).try_cast("int").alias("partition"),
+        F.element_at(parts, -1).try_cast("bigint").alias("offset"), due.alias("due"),
+        rejected.alias("rejected"), evidence.alias("evidence"),
+        F.coalesce("ts_ms", due).alias("time_ms"))
+
+
+def id_verdicts(rows: DataFrame) -> DataFrame:
+    """Per origin of a request with a schedule id and no evidence: deduplicated or cancelled.
+
+    Only accepted schedules and valid cancels that carry an id take part, grouped
+    by (partition, id) in offset order, as intake sees them.
+    """
+    sid = F.coalesce("cancel", "sid")
+    chain = rows.where(sid.isNotNull() & ~F.col("rejected")).select(
+        "origin", "partition", "offset", "ts_ms", "first_ms", "evidence", sid.alias("id"),
+        F.col("cancel").isNotNull().alias("is_cancel"))
+    order = Window.partitionBy("partition", "id").orderBy("offset")
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
+    after = order.rowsBetween(1, Window.unboundedFollowing)
+    schedule = ~F.col("is_cancel")
+    marked = chain.select(
+        "*",
+        F.max(F.when(F.col("is_cancel"), F.col("offset"))).over(before).alias("cancel_before"),
+        F.last(F.when(schedule, F.struct("offset", "first_ms")), ignorenulls=True).over(
+            before).alias("holder"),
+        F.min(F.when(F.col("is_cancel"), F.col("offset"))).over(after).alias("cancel_after"))
+    holder = F.col("holder")
+    dedup = (holder.isNotNull()
+             & (F.col("cancel_before").isNull() | (F.col("cancel_before") < holder["offset"]))
+             & (holder["first_ms"].isNull() | (holder["first_ms"] >= F.col("ts_ms"))))
+    return marked.where(schedule & ~F.col("evidence")).select(
+        "origin", dedup.alias("deduplicated"),
+        (~dedup & F.col("cancel_after").isNotNull()).alias("cancelled"))
+
+
+def classified(rows: DataFrame, window: AuditWindow) -> DataFrame:
+    """Give every schedule request its one outcome (see the module docstring)."""
+    rows = rows.join(id_verdicts(rows), "origin", "left")
+    due, now = F.coalesce("due", "time_ms"), F.lit(window.now_ms)
+    outcome = (F.when(F.col("copies") > 1, DELIVERED_MORE)
+               .when(F.col("copies") == 1, DELIVERED_ONCE)
+               .when(F.col("reason").isNotNull(), DEAD_LETTERED)
+               .when(F.col("pending_due").isNotNull() & (F.col("pending_due") > now), PENDING)
+               .when(F.col("pending_due").isNotNull(), OVERDUE)
+               .when(F.col("deduplicated"), DEDUPLICATED)
+               .when(F.col("cancelled"), CANCELLED)
+               .when(due > now, PENDING)
+               .when(due > now - window.settle_ms, OVERDUE)
+               .otherwise(LOST))
+    schedules = rows.where(F.col("cancel").isNull() | F.col("reason").isNotNull())
+    schedules = _bounded(schedules, window)
+    return schedules.select(
+        "origin", "partition", "offset", "ts_ms", F.coalesce("target", "delivered_to").alias(
+            "target"), F.col("sid").alias("schedule_id"), F.col("due").alias("due_ms"),
+        outcome.alias("outcome"), "reason", F.coalesce("copies", F.lit(0)).alias("copies"),
+        "first_ms", (F.col("first_ms") - F.col("due")).alias("lateness_ms"),
+        (F.coalesce("early_copies", F.lit(0)) > 0).alias("early"))
+
+
+def _bounded(rows: DataFrame, window: AuditWindow) -> DataFrame:
+    """Keep the requests whose record time (due time for orphans) is in the window."""
+    if window.since_ms is not None:
+        rows = rows.where(F.col("time_ms") >= window.since_ms)
+    if window.until_ms is not None:
+        rows = rows.where(F.col("time_ms") < window.until_ms)
+    return rows
+
+
+def request_table(spark: SparkSession, settings: Settings,
+                  window: AuditWindow) -> tuple[DataFrame, list[DataFrame], tuple[str, ...]]:
+    """Read the topics; return the per-request table, the frames it persisted, missing topics.
+
+    The requests, DLQ and changelog are pinned first; the target topics are
+    pinned once the requests have named them, so a delivery that happened in
+    between is seen rather than taken for a loss. The requests (the targets are
+    read from them) and the joined rows (classification reads them twice) are
+    persisted; unpersist them when done.
+    """
+    own = [settings.requests_topic, settings.dlq_topic, settings.changelog_topic]
+    snap = source.snapshot(settings, own)
+    raw_requests = source.read(spark, settings, snap, [settings.requests_topic])
+    requests = requests_frame(settings, raw_requests).persist()
+    targets = window.targets if window.targets is not None else _targets(requests)
+    target_snap = source.snapshot(settings, targets)
+    deliveries = delivery_traces(settings, source.read(spark, settings, target_snap, targets))
+    dead = dead_letter_traces(settings, source.read(spark, settings, snap, [settings.dlq_topic]))
+    pending = pending_frame(source.read(spark, settings, snap, [settings.changelog_topic]))
+    rows = joined(settings, requests, deliveries, dead, pending).persist()
+    return classified(rows, window), [requests, rows], (*snap.missing, *target_snap.missing)
+
+
+def _targets(requests: DataFrame) -> tuple[str, ...]:
+    """The distinct target topics the requests name (a handful: collected)."""
+    names = requests.where(F.col("target").isNotNull()).select("target").distinct()
+    return tuple(sorted(row["target"] for row in names.collect()))
+
+
+def summarize(table: DataFrame, missing: tuple[str, ...] = ()) -> AuditReport:
+    """Aggregate the per-request table into the report in two passes over it.
+
+    Only aggregates reach the driver: one row per (outcome, reason) and one
+    per target. Persist ``table`` first when it is read from Kafka.
+    """
+    counts: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    extra = early = 0
+    for row in table.groupBy("outcome", "reason").agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.when(F.col("copies") > 1, F.col("copies") - 1).otherwise(0)).alias("extra"),
+            F.count_if(F.col("early")).alias("early")).collect():
+        counts[row["outcome"]] = counts.get(row["outcome"], 0) + row["n"]
+        extra, early = extra + row["extra"], early + row["early"]
+        if row["outcome"] == DEAD_LETTERED:
+            reasons[row["reason"]] = row["n"]
+    overall, by_target = _lateness(table)
+    return AuditReport(counts, dict(sorted(reasons.items())), extra, early, overall, by_target,
+                       missing)
+
+
+def _lateness(table: DataFrame) -> tuple[Lateness, dict[str, Lateness]]:
+    """Lateness percentiles of the first delivery, per target and overall (one rollup)."""
+    delivered = table.where(F.col("lateness_ms").isNotNull())
+    rows = delivered.rollup("target").agg(
+        F.percentile_approx("lateness_ms", [0.5, 0.99], 10_000).alias("p"),
+        F.max("lateness_ms").alias("max"), F.grouping_id().alias("all")).collect()
+    overall = next((_percentiles(r) for r in rows if r["all"]), Lateness(None, None, None))
+    per_target = {r["target"]: _percentiles(r) for r in rows if not r["all"]}
+    return overall, dict(sorted(per_target.items()))
+
+
+def _percentiles(row: Any) -> Lateness:
+    """A :class:`Lateness` from an aggregate row (``p`` is null when no row was delivered)."""
+    p = row["p"]
+    if p is None:
+        return Lateness(None, None, None)
+    return Lateness(int(p[0]), int(p[1]), int(row["max"]))
+
+
+def audit(spark: SparkSession, settings: Settings,
+          window: AuditWindow) -> tuple[AuditReport, DataFrame]:
+    """Run the audit; return the report and the per-request table, persisted.
+
+    The caller unpersists the table when done with it. Raises
+    :class:`confluent_kafka.KafkaException` when the cluster cannot be read.
+    """
+    table, cached, missing = request_table(spark, settings, window)
+    table = table.persist()
+    try:
+        return summarize(table, missing), table
+    finally:
+        for frame in cached:
+            frame.unpersist()

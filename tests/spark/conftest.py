@@ -1,0 +1,51 @@
+"""One SparkSession for every Spark test: local[2], small memory, no UI.
+
+Starting a JVM costs seconds, so the session is made once per test run and
+shared; the jobs use it because :func:`kdelay.spark.session.spark_session`
+takes over an active session instead of building one. The connector's jars
+come from ``KDELAY_CACHE_DIR`` (else the repository's ``.cache``), fetched with
+Maven on first use, exactly as the CLI gets them. Without PySpark the whole
+directory is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession
+
+from kdelay.spark.jars import default_cache_dir
+from kdelay.spark.session import SparkOptions, builder_conf
+
+TEST_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "768m",
+    "spark.ui.enabled": "false",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+
+def cache_dir() -> Path:
+    """Where the tests find (or fetch) the connector's jars."""
+    given = os.environ.get("KDELAY_CACHE_DIR")
+    return Path(given) if given else default_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The session every Spark test shares; stopped at the end of the run."""
+    options = SparkOptions(master="local[2]", conf=TEST_CONF, cache_dir=cache_dir())
+    builder = SparkSession.builder.master(options.master).appName("kdelay-tests")
+    for key, value in builder_conf(options).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

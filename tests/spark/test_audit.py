@@ -1,0 +1,196 @@
+"""The audit over a seeded scenario on the real broker with a running service.
+
+Every outcome is made on purpose: deliveries, pending entries, a duplicate by
+id, cancels, malformed requests, a request whose original retention deleted
+(``expired``), then copies and an early delivery injected straight into a
+target, and, with the service stopped, a request it never saw (lost) and one
+due a moment ago (overdue). The audit must count each class exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+
+from kdelay import codec, envelope
+from kdelay.cli import app
+from kdelay.settings import Settings
+from kdelay.spark.audit import AuditReport, AuditWindow, audit
+from tests.conftest import TopicFactory, produce_all
+from tests.e2e.conftest import (
+    Deployment,
+    KdelayProcess,
+    Receiver,
+    deploy,
+    produce_requests,
+    receiver,
+    start_kdelay,
+)
+
+__all__ = ["deploy", "receiver", "start_kdelay"]
+pytestmark = pytest.mark.kafka
+HOUR_MS = 3_600_000
+SETTLE_MS = 600_000
+EXPIRING = 2
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _schedule(partition: int, target: str, **when: int | str) -> dict[str, object]:
+    sid = when.pop("schedule_id", None)
+    headers = envelope.schedule_headers(target, schedule_id=sid if isinstance(sid, str) else None,
+                                        **{k: int(v) for k, v in when.items()})
+    return {"partition": partition, "value": b"payload", "headers": headers}
+
+
+def _origin(deployment: Deployment, message: Message) -> str:
+    return envelope.origin_of(deployment.requests, int(message.partition() or 0),
+                              int(message.offset() or 0))
+
+
+def _wait_indexed(deployment: Deployment, partition: int, offset: int) -> None:
+    """Wait until the changelog holds the entry of request ``partition``/``offset``."""
+    consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": "audit-wait",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(deployment.changelog, partition, OFFSET_BEGINNING)])
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            for message in consumer.consume(100, timeout=0.2):
+                key = message.key() or b""
+                if len(key) == codec.DUE_KEY_SIZE and codec.decode_due_key(key)[1:] == (
+                        partition, offset):
+                    return
+        pytest.fail("the expiring request never reached the changelog")
+    finally:
+        consumer.close()
+
+
+def _inject(bootstrap: str, topic: str, origin: str, due_ms: int, timestamp: int) -> None:
+    """Write a record to a target as if kdelay had delivered ``origin`` at ``timestamp``."""
+    produce_all(Producer({"bootstrap.servers": bootstrap}), topic, [{
+        "value": b"injected", "timestamp": timestamp,
+        "headers": envelope.delivery_tail(origin, due_ms)}])
+
+
+def _seed(deployment: Deployment, admin: AdminClient, orders: str, refunds: str,
+          kdelay: KdelayProcess, receive: Callable[[list[str]], Receiver]) -> dict[str, object]:
+    """Play the scenario; return what the assertions need."""
+    base = _now()
+    records = [
+        _schedule(0, orders, delay_ms=500), _schedule(1, orders, delay_ms=500),
+        _schedule(0, orders, delay_ms=500), _schedule(1, refunds, delay_ms=500),
+        _schedule(0, orders, due_ms=base + HOUR_MS), _schedule(1, refunds, due_ms=base + HOUR_MS),
+        _schedule(1, orders, due_ms=base + HOUR_MS),  # the early delivery's victim
+        _schedule(0, orders, due_ms=base + HOUR_MS, schedule_id="dup-1"),
+        _schedule(0, orders, due_ms=base + HOUR_MS, schedule_id="dup-1"),
+        _schedule(1, orders, due_ms=base + HOUR_MS, schedule_id="c-1"),
+        _schedule(1, orders, due_ms=base + HOUR_MS, schedule_id="c-2"),
+        {"partition": 1, "headers": envelope.cancel_headers("c-1")},
+        {"partition": 1, "headers": envelope.cancel_headers("c-2")},
+        {"partition": 0, "headers": [(envelope.DELAY_MS, b"10")]},
+        {"partition": 1, "headers": [(envelope.TARGET, orders.encode()),
+                                     (envelope.DUE_MS, b"soon")]},
+        _schedule(EXPIRING, orders, due_ms=base + 12_000)]
+    # Delivery reports come back in no particular order across partitions: a key
+    # per record tells them apart.
+    keyed = [{**record, "key": str(i).encode()} for i, record in enumerate(records)]
+    sent = sorted(produce_requests(deployment, keyed), key=lambda m: int(m.key() or b"0"))
+    expiring = sent[-1]
+    _wait_indexed(deployment, EXPIRING, int(expiring.offset() or 0))
+    gone = TopicPartition(deployment.requests, EXPIRING, int(expiring.offset() or 0) + 1)
+    admin.delete_records([gone])[gone].result(timeout=30)
+
+    targets = receive([orders, refunds])
+    dlq = receive([deployment.dlq])
+    targets.until(lambda: len(targets.received) >= 4, "four deliveries")
+    dlq.until(lambda: len(dlq.received) >= 3, "two rejections and one expired record", 60)
+    first = next(r.message for r in targets.received if r.message.topic() == orders)
+    first_headers = dict(first.headers() or [])
+    origin = first_headers[envelope.ORIGIN]
+    assert isinstance(origin, bytes)
+    due = int(first_headers[envelope.DUE_MS] or b"0")
+    _inject(deployment.bootstrap, orders, origin.decode(), due, _now())
+    early_ms = _now()
+    _inject(deployment.bootstrap, orders, _origin(deployment, sent[6]), base + HOUR_MS, early_ms)
+    assert kdelay.terminate() == 0
+
+    stopped = _now()
+    late = produce_all(Producer({"bootstrap.servers": deployment.bootstrap}),
+                       deployment.requests, [_schedule(0, orders, due_ms=stopped - HOUR_MS),
+                                             _schedule(1, refunds, due_ms=stopped - 10_000)])
+    assert len(late) == 2
+    lateness = [_lateness(r.message) for r in targets.received]
+    assert len(lateness) == 4
+    return {"stopped": stopped, "lateness": [*lateness, early_ms - base - HOUR_MS],
+            "refunds": [_lateness(r.message) for r in targets.on(refunds)]}
+
+
+def _lateness(message: Message) -> int:
+    """A delivered record's time minus the due time it carries."""
+    due = dict(message.headers() or [])[envelope.DUE_MS]
+    assert isinstance(due, bytes)
+    return int(message.timestamp()[1]) - int(due)
+
+
+def test_audit_counts_every_class(
+        spark: SparkSession, deploy: Callable[..., Deployment], admin: AdminClient,
+        start_kdelay: Callable[..., KdelayProcess], receiver: Callable[[list[str]], Receiver],
+        topic_factory: TopicFactory, tmp_path: Path) -> None:
+    deployment = deploy(partitions=3)
+    orders, refunds = topic_factory("audit-orders"), topic_factory("audit-refunds")
+    kdelay = start_kdelay(deployment)
+    kdelay.wait_ready()
+    seeded = _seed(deployment, admin, orders, refunds, kdelay, receiver)
+    settings = Settings(bootstrap_servers=deployment.bootstrap,
+                        requests_topic=deployment.requests,
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+
+    report, table = audit(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
+    assert table.count() == report.requests
+    table.unpersist()
+
+    assert report.to_json() | {"lateness_ms": None, "lateness_ms_by_target": None} == {
+        "requests": 16, "delivered_once": 4, "delivered_more_than_once": 1, "extra_copies": 1,
+        "pending": 3, "overdue": 1, "cancelled": 2, "deduplicated": 1,
+        "dead_lettered": {"bad-time": 1, "expired": 1, "missing-target": 1}, "lost": 1,
+        "early": 1, "lateness_ms": None, "lateness_ms_by_target": None, "missing_topics": []}
+    _check_lateness(report, seeded)
+    assert not report.clean(exactly_once=False)
+    _check_cli(deployment, int(str(seeded["stopped"])), tmp_path)
+
+
+def _check_lateness(report: AuditReport, seeded: dict[str, object]) -> None:
+    """Lateness is the first copy's time minus due: kdelay's four, and the early one."""
+    firsts = seeded["lateness"]
+    assert isinstance(firsts, list)
+    firsts.sort()
+    assert (report.lateness.p50, report.lateness.max) == (firsts[2], firsts[-1])
+    refunds = seeded["refunds"]
+    assert isinstance(refunds, list)
+    assert len(refunds) == 1
+    by_target = [(v.p50, v.p99, v.max) for v in report.lateness_by_target.values()]
+    assert (refunds[0], refunds[0], refunds[0]) in by_target
+
+
+def _check_cli(deployment: Deployment, since_ms: int, tmp_path: Path) -> None:
+    """``kdelay audit --since --json --output``: the two late requests, exit 4, files."""
+    args = ["audit", "--json", "--output", str(tmp_path / "out"), "--settle", "10m",
+            "--since", str(since_ms)]
+    result = CliRunner().invoke(app, args, env=deployment.env())
+    assert result.exit_code == 4, result.output
+    printed = orjson.loads(result.stdout)
+    assert (printed["requests"], printed["lost"], printed["overdue"]) == (2, 1, 1)
+    assert (tmp_path / "out" / "requests.parquet").is_dir()
+    for chart in ("lateness.png", "outcomes.png"):
+        assert (tmp_path / "out" / chart).read_bytes().startswith(b"\x89PNG")
