@@ -394,6 +394,7 @@ def cancel(
     """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
     with _reported():
         settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
         with DelayProducer(settings) as producer:
             coordinates = cancel_series(settings, producer, schedule_id, SystemClock().now_ms(),
                                         series_cancels_topic)
@@ -524,6 +525,7 @@ def audit(
         from kdelay.spark.tables import audit_tables
 
         settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
         window = AuditWindow(
             now_ms=SystemClock().now_ms(), settle_ms=parse_duration_ms(settle),
             since_ms=parse_due(since) if since is not None else None,
@@ -557,6 +559,7 @@ def forecast(
         from kdelay.spark.tables import forecast_tables
 
         settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
         window = ForecastWindow(now_ms=SystemClock().now_ms(),
                                 horizon_ms=parse_duration_ms(horizon),
                                 bucket_ms=parse_duration_ms(bucket))
@@ -724,6 +727,7 @@ def retention_set(
     """
     with _reported():
         settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
         new_ms = -1 if retention == "-1" else parse_duration_ms(retention)
         old = set_retention(settings, new_ms)
     typer.echo(f"{settings.requests_topic}: retention.ms {-1 if old is None else old} -> "
@@ -806,6 +810,7 @@ def worker(
                                 worker_dlq_topic)
     with _reported():
         settings = _settings(ctx)
+        check_connection(settings.client_config("probe"))
         if create_topics:
             for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
                 typer.echo(line)

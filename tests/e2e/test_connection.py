@@ -26,6 +26,9 @@ COMMANDS = [
     ["run", "--check"],
     ["restore"],
     ["tail", "orders"],
+    ["worker"],
+    ["retention", "set", "7d"],
+    ["due"],
 ]
 
 
