@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +54,15 @@ def builder_conf(options: SparkOptions) -> dict[str, str]:
     return conf
 
 
+def quiet_py4j() -> None:
+    """Keep py4j's INFO lines out of the logs.
+
+    py4j logs every connection it closes at INFO, even from finalisers at
+    interpreter exit, after logging's streams are closed ("--- Logging error ---").
+    """
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
 @contextmanager
 def spark_session(options: SparkOptions) -> Iterator[SparkSession]:
     """Yield a session on ``options.master``; stop it at the end if it was made here.
@@ -65,6 +75,7 @@ def spark_session(options: SparkOptions) -> Iterator[SparkSession]:
     if active is not None:
         yield active
         return
+    quiet_py4j()
     builder = SparkSession.builder.master(options.master).appName("kdelay")
     for key, value in builder_conf(options).items():
         builder = builder.config(key, value)
