@@ -42,6 +42,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from kdelay import identity
 from kdelay.backlog import DueQuery, backlog, due
 from kdelay.changelog import RestoreError, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
@@ -292,7 +293,7 @@ def run(
     """Run the delay service: schedule requests and deliver them when due."""
     with _reported():
         settings = _settings(ctx)
-        configure_logs(log_level, log_format)
+        configure_logs(log_level, log_format, identity.of(settings).member_id)
         check_connection(settings.client_config("probe"))
     from kdelay.service import run_service
 

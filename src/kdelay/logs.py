@@ -1,8 +1,12 @@
 """Log output of ``kdelay run``: plain text lines or JSON lines.
 
 JSON lines carry ``time`` (UTC, ISO-8601 with milliseconds), ``level``,
-``logger`` and ``message``, plus ``exception`` (the formatted traceback) when
-the record has one, so a log shipper can index them without a pattern.
+``logger``, ``instance`` (the service's group member id, when known) and
+``message``, plus ``exception`` (the formatted traceback) when the record has
+one, so a log shipper can index them without a pattern. librdkafka's lines
+come through loggers named ``kdelay.kafka.<client>``, so every line names both
+the instance and the Kafka client. Text lines keep their fixed pattern; a
+process runs one instance, named in its first line.
 """
 
 from __future__ import annotations
@@ -34,19 +38,38 @@ class JsonFormatter(logging.Formatter):
                 timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
         }
+        instance = getattr(record, "instance", None)
+        if instance is not None:
+            line["instance"] = str(instance)
+        line["message"] = record.getMessage()
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line).decode()
 
 
-def configure(level: str, log_format: LogFormat) -> None:
+class InstanceFilter(logging.Filter):
+    """Stamps every record with the instance it comes from (``record.instance``)."""
+
+    def __init__(self, instance: str) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Add the instance; never drops a record."""
+        record.instance = self.instance
+        return True
+
+
+def configure(level: str, log_format: LogFormat, instance: str | None = None) -> None:
     """Send the root logger's records at ``level`` and above to stderr in ``log_format``.
 
+    With ``instance``, every record names it (a field of JSON lines).
     Raises ValueError for an unknown level name.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format is LogFormat.JSON
                          else logging.Formatter(TEXT_FORMAT))
+    if instance is not None:
+        handler.addFilter(InstanceFilter(instance))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

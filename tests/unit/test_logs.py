@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from kdelay import cli, service
+from kdelay import cli, identity, service
 from kdelay.cli import app
 from kdelay.logs import JsonFormatter
 from kdelay.settings import Settings
@@ -41,6 +41,7 @@ def logging_service(settings: Settings, *, check: bool) -> int:
     """Stands in for ``run_service``: logs one line, and one with a traceback."""
     log = logging.getLogger("kdelay.service")
     log.info("assigned %s", [0, 1])
+    logging.getLogger("kdelay.kafka.targets").warning("FAIL [rdkafka#producer-1] broker down")
     try:
         raise RuntimeError("boom")
     except RuntimeError:
@@ -68,8 +69,11 @@ def test_run_logs_json_lines(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     lines = [json.loads(line) for line in result.stderr.splitlines()]
     assert [(x["level"], x["logger"], x["message"]) for x in lines] == [
         ("INFO", "kdelay.service", "assigned [0, 1]"),
+        ("WARNING", "kdelay.kafka.targets", "FAIL [rdkafka#producer-1] broker down"),
         ("ERROR", "kdelay.service", "step failed")]
-    assert "RuntimeError: boom" in lines[1]["exception"]
+    assert "RuntimeError: boom" in lines[2]["exception"]
+    # Every line names the instance (and librdkafka's its client, in the logger).
+    assert {x["instance"] for x in lines} == {identity.of(Settings()).member_id}
 
 
 def test_run_logs_text_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
