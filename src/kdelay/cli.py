@@ -234,6 +234,19 @@ def _settings(ctx: typer.Context) -> Settings:
     return build_settings(kafka_config_path=params["kafka_config"], **common)
 
 
+def _connected(ctx: typer.Context) -> Settings:
+    """The settings of :func:`_settings`, once a broker answers at their address.
+
+    For commands that talk to Kafka: when no broker answers, the command
+    stops at once with one ``error[broker-unreachable]`` line (see
+    :func:`kdelay.connection.check_connection`) instead of waiting out
+    librdkafka's timeouts.
+    """
+    settings = _settings(ctx)
+    check_connection(settings.client_config("probe"))
+    return settings
+
+
 def _fail(code: str, message: str, exit_code: int) -> NoReturn:
     """Print ``error[code]: message`` to stderr and exit with ``exit_code``."""
     typer.echo(f"error[{code}]: {message}", err=True)
@@ -394,8 +407,7 @@ def cancel(
 ) -> None:
     """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
     with _reported():
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         with DelayProducer(settings) as producer:
             coordinates = cancel_series(settings, producer, schedule_id, SystemClock().now_ms(),
                                         series_cancels_topic)
@@ -417,8 +429,7 @@ def restore(
     Run it with the service stopped (it refuses a store the service holds).
     """
     with _reported():
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         with Progress(TextColumn("partition {task.fields[partition]}"), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True)) as bar:
@@ -525,8 +536,7 @@ def audit(
         from kdelay.spark.jobs import run_audit
         from kdelay.spark.tables import audit_tables
 
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         window = AuditWindow(
             now_ms=SystemClock().now_ms(), settle_ms=parse_duration_ms(settle),
             since_ms=parse_due(since) if since is not None else None,
@@ -559,8 +569,7 @@ def forecast(
         from kdelay.spark.jobs import run_forecast
         from kdelay.spark.tables import forecast_tables
 
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         window = ForecastWindow(now_ms=SystemClock().now_ms(),
                                 horizon_ms=parse_duration_ms(horizon),
                                 bucket_ms=parse_duration_ms(bucket))
@@ -607,8 +616,7 @@ def _operator_view(ctx: typer.Context, view_dir: Path) -> Iterator[
     Progress of the changelog replay and of long reads goes to stderr.
     """
     with _reported():
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         now_ms = SystemClock().now_ms()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(stderr=True),
@@ -727,8 +735,7 @@ def retention_set(
     Restart the kdelay instances afterwards: they read retention at start.
     """
     with _reported():
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         new_ms = -1 if retention == "-1" else parse_duration_ms(retention)
         old = set_retention(settings, new_ms)
     typer.echo(f"{settings.requests_topic}: retention.ms {-1 if old is None else old} -> "
@@ -810,8 +817,7 @@ def worker(
     topics = tasks.WorkerTopics(tasks_topic, series_topic, series_cancels_topic,
                                 worker_dlq_topic)
     with _reported():
-        settings = _settings(ctx)
-        check_connection(settings.client_config("probe"))
+        settings = _connected(ctx)
         if create_topics:
             for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
                 typer.echo(line)

@@ -188,6 +188,15 @@ def decode_index_value(raw: bytes) -> IndexValue:
     return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
 
 
+def due_ms_of(key: bytes) -> int:
+    """Return the due time of an encoded due key without decoding the rest.
+
+    Raises struct.error for a key shorter than 8 bytes.
+    """
+    due_ms: int = _U64.unpack_from(key)[0]
+    return due_ms
+
+
 def record_times(values: Iterable[bytes]) -> list[int]:
     """The fingerprint timestamps of encoded index values, without decoding the rest.
 

@@ -21,6 +21,7 @@ lives.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
@@ -243,7 +244,7 @@ class PartitionIndex:
                 stored.append((it.key(), it.value()))
                 it.next()
             return Tally.load(stored)
-        tally = Tally.of(self._iterate(None, from_head=False))
+        tally = Tally.of(self.raw_items())
         batch = WriteBatch(raw_mode=True)
         for key, count in tally.all_rows():
             batch.put(key, codec.encode_count(count), self._meta_handle)
@@ -346,22 +347,11 @@ class PartitionIndex:
         request is the oldest among those counted). Reads from the remembered
         head, so its cost is bounded by ``limit`` plus the tombstones ahead.
         """
-        options = ReadOptions()
-        options.set_iterate_upper_bound(codec.due_upper_bound(upper_ms))
-        it = self._db.iter(options)
-        if self._head:
-            it.seek(self._head)
-        else:
-            it.seek_to_first()
-        count, oldest = 0, None
-        while it.valid() and count < limit:
-            stamp = codec.request_timestamp_of(it.value())
-            oldest = stamp if oldest is None else min(oldest, stamp)
-            count += 1
-            it.next()
-        capped = count >= limit and it.valid()
-        del it
-        return DueSummary(count, oldest, capped)
+        due = itertools.islice(self._iterate(codec.due_upper_bound(upper_ms)), limit + 1)
+        stamps = [codec.request_timestamp_of(raw) for _, raw in due]
+        capped = len(stamps) > limit
+        del stamps[limit:]
+        return DueSummary(len(stamps), min(stamps, default=None), capped)
 
     def first_key_after(self, after_ms: int) -> bytes | None:
         """Return the smallest key due after ``after_ms``, or None (one seek)."""

@@ -40,9 +40,8 @@ BEYOND = "beyond"
 
 def buckets(key: bytes, raw: bytes) -> tuple[int, int]:
     """The due minute and the slack minute of one index entry (encoded key and value)."""
-    due_ms = int.from_bytes(key[:8], "big")
-    record_ms = int.from_bytes(raw[:8], "big", signed=True)
-    return due_ms // MINUTE_MS, (record_ms - due_ms) // MINUTE_MS
+    due_ms = codec.due_ms_of(key)
+    return due_ms // MINUTE_MS, (codec.request_timestamp_of(raw) - due_ms) // MINUTE_MS
 
 
 @dataclass(slots=True)

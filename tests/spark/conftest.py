@@ -21,7 +21,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 
 from kdelay.spark.jars import default_cache_dir
-from kdelay.spark.session import SparkOptions, builder_conf, quiet_py4j
+from kdelay.spark.session import SparkOptions, new_session
 
 TEST_CONF = {
     "spark.sql.shuffle.partitions": "2",
@@ -42,11 +42,6 @@ def cache_dir() -> Path:
 def spark() -> Iterator[SparkSession]:
     """The session every Spark test shares; stopped at the end of the run."""
     options = SparkOptions(master="local[2]", conf=TEST_CONF, cache_dir=cache_dir())
-    quiet_py4j()
-    builder = SparkSession.builder.master(options.master).appName("kdelay-tests")
-    for key, value in builder_conf(options).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session = new_session(options, "kdelay-tests", "ERROR")
     yield session
     session.stop()

@@ -63,6 +63,21 @@ def quiet_py4j() -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+def new_session(options: SparkOptions, app_name: str, log_level: str) -> SparkSession:
+    """Build a session on ``options.master`` with the connector's jars and ``options.conf``.
+
+    Raises :class:`~kdelay.spark.jars.JarsError` when the jars cannot be found
+    or fetched.
+    """
+    quiet_py4j()
+    builder = SparkSession.builder.master(options.master).appName(app_name)
+    for key, value in builder_conf(options).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(log_level)
+    return session
+
+
 @contextmanager
 def spark_session(options: SparkOptions) -> Iterator[SparkSession]:
     """Yield a session on ``options.master``; stop it at the end if it was made here.
@@ -75,12 +90,7 @@ def spark_session(options: SparkOptions) -> Iterator[SparkSession]:
     if active is not None:
         yield active
         return
-    quiet_py4j()
-    builder = SparkSession.builder.master(options.master).appName("kdelay")
-    for key, value in builder_conf(options).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    session = new_session(options, "kdelay", "WARN")
     try:
         yield session
     finally:
