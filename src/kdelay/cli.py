@@ -536,12 +536,12 @@ def audit(
         from kdelay.spark.jobs import run_audit
         from kdelay.spark.tables import audit_tables
 
-        settings = _connected(ctx)
         window = AuditWindow(
             now_ms=SystemClock().now_ms(), settle_ms=parse_duration_ms(settle),
             since_ms=parse_due(since) if since is not None else None,
             until_ms=parse_due(until) if until is not None else None,
             targets=tuple(targets) if targets else None)
+        settings = _connected(ctx)
         with Console(stderr=True).status("auditing with Spark"):
             report = run_audit(settings, _spark_options(master, conf, cache_dir), window, output)
     _show(report.to_json() if json else None, audit_tables(report))
@@ -569,10 +569,10 @@ def forecast(
         from kdelay.spark.jobs import run_forecast
         from kdelay.spark.tables import forecast_tables
 
-        settings = _connected(ctx)
         window = ForecastWindow(now_ms=SystemClock().now_ms(),
                                 horizon_ms=parse_duration_ms(horizon),
                                 bucket_ms=parse_duration_ms(bucket))
+        settings = _connected(ctx)
         with Console(stderr=True).status("forecasting with Spark"):
             report = run_forecast(settings, _spark_options(master, conf, cache_dir), window,
                                   output)
@@ -735,8 +735,8 @@ def retention_set(
     Restart the kdelay instances afterwards: they read retention at start.
     """
     with _reported():
-        settings = _connected(ctx)
         new_ms = -1 if retention == "-1" else parse_duration_ms(retention)
+        settings = _connected(ctx)
         old = set_retention(settings, new_ms)
     typer.echo(f"{settings.requests_topic}: retention.ms {-1 if old is None else old} -> "
                f"{new_ms}, retention.bytes -1")
@@ -817,17 +817,17 @@ def worker(
     topics = tasks.WorkerTopics(tasks_topic, series_topic, series_cancels_topic,
                                 worker_dlq_topic)
     with _reported():
-        settings = _connected(ctx)
-        if create_topics:
-            for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
-                typer.echo(line)
-            return
         try:
             loaded = tasks.load_registry(registry) if registry is not None else None
         except tasks.RegistryError as exc:
             _fail(exc.code, str(exc), USER_ERROR_EXIT)
         options = tasks.WorkerOptions(worker_group_id, topics,
                                       parse_levels(backoff) if backoff else None)
+        settings = _connected(ctx)
+        if create_topics:
+            for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
+                typer.echo(line)
+            return
         logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         stop = threading.Event()
