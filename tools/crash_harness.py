@@ -52,7 +52,8 @@ from confluent_kafka.cimpl import NewTopic
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
 IN_FLIGHT_WINDOW_MS = 5_000
-ASSIGNED_AT = re.compile(r"^(\S+ \S+) INFO kdelay\.service: assigned \[\d", re.MULTILINE)
+ASSIGNED_AT = re.compile(r"^(\S+ \S+) (?:\[\S+\] )?INFO kdelay\.service: assigned \[\d",
+                         re.MULTILINE)
 
 
 @dataclass

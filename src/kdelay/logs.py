@@ -5,8 +5,9 @@ JSON lines carry ``time`` (UTC, ISO-8601 with milliseconds), ``level``,
 ``message``, plus ``exception`` (the formatted traceback) when the record has
 one, so a log shipper can index them without a pattern. librdkafka's lines
 come through loggers named ``kdelay.kafka.<client>``, so every line names both
-the instance and the Kafka client. Text lines keep their fixed pattern; a
-process runs one instance, named in its first line.
+the instance and the Kafka client. Text lines read
+``<time> [<instance>] <LEVEL> <logger>: <message>`` (without the instance
+part when none is known).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from enum import StrEnum
 import orjson
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+INSTANCE_TEXT_FORMAT = "%(asctime)s [%(instance)s] %(levelname)s %(name)s: %(message)s"
 
 
 class LogFormat(StrEnum):
@@ -64,12 +66,14 @@ class InstanceFilter(logging.Filter):
 def configure(level: str, log_format: LogFormat, instance: str | None = None) -> None:
     """Send the root logger's records at ``level`` and above to stderr in ``log_format``.
 
-    With ``instance``, every record names it (a field of JSON lines).
+    With ``instance``, every line names it (a field of JSON lines, ``[instance]``
+    after the time in text lines).
     Raises ValueError for an unknown level name.
     """
     handler = logging.StreamHandler(sys.stderr)
+    text = TEXT_FORMAT if instance is None else INSTANCE_TEXT_FORMAT
     handler.setFormatter(JsonFormatter() if log_format is LogFormat.JSON
-                         else logging.Formatter(TEXT_FORMAT))
+                         else logging.Formatter(text))
     if instance is not None:
         handler.addFilter(InstanceFilter(instance))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

@@ -82,6 +82,7 @@ def test_run_logs_text_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 0, result.output
     first = result.stderr.splitlines()[0]
     assert first.endswith(" INFO kdelay.service: assigned [0, 1]")
+    assert f" [{identity.of(Settings()).member_id}] INFO " in first, "text lines name the instance"
     with pytest.raises(json.JSONDecodeError):
         json.loads(first)
 
