@@ -20,15 +20,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from kdelay import codec
+from kdelay.clients import reader_config, take, watermarks
 from kdelay.codec import IdState
-from kdelay.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex, store_path
-from kdelay.polling import take, watermarks
-from kdelay.settings import Settings
+from kdelay.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +46,22 @@ class RestoreError(Exception):
     """The changelog could not be read to its end before the deadline."""
 
 
-def reader_config(config: Mapping[str, str | int | bool]) -> dict[str, str | int | bool]:
+class Restoring(Protocol):
+    """What the service asks of a restorer."""
+
+    def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
+        """Replay the changelog into ``index`` up to its end; return the records applied."""
+        ...
+
+    def close(self) -> None:
+        """Release the restorer's consumer."""
+        ...
+
+
+def restore_config(config: Mapping[str, str | int | bool]) -> dict[str, str | int | bool]:
     """Return a consumer configuration for replaying changelog partitions."""
-    return {
-        **config,
-        "group.id": "kdelay-restore",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
+    tuning: dict[str, str | int | bool] = {
         "auto.offset.reset": "earliest",
-        "enable.partition.eof": True,
-        "isolation.level": "read_committed",
         # Changelog records are ~70 bytes: fetch in large chunks, not the 1 MiB default.
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
         "fetch.max.bytes": 64 * 1024 * 1024,
@@ -66,6 +71,7 @@ def reader_config(config: Mapping[str, str | int | bool]) -> dict[str, str | int
         # wait. queued.max.messages.kbytes (64 MiB) still bounds the memory.
         "queued.min.messages": 1_000_000,
     }
+    return reader_config(config, "kdelay-restore", **tuning)
 
 
 class Restorer:
@@ -73,13 +79,19 @@ class Restorer:
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
                  timeout_s: float = 600.0) -> None:
-        self._consumer = Consumer(reader_config(config))
+        self._consumer = Consumer(restore_config(config))
         self._topic = topic
         self._timeout_s = timeout_s
 
     def close(self) -> None:
         """Close the consumer."""
         self._consumer.close()
+
+    def __enter__(self) -> Restorer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def partitions(self) -> list[int]:
         """Return the changelog topic's partitions; :class:`RestoreError` if it is missing."""
@@ -249,7 +261,7 @@ def _note_ids(changes: Changes) -> None:
             changes.ids[schedule_id] = IdState(key, None)
 
 
-def open_restored(path: Path, partition: int, restorer: Restorer,
+def open_restored(path: Path, partition: int, restorer: Restoring,
                   progress: Progress | None = None) -> tuple[PartitionIndex, int]:
     """Open the index at ``path`` and catch it up from the changelog; return it and the count.
 
@@ -278,54 +290,25 @@ def open_restored(path: Path, partition: int, restorer: Restorer,
     raise AssertionError("unreachable")
 
 
-def rebuild(settings: Settings, *, partitions: Sequence[int] | None = None,
-            fresh: bool = False, progress: PartitionProgress | None = None) -> dict[int, int]:
+def rebuild(restorer: Restorer, paths: Callable[[int], Path], *,
+            partitions: Sequence[int] | None = None, fresh: bool = False,
+            progress: PartitionProgress | None = None) -> dict[int, int]:
     """Rebuild or catch up the local indexes of ``partitions`` (all when None) from the changelog.
 
-    With ``fresh`` the local stores are deleted first and rebuilt whole.
-    Returns the records replayed per partition. Raises :class:`IndexLocked`
-    when a running service holds a store, and :class:`RestoreError` when the
-    changelog topic does not exist.
+    ``paths`` gives the store of a partition. With ``fresh`` the local stores
+    are deleted first and rebuilt whole. Returns the records replayed per
+    partition. Raises :class:`IndexLocked` when a running service holds a
+    store, and :class:`RestoreError` when the changelog topic does not exist.
+    The caller closes ``restorer``.
     """
-    restorer = Restorer(settings.client_config("restore"), settings.changelog_topic)
-    try:
-        chosen = list(partitions) if partitions is not None else restorer.partitions()
-        replayed: dict[int, int] = {}
-        for partition in chosen:
-            path = store_path(settings.state_dir, settings.requests_topic, partition)
-            if fresh:
-                PartitionIndex(path, partition).close()  # raises IndexLocked if in use
-                PartitionIndex.destroy(path)
-            step = None if progress is None else functools.partial(progress, partition)
-            index, replayed[partition] = open_restored(path, partition, restorer, step)
-            index.close()
-        return replayed
-    finally:
-        restorer.close()
-
-
-def confirmed_offset(message: Message) -> int:
-    """Return the changelog position a successfully produced changelog record confirms."""
-    return int(message.offset() or 0) + 1
-
-
-class Positions:
-    """Changelog positions confirmed by this instance's own writes, by partition.
-
-    Every changelog record this instance writes reflects a change already made
-    (or, for intake, made right after the flush that confirms it) to the local
-    index, so the position after the latest confirmed record is a safe place
-    for the next restore to start from.
-    """
-
-    def __init__(self) -> None:
-        self._next: dict[int, int] = {}
-
-    def confirm(self, message: Message) -> None:
-        """Record a successfully produced changelog record."""
-        partition = int(message.partition() or 0)
-        self._next[partition] = max(self._next.get(partition, 0), confirmed_offset(message))
-
-    def get(self, partition: int) -> int | None:
-        """Return the confirmed position of ``partition``, or None if nothing was written."""
-        return self._next.get(partition)
+    chosen = list(partitions) if partitions is not None else restorer.partitions()
+    replayed: dict[int, int] = {}
+    for partition in chosen:
+        path = paths(partition)
+        if fresh:
+            PartitionIndex(path, partition).close()  # raises IndexLocked if in use
+            PartitionIndex.destroy(path)
+        step = None if progress is None else functools.partial(progress, partition)
+        index, replayed[partition] = open_restored(path, partition, restorer, step)
+        index.close()
+    return replayed

@@ -44,7 +44,7 @@ from rich.progress import (
 
 from kdelay import identity
 from kdelay.backlog import DueQuery, backlog, due
-from kdelay.changelog import RestoreError, rebuild
+from kdelay.changelog import RestoreError, Restorer, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.clock import SystemClock
 from kdelay.connection import AUTHENTICATION_FAILED, ConnectionFailure, check_connection
@@ -59,7 +59,7 @@ from kdelay.display import (
     show_renderable,
 )
 from kdelay.envelope import DEFAULT_LEVELS, parse_duration_ms, parse_levels
-from kdelay.index import IndexLocked
+from kdelay.index import IndexLocked, store_path
 from kdelay.logs import LogFormat
 from kdelay.logs import configure as configure_logs
 from kdelay.lookup import NotARequest, lookup
@@ -440,7 +440,10 @@ def restore(
                     tasks[p] = bar.add_task("restore", total=total, partition=p)
                 bar.update(tasks[p], completed=done, total=total)
 
-            replayed = rebuild(settings, partitions=partition, fresh=fresh, progress=progress)
+            stores = functools.partial(store_path, settings.state_dir, settings.requests_topic)
+            with Restorer(settings.client_config("restore"), settings.changelog_topic) as restorer:
+                replayed = rebuild(restorer, stores, partitions=partition, fresh=fresh,
+                                   progress=progress)
     for p, count in sorted(replayed.items()):
         typer.echo(f"partition {p}: {count} changelog records replayed")
 

@@ -18,10 +18,15 @@ close a gap to the wall clock: 5 %, i.e. 3 s per minute."""
 
 
 class Clock(Protocol):
-    """A source of wall-clock time in integer milliseconds since the epoch (UTC)."""
+    """Wall-clock time in integer milliseconds since the epoch (UTC), and a monotonic
+    time in seconds for deadlines and time-outs (which no step of the wall clock moves)."""
 
     def now_ms(self) -> int:
         """Return the current time in milliseconds since the Unix epoch."""
+        ...
+
+    def monotonic(self) -> float:
+        """Return seconds from an arbitrary start that only ever go forward."""
         ...
 
 
@@ -60,6 +65,10 @@ class SystemClock:
         self._now = steady + max(-limit, min(limit, gap))
         return self._now // 1_000_000
 
+    def monotonic(self) -> float:
+        """Return the monotonic clock's seconds (``mono_ns`` as given)."""
+        return self._mono_ns() / 1e9
+
     def wall_gap_ms(self) -> int:
         """Return how far the wall clock is ahead of this clock now (negative: behind)."""
         return (self._wall_ns() - self._now) // 1_000_000
@@ -70,10 +79,15 @@ class ManualClock:
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
         self._now_ms = start_ms
+        self._start_ms = start_ms
 
     def now_ms(self) -> int:
         """Return the time last set."""
         return self._now_ms
+
+    def monotonic(self) -> float:
+        """Return the seconds moved since the clock was made: it is its own monotonic time."""
+        return (self._now_ms - self._start_ms) / 1000
 
     def advance(self, delta_ms: int) -> None:
         """Move the clock forward by ``delta_ms`` (never backwards)."""

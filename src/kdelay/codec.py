@@ -15,6 +15,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
 _DUE_KEY = struct.Struct(">QIQ")
 _INDEX_HEAD = struct.Struct(">qI")
 _FIELD_HEAD = struct.Struct(">BI")
@@ -152,6 +154,17 @@ def fingerprint(key: bytes | None, value: bytes | None, timestamp_ms: int) -> Fi
     The CRC is chained over frame and field, never over a concatenated copy.
     """
     return _tuple_new(Fingerprint, (timestamp_ms, _crc_field(_crc_field(0, key), value)))
+
+
+def record_time(message: Message, fallback_ms: int) -> int:
+    """Return the record's timestamp, or ``fallback_ms`` when the record has none."""
+    kind, timestamp = message.timestamp()
+    return fallback_ms if kind == TIMESTAMP_NOT_AVAILABLE else timestamp
+
+
+def fingerprint_of(message: Message) -> Fingerprint:
+    """Return the fingerprint of a request record, as stored in its index entry."""
+    return fingerprint(message.key(), message.value(), record_time(message, 0))
 
 
 def encode_index_value(v: IndexValue) -> bytes:

@@ -4,38 +4,42 @@ Each tick reads ahead: entries due within ``lookahead_ms`` are taken from the
 partition indexes (a bounded scan) and their originals fetched as sorted offset
 ranges, so that when an entry comes due only a produce is left to do. Due
 entries go out in key order (due time, then request partition, then offset).
+What delivery holds, and where each delivery stands, is kept in its
+:class:`~kdelay.book.Book`.
 
 An entry leaves the index only after its produce is acknowledged (target or
-DLQ); that is what makes delivery at-least-once. A target that fails is retried
-with exponential backoff; after ``attempts`` failures the original goes to the
-DLQ as ``undeliverable``. Entries waiting for a retry sit apart, so they never
-block entries to other targets. Nothing is produced before its due time by the
-injected clock, and the republished record carries that clock's time.
+DLQ) and :meth:`Delivery.settle` is called; that is what makes delivery
+at-least-once. When the changelog tombstone of a delivered entry is written is
+not delivery's business: it tells its :class:`Durability` that a record was
+sent and that it was delivered (see :mod:`kdelay.checkpoint`). A target that
+fails is retried with exponential backoff; after ``attempts`` failures the
+original goes to the DLQ as ``undeliverable``. Entries waiting for a retry sit
+apart, so they never block entries to other targets. Nothing is produced
+before its due time by the injected clock, and the republished record carries
+that clock's time.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import logging
-import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from kdelay import codec, envelope
+from kdelay.book import Book, Job, State
 from kdelay.callbacks import guarded
-from kdelay.changelog import Positions
+from kdelay.clients import Producing
 from kdelay.clock import Clock
-from kdelay.codec import IdState
+from kdelay.codec import IdState, fingerprint_of
 from kdelay.envelope import ErrorCode
 from kdelay.index import Changes, Entry, PartitionIndex
-from kdelay.intake import fingerprint_of
 from kdelay.metrics import Metrics
-from kdelay.originals import Found, Missing, OriginalReader
+from kdelay.originals import Missing, Reading
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +72,43 @@ class DeliveryConfig:
     backoff_max_ms: int = 30_000
 
 
-@dataclass(slots=True)
-class Task:
-    """An entry read ahead: its original, and how its delivery is going."""
+class Durability(Protocol):
+    """How delivery's work becomes durable: told of every send and every delivery.
 
-    entry: Entry
-    original: Found
-    partition: int
-    adopted: bool = False
-    attempts: int = 0
-    not_before_ms: int = 0
-    in_flight: bool = False
-    backing_off: bool = False
-    failure: tuple[ErrorCode, str] | None = None
-    detail: str = ""
-    routing: envelope.Routing | None = None
+    The at-least-once form writes an entry's tombstone once its record is
+    acknowledged; the exactly-once form writes it with the record, in the
+    same transaction (:mod:`kdelay.checkpoint`).
+    """
+
+    def sent(self, key: bytes, partition: int) -> None:
+        """A record for the entry ``key`` was produced (to its target or the DLQ)."""
+        ...
+
+    def delivered(self, key: bytes, partition: int) -> None:
+        """The record for ``key`` is written: the entry is about to leave the index."""
+        ...
+
+    def position(self, partition: int) -> int | None:
+        """Return the changelog position the index may record for ``partition``."""
+        ...
+
+    def has_failures(self) -> bool:
+        """Return whether a changelog write failed since the failures were last taken."""
+        ...
+
+
+@dataclass(slots=True)
+class Window:
+    """How far delivery has read one partition's index ahead."""
+
+    covered: int | None = None
+    """Every entry due at or before this time is held or gone; None: scan again."""
+    cursor: bytes | None = None
+    """Where the next scan resumes: every key below it is held or gone."""
+    truncated: bool = False
+    """The last scan stopped at its limit: there may be more below ``covered``."""
+    lowest_put: bytes | None = None
+    """The smallest key put since the last scan, that delivery was not handed."""
 
 
 @dataclass(slots=True)
@@ -91,8 +117,15 @@ class _Reports:
 
     done: list[tuple[bytes, Sink]] = field(default_factory=list)
     failed: list[tuple[bytes, Sink, str]] = field(default_factory=list)
-    tombstones_failed: list[bytes] = field(default_factory=list)
     refused: list[tuple[bytes, Sink, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Counts:
+    """Per-record figures gathered between two settles, handed to Prometheus at once."""
+
+    delivered: int = 0
+    lateness_ms: list[int] = field(default_factory=list)
 
 
 def _routing(routing: envelope.Routing | None) -> envelope.Headers:
@@ -120,14 +153,15 @@ class TopicCheck:
     failure, and keeps a transaction from being aborted for it.
     """
 
-    def __init__(self, producer: Producer, ttl_s: float = 30.0) -> None:
+    def __init__(self, producer: Producing, clock: Clock, ttl_s: float = 30.0) -> None:
         self._producer = producer
+        self._clock = clock
         self._ttl_s = ttl_s
         self._known: dict[str, tuple[float, KafkaError | None]] = {}
 
     def missing(self, topic: str) -> KafkaError | None:
         """Return the error that says ``topic`` cannot be produced to, or None."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         cached = self._known.get(topic)
         if cached is not None and cached[0] > now:
             return cached[1]
@@ -145,42 +179,26 @@ class TopicCheck:
 class Delivery:
     """Reads due entries ahead, produces them when due, and settles the outcomes."""
 
-    def __init__(self, config: DeliveryConfig, targets: Producer, internal: Producer,
-                 reader: OriginalReader, clock: Clock, metrics: Metrics,
-                 positions: Positions, *, transactional: bool = False) -> None:
+    def __init__(self, config: DeliveryConfig, targets: Producing, internal: Producing,
+                 reader: Reading, clock: Clock, metrics: Metrics,
+                 durability: Durability) -> None:
         self._config = config
         self._producer = targets
         self._internal = internal
         self._reader = reader
         self._clock = clock
         self._metrics = metrics
-        self._positions = positions
-        self._tasks: dict[bytes, Task] = {}
-        self._per_partition: Counter[int] = Counter()
-        self._backing_off: Counter[int] = Counter()
-        self._flying: Counter[int] = Counter()
-        self._adopted: Counter[int] = Counter()
-        self._ready: list[bytes] = []
-        self._waiting: list[tuple[int, bytes]] = []
-        self._covered: dict[int, int] = {}
-        self._cursor: dict[int, bytes] = {}
-        self._truncated: set[int] = set()
+        self._durability = durability
+        self._book = Book()
+        self._windows: dict[int, Window] = {}
         self._reports = _Reports()
-        self._transactional = transactional
-        self._sent: list[bytes] = []
-        self._topics = TopicCheck(targets)
+        self._counts = _Counts()
+        self._topics = TopicCheck(targets, clock)
         self._guarded_report = guarded(self._on_report)
-        self._guarded_tombstone = guarded(self._on_tombstone)
-        self._lateness: list[int] = []
-        self._delivered = 0
-        # Keys a planned cancel holds back: never produced until the plan is
-        # applied (they leave) or abandoned (they are released).
-        self._withheld: set[bytes] = set()
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
-        task = self._tasks.get(key)
-        return task is not None and task.in_flight
+        return self._book.in_flight(key)
 
     def withhold(self, key: bytes) -> bool:
         """Keep ``key`` from being produced, for a cancel being planned; False if too late.
@@ -192,72 +210,72 @@ class Delivery:
         :meth:`release` is called for it, so a ``cancelled`` outcome is never
         followed by a delivery.
         """
-        if self.in_flight(key):
-            return False
-        self._withheld.add(key)
-        return True
+        return self._book.withhold(key)
 
     def release(self, keys: list[bytes]) -> None:
         """Let withheld keys go out again: the cancels that withheld them were not applied."""
-        for key in keys:
-            self._withheld.discard(key)
-            if key in self._tasks:
-                heapq.heappush(self._ready, key)
+        self._book.release(keys)
 
     def idle(self) -> bool:
         """Return whether no produce awaits a report."""
-        return not self._flying.total()
+        return not self._book.flying()
 
     def forget(self, keys: list[bytes]) -> None:
         """Drop read-ahead entries that left the index by other means (cancel)."""
-        for key in keys:
-            self._withheld.discard(key)
-            task = self._tasks.get(key)
-            if task is not None and not task.in_flight:
-                self._drop(key)
+        self._book.forget(keys)
 
-    def adopt(self, partition: int, entries: list[Entry],
-              originals: Mapping[bytes, Message], index: PartitionIndex) -> None:
+    def noted(self, partition: int, lowest: bytes | None) -> None:
+        """Learn that entries down to ``lowest`` were put in ``partition``'s index by others.
+
+        An entry put inside the window already read ahead is found by the next
+        scan, which starts no later than ``lowest``.
+        """
+        if lowest is None:
+            return
+        window = self._window(partition)
+        if window.lowest_put is None or lowest < window.lowest_put:
+            window.lowest_put = lowest
+
+    def adopt(self, partition: int, entries: list[Entry], originals: Mapping[bytes, Message],
+              lowest: bytes | None) -> None:
         """Take entries intake has just indexed, with their records, if due inside the window.
 
-        They then need no read back from Kafka. ``index`` is the partition's
-        store: when every new entry inside the scanned window is taken, its
-        "new entry below the window" signal is consumed, so no rescan follows.
+        They then need no read back from Kafka. ``lowest`` is the smallest key
+        the index write put (what :meth:`PartitionIndex.apply` returned): when
+        every new entry inside the window is taken, no rescan follows.
         """
-        covered = self._covered.get(partition)
+        window = self._window(partition)
+        covered = window.covered
         if covered is None:
+            self.noted(partition, lowest)
             return
         # Adopted entries cost no read: only the cap on held entries bounds them.
         room = self._cap(partition)
+        held = self._book.keys
         missed = False
         for entry in entries:
             original = originals.get(entry.key)
-            if entry.due.due_ms > covered or entry.key in self._tasks:
+            if entry.due.due_ms > covered or entry.key in held:
                 continue
             if room <= 0 or original is None:
                 missed = True
-                self._rewind(partition, entry.key)
+                _rewind(window, entry.key)
                 continue
-            task = Task(entry, original, partition)
+            job = Job(entry, original, partition, State.ADOPTED)
             # The record the entry was just made from: its fingerprint matches by
             # construction, so only its routing is read (None leaves it to _verify).
-            task.routing = envelope.routing(original.headers())
-            task.adopted = True
-            self._adopted[partition] += 1
-            self._hold(task)
+            job.routing = envelope.routing(original.headers())
+            self._book.hold(job)
             room -= 1
         if missed:
-            self._covered.pop(partition, None)
-        else:
-            index.take_lowest_put()
+            window.covered = None
+            self.noted(partition, lowest)
 
     def drop_partition(self, partition: int) -> None:
-        """Forget every task of a partition this instance no longer owns."""
-        for key in [k for k, t in self._tasks.items() if t.partition == partition]:
-            self._drop(key)
-        self._covered.pop(partition, None)
-        self._cursor.pop(partition, None)
-        self._truncated.discard(partition)
+        """Forget every job of a partition this instance no longer owns."""
+        for key in self._book.keys_of(partition):
+            self._book.drop(key)
+        self._windows.pop(partition, None)
 
     def tick(self, indexes: Mapping[int, PartitionIndex]) -> int:
         """Read ahead, produce what is due; return the milliseconds until there is more to do."""
@@ -269,50 +287,37 @@ class Delivery:
         """Read ahead and take back retries whose backoff is over; return whether work is due."""
         now = self._clock.now_ms()
         self._read_ahead(indexes, now)
-        self._promote_retries(now)
+        self._book.promote(now)
         return self._next_wakeup_ms(now) == 0
 
     def dispatch(self) -> None:
         """Produce every read-ahead entry that is due by the clock, in key order."""
-        self._dispatch(self._clock.now_ms())
+        now = self._clock.now_ms()
+        book = self._book
+        while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= now:
+            try:
+                self._send(job, now)
+            except BufferError:
+                self._producer.poll(0)
+                self._internal.poll(0)
+                return
 
     def wait_ms(self) -> int:
         """Return the milliseconds until there is work: the next due entry, or at most
         ``IN_FLIGHT_WAIT_MS`` while produces await their reports (at most ``MAX_WAIT_MS``)."""
         wait = self._next_wakeup_ms(self._clock.now_ms())
-        return min(wait, IN_FLIGHT_WAIT_MS) if self._flying.total() else wait
+        return min(wait, IN_FLIGHT_WAIT_MS) if self._book.flying() else wait
 
     def has_failures(self) -> bool:
-        """Return whether a produce reported a failure since the reports were last taken."""
-        return bool(self._reports.failed or self._reports.tombstones_failed)
-
-    def finish_transaction(self, committed: bool, indexes: Mapping[int, PartitionIndex]) -> None:
-        """Settle a transaction's produces: committed ones leave the index, aborted ones retry.
-
-        Transactional mode only: tombstones were produced inside the
-        transaction, so a commit only has to apply the deletes locally.
-        """
-        reports, self._reports = self._reports, _Reports()
-        sent, self._sent = self._sent, []
-        now = self._clock.now_ms()
-        for key, sink, reason in reports.refused:
-            self._failed(key, sink, reason, now)
-        if committed and not reports.failed:
-            changes: dict[int, Changes] = {}
-            for key, sink in reports.done:
-                self._succeeded(key, sink, now, changes)
-            self._apply(changes, indexes)
-            return
-        for key, sink, reason in reports.failed:
-            self._failed(key, sink, reason, now)
-        for key in sent:
-            task = self._tasks.get(key)
-            if task is not None and task.in_flight:
-                self._fly(task, False)
-                heapq.heappush(self._ready, key)
+        """Return whether a produce or a tombstone reported a failure since the last settle."""
+        return bool(self._reports.failed) or self._durability.has_failures()
 
     def settle(self, indexes: Mapping[int, PartitionIndex]) -> None:
-        """Apply the delivery reports collected since the last call."""
+        """Apply the delivery reports collected since the last call.
+
+        An acknowledged entry leaves the index (its :class:`Durability` is told
+        first); a failed one backs off for a retry, or goes to the DLQ.
+        """
         reports, self._reports = self._reports, _Reports()
         changes: dict[int, Changes] = {}
         now = self._clock.now_ms()
@@ -322,222 +327,169 @@ class Delivery:
             self._failed(key, sink, reason, now)
         self._apply(changes, indexes)
 
+    def abandon(self) -> None:
+        """Take back every produce of an aborted transaction: the entries go out again.
+
+        Failed and refused produces back off as after any failure; the others
+        (whatever their report said) are ready to be sent at once.
+        """
+        reports, self._reports = self._reports, _Reports()
+        now = self._clock.now_ms()
+        for key, sink, reason in [*reports.refused, *reports.failed]:
+            self._failed(key, sink, reason, now)
+        for job in self._book.jobs_in(State.IN_FLIGHT):
+            self._book.move(job, State.READY)
+
     def _apply(self, changes: dict[int, Changes], indexes: Mapping[int, PartitionIndex]) -> None:
         self._flush_metrics()
         for partition, change in changes.items():
             if partition in indexes:
-                change.changelog = self._positions.get(partition)
+                change.changelog = self._durability.position(partition)
                 indexes[partition].apply(change)
 
     # -- read-ahead -------------------------------------------------------------
+
+    def _window(self, partition: int) -> Window:
+        window = self._windows.get(partition)
+        if window is None:
+            window = self._windows[partition] = Window()
+        return window
 
     def _read_ahead(self, indexes: Mapping[int, PartitionIndex], now: int) -> None:
         horizon = now + self._config.lookahead_ms
         wanted: dict[int, list[Entry]] = {}
         for partition, index in indexes.items():
-            if self._needs_scan(partition, index, now):
+            window = self._window(partition)
+            if self._needs_scan(window, now):
                 room = self._room(partition)
                 if room <= 0:
                     continue
-                entries = index.scan(horizon, room, skip=self._tasks,
-                                     start=self._cursor.get(partition))
+                entries = index.scan(horizon, room, skip=self._book.keys,
+                                     start=window.cursor)
                 if entries:
                     # Everything below the last key read is held or gone: the next
                     # scan resumes right after it instead of walking the held keys.
-                    self._cursor[partition] = entries[-1].key + b"\x00"
-                self._covered[partition] = horizon
-                self._mark_truncated(partition, len(entries) >= room)
-                if entries:
+                    window.cursor = entries[-1].key + b"\x00"
                     wanted[partition] = entries
+                window.covered = horizon
+                window.truncated = len(entries) >= room
         if wanted:
             self._fetch(wanted)
-
-    def _hold(self, task: Task) -> None:
-        """Start tracking a task read ahead (or adopted) and queue it for its due time."""
-        key = task.entry.key
-        self._tasks[key] = task
-        self._per_partition[task.partition] += 1
-        heapq.heappush(self._ready, key)
-
-    def _fly(self, task: Task, in_flight: bool) -> None:
-        """Mark a task in flight (produced, report pending) or not, keeping the counts."""
-        if task.in_flight != in_flight:
-            task.in_flight = in_flight
-            self._flying[task.partition] += 1 if in_flight else -1
-        if in_flight:
-            self._unadopt(task)
-
-    def _unadopt(self, task: Task) -> None:
-        """Count an adopted task like a read one from its first produce (or its end) on."""
-        if task.adopted:
-            task.adopted = False
-            self._adopted[task.partition] -= 1
 
     def _room(self, partition: int) -> int:
         """Return how many more entries of ``partition`` the read-ahead may take.
 
-        Entries in flight or backing off do not count against the batch (the
-        next batch is read while the last one is acknowledged), nor do entries
-        adopted from intake and not yet sent: they were never read, and under
-        steady load with short delays they alone would fill the batch and stop
-        the read-ahead. The cap on all held entries keeps memory bounded.
+        Only ready entries count against the batch: not those in flight or
+        backing off (the next batch is read while the last one is
+        acknowledged), nor those adopted from intake and not yet sent (they
+        were never read, and under steady load with short delays they alone
+        would fill the batch and stop the read-ahead). The cap on all held
+        entries keeps memory bounded.
         """
-        held = self._per_partition[partition]
-        active = (held - self._backing_off[partition] - self._flying[partition]
-                  - self._adopted[partition])
-        return min(self._config.batch_size - active, self._cap(partition))
+        ready = self._book.count(partition, State.READY)
+        return min(self._config.batch_size - ready, self._cap(partition))
 
     def _cap(self, partition: int) -> int:
         """Return how many more entries ``partition`` may hold in memory, whatever their state."""
-        return MAX_HELD_BATCHES * self._config.batch_size - self._per_partition[partition]
+        return MAX_HELD_BATCHES * self._config.batch_size - self._book.held(partition)
 
-    def _needs_scan(self, partition: int, index: PartitionIndex, now: int) -> bool:
-        lowest = index.take_lowest_put()
+    def _needs_scan(self, window: Window, now: int) -> bool:
+        lowest, window.lowest_put = window.lowest_put, None
         if lowest is not None:
-            self._rewind(partition, lowest)
-        covered = self._covered.get(partition)
-        if covered is None or partition in self._truncated:
+            _rewind(window, lowest)
+        covered = window.covered
+        if covered is None or window.truncated:
             return True
         if lowest is not None and codec.decode_due_key(lowest).due_ms <= covered:
             return True
         return now + self._config.lookahead_ms // 2 >= covered
 
-    def _rewind(self, partition: int, key: bytes) -> None:
-        """Move the partition's scan cursor back to ``key`` (an entry not held yet)."""
-        cursor = self._cursor.get(partition)
-        if cursor is not None and key < cursor:
-            self._cursor[partition] = key
-
-    def _mark_truncated(self, partition: int, truncated: bool) -> None:
-        if truncated:
-            self._truncated.add(partition)
-        else:
-            self._truncated.discard(partition)
-
     def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
         originals = self._reader.read({p: [e.due.offset for e in es] for p, es in wanted.items()})
         for partition, entries in wanted.items():
+            window = self._window(partition)
             for entry in entries:
                 found = originals.get((partition, entry.due.offset))
                 if found is None:
-                    self._covered.pop(partition, None)
-                    self._rewind(partition, entry.key)
+                    window.covered = None
+                    _rewind(window, entry.key)
                     continue
-                self._hold(Task(entry, found, partition))
+                self._book.hold(Job(entry, found, partition))
 
-    # -- dispatch ---------------------------------------------------------------
+    # -- sending ------------------------------------------------------------------
 
-    def _promote_retries(self, now: int) -> None:
-        while self._waiting and self._waiting[0][0] <= now:
-            _, key = heapq.heappop(self._waiting)
-            task = self._tasks.get(key)
-            if task is not None and task.backing_off:
-                task.backing_off = False
-                self._backing_off[task.partition] -= 1
-                heapq.heappush(self._ready, key)
-
-    def _dispatch(self, now: int) -> None:
-        ready = self._ready
-        while ready:
-            key = ready[0]
-            task = self._waiting_to_send(key)
-            if task is None:
-                heapq.heappop(ready)
-                continue
-            if task.entry.due.due_ms > now:
-                return
-            try:
-                self._send(key, task, now)
-            except BufferError:
-                self._producer.poll(0)
-                self._internal.poll(0)
-                return
-            heapq.heappop(ready)
-
-    def _waiting_to_send(self, key: bytes) -> Task | None:
-        """Return the task a key on the ready heap stands for, if it still waits to be sent."""
-        task = self._tasks.get(key)
-        if task is None or task.in_flight or task.backing_off or key in self._withheld:
-            return None
-        return task
-
-    def _send(self, key: bytes, task: Task, now: int) -> None:
-        """Produce the task's record to its target, or to the DLQ with a reason."""
-        if task.failure is None and task.routing is None:
-            task.failure = self._verify(task)
-        sink = Sink.TARGET if task.failure is None else Sink.DLQ
+    def _send(self, job: Job, now: int) -> None:
+        """Produce the job's record to its target, or to the DLQ with a reason."""
+        if job.failure is None and job.routing is None:
+            job.failure = self._verify(job)
+        sink = Sink.TARGET if job.failure is None else Sink.DLQ
         try:
-            if task.failure is not None:
-                self._produce_dead_letter(key, task, *task.failure)
-            elif isinstance(task.original, Message):
-                self._produce_target(key, task, task.original, now)
-            if self._transactional:
-                self._produce_tombstone(key, task.partition)
+            if job.failure is not None:
+                self._produce_dead_letter(job, *job.failure)
+            elif isinstance(job.original, Message):
+                self._produce_target(job, job.original, now)
+            self._durability.sent(job.key, job.partition)
         except KafkaException as exc:
             # Refused before anything was written: nothing in a transaction to abort.
-            self._reports.refused.append((key, sink, str(exc.args[0])))
-        self._fly(task, True)
-        if self._transactional:
-            self._sent.append(key)
+            self._reports.refused.append((job.key, sink, str(exc.args[0])))
+        self._book.sent(job)
 
-    def _verify(self, task: Task) -> tuple[ErrorCode, str] | None:
+    def _verify(self, job: Job) -> tuple[ErrorCode, str] | None:
         """Return why the fetched original cannot be delivered, or None if it can."""
-        original = task.original
+        original = job.original
         if original is Missing.EXPIRED:
             return (ErrorCode.EXPIRED,
-                    f"{self._where(task)} is below the log start offset (retention)")
+                    f"{self._where(job)} is below the log start offset (retention)")
         if original is Missing.ABSENT:
-            return ErrorCode.MISMATCH, f"{self._where(task)} holds no record any more"
+            return ErrorCode.MISMATCH, f"{self._where(job)} holds no record any more"
         assert isinstance(original, Message)  # noqa: S101 - Missing handled above
-        expected = task.entry.value.fingerprint
+        expected = job.entry.value.fingerprint
         found = fingerprint_of(original)
         if found != expected:
             return (ErrorCode.MISMATCH,
-                    f"{self._where(task)} fingerprint {found} differs from {expected}")
+                    f"{self._where(job)} fingerprint {found} differs from {expected}")
         routing = envelope.routing(original.headers())
         if routing is None:
-            return ErrorCode.MISMATCH, f"{self._where(task)} no longer carries a valid schedule"
-        task.routing = routing
+            return ErrorCode.MISMATCH, f"{self._where(job)} no longer carries a valid schedule"
+        job.routing = routing
         return None
 
-    def _where(self, task: Task) -> str:
+    def _where(self, job: Job) -> str:
         """Return the request's coordinates, ``topic/partition/offset`` (``kdelay-origin``)."""
-        due = task.entry.due
+        due = job.entry.due
         return envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
 
-    def _produce_target(self, key: bytes, task: Task, original: Message, now: int) -> None:
-        routing = task.routing
+    def _produce_target(self, job: Job, original: Message, now: int) -> None:
+        routing = job.routing
         assert routing is not None  # noqa: S101 - _verify set it
         missing = self._topics.missing(routing.target)
         if missing is not None:
             raise KafkaException(missing)
-        due = task.entry.due
-        origin = self._where(task)
-        headers = [*routing.user, *envelope.delivery_tail(origin, due.due_ms)]
+        due = job.entry.due
+        headers = [*routing.user, *envelope.delivery_tail(self._where(job), due.due_ms)]
         self._producer.produce(
             routing.target, value=original.value(), key=original.key(),
             partition=-1 if routing.partition is None else routing.partition,
-            headers=headers, timestamp=now, on_delivery=self._callback(key, Sink.TARGET),
+            headers=headers, timestamp=now, on_delivery=self._callback(job.key, Sink.TARGET),
         )
-        self._lateness.append(now - due.due_ms)
+        self._counts.lateness_ms.append(now - due.due_ms)
 
-    def _produce_dead_letter(self, key: bytes, task: Task, code: ErrorCode, detail: str) -> None:
-        due = task.entry.due
-        origin = self._where(task)
+    def _produce_dead_letter(self, job: Job, code: ErrorCode, detail: str) -> None:
+        due = job.entry.due
         reason = envelope.rejection_headers(envelope.Rejection(code, detail))
-        tail = [*reason, *envelope.delivery_tail(origin, due.due_ms)]
-        if isinstance(task.original, Message) and code is ErrorCode.UNDELIVERABLE:
+        tail = [*reason, *envelope.delivery_tail(self._where(job), due.due_ms)]
+        if isinstance(job.original, Message) and code is ErrorCode.UNDELIVERABLE:
             # The original's own kdelay-* headers are replaced by the target and
             # due time, so the DLQ record can be sent back as a request as is.
-            original = task.original
+            original = job.original
             headers = [*envelope.user_headers(original.headers()),
                        *_routing(envelope.routing(original.headers())), *tail]
             self._internal.produce(self._config.dlq_topic, value=original.value(),
                                    key=original.key(), headers=headers,
-                                   on_delivery=self._callback(key, Sink.DLQ))
+                                   on_delivery=self._callback(job.key, Sink.DLQ))
         else:
             self._internal.produce(self._config.dlq_topic, value=None, key=None, headers=tail,
-                                   on_delivery=self._callback(key, Sink.DLQ))
+                                   on_delivery=self._callback(job.key, Sink.DLQ))
 
     def _callback(self, key: bytes, sink: Sink) -> Callable[[KafkaError | None, Message], None]:
         return functools.partial(self._guarded_report, key, sink)
@@ -551,92 +503,58 @@ class Delivery:
     # -- settling ---------------------------------------------------------------
 
     def _succeeded(self, key: bytes, sink: Sink, now: int, changes: dict[int, Changes]) -> None:
-        task = self._tasks.get(key)
-        if task is None:
+        job = self._book.get(key)
+        if job is None:
             return
-        self._drop(key)
-        change = changes.get(task.partition)
+        self._book.drop(key)
+        change = changes.get(job.partition)
         if change is None:  # not setdefault: that would build a Changes per entry
-            change = changes[task.partition] = Changes()
+            change = changes[job.partition] = Changes()
         change.deletes.append(key)
-        sid = task.entry.value.schedule_id
+        sid = job.entry.value.schedule_id
         if sid is not None:
             change.ids[sid] = IdState(None, now) if sink is Sink.TARGET else None
-        if not self._transactional:
-            self._produce_tombstone(key, task.partition)
+        self._durability.delivered(key, job.partition)
         if sink is Sink.TARGET:
-            self._delivered += 1
+            self._counts.delivered += 1
         else:
-            code = task.failure[0] if task.failure else ErrorCode.UNDELIVERABLE
+            code = job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE
             self._metrics.dead_lettered.labels(reason=str(code)).inc()
 
     def _flush_metrics(self) -> None:
         """Hand the per-record counts gathered since the last call to Prometheus at once."""
-        if self._delivered:
-            self._metrics.delivered.inc(self._delivered)
-            self._delivered = 0
-        lateness, self._lateness = self._lateness, []
-        for late_ms in lateness:
+        counts, self._counts = self._counts, _Counts()
+        if counts.delivered:
+            self._metrics.delivered.inc(counts.delivered)
+        for late_ms in counts.lateness_ms:
             self._metrics.lateness.observe(late_ms / 1000)
 
-    def _produce_tombstone(self, key: bytes, partition: int) -> None:
-        """Produce an entry's tombstone, waiting for queue room rather than giving up.
-
-        It follows an accepted target produce, which cannot be taken back: a
-        transaction must never commit a delivery without its tombstone.
-        """
-        while True:
-            try:
-                self._internal.produce(self._config.changelog_topic, value=None, key=key,
-                                       partition=partition,
-                                       on_delivery=self._guarded_tombstone)
-                return
-            except BufferError:
-                self._internal.poll(0.05)
-
-    def _on_tombstone(self, error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            self._positions.confirm(message)
-        else:
-            self._reports.tombstones_failed.append(message.key() or b"")
-            self._metrics.changelog_errors.inc()
-            log.error("changelog tombstone for %r failed: %s", message.key(), error.str())
-
     def _failed(self, key: bytes, sink: Sink, reason: str, now: int) -> None:
-        task = self._tasks.get(key)
-        if task is None:
+        job = self._book.get(key)
+        if job is None:
             return
-        self._fly(task, False)
-        task.attempts += 1
-        task.detail = reason
-        if sink is Sink.TARGET and task.attempts >= self._config.attempts:
-            task.failure = (ErrorCode.UNDELIVERABLE,
-                            f"{task.attempts} attempts failed; last: {reason}")
+        job.attempts += 1
+        job.detail = reason
+        if sink is Sink.TARGET and job.attempts >= self._config.attempts:
+            job.failure = (ErrorCode.UNDELIVERABLE,
+                           f"{job.attempts} attempts failed; last: {reason}")
             wait = 0
         else:
-            wait = backoff_ms(task.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
+            wait = backoff_ms(job.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
         log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms",
-                    task.entry.due, reason, task.attempts, wait)
+                    job.entry.due, reason, job.attempts, wait)
         self._metrics.retries.inc()
-        task.not_before_ms = now + wait
-        task.backing_off = True
-        self._backing_off[task.partition] += 1
-        heapq.heappush(self._waiting, (task.not_before_ms, key))
-
-    def _drop(self, key: bytes) -> None:
-        task = self._tasks.pop(key)
-        self._fly(task, False)
-        self._unadopt(task)
-        self._per_partition[task.partition] -= 1
-        if task.backing_off:
-            self._backing_off[task.partition] -= 1
+        job.not_before_ms = now + wait
+        self._book.move(job, State.BACKING_OFF)
 
     def _next_wakeup_ms(self, now: int) -> int:
-        candidates = [MAX_WAIT_MS]
-        while self._ready and self._waiting_to_send(self._ready[0]) is None:
-            heapq.heappop(self._ready)
-        for key in self._ready[:1]:
-            candidates.append(codec.decode_due_key(key).due_ms - now)
-        if self._waiting:
-            candidates.append(self._waiting[0][0] - now)
-        return max(0, min(candidates))
+        wakeup = self._book.next_wakeup_ms()
+        if wakeup is None:
+            return MAX_WAIT_MS
+        return max(0, min(MAX_WAIT_MS, wakeup - now))
+
+
+def _rewind(window: Window, key: bytes) -> None:
+    """Move the window's scan cursor back to ``key`` (an entry not held yet)."""
+    if window.cursor is not None and key < window.cursor:
+        window.cursor = key

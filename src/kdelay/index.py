@@ -138,7 +138,6 @@ class PartitionIndex:
         self._meta_handle = self._db.get_column_family_handle(META_CF)
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._head = b""
-        self._lowest_put: bytes | None = None
         self.tally = self._load_tally()
 
     def close(self) -> None:
@@ -178,12 +177,15 @@ class PartitionIndex:
             return []
         return cast(list[bytes | None], self._db.get(cast(list[_RdictKey], keys)))
 
-    def apply(self, changes: Changes) -> None:
+    def apply(self, changes: Changes) -> bytes | None:
         """Write ``changes``, the offsets they cover and the tally's change in one atomic batch.
 
         One multi-get tells which put keys are new and which deleted keys are
         there: only those change the :attr:`tally`, so re-applying a batch (a
         request read again, a changelog record replayed twice) counts nothing twice.
+        Returns the lowest key put, or None when the changes put nothing: a
+        reader of the index (delivery) learns from it that an entry may have
+        landed inside a range it has already read.
         """
         batch = WriteBatch(raw_mode=True)
         put = batch.put
@@ -211,9 +213,10 @@ class PartitionIndex:
             put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
         if changes.changelog is not None:
             put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
-        self._note_puts([*(entry.key for entry in changes.puts), *changes.raw_puts])
+        lowest = self._note_puts([*(entry.key for entry in changes.puts), *changes.raw_puts])
         self._db.write(batch)
         self.tally.commit(change)
+        return lowest
 
     def _tally_change(self, changes: Changes) -> Change:
         """How ``changes`` move the tally: the keys they really add and really remove."""
@@ -252,15 +255,14 @@ class PartitionIndex:
         self._db.write(batch)
         return tally
 
-    def _note_puts(self, keys: list[bytes]) -> None:
-        """Move the scan head back, and remember the lowest put, for the keys written."""
+    def _note_puts(self, keys: list[bytes]) -> bytes | None:
+        """Move the scan head back for the keys written; return the lowest of them."""
         if not keys:
-            return
+            return None
         lowest = min(keys)
         if self._head and lowest < self._head:
             self._head = lowest
-        if self._lowest_put is None or lowest < self._lowest_put:
-            self._lowest_put = lowest
+        return lowest
 
     def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
              start: bytes | None = None) -> list[Entry]:
@@ -293,15 +295,6 @@ class PartitionIndex:
         # scan past those tombstones. Inserts below the head move it back.
         self._head = first_live or codec.due_upper_bound(upper_ms)
         return found
-
-    def take_lowest_put(self) -> bytes | None:
-        """Return the smallest key put since the last call, and forget it.
-
-        Delivery uses this to learn that an entry landed inside the window it
-        has already read ahead.
-        """
-        lowest, self._lowest_put = self._lowest_put, None
-        return lowest
 
     def entries(self, upper_ms: int | None = None) -> Iterator[Entry]:
         """Iterate over every pending entry (due at or before ``upper_ms``), in key order."""

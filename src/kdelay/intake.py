@@ -87,12 +87,6 @@ class Topics:
     dlq: str
 
 
-def record_time(message: Message, fallback_ms: int) -> int:
-    """Return the record's timestamp, or ``fallback_ms`` when the record has none."""
-    kind, timestamp = message.timestamp()
-    return fallback_ms if kind == TIMESTAMP_NOT_AVAILABLE else timestamp
-
-
 def consumed_marker(topics: Topics, plan: Plan) -> list[Record]:
     """Return the changelog record that says how far intake has read, if the plan says so.
 
@@ -105,11 +99,6 @@ def consumed_marker(topics: Topics, plan: Plan) -> list[Record]:
         return []
     return [Record(topics.changelog, plan.partition, codec.CONSUMED_MARKER,
                    codec.encode_offset(plan.changes.consumed))]
-
-
-def fingerprint_of(message: Message) -> codec.Fingerprint:
-    """Return the fingerprint of a request record, as stored in its index entry."""
-    return codec.fingerprint(message.key(), message.value(), record_time(message, 0))
 
 
 def dead_letter(message: Message, rejection: Rejection, dlq: str) -> Record:

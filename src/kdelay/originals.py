@@ -22,10 +22,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from kdelay.polling import take, watermarks
+from kdelay.clients import reader_config, take, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,18 @@ class Missing(Enum):
 
 
 Found = Message | Missing
+
+
+class Reading(Protocol):
+    """What delivery asks of a reader of originals."""
+
+    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
+        """Return the record (or why there is none) at each wanted ``(partition, offset)``."""
+        ...
+
+    def close(self) -> None:
+        """Release the reader's consumer."""
+        ...
 
 
 @dataclass(slots=True)
@@ -87,14 +100,8 @@ class OriginalReader:
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
                  max_gap: int = 1_000, timeout_s: float = 10.0) -> None:
-        self._config = {
-            **config,
-            "group.id": "kdelay-reader",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
+        tuning: dict[str, str | int | bool] = {
             "auto.offset.reset": "error",
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
             "fetch.wait.max.ms": 10,
             # librdkafka keeps up to 100 000 records per partition queued by
             # default; every read re-positions the reader and drops them, so a
@@ -104,6 +111,7 @@ class OriginalReader:
             # for it to drain below the threshold.
             "fetch.queue.backoff.ms": 1,
         }
+        self._config = reader_config(config, "kdelay-reader", **tuning)
         self._topic = topic
         self._max_gap = max_gap
         self._timeout_s = timeout_s

@@ -36,8 +36,8 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from kdelay import codec, envelope
 from kdelay.changelog import Restorer, open_restored
+from kdelay.codec import record_time
 from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
-from kdelay.intake import record_time
 from kdelay.originals import Missing, OriginalReader
 from kdelay.settings import Settings
 from kdelay.topics import admin_client, topic_config

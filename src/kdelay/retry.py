@@ -33,8 +33,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from kdelay import client, envelope
 from kdelay.callbacks import guarded
 from kdelay.client import DeliveryError
+from kdelay.clients import take
 from kdelay.envelope import Headers, parse_levels
-from kdelay.polling import take
 from kdelay.settings import Settings
 
 DEFAULT_BACKOFF = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

@@ -17,7 +17,6 @@ from confluent_kafka import KafkaError, Message
 
 from kdelay import codec
 from kdelay.changelog import (
-    Positions,
     Progress,
     RestoreError,
     Restorer,
@@ -303,25 +302,6 @@ def test_a_collector_paused_elsewhere_stays_paused() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
-
-
-# -- positions --------------------------------------------------------------------------
-
-
-def written(partition: int, offset: int) -> Message:
-    return Message(topic="kdelay.changelog", partition=partition, offset=offset, key=K1)
-
-
-def test_positions_keep_the_highest_next_offset_per_partition() -> None:
-    positions = Positions()
-    assert positions.get(0) is None
-    positions.confirm(written(0, 5))
-    assert positions.get(0) == 6
-    positions.confirm(written(0, 3))
-    assert positions.get(0) == 6, "a late report never moves the position back"
-    positions.confirm(written(1, 0))
-    positions.confirm(written(0, 9))
-    assert (positions.get(0), positions.get(1), positions.get(2)) == (10, 1, None)
 
 
 # -- open_restored ------------------------------------------------------------------------

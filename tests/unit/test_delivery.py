@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
 
 import pytest
 from confluent_kafka import (
@@ -20,13 +19,11 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    Producer,
 )
 
-from kdelay import delivery as delivery_module
-from kdelay.changelog import Positions
+from kdelay.checkpoint import ReportedTombstones, TransactedTombstones
 from kdelay.clock import ManualClock
-from kdelay.codec import Fingerprint, IdState, IndexValue, encode_due_key
+from kdelay.codec import Fingerprint, IdState, IndexValue, encode_due_key, fingerprint_of
 from kdelay.delivery import (
     IN_FLIGHT_WAIT_MS,
     MAX_WAIT_MS,
@@ -47,9 +44,9 @@ from kdelay.envelope import (
     user_headers,
 )
 from kdelay.index import Changes, Entry, PartitionIndex
-from kdelay.intake import fingerprint_of
 from kdelay.metrics import Metrics
-from kdelay.originals import Found, Missing, OriginalReader
+from kdelay.originals import Found, Missing
+from kdelay.writer import ChangelogWriter
 
 REQUESTS = "kdelay.requests"
 CHANGELOG = "kdelay.changelog"
@@ -119,6 +116,12 @@ class FakeProducer:
         self.polls += 1
         return 0
 
+    def flush(self, timeout: float = -1) -> int:
+        return len(self.unreported)
+
+    def __len__(self) -> int:
+        return len(self.unreported)
+
     def report(self, error: KafkaError | None = None, *, topic: str | None = None) -> list[Sent]:
         """Fire the callbacks of unreported records (of ``topic`` only, if given)."""
         chosen = [s for s in self.unreported if topic is None or s.topic == topic]
@@ -147,6 +150,9 @@ class FakeReader:
         return {(p, o): self.log[(p, o)] for p, offs in asked.items() for o in offs
                 if (p, o) in self.log}
 
+    def close(self) -> None:
+        pass
+
 
 class World:
     """A Delivery wired to fakes, a manual clock and real indexes of three partitions."""
@@ -158,12 +164,11 @@ class World:
         self.internal = FakeProducer()
         self.reader = FakeReader()
         self.metrics = Metrics()
-        self.positions = Positions()
+        self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
-        self.delivery = Delivery(config, cast(Producer, self.targets),
-                                 cast(Producer, self.internal), cast(OriginalReader, self.reader),
-                                 self.clock, self.metrics, self.positions,
-                                 transactional=transactional)
+        durability = (TransactedTombstones if transactional else ReportedTombstones)(self.writer)
+        self.delivery = Delivery(config, self.targets, self.internal, self.reader,
+                                 self.clock, self.metrics, durability)
 
     def close(self) -> None:
         for index in self.indexes.values():
@@ -187,7 +192,10 @@ class World:
         due_key = encode_due_key(due, partition, offset)
         ids: dict[str, IdState | None] = {} if sid is None else {sid: IdState(due_key, None)}
         entry = Entry(due_key, IndexValue(fingerprint, sid))
-        self.indexes[partition].apply(Changes(puts=[entry], ids=ids))
+        # Indexed by other means than intake (which hands delivery its entries):
+        # delivery is told the lowest key put, as the service tells it.
+        self.delivery.noted(partition, self.indexes[partition].apply(Changes(puts=[entry],
+                                                                             ids=ids)))
         return due_key
 
     def at(self, now_ms: int) -> int:
@@ -200,7 +208,10 @@ class World:
 
     def finish(self, committed: bool) -> None:
         """End the transaction the way the service does after commit or abort."""
-        self.delivery.finish_transaction(committed, self.indexes)
+        if committed:
+            self.delivery.settle(self.indexes)
+        else:
+            self.delivery.abandon()
 
     def pending(self, partition: int = 0) -> list[bytes]:
         return [e.key for e in self.indexes[partition].entries()]
@@ -390,7 +401,7 @@ def test_confirmed_tombstones_advance_the_changelog_position(world: World) -> No
     world.targets.report()
     world.settle()
     world.internal.report()
-    assert world.positions.get(0) == 1
+    assert world.writer.position(0) == 1
 
     world.request(0, 2, T0 + 10)
     world.at(T0 + 10)
@@ -405,7 +416,7 @@ def test_a_failed_tombstone_is_counted_and_confirms_nothing(world: World) -> Non
     world.targets.report()
     world.settle()
     world.internal.report(timed_out())
-    assert world.positions.get(0) is None
+    assert world.writer.position(0) is None
     assert world.sample("kdelay_changelog_errors_total") == 1
 
 
@@ -843,7 +854,7 @@ def test_a_failed_tombstone_report_is_a_transaction_failure(txn: World) -> None:
     assert not txn.delivery.has_failures()
     txn.internal.report(timed_out())
     assert txn.delivery.has_failures()
-    assert txn.positions.get(0) is None
+    assert txn.writer.position(0) is None
     assert txn.sample("kdelay_changelog_errors_total") == 1
     txn.finish(committed=False)
     assert txn.pending() == [key]
@@ -922,56 +933,37 @@ def test_a_missing_target_does_not_block_an_existing_one(world: World) -> None:
     assert world.pending(1) == []
 
 
-class Monotonic:
-    """Stands in for ``time.monotonic`` inside kdelay.delivery."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def monotonic(monkeypatch: pytest.MonkeyPatch) -> Monotonic:
-    clock = Monotonic()
-    monkeypatch.setattr(delivery_module, "time", SimpleNamespace(monotonic=clock))
-    return clock
-
-
-def test_topic_check_remembers_an_existing_topic_for_its_ttl(monotonic: Monotonic) -> None:
+def test_topic_check_remembers_an_existing_topic_for_its_ttl() -> None:
     producer = FakeProducer()
-    check = TopicCheck(cast(Producer, producer), ttl_s=30.0)
+    clock = ManualClock(T0)
+    check = TopicCheck(producer, clock, ttl_s=30.0)
     assert check.missing("orders") is None
-    monotonic.now += 29.9
+    clock.advance(29_900)
     assert check.missing("orders") is None
     assert producer.metadata_requests == ["orders"]
-    monotonic.now += 0.2
+    clock.advance(200)
     assert check.missing("orders") is None
     assert producer.metadata_requests == ["orders", "orders"]
 
 
-def test_topic_check_asks_again_about_a_missing_topic_after_a_second(
-    monotonic: Monotonic,
-) -> None:
+def test_topic_check_asks_again_about_a_missing_topic_after_a_second() -> None:
     producer = FakeProducer()
     producer.missing_topics.add("late")
-    check = TopicCheck(cast(Producer, producer))
+    clock = ManualClock(T0)
+    check = TopicCheck(producer, clock)
     error = check.missing("late")
     assert error is not None
     assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
     producer.missing_topics.clear()
-    monotonic.now += 0.9
+    clock.advance(900)
     assert check.missing("late") is not None, "the answer is remembered for a second"
     assert producer.metadata_requests == ["late"]
-    monotonic.now += 0.2
+    clock.advance(200)
     assert check.missing("late") is None
     assert producer.metadata_requests == ["late", "late"]
 
 
-def test_delivery_reuses_the_topic_answer_across_entries(
-    world: World, monotonic: Monotonic
-) -> None:
+def test_delivery_reuses_the_topic_answer_across_entries(world: World) -> None:
     world.request(0, 1, T0, target="orders")
     world.request(0, 2, T0 + 10, target="orders")
     world.at(T0)
@@ -980,26 +972,21 @@ def test_delivery_reuses_the_topic_answer_across_entries(
     assert world.targets.metadata_requests == ["orders"]
 
 
-def test_a_target_created_later_is_delivered_on_a_retry(world: World,
-                                                        monotonic: Monotonic) -> None:
+def test_a_target_created_later_is_delivered_on_a_retry(world: World) -> None:
     world.targets.missing_topics.add("late")
     world.request(0, 1, T0, target="late")
     world.at(T0)
     world.settle()
     world.targets.missing_topics.clear()
-    monotonic.now += 0.5
-    world.at(T0 + 500)
+    world.at(T0 + 500)  # the clock's monotonic time moves with it: 0.5 s
     world.settle()
     assert world.targets.sent == [], "still the remembered answer"
-    monotonic.now += 0.6
     world.at(T0 + 1_500)
     assert [(s.topic, s.origin) for s in world.targets.sent] == [("late", origin(0, 1))]
     assert world.targets.metadata_requests == ["late", "late"]
 
 
-def test_a_metadata_error_is_a_retryable_failure_that_is_not_remembered(
-    world: World, monotonic: Monotonic
-) -> None:
+def test_a_metadata_error_is_a_retryable_failure_that_is_not_remembered(world: World) -> None:
     world.targets.metadata_error = KafkaError(KafkaError._TRANSPORT, "broker down")
     key = world.request(0, 1, T0)
     world.at(T0)
@@ -1080,7 +1067,8 @@ def test_a_forgotten_entry_is_not_work_due(world: World) -> None:
 
 def _new_request(world: World, partition: int, offset: int, due: int) -> tuple[Entry, Message]:
     """A request intake has just indexed: its entry (in the index) and its record (not in
-    the reader's log, so only adoption can deliver it without a read)."""
+    the reader's log, so only adoption can deliver it without a read). The service hands
+    delivery the lowest key the index write put with the entries: here, the entry's."""
     headers = schedule_headers("orders", due_ms=due)
     message = Message(topic=REQUESTS, partition=partition, offset=offset, key=b"k", value=b"v",
                       headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
@@ -1093,7 +1081,7 @@ def test_an_adopted_entry_is_delivered_without_reading_it_back(world: World) -> 
     world.at(T0)  # the first tick scans: the window now reaches T0 + lookahead
     reads_before = len(world.reader.calls)
     entry, message = _new_request(world, 0, 5, T0 + 500)
-    world.delivery.adopt(0, [entry], {entry.key: message}, world.indexes[0])
+    world.delivery.adopt(0, [entry], {entry.key: message}, entry.key)
     world.at(T0 + 499)
     assert world.targets.sent == []
     world.at(T0 + 500)
@@ -1110,7 +1098,7 @@ def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_rea
     world.at(T0)
     adopted = [_new_request(world, 0, offset, T0 + 500) for offset in range(250)]
     world.delivery.adopt(0, [e for e, _ in adopted], {e.key: m for e, m in adopted},
-                         world.indexes[0])
+                         min(e.key for e, _ in adopted))
     world.request(0, 1_000, T0 + 400)  # indexed by other means: found by a scan
     world.at(T0 + 1)
     assert [call.get(0) for call in world.reader.calls if call.get(0)] == [[1_000]]
@@ -1125,7 +1113,7 @@ def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_rea
 def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> None:
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 60_000)
-    world.delivery.adopt(0, [entry], {entry.key: message}, world.indexes[0])
+    world.delivery.adopt(0, [entry], {entry.key: message}, entry.key)
     world.at(T0 + 59_999)
     assert world.targets.sent == []
     world.reader.log[(0, 5)] = message  # found by the scan once inside the window
@@ -1135,7 +1123,7 @@ def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> Non
 
 def test_nothing_is_adopted_before_the_partition_was_scanned(world: World) -> None:
     entry, message = _new_request(world, 0, 5, T0)
-    world.delivery.adopt(0, [entry], {entry.key: message}, world.indexes[0])
+    world.delivery.adopt(0, [entry], {entry.key: message}, entry.key)
     world.reader.log[(0, 5)] = message
     world.at(T0)
     assert len(world.targets.sent) == 1, "delivered once, through the scan"

@@ -259,7 +259,7 @@ def test_scan_with_limit_zero_returns_nothing(index: PartitionIndex) -> None:
     assert index.scan(1_000, 0) == []
 
 
-# -- entries, first_key, take_lowest_put -----------------------------------------
+# -- entries, first_key, the lowest put ------------------------------------------
 
 
 def test_entries_iterates_everything_in_key_order(index: PartitionIndex) -> None:
@@ -286,19 +286,13 @@ def test_first_key_is_the_smallest_pending_key(index: PartitionIndex) -> None:
     assert index.first_key() == encode_due_key(300, 0, 1)
 
 
-def test_take_lowest_put_returns_the_smallest_put_since_the_last_call(
-    index: PartitionIndex,
-) -> None:
-    assert index.take_lowest_put() is None
-    put(index, entry(500, offset=1), entry(700, offset=2))
-    put(index, entry(300, offset=3))
-    put(index, entry(900, offset=4))
-    assert index.take_lowest_put() == encode_due_key(300, 0, 3)
-    assert index.take_lowest_put() is None
-    index.apply(Changes(deletes=[encode_due_key(300, 0, 3)], consumed=9))
-    assert index.take_lowest_put() is None, "deletes and offsets are not puts"
-    put(index, entry(800, offset=5))
-    assert index.take_lowest_put() == encode_due_key(800, 0, 5)
+def test_apply_returns_the_smallest_key_it_put(index: PartitionIndex) -> None:
+    assert index.apply(Changes(puts=[entry(500, offset=1), entry(700, offset=2)])) == (
+        encode_due_key(500, 0, 1))
+    assert index.apply(Changes(puts=[entry(300, offset=3)])) == encode_due_key(300, 0, 3)
+    assert index.apply(Changes(deletes=[encode_due_key(300, 0, 3)], consumed=9)) is None, (
+        "deletes and offsets are not puts")
+    assert index.apply(Changes(puts=[entry(800, offset=5)])) == encode_due_key(800, 0, 5)
 
 
 def test_one_batch_of_unordered_puts_and_raw_puts_notes_its_lowest_key(
@@ -306,21 +300,18 @@ def test_one_batch_of_unordered_puts_and_raw_puts_notes_its_lowest_key(
 ) -> None:
     put(index, entry(1_000, offset=1))
     index.scan(1_000, 10)
-    index.take_lowest_put()
     raw = entry(400, offset=7)
-    index.apply(Changes(puts=[entry(900, offset=2), entry(600, offset=3)],
-                        raw_puts={raw.key: b"\x00" * 12}))
-    assert index.take_lowest_put() == raw.key
+    lowest = index.apply(Changes(puts=[entry(900, offset=2), entry(600, offset=3)],
+                                 raw_puts={raw.key: b"\x00" * 12}))
+    assert lowest == raw.key
     assert dues(index.scan(1_000, 10)) == [(400, 0, 7), (600, 0, 3), (900, 0, 2), (1_000, 0, 1)]
 
 
 def test_raw_puts_move_the_lowest_put_and_the_scan_head_back(index: PartitionIndex) -> None:
-    put(index, entry(500, offset=1))
-    assert index.take_lowest_put() is not None
+    assert index.apply(Changes(puts=[entry(500, offset=1)])) is not None
     assert index.scan(1_000, 10) == [entry(500, offset=1)]
     raw = {e.key: encode_index_value(e.value) for e in (entry(900, offset=2), entry(200, offset=3))}
-    index.apply(Changes(raw_puts=raw))
-    assert index.take_lowest_put() == encode_due_key(200, 0, 3)
+    assert index.apply(Changes(raw_puts=raw)) == encode_due_key(200, 0, 3)
     assert dues(index.scan(1_000, 10)) == [(200, 0, 3), (500, 0, 1), (900, 0, 2)]
 
 

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay import codec
-from kdelay.codec import IdState, IndexValue
+from kdelay.codec import IdState, IndexValue, fingerprint_of, record_time
 from kdelay.envelope import (
     CANCEL,
     DEFAULT_LEVELS,
@@ -34,8 +34,6 @@ from kdelay.intake import (
     Record,
     Topics,
     consumed_marker,
-    fingerprint_of,
-    record_time,
 )
 
 TOPICS = Topics(requests="kdelay.requests", changelog="kdelay.changelog", dlq="kdelay.dlq")

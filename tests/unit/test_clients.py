@@ -1,4 +1,4 @@
-"""polling.take and polling.watermarks against fake consumers that record every call.
+"""clients.take and clients.watermarks against fake consumers that record every call.
 
 The fake never waits: a blocking ``consume`` (timeout > 0) finds the records
 that "arrive" during the wait queued, so the tests see exactly which calls
@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.polling import take, watermarks
+from kdelay.clients import take, watermarks
 
 
 def records(*offsets: int) -> list[Message]:

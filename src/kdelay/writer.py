@@ -1,0 +1,134 @@
+"""The one writer of the changelog, and the positions its acknowledged records confirm.
+
+Intake writes puts (and a cancel's tombstones) and the consumed-offset marker;
+delivery writes a tombstone for every entry it is done with. All of it goes
+through :class:`ChangelogWriter`, which produces with back-off on a full queue,
+collects the records that failed for good, counts and logs them, and records
+the changelog position each confirming record's acknowledgement proves.
+
+Every changelog record this instance writes reflects a change already made
+(or, for intake, made right after the flush that confirms it) to the local
+index, so the position after the latest confirmed record is a safe place for
+the next restore to start from. Puts do not confirm: the marker that follows
+a plan's puts on the same partition does, and that keeps each put's report as
+cheap as possible (the producer is idempotent, so the marker's offset is the
+highest of the plan's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message
+
+from kdelay import codec
+from kdelay.callbacks import guarded
+from kdelay.clients import Producing, produce
+from kdelay.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A record that could not be written, and why."""
+
+    topic: str
+    key: bytes | None
+    error: KafkaError
+
+
+def confirmed_offset(message: Message) -> int:
+    """Return the changelog position a successfully produced changelog record confirms."""
+    return int(message.offset() or 0) + 1
+
+
+def _ignore(_: Message) -> None:
+    """Observe nothing."""
+
+
+class ChangelogWriter:
+    """Writes the changelog through one producer; owns the positions it confirms.
+
+    ``observe`` sees every acknowledged consumed-offset marker (the service
+    measures clock skew with them, when the topic stamps LogAppendTime).
+    """
+
+    def __init__(self, producer: Producing, topic: str, metrics: Metrics,
+                 observe: Callable[[Message], None] = _ignore) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._metrics = metrics
+        self._observe = observe
+        self._next: dict[int, int] = {}
+        self._failures: list[Failure] = []
+        self._on_put = guarded(self._put_reported)
+        self._on_confirming = guarded(self._confirming_reported)
+        self._on_marker = guarded(self._marker_reported)
+
+    @property
+    def topic(self) -> str:
+        """The changelog topic."""
+        return self._topic
+
+    def put(self, partition: int, key: bytes, value: bytes | None) -> None:
+        """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
+        produce(self._producer, self._topic, key=key, value=value, partition=partition,
+                on_delivery=self._on_put)
+
+    def tombstone(self, partition: int, key: bytes) -> None:
+        """Write the tombstone of an entry delivery is done with; it confirms its position.
+
+        It waits for queue room rather than giving up: it follows an accepted
+        target produce, which cannot be taken back, and a transaction must
+        never commit a delivery without its tombstone.
+        """
+        produce(self._producer, self._topic, key=key, value=None, partition=partition,
+                on_delivery=self._on_confirming)
+
+    def mark_consumed(self, partition: int, offset: int) -> None:
+        """Write how far intake has read ``partition`` (after the plan's own records)."""
+        produce(self._producer, self._topic, key=codec.CONSUMED_MARKER,
+                value=codec.encode_offset(offset), partition=partition,
+                on_delivery=self._on_marker)
+
+    def position(self, partition: int) -> int | None:
+        """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
+        return self._next.get(partition)
+
+    def take_failures(self) -> list[Failure]:
+        """Return and forget the records that failed since the last call."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def has_failures(self) -> bool:
+        """Return whether a record failed since the failures were last taken."""
+        return bool(self._failures)
+
+    def _confirm(self, message: Message) -> None:
+        partition = int(message.partition() or 0)
+        self._next[partition] = max(self._next.get(partition, 0), confirmed_offset(message))
+
+    def _failed(self, error: KafkaError, message: Message) -> None:
+        self._failures.append(Failure(self._topic, message.key(), error))
+        self._metrics.changelog_errors.inc()
+        log.error("changelog record for %r failed: %s", message.key(), error.str())
+
+    def _put_reported(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self._failed(error, message)
+
+    def _confirming_reported(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            self._confirm(message)
+        else:
+            self._failed(error, message)
+
+    def _marker_reported(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            self._confirm(message)
+            self._observe(message)
+        else:
+            self._failed(error, message)
