@@ -28,7 +28,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from kdelay import envelope
-from kdelay.polling import take
+from kdelay.clients import take
 from kdelay_bench.broker import wait_for_topic
 from kdelay_bench.load import WARMUP
 from kdelay_bench.stats import summary
