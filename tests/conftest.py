@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import kafka_broker  # tools/, on pytest's pythonpath
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TopicFactory = Callable[..., str]
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     """Fail under CI, skip elsewhere: CI must never pass by skipping Kafka tests."""
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"Kafka broker unavailable under CI: {reason}")
@@ -41,17 +42,12 @@ def bootstrap() -> Iterator[str]:
     if external:
         yield external
         return
-    running = subprocess.run(
-        [str(ROOT / "tools" / "kafka"), "status"], capture_output=True, text=True, check=False
-    )
-    started_here = running.returncode != 0
-    proc = subprocess.run(
-        [str(ROOT / "tools" / "kafka"), "start"], capture_output=True, text=True, check=False
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
-    if proc.returncode != 0 or not lines:
-        _unavailable(proc.stderr.strip()[-2000:] or "tools/kafka start printed no bootstrap")
-    yield lines[0].removeprefix("bootstrap=")
+    started_here = not kafka_broker.running()
+    try:
+        found = kafka_broker.address()
+    except kafka_broker.BrokerUnavailable as exc:
+        _unavailable(str(exc))
+    yield found
     if started_here:
         subprocess.run([str(ROOT / "tools" / "kafka"), "stop"], check=False)
 

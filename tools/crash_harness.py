@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+import kafka_broker
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -48,6 +49,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+
+from kdelay.clients import produce
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
@@ -155,13 +158,8 @@ class Load(threading.Thread):
             if error is not None:
                 self.errors.append(error.str())
 
-        while True:
-            try:
-                self._producer.produce(self._topic, key=rid.encode(), value=rid.encode(),
-                                       headers=headers, timestamp=now, on_delivery=report)
-                return
-            except BufferError:
-                self._producer.poll(0.1)
+        produce(self._producer, self._topic, key=rid.encode(), value=rid.encode(),
+                headers=headers, timestamp=now, on_delivery=report)
 
     def stop(self) -> None:
         """Stop writing and wait until every request written is acknowledged."""
@@ -381,12 +379,7 @@ def judge(options: Options, due: dict[str, int], delivered: list[Message],
 
 def bootstrap_address() -> str:
     """The broker from KDELAY_BOOTSTRAP_SERVERS, else from tools/kafka start."""
-    external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
-    if external:
-        return external
-    line = subprocess.run([str(KAFKA), "start"], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    return line.removeprefix("bootstrap=")
+    return kafka_broker.address()
 
 
 def main() -> int:

@@ -49,6 +49,33 @@ SCRAM_MECHANISM = "SCRAM-SHA-256"
 READY_TIMEOUT_S = 120.0
 
 
+class BrokerUnavailable(Exception):
+    """No broker answers and none could be started; the message says why."""
+
+
+def address(given: str | None = None) -> str:
+    """Return a broker's bootstrap address: ``given``, else ``KDELAY_BOOTSTRAP_SERVERS``,
+    else the broker ``tools/kafka start`` finds or starts (in a subprocess, so it
+    outlives the caller). The one way tools and tests find their broker; raises
+    :class:`BrokerUnavailable` when none answers."""
+    found = given or os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    if found:
+        return found
+    proc = subprocess.run([str(ROOT / "tools" / "kafka"), "start"], capture_output=True,
+                          text=True, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
+    if proc.returncode != 0 or not lines:
+        raise BrokerUnavailable(proc.stderr.strip()[-2000:]
+                                or "tools/kafka start printed no bootstrap line")
+    return lines[0].removeprefix("bootstrap=")
+
+
+def running() -> bool:
+    """Return whether a broker this tool started is running (``tools/kafka status``)."""
+    return subprocess.run([str(ROOT / "tools" / "kafka"), "status"], capture_output=True,
+                          check=False).returncode == 0
+
+
 def log(message: str) -> None:
     """Write a progress line to stderr; stdout carries only the bootstrap line."""
     print(f"tools/kafka: {message}", file=sys.stderr, flush=True)

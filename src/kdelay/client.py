@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kdelay import envelope
 from kdelay.callbacks import guarded
+from kdelay.clients import produce
 from kdelay.connection import check_connection
 from kdelay.envelope import Headers, HeaderValue
 from kdelay.settings import Settings
@@ -353,15 +354,11 @@ class DelayProducer:
         future: Future[Coordinates] = Future()
         future.set_running_or_notify_cancel()
         on_delivery = guarded(functools.partial(self._on_delivery, future))
-        while True:
-            try:
-                producer.produce(self._topic, value, key, partition=partition,
-                                 on_delivery=on_delivery, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.1)  # the local queue is full: serve reports to drain it
-            except KafkaException as exc:
-                raise DeliveryError(exc.args[0], self._topic) from None
+        try:
+            produce(producer, self._topic, value=value, key=key, partition=partition,
+                    on_delivery=on_delivery, headers=headers)
+        except KafkaException as exc:
+            raise DeliveryError(exc.args[0], self._topic) from None
         producer.poll(0)
         return future
 

@@ -144,18 +144,21 @@ class Consuming(Protocol):
 
 def produce(producer: Producing, topic: str, *, value: bytes | None, key: bytes | None,
             on_delivery: Report, partition: int | None = None,
-            headers: Headers | None = None) -> None:
+            headers: Headers | None = None, timestamp: int = 0) -> None:
     """Produce a record, polling for room while librdkafka's queue is full.
 
     For records that must go out once their cause is decided (a changelog
-    record whose index change is made, a dead letter): they wait for room
-    rather than being dropped. ``on_delivery`` receives the report.
+    record whose index change is made, a dead letter, a request a caller
+    asked to send): they wait for room rather than being dropped.
+    ``on_delivery`` receives the report; ``partition`` None (or -1) lets the
+    partitioner choose; ``timestamp`` 0 lets the producer stamp the record.
+    Other errors (``KafkaException``) are raised.
     """
     while True:
         try:
             producer.produce(topic, value=value, key=key,
                              partition=-1 if partition is None else partition,
-                             headers=headers, on_delivery=on_delivery)
+                             headers=headers, on_delivery=on_delivery, timestamp=timestamp)
             return
         except BufferError:
             producer.poll(ROOM_POLL_S)

@@ -69,6 +69,7 @@ from croniter import CroniterBadCronError, croniter
 from kdelay import envelope
 from kdelay.callbacks import guarded
 from kdelay.client import Coordinates, DelayProducer, DeliveryError, UserHeaders
+from kdelay.clients import reader_config
 from kdelay.envelope import AnyHeaders, parse_duration_ms
 from kdelay.retry import SERIES
 from kdelay.settings import Settings
@@ -369,10 +370,9 @@ class Cancels:
     def __init__(self, settings: Settings, topic: str = CANCELS_TOPIC,
                  timeout_s: float = 30.0) -> None:
         """Assign every partition from the beginning; LayoutError when the topic is missing."""
-        config: dict[str, str | int | bool] = {
-            "group.id": f"kdelay-cancels-reader-{id(self)}", "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "isolation.level": "read_committed"}
-        self._consumer = Consumer(settings.client_config(**config))
+        self._consumer = Consumer(reader_config(
+            settings.client_config(), f"kdelay-cancels-reader-{id(self)}",
+            **{"enable.partition.eof": False}))
         metadata = self._consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             raise LayoutError("topic-missing", f"series cancels topic {topic} does not exist: "

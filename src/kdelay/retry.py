@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from kdelay import client, envelope
 from kdelay.callbacks import guarded
 from kdelay.client import DeliveryError
-from kdelay.clients import take
+from kdelay.clients import produce, take
 from kdelay.envelope import Headers, parse_levels
 from kdelay.settings import Settings
 
@@ -333,14 +333,8 @@ class RetryingConsumer:
 
     def _produce(self, record: Outgoing, on_delivery: Callable[..., None]) -> None:
         """Produce one record, serving delivery reports while the local queue is full."""
-        while True:
-            try:
-                self._producer.produce(record.topic, record.value, record.key,
-                                       partition=record.partition, headers=record.headers,
-                                       on_delivery=on_delivery)
-                return
-            except BufferError:
-                self._producer.poll(0.1)
+        produce(self._producer, record.topic, value=record.value, key=record.key,
+                partition=record.partition, headers=record.headers, on_delivery=on_delivery)
 
     def _commit(self, messages: Sequence[Message]) -> None:
         """Commit the batch's offsets: in the transaction, or synchronously after the acks."""

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from kdelay.clients import reader_config
 from kdelay.connection import check_connection
 from kdelay.settings import Settings
 from kdelay.topics import LayoutError
@@ -42,10 +43,8 @@ def follow(
     broker answers, :class:`LayoutError` ``topic-missing`` for an unknown
     topic, KafkaException for a failed fetch.
     """
-    reader: dict[str, str | int | bool] = {
-        "group.id": f"kdelay-tail-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "enable.auto.offset.store": False, "enable.partition.eof": False}
-    config = settings.client_config("tail", **reader)
+    config = reader_config(settings.client_config("tail"), f"kdelay-tail-{uuid.uuid4().hex}",
+                           **{"enable.partition.eof": False})
     check_connection(config)
     consumer = Consumer(config)
     try:

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kdelay import codec, envelope
 from kdelay.callbacks import guarded
+from kdelay.clients import produce
 from kdelay.envelope import Headers
 from kdelay_bench.progress import Progress
 
@@ -52,14 +53,8 @@ class Loader:
 
         ``timestamp`` 0 lets the producer stamp the record with its own clock.
         """
-        while True:
-            try:
-                self._producer.produce(topic, value=value, key=key, headers=headers,
-                                       partition=partition, timestamp=timestamp,
-                                       on_delivery=self._callback)
-                return
-            except BufferError:
-                self._producer.poll(0.05)
+        produce(self._producer, topic, value=value, key=key, headers=headers,
+                partition=partition, timestamp=timestamp, on_delivery=self._callback)
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Serve delivery callbacks, waiting up to ``timeout_s``."""

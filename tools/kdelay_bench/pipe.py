@@ -11,7 +11,7 @@ import struct
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -23,6 +23,8 @@ from confluent_kafka import (
 )
 
 from kdelay.callbacks import guarded
+from kdelay.clients import produce
+from kdelay.envelope import Headers
 from kdelay_bench.progress import Progress
 from kdelay_bench.report import Result
 
@@ -57,7 +59,7 @@ def _forward(producer: Producer, target: str, messages: list[Message], acks: _Ac
     callback = guarded(acks.report)
     for message in messages:
         _produce(producer, callback, target, value=message.value(), key=message.key(),
-                 headers=message.headers())
+                 headers=cast(Headers | None, message.headers()))
         if tombstones is not None:
             key = TOMBSTONE_KEY.pack(message.timestamp()[1], message.partition() or 0,
                                      message.offset() or 0)
@@ -68,13 +70,10 @@ def _forward(producer: Producer, target: str, messages: list[Message], acks: _Ac
 
 
 def _produce(producer: Producer, callback: Callable[[KafkaError | None, Message], None],
-             topic: str, **fields: Any) -> None:
-    while True:
-        try:
-            producer.produce(topic, on_delivery=callback, **fields)
-            return
-        except BufferError:
-            producer.poll(0.01)
+             topic: str, *, value: bytes | None, key: bytes | None,
+             headers: Headers | None = None, partition: int | None = None) -> None:
+    produce(producer, topic, value=value, key=key, headers=headers, partition=partition,
+            on_delivery=callback)
 
 
 def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total: int,

@@ -16,15 +16,18 @@ timed, so the JVM's compiled code is warm for both. The forecast runs over the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 from confluent_kafka import Producer
 
 from kdelay import codec, envelope
+from kdelay.clients import produce
 from kdelay.codec import Fingerprint, IndexValue
+from kdelay.envelope import Headers
 from kdelay.settings import Settings
 from kdelay_bench.broker import Topics
 from kdelay_bench.progress import Progress, say
@@ -40,9 +43,19 @@ def _producer(bootstrap: str) -> Producer:
                      "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4"})
 
 
+class Out(NamedTuple):
+    """One record to write: what ``Producer.produce`` takes besides the topic."""
+
+    value: bytes | None
+    key: bytes | None = None
+    partition: int | None = None
+    timestamp: int = 0
+    headers: Headers | None = None
+
+
 def _produce(producer: Producer, topic: str, label: str, n: int,
-             record: object) -> None:
-    """Produce ``record(i)`` (Producer.produce kwargs) for ``i < n``; fail on any error."""
+             record: Callable[[int], Out]) -> None:
+    """Produce ``record(i)`` for ``i < n``; fail on any error."""
     errors: list[object] = []
 
     def report(error: object, _: object) -> None:
@@ -51,12 +64,9 @@ def _produce(producer: Producer, topic: str, label: str, n: int,
 
     progress = Progress(label, n)
     for i in range(n):
-        while True:
-            try:
-                producer.produce(topic, on_delivery=report, **record(i))  # type: ignore[operator]
-                break
-            except BufferError:
-                producer.poll(0.05)
+        out = record(i)
+        produce(producer, topic, value=out.value, key=out.key, partition=out.partition,
+                timestamp=out.timestamp, headers=out.headers, on_delivery=report)
         if i % 10_000 == 0:
             producer.poll(0)
             progress.update(i)
@@ -73,20 +83,18 @@ def seed(topics: Topics, n: int, partitions: int, work_dir: Path) -> tuple[Setti
     headers = envelope.schedule_headers(target, due_ms=now - 1_000)
     value = b"v" * 100
 
-    def request(i: int) -> dict[str, object]:
-        return {"partition": i % partitions, "value": value, "timestamp": now - 2_000,
-                "headers": headers}
+    def request(i: int) -> Out:
+        return Out(value, partition=i % partitions, timestamp=now - 2_000, headers=headers)
 
-    def delivery(i: int) -> dict[str, object]:
+    def delivery(i: int) -> Out:
         origin = envelope.origin_of(settings.requests_topic, i % partitions, i // partitions)
-        return {"value": value, "timestamp": now + 5,
-                "headers": envelope.delivery_tail(origin, now - 1_000)}
+        return Out(value, timestamp=now + 5, headers=envelope.delivery_tail(origin, now - 1_000))
 
     index_value = codec.encode_index_value(IndexValue(Fingerprint(now, 0), None))
 
-    def put(i: int) -> dict[str, object]:
+    def put(i: int) -> Out:
         key = codec.encode_due_key(now + (i * 7_919) % DAY_MS, i % partitions, i // partitions)
-        return {"partition": i % partitions, "key": key, "value": index_value}
+        return Out(index_value, key=key, partition=i % partitions)
 
     _produce(producer, settings.requests_topic, "requests", n, request)
     _produce(producer, target, "deliveries", n, delivery)
