@@ -15,25 +15,10 @@ COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 OVERDUE_CAP = 10_000
 
 
-class Metrics:
-    """The counters, gauges and histograms the service updates."""
+class OutlookGauges:
+    """The forward-looking gauges :mod:`kdelay.outlook` refreshes every housekeeping round."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.intake = Counter("kdelay_intake_records", "Request records read, by outcome",
-                              ["outcome"], registry=r)
-        self.delivered = Counter("kdelay_delivered_records",
-                                 "Records republished to their target", registry=r)
-        self.dead_lettered = Counter("kdelay_dead_lettered_records",
-                                     "Records sent to the DLQ, by reason", ["reason"], registry=r)
-        self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
-                               registry=r)
-        self.changelog_errors = Counter("kdelay_changelog_errors",
-                                        "Changelog writes that failed", registry=r)
-        self.lateness = Histogram("kdelay_lateness_seconds",
-                                  "Produce time minus due time, by the service clock",
-                                  buckets=LATENESS_BUCKETS, registry=r)
+    def __init__(self, r: CollectorRegistry) -> None:
         self.pending = Gauge("kdelay_pending_entries", "Pending entries (exact), by partition",
                              ["partition"], registry=r)
         self.pending_by_horizon = Gauge(
@@ -44,28 +29,9 @@ class Metrics:
             "kdelay_retention_at_risk_entries", "Pending entries whose original the requests "
             "topic's retention may delete before they are due, by partition", ["partition"],
             registry=r)
-        self.restored = Counter("kdelay_restored_changelog_records",
-                                "Changelog records replayed into local indexes", registry=r)
-        self.ids_expired = Counter(
-            "kdelay_schedule_ids_expired", "Delivered-id markers dropped after the requests "
-            "topic's retention", registry=r)
-        self.clock_skew = Gauge(
-            "kdelay_clock_skew_seconds", "Broker clock minus service clock, from the "
-            "LogAppendTime of changelog acknowledgements", registry=r)
-        self.restoring = Gauge("kdelay_restoring_partitions",
-                               "Partitions being restored from the changelog", registry=r)
         self.partitions = Gauge("kdelay_request_partitions",
                                 "Partitions of the requests topic (each must be owned by "
                                 "one instance)", registry=r)
-        self.owned = Gauge("kdelay_owned_partitions",
-                           "Request partitions this instance serves", registry=r)
-        self.rebalances = Counter(
-            "kdelay_rebalances", "Partition assignments, revocations and losses, by kind",
-            ["kind"], registry=r)
-        self.commit_duration = Histogram(
-            "kdelay_transaction_commit_seconds", "Time to commit one transaction "
-            "(exactly-once only)", buckets=COMMIT_BUCKETS, registry=r)
-        # The gauges below are refreshed by kdelay.outlook every housekeeping round.
         self.earliest_due = Gauge(
             "kdelay_pending_earliest_due_timestamp_seconds", "Due time (Unix seconds) of the "
             "earliest pending entry, by partition; absent when nothing is pending",
@@ -85,7 +51,6 @@ class Metrics:
             "kdelay_intake_lag_records", "Request records not yet taken in: high watermark "
             "(as last fetched) minus the consumed position, by partition", ["partition"],
             registry=r)
-
         self.headroom = Gauge(
             "kdelay_retention_headroom_seconds", "Least time before the requests topic's "
             "retention may delete a pending original, by partition: exact over the overdue "
@@ -96,6 +61,47 @@ class Metrics:
         """The gauges labelled by partition, whose series go when a partition goes."""
         return (self.pending, self.earliest_due, self.latest_due, self.oldest_overdue,
                 self.overdue, self.intake_lag, self.headroom, self.at_risk)
+
+
+class Metrics:
+    """The counters, gauges and histograms the service updates."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.intake = Counter("kdelay_intake_records", "Request records read, by outcome",
+                              ["outcome"], registry=r)
+        self.delivered = Counter("kdelay_delivered_records",
+                                 "Records republished to their target", registry=r)
+        self.dead_lettered = Counter("kdelay_dead_lettered_records",
+                                     "Records sent to the DLQ, by reason", ["reason"], registry=r)
+        self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
+                               registry=r)
+        self.changelog_errors = Counter("kdelay_changelog_errors",
+                                        "Changelog writes that failed", registry=r)
+        self.lateness = Histogram("kdelay_lateness_seconds",
+                                  "Produce time minus due time, by the service clock",
+                                  buckets=LATENESS_BUCKETS, registry=r)
+        self.restored = Counter("kdelay_restored_changelog_records",
+                                "Changelog records replayed into local indexes", registry=r)
+        self.ids_expired = Counter(
+            "kdelay_schedule_ids_expired", "Delivered-id markers dropped after the requests "
+            "topic's retention", registry=r)
+        self.clock_skew = Gauge(
+            "kdelay_clock_skew_seconds", "Broker clock minus service clock, from the "
+            "LogAppendTime of changelog acknowledgements", registry=r)
+        self.restoring = Gauge("kdelay_restoring_partitions",
+                               "Partitions being restored from the changelog", registry=r)
+        self.owned = Gauge("kdelay_owned_partitions",
+                           "Request partitions this instance serves", registry=r)
+        self.rebalances = Counter(
+            "kdelay_rebalances", "Partition assignments, revocations and losses, by kind",
+            ["kind"], registry=r)
+        self.commit_duration = Histogram(
+            "kdelay_transaction_commit_seconds", "Time to commit one transaction "
+            "(exactly-once only)", buckets=COMMIT_BUCKETS, registry=r)
+        # The gauges below are refreshed by kdelay.outlook every housekeeping round.
+        self.outlook = OutlookGauges(r)
 
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""

@@ -61,7 +61,8 @@ class Outlook:
                  overdue_cap: int = OVERDUE_CAP) -> None:
         """Start an outlook of the requests topic ``settings`` name, laid out as ``layout``."""
         self._metrics = metrics
-        metrics.partitions.set(layout.partitions)
+        self._gauges = metrics.outlook
+        self._gauges.partitions.set(layout.partitions)
         self._topic = settings.requests_topic
         self._retention_ms = layout.retention_ms
         self._margin_ms = settings.retention_margin_ms
@@ -76,8 +77,8 @@ class Outlook:
         a partition without one, or whose high watermark the consumer has not
         fetched yet, has no intake lag series.
         """
-        m = self._metrics
-        m.owned.set(len(indexes))
+        m = self._gauges
+        self._metrics.owned.set(len(indexes))
         for gone in self._shown - set(indexes):
             self._forget(gone)
         for partition, index in indexes.items():
@@ -90,7 +91,7 @@ class Outlook:
         self._shown = set(indexes)
 
     def _index_gauges(self, label: str, index: PartitionIndex, now_ms: int) -> None:
-        m = self._metrics
+        m = self._gauges
         m.pending.labels(partition=label).set(index.tally.total)
         for horizon, count in index.tally.by_horizon(now_ms).items():
             m.pending_by_horizon.labels(partition=label, horizon=horizon).set(count)
@@ -145,11 +146,11 @@ class Outlook:
         return max(0, marks[1] - position)
 
     def _forget(self, partition: int) -> None:
-        for gauge in self._metrics.partition_gauges():
+        for gauge in self._gauges.partition_gauges():
             _remove(gauge, str(partition))
         for horizon in horizons():
             with contextlib.suppress(KeyError):
-                self._metrics.pending_by_horizon.remove(str(partition), horizon)
+                self._gauges.pending_by_horizon.remove(str(partition), horizon)
 
 
 def _remove(gauge: Gauge, label: str) -> None:
