@@ -6,11 +6,18 @@ tests) never clash; ``serve`` exposes it over HTTP on ``--metrics-port``.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
+PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A step at least this long is logged with its phases (PhaseTimer).
+SLOW_STEP_S = 1.0
+log = logging.getLogger(__name__)
 # Most overdue keys one partition's housekeeping counts; see kdelay.outlook.
 OVERDUE_CAP = 10_000
 
@@ -101,8 +108,55 @@ class Metrics:
             "kdelay_transaction_commit_seconds", "Time to commit one transaction "
             "(exactly-once only)", buckets=COMMIT_BUCKETS, registry=r)
         # The gauges below are refreshed by kdelay.outlook every housekeeping round.
+        self.phases = Histogram(
+            "kdelay_loop_phase_seconds", "Time one service step spends in each phase (consume, "
+            "read-ahead, dispatch, write, commit, apply, settle, housekeeping)", ["phase"],
+            buckets=PHASE_BUCKETS, registry=r)
         self.outlook = OutlookGauges(r)
 
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""
         start_http_server(port, registry=self.registry)
+
+
+class PhaseTimer:
+    """Times the phases of one service step into ``kdelay_loop_phase_seconds``.
+
+    :meth:`start` begins a step, :meth:`lap` closes the phase running since the
+    last lap (or the start) under its name. A step longer than ``slow_s`` is
+    logged with its phases, so a stall names the phase that held it.
+    ``monotonic`` is the service clock's.
+    """
+
+    def __init__(self, histogram: Histogram, monotonic: Callable[[], float],
+                 slow_s: float = SLOW_STEP_S) -> None:
+        self._histogram = histogram
+        self._children: dict[str, Histogram] = {}
+        self._monotonic = monotonic
+        self._slow_s = slow_s
+        self._begun = 0.0
+        self._last = 0.0
+        self._laps: list[tuple[str, float]] = []
+
+    def start(self) -> None:
+        """Begin timing a step."""
+        self._begun = self._last = self._monotonic()
+        self._laps.clear()
+
+    def lap(self, phase: str) -> None:
+        """Record the time since the last lap as ``phase``."""
+        now = self._monotonic()
+        spent = now - self._last
+        self._last = now
+        child = self._children.get(phase)
+        if child is None:
+            child = self._children[phase] = self._histogram.labels(phase=phase)
+        child.observe(spent)
+        self._laps.append((phase, spent))
+
+    def finish(self) -> None:
+        """End the step; log it when it was slow."""
+        total = self._last - self._begun
+        if total >= self._slow_s:
+            phases = ", ".join(f"{name} {spent:.3f}" for name, spent in self._laps)
+            log.warning("slow step: %.3f s (%s)", total, phases)

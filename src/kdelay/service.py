@@ -41,7 +41,7 @@ from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
 from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
 from kdelay.intake import Outcome, Plan, Planner, Topics
-from kdelay.metrics import Metrics
+from kdelay.metrics import Metrics, PhaseTimer
 from kdelay.originals import OriginalReader, Reading
 from kdelay.outlook import Outlook, Watermarks
 from kdelay.settings import Settings
@@ -180,6 +180,7 @@ class Service:
         self._stopping = False
         self._clients: _Clients | None = None
         self._delivery: Delivery | None = None
+        self._phases = PhaseTimer(self.metrics.phases, clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -252,29 +253,43 @@ class Service:
         The order is the same under both guarantees (the checkpoint decides
         what each part means, see :mod:`kdelay.checkpoint`): plan the batch,
         produce what is due, write the plans' records, make them durable,
-        apply them to the indexes, settle delivery reports. The step waits
+        apply them to the indexes, settle delivery reports. Each phase's time
+        goes to ``kdelay_loop_phase_seconds``; a step of a second or more is
+        logged with its phases. The step waits
         for requests no longer than until the next due entry, and no longer
         than ``max_wait_ms`` (for tests that move a manual clock). Rebalance
         callbacks run inside the consume, before any produce of the step, so
         they never meet an open transaction.
         """
         clients, delivery = self._started()
+        phases = self._phases
+        phases.start()
         wait_ms = delivery.wait_ms()
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000))
+        phases.lap("consume")
         checkpoint = clients.checkpoint
         due = delivery.prepare(self._indexes)
+        phases.lap("read-ahead")
         if checkpoint.begin(bool(plans) or due):
             delivery.dispatch()
+            phases.lap("dispatch")
             failures = self._write(plans, checkpoint)
-            if checkpoint.commit(bool(plans), failures, self._offsets_after(plans),
-                                 clients.consumer, delivery):
+            phases.lap("write")
+            durable = checkpoint.commit(bool(plans), failures, self._offsets_after(plans),
+                                        clients.consumer, delivery)
+            phases.lap("commit")
+            if durable:
                 self._apply(plans, checkpoint, clients.consumer, delivery)
             else:
                 self._give_back(plans, clients.consumer, delivery)
+            phases.lap("apply")
         checkpoint.settle(delivery, self._indexes)
+        phases.lap("settle")
         self._housekeeping()
+        phases.lap("housekeeping")
+        phases.finish()
 
     def _housekeeping(self) -> None:
         """Refresh the gauges and drop expired id markers, if it is time."""

@@ -400,3 +400,14 @@ def test_a_revoked_partition_is_drained_settled_and_committed_before_it_closes(
         assert list(index.entries()) == [], "the delivered entry left the index before close"
     finally:
         index.close()
+
+
+def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
+    alo.request(T0, key=b"now")
+    alo.step()
+    registry = alo.service.metrics.registry
+    counts = {phase: registry.get_sample_value("kdelay_loop_phase_seconds_count",
+                                               {"phase": phase})
+              for phase in ("consume", "read-ahead", "dispatch", "write", "commit", "apply",
+                            "settle", "housekeeping")}
+    assert counts == dict.fromkeys(counts, 1.0)
