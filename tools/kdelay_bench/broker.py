@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import kafka_broker
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -28,14 +29,46 @@ def bootstrap_servers(given: str | None) -> str:
     """Return the broker address: the flag, else ``KDELAY_BOOTSTRAP_SERVERS``, else
     whatever ``tools/kafka start`` finds or starts. Raises SystemExit if none answers."""
     found = given or os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
-    if found:
-        return found
+    return found or _kafka_start()
+
+
+def external_broker(given: str | None) -> bool:
+    """Return whether the broker is somebody else's (the flag or the variable names it)."""
+    return bool(given or os.environ.get("KDELAY_BOOTSTRAP_SERVERS"))
+
+
+def _kafka_start() -> str:
     proc = subprocess.run([str(ROOT / "tools" / "kafka"), "start"], capture_output=True,
                           text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"tools/bench: no broker: {proc.stderr.strip()[-2000:]}")
     return lines[0].removeprefix("bootstrap=")
+
+
+def restart_broker(bootstrap: str) -> None:
+    """Stop the broker ``tools/kafka`` runs and start it again (same data, same port).
+
+    Only for a broker the bench manages (see :func:`external_broker`): every
+    client of it loses it for the seconds the restart takes. Raises
+    RuntimeError when it comes back on another address.
+    """
+    stop = subprocess.run([str(ROOT / "tools" / "kafka"), "stop"], capture_output=True,
+                          text=True, check=False)
+    if stop.returncode != 0:
+        raise RuntimeError(f"tools/kafka stop failed: {stop.stderr.strip()[-400:]}")
+    again = _kafka_start()
+    if again != bootstrap:
+        raise RuntimeError(f"the broker came back on {again}, not {bootstrap}")
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """Return the pid of the jar broker ``tools/kafka`` runs on ``bootstrap``; None for
+    any other broker (external, in Docker, or not started by this checkout's tool)."""
+    recorded = kafka_broker.RUN / "bootstrap"
+    if not recorded.exists() or recorded.read_text().strip() != bootstrap:
+        return None
+    return kafka_broker.recorded_pid()
 
 
 class Topics:

@@ -80,7 +80,7 @@ def markdown(results: list[Result]) -> str:
         shown = (f"skipped: {r.skipped}" if r.skipped else
                  ", ".join(f"{k}={_show(v)}" for k, v in r.figures.items()))
         lines.append(f"| {r.scenario} | {shown} |")
-    lines += ["", "| scenario | issue-5 target | measured | status |", "|---|---|---|---|"]
+    lines += ["", "| scenario | target | measured | status |", "|---|---|---|---|"]
     for r in results:
         for c in r.checks:
             lines.append(f"| {r.scenario} | {c.target} | {_show(c.measured)} | "
