@@ -10,7 +10,14 @@ import math
 
 import pytest
 from kdelay_bench import phases
-from kdelay_bench.cputime import TICK_S, Reading, machine_split, schedstat_wait_s, stat_cpu_s
+from kdelay_bench.cputime import (
+    TICK_S,
+    Reading,
+    Thread,
+    machine_split,
+    schedstat_wait_s,
+    stat_cpu_s,
+)
 from kdelay_bench.lateness import TARGETS, Load, Run, Suite, Target, passed
 from kdelay_bench.throughput import within
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -72,12 +79,13 @@ def test_cpu_seconds_come_from_utime_and_stime_past_an_odd_command_name() -> Non
     assert stat_cpu_s(line) == pytest.approx(300 * TICK_S)
 
 
-def test_run_queue_wait_counts_only_threads_alive_at_both_readings() -> None:
+def test_run_queue_wait_and_the_busiest_thread_count_threads_born_since() -> None:
     assert schedstat_wait_s("1000 2500000000 7\n") == 2.5
-    before = Reading(1.0, {"1": 0.5, "2": 1.0})
-    after = Reading(3.0, {"1": 1.5, "3": 9.0})
+    before = Reading(1.0, {"1": Thread("main", 0.5, 0.5), "2": Thread("gone", 0.5, 1.0)})
+    after = Reading(5.0, {"1": Thread("main", 1.0, 1.5), "3": Thread("rdk:broker1", 3.0, 0.25)})
     usage = after.since(before)
-    assert (usage.cpu_s, usage.wait_s) == (2.0, 1.0)
+    assert (usage.cpu_s, usage.wait_s) == (4.0, 1.25)
+    assert usage.busiest == "rdk:broker1 3.00s"
 
 
 def test_the_machine_split_keeps_steal_out_of_busy() -> None:

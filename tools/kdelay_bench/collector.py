@@ -151,7 +151,7 @@ def main() -> None:
     if args.raw is not None:
         tally.write_raw(args.raw)
     args.out.write_bytes(orjson.dumps({**tally.as_json(), "cpu_s": usage.cpu_s,
-                                       "wait_s": usage.wait_s}))
+                                       "wait_s": usage.wait_s, "busiest": usage.busiest}))
 
 
 class CollectorProcess:

@@ -5,7 +5,9 @@ the service and the broker. Two figures per process tell a stall in the
 service from starvation: CPU seconds used (``utime + stime`` of
 ``/proc/<pid>/stat``, all threads) and seconds spent runnable but waiting for
 a core (the run-queue wait, field 2 of ``/proc/<pid>/task/<tid>/schedstat``,
-summed over the threads alive at both readings). The machine's own split
+summed over the threads). The busiest thread by name (``rdk:broker1``, a
+librdkafka broker thread; ``kdelay``, the service's main thread) says where a
+process's CPU went. The machine's own split
 (``/proc/stat``: busy, idle, stolen by the hypervisor) shows whether the
 cores were saturated. Nothing here needs psutil; a process that has gone is
 simply left out.
@@ -26,14 +28,12 @@ PROC = Path("/proc")
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """CPU seconds a process used and seconds its threads waited for a core."""
+    """CPU seconds a process used, seconds its threads waited for a core (summed over
+    threads, so it may exceed the wall time), and its busiest thread ("name 1.23s")."""
 
     cpu_s: float
     wait_s: float
-
-    def minus(self, before: Usage) -> Usage:
-        """Return the usage between ``before`` and this reading."""
-        return Usage(self.cpu_s - before.cpu_s, self.wait_s - before.wait_s)
+    busiest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +78,59 @@ def machine_split(stat_line: str) -> Machine:
     return Machine(busy * TICK_S, (idle + iowait) * TICK_S, steal * TICK_S)
 
 
-def _thread_waits(pid: int) -> dict[str, float]:
-    waits = {}
-    for task in (PROC / str(pid) / "task").iterdir():
-        try:
-            waits[task.name] = schedstat_wait_s((task / "schedstat").read_text())
-        except (OSError, IndexError, ValueError):
-            continue  # the thread ended, or the kernel keeps no schedstat
-    return waits
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """One thread read at one moment: its name, CPU seconds and run-queue wait."""
+
+    name: str
+    cpu_s: float
+    wait_s: float
+
+
+def _read_thread(task: Path) -> Thread | None:
+    try:
+        return Thread((task / "comm").read_text().strip(),
+                      stat_cpu_s((task / "stat").read_text()),
+                      schedstat_wait_s((task / "schedstat").read_text()))
+    except (OSError, IndexError, ValueError):
+        return None  # the thread ended, or the kernel keeps no schedstat
 
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """One process read at one moment: CPU seconds and per-thread run-queue waits."""
+    """One process read at one moment: CPU seconds and its threads by id."""
 
     cpu_s: float
-    waits: dict[str, float]
+    threads: dict[str, Thread]
 
     def since(self, before: Reading) -> Usage:
-        """Return the usage since ``before``, the waits over threads alive at both."""
-        wait = sum(w - before.waits[t] for t, w in self.waits.items() if t in before.waits)
-        return Usage(self.cpu_s - before.cpu_s, wait)
+        """Return the usage since ``before``. Threads born since count from zero;
+        those that ended are missing from the waits (the CPU total has them)."""
+        zero = Thread("", 0.0, 0.0)
+        wait = sum(t.wait_s - before.threads.get(tid, zero).wait_s
+                   for tid, t in self.threads.items())
+        return Usage(self.cpu_s - before.cpu_s, wait, self._busiest(before))
+
+    def _busiest(self, before: Reading) -> str:
+        """Return the thread that used the most CPU since ``before``: "name 1.23s"."""
+        zero = Thread("", 0.0, 0.0)
+        used = [(t.cpu_s - before.threads.get(tid, zero).cpu_s, t.name)
+                for tid, t in self.threads.items()]
+        if not used:
+            return ""
+        cpu, name = max(used)
+        return f"{name} {cpu:.2f}s"
 
 
 def read_process(pid: int) -> Reading | None:
     """Read process ``pid`` now; None when it has gone."""
     try:
         cpu = stat_cpu_s((PROC / str(pid) / "stat").read_text())
-        return Reading(cpu, _thread_waits(pid))
+        tasks = list((PROC / str(pid) / "task").iterdir())
     except OSError:
         return None
+    threads = {task.name: thread for task in tasks if (thread := _read_thread(task))}
+    return Reading(cpu, threads)
 
 
 def read_machine() -> Machine:
@@ -142,6 +165,8 @@ class CpuMeter:
         for name, usage in used.items():
             out[f"{name}_cpu_s"] = round(usage.cpu_s, 2)
             out[f"{name}_wait_s"] = round(usage.wait_s, 2)
+            if usage.busiest:
+                out[f"{name}_busiest_thread"] = usage.busiest
         out.update({"busy_s": round(machine.busy_s, 2), "idle_s": round(machine.idle_s, 2),
                     "steal_s": round(machine.steal_s, 2),
                     "rest_cpu_s": round(machine.busy_s - sum(u.cpu_s for u in used.values()),

@@ -94,7 +94,8 @@ def drive(setup: Setup, topic: str, target: str, load: Load, *, delay_ms: int,
         seen = collector.result()
     finally:
         collector.kill()
-    own = Usage(_seconds(seen.get("cpu_s")), _seconds(seen.get("wait_s")))
+    own = Usage(_seconds(seen.get("cpu_s")), _seconds(seen.get("wait_s")),
+                str(seen.get("busiest") or ""))
     cpu = meter.figures(time.monotonic() - started, {"collector": own})
     return Driven(seen, took, cpu)
 
