@@ -31,8 +31,14 @@ from kdelay_bench.report import Figure, Result, as_int
 from kdelay_bench.throughput import Setup
 
 START_TIMEOUT_S = 60.0
-REQUEST_LINGER_MS = 5  # librdkafka's default, as a client of kdelay would have it
-TARGET_LINGER_MS = 2  # kdelay's target producer
+Config = dict[str, str | int | bool]
+# The requests come from a client with librdkafka's defaults (linger.ms 5, not
+# idempotent). An idempotent producer whose 5 requests in flight wait on a slow
+# broker (its first minute after a start) busy-loops its broker thread: the
+# bench's own producer then took 0.7 of a core at 1,000 records/s and starved
+# the broker and the service on two cores.
+REQUEST_PRODUCER: Config = {"linger.ms": 5, "enable.idempotence": False}
+TARGET_PRODUCER: Config = {"linger.ms": 2}  # kdelay's target producer (idempotent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +80,17 @@ def _steady(loader: Loader, topic: str, target: str, count: int, rate: int,
 
 
 def drive(setup: Setup, topic: str, target: str, load: Load, *, delay_ms: int,
-          linger_ms: int, pids: dict[str, int | None]) -> Driven:
+          producer: Config, pids: dict[str, int | None]) -> Driven:
     """Produce ``load`` to ``topic`` (records for ``target``, due ``delay_ms`` after their
-    send) while a collector reads ``target``. The producer batches for ``linger_ms``;
-    ``pids`` names the other processes whose CPU is measured."""
+    send) while a collector reads ``target``. ``producer`` overrides the
+    :class:`~kdelay_bench.load.Loader`'s client settings; ``pids`` names the other
+    processes whose CPU is measured."""
     collector = CollectorProcess(setup.topics.bootstrap, target, load.total,
                                  timeout_s=load.seconds + load.warmup_seconds
                                  + delay_ms / 1000 + load.drain_seconds,
                                  out=setup.work_dir / f"collect-{time.monotonic_ns()}.json")
     try:
-        loader = Loader(setup.topics.bootstrap, **{"linger.ms": linger_ms})
+        loader = Loader(setup.topics.bootstrap, **producer)
         meter = CpuMeter({"producer": os.getpid(), **pids})
         started = time.monotonic()
         _steady(loader, topic, target, int(load.rate * load.warmup_seconds), load.rate,
@@ -115,7 +122,7 @@ def run_hop(setup: Setup, load: Load) -> list[Result]:
     """
     target = setup.topics.create("hop-target", setup.partitions)
     say(f"hop: {load.rate:,}/s for {load.seconds:g}s straight to a topic, no kdelay")
-    driven = drive(setup, target, target, load, delay_ms=0, linger_ms=TARGET_LINGER_MS,
+    driven = drive(setup, target, target, load, delay_ms=0, producer=TARGET_PRODUCER,
                    pids={"broker": broker_pid(setup.topics.bootstrap)})
     received = as_int(driven.seen.get("count"))
     result = Result("hop", {"rate_per_s": load.rate, "seconds": load.seconds,
@@ -199,7 +206,7 @@ def _runs(setup: Setup, settings: Settings, suite: Suite, load: Load, targets: l
         say(f"lateness[{suite.guarantee}] run {number}/{len(targets)}: {load.rate:,}/s for "
             f"{load.seconds:g}s (+{run_load.warmup_seconds:g}s warm-up)")
         driven = drive(setup, settings.requests_topic, target, run_load,
-                       delay_ms=load.delay_ms, linger_ms=REQUEST_LINGER_MS, pids=pids)
+                       delay_ms=load.delay_ms, producer=REQUEST_PRODUCER, pids=pids)
         if proc.poll() is not None:
             suite.skipped = (f"kdelay run exited (rc={proc.returncode}) in run {number}: "
                              f"{_stderr_tail(log)}")
