@@ -1,6 +1,6 @@
 """Results of the scenarios: JSON lines for machines, markdown tables for people.
 
-Each scenario yields one :class:`Result`: its figures and the issue-5 targets
+Each scenario yields one :class:`Result`: its figures and the targets (issues 5, 15)
 checked against them. A scenario that cannot run says so in ``skipped``.
 """
 
@@ -17,7 +17,7 @@ Figure = int | float | str | bool | None
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One target of issue 5: what is measured, the bound, and whether it holds."""
+    """One target (issues 5 and 15): what is measured, the bound, and whether it holds."""
 
     target: str
     measured: Figure
