@@ -19,6 +19,7 @@ from kdelay_bench.cputime import (
     stat_cpu_s,
 )
 from kdelay_bench.lateness import TARGETS, Load, Run, Suite, Target, passed
+from kdelay_bench.options import parse_options
 from kdelay_bench.throughput import within
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
@@ -148,3 +149,10 @@ def test_burst_arrivals_are_counted_from_the_due_instant() -> None:
     counts = within([100.2, 100.9, 101.5, 106.0], [50.0, 999.0, 1_000.0, 5_001.0], 100.0)
     assert counts == {"within_1s_by_stamp": 3, "within_1s_by_receive": 2,
                       "within_5s_by_stamp": 3, "within_5s_by_receive": 3}
+
+
+def test_the_suite_runs_five_times_by_default_and_once_when_quick() -> None:
+    full, quick = parse_options(["--fresh-broker"]), parse_options(["--quick"])
+    assert (full.lateness_runs, full.lateness_seconds, full.fresh_broker) == (5, 60, True)
+    assert full.fresh_broker_wait == 60.0
+    assert (quick.lateness_runs, quick.lateness_seconds, quick.fresh_broker) == (1, 10, False)
