@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kafka_broker
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -144,9 +144,24 @@ def wait_group_stable(admin: AdminClient, group: str, timeout_s: float,
     while time.monotonic() < deadline:
         if alive is not None and not alive():
             return False
-        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        try:
+            description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        except KafkaException as exc:
+            if not _coordinator_not_ready(exc):
+                raise
+            time.sleep(0.25)
+            continue
         assigned = any(m.assignment.topic_partitions for m in description.members)
         if str(description.state).endswith("STABLE") and assigned:
             return True
         time.sleep(0.25)
     return False
+
+
+def _coordinator_not_ready(exc: KafkaException) -> bool:
+    """Return whether ``exc`` says the group coordinator is still loading or moving,
+    as it is in the first seconds after a broker start."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in (
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR))
