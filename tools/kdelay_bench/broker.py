@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+import kafka_broker
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -28,14 +29,46 @@ def bootstrap_servers(given: str | None) -> str:
     """Return the broker address: the flag, else ``KDELAY_BOOTSTRAP_SERVERS``, else
     whatever ``tools/kafka start`` finds or starts. Raises SystemExit if none answers."""
     found = given or os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
-    if found:
-        return found
+    return found or _kafka_start()
+
+
+def external_broker(given: str | None) -> bool:
+    """Return whether the broker is somebody else's (the flag or the variable names it)."""
+    return bool(given or os.environ.get("KDELAY_BOOTSTRAP_SERVERS"))
+
+
+def _kafka_start() -> str:
     proc = subprocess.run([str(ROOT / "tools" / "kafka"), "start"], capture_output=True,
                           text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"tools/bench: no broker: {proc.stderr.strip()[-2000:]}")
     return lines[0].removeprefix("bootstrap=")
+
+
+def restart_broker(bootstrap: str) -> None:
+    """Stop the broker ``tools/kafka`` runs and start it again (same data, same port).
+
+    Only for a broker the bench manages (see :func:`external_broker`): every
+    client of it loses it for the seconds the restart takes. Raises
+    RuntimeError when it comes back on another address.
+    """
+    stop = subprocess.run([str(ROOT / "tools" / "kafka"), "stop"], capture_output=True,
+                          text=True, check=False)
+    if stop.returncode != 0:
+        raise RuntimeError(f"tools/kafka stop failed: {stop.stderr.strip()[-400:]}")
+    again = _kafka_start()
+    if again != bootstrap:
+        raise RuntimeError(f"the broker came back on {again}, not {bootstrap}")
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """Return the pid of the jar broker ``tools/kafka`` runs on ``bootstrap``; None for
+    any other broker (external, in Docker, or not started by this checkout's tool)."""
+    recorded = kafka_broker.RUN / "bootstrap"
+    if not recorded.exists() or recorded.read_text().strip() != bootstrap:
+        return None
+    return kafka_broker.recorded_pid()
 
 
 class Topics:
@@ -111,9 +144,24 @@ def wait_group_stable(admin: AdminClient, group: str, timeout_s: float,
     while time.monotonic() < deadline:
         if alive is not None and not alive():
             return False
-        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        try:
+            description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        except KafkaException as exc:
+            if not _coordinator_not_ready(exc):
+                raise
+            time.sleep(0.25)
+            continue
         assigned = any(m.assignment.topic_partitions for m in description.members)
         if str(description.state).endswith("STABLE") and assigned:
             return True
         time.sleep(0.25)
     return False
+
+
+def _coordinator_not_ready(exc: KafkaException) -> bool:
+    """Return whether ``exc`` says the group coordinator is still loading or moving,
+    as it is in the first seconds after a broker start."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in (
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR))

@@ -8,13 +8,20 @@ each record notes the wall time it was received, the due time
 the origin (``kdelay-origin``, for duplicates). Offsets skipped by a
 ``read_committed`` read (``offset_gaps``) are transaction markers (or aborted
 records): they show that the target was written in transactions. It stops at ``--expect``
-records or at the deadline and writes one JSON summary to ``--out``.
-Records carrying the warm-up header are counted but left out of percentiles.
+records or at the deadline and writes one JSON summary to ``--out``, with the
+CPU seconds and run-queue wait it had from "ready" to the end (``cpu_s``,
+``wait_s``: see :mod:`kdelay_bench.cputime`). Records carrying the warm-up
+header are counted but left out of percentiles. With ``--raw`` it also writes,
+per measured record in arrival order, the receive wall time (s) and the target
+timestamp minus the due time (ms) as two float64 arrays (:func:`read_raw`), so
+the parent can count against an instant the collector does not know.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import struct
 import subprocess
 import sys
 import time
@@ -30,8 +37,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from kdelay import envelope
 from kdelay.clients import take
 from kdelay_bench.broker import wait_for_topic
+from kdelay_bench.cputime import Usage, read_process
 from kdelay_bench.load import WARMUP
 from kdelay_bench.stats import summary
+
+RAW_HEADER = struct.Struct("<Q")
 
 
 @dataclass(slots=True)
@@ -47,6 +57,7 @@ class Tally:
     ends: dict[int, int] = field(default_factory=dict)
     late_ms: array[float] = field(default_factory=lambda: array("d"))
     stamp_late_ms: array[float] = field(default_factory=lambda: array("d"))
+    received_s: array[float] | None = None
 
     def add(self, message: Message, received_s: float) -> None:
         """Account for one record received at wall time ``received_s``."""
@@ -66,6 +77,16 @@ class Tally:
             return
         self.late_ms.append(received_s * 1000 - due)
         self.stamp_late_ms.append(float(stamp - due))
+        if self.received_s is not None:
+            self.received_s.append(received_s)
+
+    def write_raw(self, path: Path) -> None:
+        """Write the receive times and the stamp lateness of the measured records, in
+        arrival order (see :func:`read_raw`)."""
+        with path.open("wb") as out:
+            out.write(RAW_HEADER.pack(len(self.stamp_late_ms)))
+            (self.received_s or array("d")).tofile(out)
+            self.stamp_late_ms.tofile(out)
 
     def as_json(self) -> dict[str, object]:
         """Return the summary the parent reads."""
@@ -76,16 +97,30 @@ class Tally:
                 "stamp_lateness_ms": summary(list(self.stamp_late_ms))}
 
 
-def collect(bootstrap: str, topic: str, expect: int, timeout_s: float, ready: IO[str]) -> Tally:
-    """Consume ``topic`` from the start until ``expect`` records or ``timeout_s``."""
+def read_raw(path: Path) -> tuple[array[float], array[float]]:
+    """Return ``(receive wall times in s, target timestamp - due in ms)`` per measured
+    record, as written by a collector run with ``--raw``."""
+    with path.open("rb") as raw:
+        (count,) = RAW_HEADER.unpack(raw.read(RAW_HEADER.size))
+        received, stamps = array("d"), array("d")
+        received.fromfile(raw, count)
+        stamps.fromfile(raw, count)
+    return received, stamps
+
+
+def collect(bootstrap: str, topic: str, expect: int, timeout_s: float, ready: IO[str],
+            *, raw: bool = False) -> tuple[Tally, Usage]:
+    """Consume ``topic`` from the start until ``expect`` records or ``timeout_s``; return
+    what was seen and this process's CPU usage from "ready" to the end."""
     partitions = wait_for_topic(bootstrap, topic)
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"bench-collector-{uuid.uuid4().hex}",
         "enable.auto.commit": False, "isolation.level": "read_committed",
         "fetch.wait.max.ms": 10})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    tally = Tally()
+    tally = Tally(received_s=array("d") if raw else None)
     deadline = time.monotonic() + timeout_s
+    start = read_process(os.getpid())
     print("ready", file=ready, flush=True)
     try:
         while tally.count < expect and time.monotonic() < deadline:
@@ -95,8 +130,10 @@ def collect(bootstrap: str, topic: str, expect: int, timeout_s: float, ready: IO
                 if message.error() is None:
                     tally.add(message, received)
     finally:
+        end = read_process(os.getpid())
         consumer.close()
-    return tally
+    usage = end.since(start) if start and end else Usage(0.0, 0.0)
+    return tally, usage
 
 
 def main() -> None:
@@ -107,22 +144,28 @@ def main() -> None:
     p.add_argument("--expect", type=int, required=True)
     p.add_argument("--timeout", type=float, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--raw", type=Path)
     args = p.parse_args()
-    tally = collect(args.bootstrap, args.topic, args.expect, args.timeout, sys.stdout)
-    args.out.write_bytes(orjson.dumps(tally.as_json()))
+    tally, usage = collect(args.bootstrap, args.topic, args.expect, args.timeout, sys.stdout,
+                           raw=args.raw is not None)
+    if args.raw is not None:
+        tally.write_raw(args.raw)
+    args.out.write_bytes(orjson.dumps({**tally.as_json(), "cpu_s": usage.cpu_s,
+                                       "wait_s": usage.wait_s, "busiest": usage.busiest}))
 
 
 class CollectorProcess:
     """Starts a collector process and returns its summary."""
 
     def __init__(self, bootstrap: str, topic: str, expect: int, timeout_s: float,
-                 out: Path) -> None:
+                 out: Path, *, raw: Path | None = None) -> None:
         self._out = out
         self._timeout_s = timeout_s
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "kdelay_bench.collector", "--bootstrap", bootstrap,
              "--topic", topic, "--expect", str(expect), "--timeout", str(timeout_s),
-             "--out", str(out)], stdout=subprocess.PIPE, text=True)
+             "--out", str(out), *(("--raw", str(raw)) if raw else ())],
+            stdout=subprocess.PIPE, text=True)
         stdout = self._proc.stdout
         line = stdout.readline() if stdout is not None else ""
         if line.strip() != "ready":

@@ -25,6 +25,28 @@ DELIVERED: Sample = ("kdelay_delivered_records_total", {})
 CHECK_EVERY_S = 0.002
 
 
+class FollowingClock(ManualClock):
+    """A manual clock that, once told to :meth:`follow`, runs on with the monotonic
+    clock from the time last set: the bench jumps it to a due instant, and from there
+    the service stamps its deliveries as a system clock would."""
+
+    def __init__(self, start_ms: int) -> None:
+        super().__init__(start_ms)
+        self._since_ns: int | None = None
+
+    def now_ms(self) -> int:
+        """Return the time last set, plus the time since :meth:`follow` if called."""
+        base = super().now_ms()
+        if self._since_ns is None:
+            return base
+        return base + (time.monotonic_ns() - self._since_ns) // 1_000_000
+
+    def follow(self) -> None:
+        """Run on from the time last set. Do not :meth:`set` it afterwards: that moves
+        the base, not the time it shows."""
+        self._since_ns = time.monotonic_ns()
+
+
 class Stalled(Exception):
     """The service made no progress towards the goal before the timeout."""
 

@@ -21,6 +21,7 @@ SIZES: dict[str, tuple[float, float]] = {
     "intake_records": (500_000, 100_000),
     "burst_records": (1_000_000, 60_000),
     "lateness_seconds": (60, 10),
+    "lateness_runs": (5, 1),
     "footprint_entries": (1_000_000, 200_000),
     "restore_entries": (1_000_000, 300_000),
     "capacity_pending": (10_000_000, 10_000_000),
@@ -51,6 +52,9 @@ class BenchOptions:
     lateness_warmup_seconds: float
     lateness_delay_ms: int
     lateness_drain_seconds: float
+    lateness_runs: int
+    fresh_broker: bool
+    fresh_broker_wait: float
     guarantees: tuple[str, ...]
     footprint_entries: int
     footprint_values: tuple[int, ...]
@@ -107,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="how long after the last due time records may still arrive")
     p.add_argument("--guarantees", type=_names, default=GUARANTEES,
                    help="guarantees the lateness scenario runs with")
+    p.add_argument("--fresh-broker", action="store_true",
+                   help="before each guarantee's lateness runs, restart the broker tools/kafka "
+                   "runs (not with --bootstrap-servers or KDELAY_BOOTSTRAP_SERVERS; every other "
+                   "client of that broker loses it meanwhile); the hop baseline then runs last")
+    p.add_argument("--fresh-broker-wait", type=float, default=60.0,
+                   help="seconds from the broker restart to the first lateness run")
     p.add_argument("--footprint-values", type=_ints, default=(100, 1_000),
                    help="value sizes of the footprint scenario")
     p.add_argument("--json", type=Path, help="write JSON lines here instead of stdout")
@@ -148,7 +158,10 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         lateness_rate=args.lateness_rate, lateness_seconds=_size(args, "lateness_seconds"),
         lateness_warmup_seconds=args.lateness_warmup_seconds,
         lateness_delay_ms=args.lateness_delay_ms,
-        lateness_drain_seconds=args.lateness_drain_seconds, guarantees=tuple(args.guarantees),
+        lateness_drain_seconds=args.lateness_drain_seconds,
+        lateness_runs=max(1, int(_size(args, "lateness_runs"))),
+        fresh_broker=args.fresh_broker, fresh_broker_wait=args.fresh_broker_wait,
+        guarantees=tuple(args.guarantees),
         footprint_entries=int(_size(args, "footprint_entries")),
         footprint_values=tuple(args.footprint_values),
         restore_entries=int(_size(args, "restore_entries")),

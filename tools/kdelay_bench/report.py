@@ -1,6 +1,6 @@
 """Results of the scenarios: JSON lines for machines, markdown tables for people.
 
-Each scenario yields one :class:`Result`: its figures and the issue-5 targets
+Each scenario yields one :class:`Result`: its figures and the targets (issues 5, 15)
 checked against them. A scenario that cannot run says so in ``skipped``.
 """
 
@@ -17,7 +17,7 @@ Figure = int | float | str | bool | None
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One target of issue 5: what is measured, the bound, and whether it holds."""
+    """One target (issues 5 and 15): what is measured, the bound, and whether it holds."""
 
     target: str
     measured: Figure
@@ -80,7 +80,7 @@ def markdown(results: list[Result]) -> str:
         shown = (f"skipped: {r.skipped}" if r.skipped else
                  ", ".join(f"{k}={_show(v)}" for k, v in r.figures.items()))
         lines.append(f"| {r.scenario} | {shown} |")
-    lines += ["", "| scenario | issue-5 target | measured | status |", "|---|---|---|---|"]
+    lines += ["", "| scenario | target | measured | status |", "|---|---|---|---|"]
     for r in results:
         for c in r.checks:
             lines.append(f"| {r.scenario} | {c.target} | {_show(c.measured)} | "

@@ -7,7 +7,6 @@ that fails is reported as skipped with its error and the run goes on.
 
 from __future__ import annotations
 
-import functools
 import shutil
 import sys
 import tempfile
@@ -16,10 +15,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from kdelay_bench.broker import Topics, bootstrap_servers
+from kdelay_bench.broker import Topics, bootstrap_servers, external_broker
 from kdelay_bench.capacity import run_capacity
 from kdelay_bench.footprint import run_footprint
-from kdelay_bench.lateness import Load, run_hop, run_lateness
+from kdelay_bench.lateness import Load, Suite
 from kdelay_bench.machine import finish, machine
 from kdelay_bench.operator_view import run_operator
 from kdelay_bench.options import BenchOptions, parse_options
@@ -27,6 +26,7 @@ from kdelay_bench.progress import say
 from kdelay_bench.report import Result, markdown, write_json
 from kdelay_bench.restore import run_restore
 from kdelay_bench.spark_jobs import run_spark
+from kdelay_bench.steady import Plan, hop_p99, run_hop, run_suite
 from kdelay_bench.throughput import Setup, burst, pipe_and_intake
 
 
@@ -43,8 +43,28 @@ def _pipe(results: list[Result]) -> Result | None:
     return next((r for r in results if r.scenario == "pipe" and not r.skipped), None)
 
 
-def _lateness(setup: Setup, guarantee: str, load: Load) -> list[Result]:
-    return [run_lateness(setup, guarantee, load)]
+def _suite(setup: Setup, guarantee: str, load: Load, plan: Plan) -> Suite:
+    """Run one guarantee's suite; turn an exception into a skipped suite."""
+    try:
+        return run_suite(setup, guarantee, load, plan)
+    except Exception as exc:  # one failed suite must not end the run
+        traceback.print_exc(file=sys.stderr)
+        return Suite(guarantee, plan.runs, {}, skipped=f"{type(exc).__name__}: {exc}")
+
+
+def _lateness(options: BenchOptions, setup: Setup) -> list[Result]:
+    """The hop baseline and every guarantee's suite. With a fresh broker per suite the
+    hop runs last, so that no suite waits for it after its broker restart."""
+    load = Load(options.lateness_rate, options.lateness_seconds,
+                options.lateness_warmup_seconds, options.lateness_delay_ms,
+                options.lateness_drain_seconds)
+    plan = Plan(options.lateness_runs,
+                options.fresh_broker_wait if options.fresh_broker else None)
+    hop = [] if options.fresh_broker else _guarded("hop", lambda: run_hop(setup, load))
+    suites = [_suite(setup, guarantee, load, plan) for guarantee in options.guarantees]
+    if options.fresh_broker:
+        hop = _guarded("hop", lambda: run_hop(setup, load))
+    return [*hop, *(r for suite in suites for r in suite.results(hop_p99(hop)))]
 
 
 def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> None:
@@ -58,12 +78,7 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
         results += _guarded("burst", lambda: [burst(setup, options.burst_records,
                                                      _pipe(results))])
     if "lateness" in chosen:
-        load = Load(options.lateness_rate, options.lateness_seconds,
-                    options.lateness_warmup_seconds, options.lateness_delay_ms,
-                    options.lateness_drain_seconds)
-        results += _guarded("hop", lambda: [run_hop(setup, load)])
-        for guarantee in options.guarantees:
-            results += _guarded("lateness", functools.partial(_lateness, setup, guarantee, load))
+        results += _lateness(options, setup)
     if "footprint" in chosen:
         results += _guarded("footprint", lambda: run_footprint(
             setup.work_dir, options.footprint_entries, options.footprint_values))
@@ -104,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parse_options(argv)
     if "pipe" not in options.scenarios and {"intake", "burst"} & set(options.scenarios):
         say("note: intake and burst ratios need the pipe, which runs with them")
+    if options.fresh_broker and external_broker(options.bootstrap_servers):
+        raise SystemExit("tools/bench: --fresh-broker restarts the broker tools/kafka runs; "
+                         "drop --bootstrap-servers and unset KDELAY_BOOTSTRAP_SERVERS")
     bootstrap = bootstrap_servers(options.bootstrap_servers)
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="kdelay-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -3,22 +3,27 @@
 ``pipe`` and ``intake`` read the same pre-produced requests (due in an hour,
 so intake only indexes them). ``burst`` pre-produces N requests all due at one
 instant, lets the service index them, moves its manual clock to the read-ahead
-window and then to the due instant, and times the delivery of all N as seen
-by a target consumer in another process.
+window and then to the due instant, from where the clock runs on with the wall
+clock (so target timestamps say when the service produced each record), and
+times the delivery of all N as seen by a target consumer in another process.
+It also counts, from what that consumer read, how many records came within 1 s
+and 5 s of the due instant: by the target timestamp (the service's clock) and
+by the receive time (wall time since the jump).
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kdelay.clock import ManualClock, SystemClock
 from kdelay.settings import Settings
 from kdelay_bench.broker import Topics
-from kdelay_bench.collector import CollectorProcess
-from kdelay_bench.inproc import InProcess
+from kdelay_bench.collector import CollectorProcess, read_raw
+from kdelay_bench.inproc import FollowingClock, InProcess
 from kdelay_bench.load import produce_requests
 from kdelay_bench.pipe import run_pipe
 from kdelay_bench.progress import say
@@ -29,6 +34,7 @@ HOUR_MS = 3_600_000
 BURST_LEAD_MS = 600_000
 DAY_MS = 86_400_000
 MB = 1 << 20
+WITHIN_S = (1.0, 5.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +126,8 @@ def intake(settings: Settings, total: int, pipe: Result | None) -> Result:
 
 @dataclass(frozen=True, slots=True)
 class DueRun:
-    """What one pending-then-due run measured."""
+    """What one pending-then-due run measured; ``within`` counts the records that came
+    within each of :data:`WITHIN_S` of the due instant (see :func:`within`)."""
 
     intake_per_s: float
     deliver_s: float | None
@@ -128,6 +135,21 @@ class DueRun:
     seen: dict[str, object]
     rss_after_intake: int
     rss_after: int
+    within: dict[str, int]
+
+
+def within(received_s: Sequence[float], stamp_ms: Sequence[float], due_wall_s: float,
+           bounds_s: Sequence[float] = WITHIN_S) -> dict[str, int]:
+    """Count the records that came within each bound of the due instant: by target
+    timestamp minus due (``within_<n>s_by_stamp``) and by receive wall time minus
+    ``due_wall_s``, the wall time the clock reached the due instant
+    (``within_<n>s_by_receive``)."""
+    out = {}
+    for bound in bounds_s:
+        out[f"within_{bound:g}s_by_stamp"] = sum(1 for s in stamp_ms if s <= bound * 1000)
+        out[f"within_{bound:g}s_by_receive"] = sum(
+            1 for r in received_s if r - due_wall_s <= bound)
+    return out
 
 
 def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> DueRun:
@@ -140,16 +162,18 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
     """
     settings = setup.deployment(role)
     target = setup.topics.create(f"{role}-target", setup.partitions)
-    clock = ManualClock(SystemClock().now_ms())
+    clock = FollowingClock(SystemClock().now_ms())
     due = clock.now_ms() + BURST_LEAD_MS
     say(f"{role}: producing {total:,} requests, {due_count:,} due at one instant")
     produce_requests(setup.topics.bootstrap, settings.requests_topic, target, total,
                      setup.value_size, lambda i: due if i < due_count else due + DAY_MS,
                      setup.partitions)
     # The collector starts before intake, so its deadline covers intake too.
+    out = setup.work_dir / f"{role}-{time.monotonic_ns()}.json"
+    raw = out.with_suffix(".raw")
     collector = CollectorProcess(setup.topics.bootstrap, target, due_count,
                                  timeout_s=300.0 + total / 5_000 + due_count / 500,
-                                 out=setup.work_dir / f"{role}-{time.monotonic_ns()}.json")
+                                 out=out, raw=raw)
     service = InProcess(settings, clock)
     try:
         intake_rate, _ = service.intake(total, timeout_s=max(120.0, total / 1_000))
@@ -158,6 +182,7 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
         clock.set(due - settings.lookahead_ms)
         service.step_for(min(settings.lookahead_ms / 1000, 2.0))
         clock.set(due)
+        clock.follow()
         start = time.time()
         acked_s = service.deliver(due_count, timeout_s=max(300.0, due_count / 500))
         seen = collector.result()
@@ -166,22 +191,28 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
         service.close()
     last = seen.get("last_s")
     deliver_s = float(last) - start if isinstance(last, int | float) else None
-    return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes())
+    received_s, stamp_ms = read_raw(raw)
+    return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes(),
+                  within(received_s, stamp_ms, start))
 
 
 def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
     """Deliver ``total`` requests due at one instant; time it, count early ones."""
     run = pending_then_due(setup, "burst", total, total)
     rate = total / run.deliver_s if run.deliver_s else 0.0
+    received = as_int(run.seen.get("count")) or 0
+    duplicates = as_int(run.seen.get("duplicates")) or 0
     result = Result("burst", {
         "records": total, "seconds": run.deliver_s and round(run.deliver_s, 3),
         "records_per_s": round(rate), "ratio_to_pipe": ratio(rate, pipe),
-        "acked_seconds": round(run.acked_s, 3), "received": as_int(run.seen.get("count")),
-        "early": as_int(run.seen.get("early")), "duplicates": as_int(run.seen.get("duplicates")),
+        "acked_seconds": round(run.acked_s, 3), "received": received,
+        "lost": total - (received - duplicates), "early": as_int(run.seen.get("early")),
+        "duplicates": duplicates, **run.within,
         "intake_per_s": round(run.intake_per_s), "rss_mb": round(run.rss_after / MB)})
     measured = result.figures["ratio_to_pipe"]
     result.check("burst >= 0.7x pipe", measured,
                  None if measured is None else float(measured) >= 0.7)
     result.check("0 early", result.figures["early"], result.figures["early"] == 0)
+    result.check("0 lost", result.figures["lost"], result.figures["lost"] == 0)
     return result
 
