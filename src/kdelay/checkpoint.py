@@ -5,9 +5,11 @@
 1. take a batch of requests and plan it;
 2. ``begin`` (exactly-once: open a transaction, only when there is work);
 3. produce what is due (delivery), then the plans' changelog and DLQ records;
-4. ``commit``: make the plans' records durable and say whether they are;
+4. ``commit``: make the plans' records durable and say whether they are
+   (exactly-once: and settle the transaction's deliveries, before step 5);
 5. apply the plans to the indexes when they are, else release and rewind them;
-6. ``settle``: turn delivery reports into index deletes and retries.
+6. ``settle``: turn delivery reports into index deletes and retries
+   (at-least-once: after producing what intake adopted and came due).
 
 What each step means differs by guarantee, and only here:
 
@@ -111,12 +113,14 @@ class Checkpoint(Protocol):
         ...
 
     def commit(self, wrote: bool, failures: list[Failure], offsets: list[TopicPartition],
-               consumer: Consuming, delivery: Delivery) -> bool:
+               consumer: Consuming, delivery: Delivery,
+               indexes: Mapping[int, PartitionIndex]) -> bool:
         """Make the step's writes durable; return whether its plans may be applied.
 
         ``wrote`` says whether intake wrote records this step, ``failures``
         collects its dead letters that failed, ``offsets`` are the consumed
-        positions once the plans are applied.
+        positions once the plans are applied. Whatever of delivery's work
+        this makes final is settled here, before the plans reach the indexes.
         """
         ...
 
@@ -125,7 +129,7 @@ class Checkpoint(Protocol):
         ...
 
     def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
-        """End the step: apply delivery's reports to the indexes."""
+        """End the step: apply the delivery reports that arrived to the indexes."""
         ...
 
     def revoke(self, consumer: Consuming, delivery: Delivery,
@@ -161,7 +165,8 @@ class AtLeastOnce:
         return True
 
     def commit(self, wrote: bool, failures: list[Failure], offsets: list[TopicPartition],
-               consumer: Consuming, delivery: Delivery) -> bool:
+               consumer: Consuming, delivery: Delivery,
+               indexes: Mapping[int, PartitionIndex]) -> bool:
         """Wait for every internal record's acknowledgement, producing what comes due meanwhile.
 
         Returns False when the service is asked to stop first (the batch is
@@ -232,44 +237,55 @@ class ExactlyOnce:
         self._clock = clock
         self._metrics = metrics
         self._stopping = stopping
-        # How the step's transaction ended: None when the step had none.
-        self._committed: bool | None = None
 
     def begin(self, work: bool) -> bool:
         """Open a transaction when the step has work; a step without produces nothing."""
-        self._committed = None
         if work:
             self.producer.begin_transaction()
         return work
 
     def commit(self, wrote: bool, failures: list[Failure], offsets: list[TopicPartition],
-               consumer: Consuming, delivery: Delivery) -> bool:
-        """Commit the open transaction; abort it when any of its records failed.
+               consumer: Consuming, delivery: Delivery,
+               indexes: Mapping[int, PartitionIndex]) -> bool:
+        """Commit the open transaction, or abort it when any of its records failed, and
+        settle what it carried; return whether it committed.
 
-        Returns whether it committed. Raises :class:`ServiceError` on a fatal
-        transaction error, such as being fenced by a newer instance.
+        Delivery is settled here, before the step's plans are written to the
+        indexes: the tombstones in the transaction confirm changelog
+        positions, and an index may record such a position only with the
+        deletes those tombstones stand for (a crash in between would
+        otherwise restore past them and deliver the entries again).
+        Committed: delivered entries leave the index. Aborted: every entry
+        goes out again. Raises :class:`ServiceError` on a fatal transaction
+        error, such as being fenced by a newer instance.
         """
+        committed = self._commit(failures, offsets, consumer, delivery)
+        if committed:
+            delivery.settle(indexes)
+        else:
+            delivery.abandon()
+        return committed
+
+    def _commit(self, failures: list[Failure], offsets: list[TopicPartition],
+                consumer: Consuming, delivery: Delivery) -> bool:
         producer = self.producer
         try:
             flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic)
             failed = [*failures, *self.writer.take_failures()]
             if failed or delivery.has_failures() or len(producer) or self._stopping():
                 producer.abort_transaction(TXN_CALL_S)
-                self._committed = False
                 return False
             if offsets:
                 producer.send_offsets_to_transaction(
                     offsets, consumer.consumer_group_metadata(), TXN_CALL_S)
             with self._metrics.commit_duration.time():
                 producer.commit_transaction(TXN_CALL_S)
-            self._committed = True
             return True
         except KafkaException as exc:
             error = exc.args[0]
             if error.txn_requires_abort():
                 log.warning("transaction aborted: %s", error.str())
                 producer.abort_transaction(TXN_CALL_S)
-                self._committed = False
                 return False
             raise ServiceError("transaction-failed", f"transaction failed: {error.str()}") from exc
 
@@ -277,12 +293,7 @@ class ExactlyOnce:
         """Nothing: the offsets went with the transaction."""
 
     def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
-        """Committed: delivered entries leave the index. Aborted: every entry goes out again."""
-        if self._committed is True:
-            delivery.settle(indexes)
-        elif self._committed is False:
-            delivery.abandon()
-        self._committed = None
+        """Nothing: :meth:`commit` settled the transaction's work."""
 
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:

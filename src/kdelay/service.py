@@ -278,7 +278,7 @@ class Service:
             failures = self._write(plans, checkpoint)
             phases.lap("write")
             durable = checkpoint.commit(bool(plans), failures, self._offsets_after(plans),
-                                        clients.consumer, delivery)
+                                        clients.consumer, delivery, self._indexes)
             phases.lap("commit")
             if durable:
                 self._apply(plans, checkpoint, clients.consumer, delivery)

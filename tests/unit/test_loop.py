@@ -27,7 +27,7 @@ from kdelay import codec
 from kdelay.clients import Consuming, Rebalance, Report, Transacting
 from kdelay.clock import ManualClock
 from kdelay.envelope import Headers, cancel_headers, schedule_headers
-from kdelay.index import PartitionIndex, store_path
+from kdelay.index import Changes, PartitionIndex, store_path
 from kdelay.originals import Found, Reading
 from kdelay.service import Service
 from kdelay.settings import Guarantee, Settings
@@ -411,3 +411,33 @@ def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
               for phase in ("consume", "read-ahead", "dispatch", "write", "commit", "apply",
                             "settle", "housekeeping")}
     assert counts == dict.fromkeys(counts, 1.0)
+
+
+def test_an_index_records_a_changelog_position_only_with_the_deletes_behind_it(
+    eos: Loop,
+) -> None:
+    """A transaction carrying a delivery and an intake batch for one partition: its
+    tombstone confirms a changelog position; whichever index write first records that
+    position must also hold the delete. Otherwise a crash before the delete is written
+    would restore past the tombstone and deliver the entry again."""
+    delivered = eos.request(T0 + 1_000, key=b"a")
+    eos.step()
+    index = eos.service.indexes[0]
+    seen: list[tuple[int | None, bool]] = []
+    apply = index.apply
+
+    def recording(changes: Changes) -> bytes | None:
+        lowest = apply(changes)
+        seen.append((changes.changelog, delivered in [e.key for e in index.entries()]))
+        return lowest
+
+    index.apply = recording  # type: ignore[method-assign]
+    eos.clock.set(T0 + 1_000)
+    eos.request(T0 + 60_000, key=b"b")
+    events = eos.step()
+    assert ("produce", "transactions", CHANGELOG, delivered) in events
+    tombstone_offset = 2  # put a, marker, then this step: tombstone a, put b, marker
+    past = [present for position, present in seen
+            if position is not None and position > tombstone_offset]
+    assert past, "some index write recorded the position past the tombstone"
+    assert not any(past), "...and every such write already held the delete"
