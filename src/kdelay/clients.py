@@ -94,6 +94,23 @@ class Transacting(Producing, Protocol):
 Rebalance = Callable[[Any, list[TopicPartition]], None]
 
 
+class Taking(Protocol):
+    """A consumer as :func:`take` uses it."""
+
+    def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Message]:
+        """Return up to ``num_messages`` messages, waiting up to ``timeout`` seconds."""
+        ...
+
+
+class Watermarks(Protocol):
+    """A consumer as :func:`watermarks` (and the outlook) uses it."""
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = ...,
+                              cached: bool = ...) -> tuple[int, int]:
+        """Return the partition's low and high offsets."""
+        ...
+
+
 class Consuming(Protocol):
     """What the service asks of its group consumer."""
 
@@ -195,7 +212,7 @@ def reader_config(config: Mapping[str, str | int | bool], group_id: str,
     }
 
 
-def take(consumer: Consuming, limit: int, timeout_s: float) -> list[Message]:
+def take(consumer: Taking, limit: int, timeout_s: float) -> list[Message]:
     """Return up to ``limit`` messages: what is queued now, else the first within ``timeout_s``."""
     messages = consumer.consume(limit, timeout=0)
     if messages or timeout_s <= 0:
@@ -206,7 +223,7 @@ def take(consumer: Consuming, limit: int, timeout_s: float) -> list[Message]:
     return messages
 
 
-def watermarks(consumer: Consuming, partition: TopicPartition, timeout_s: float,
+def watermarks(consumer: Watermarks, partition: TopicPartition, timeout_s: float,
                pause: Callable[[float], None] = time.sleep) -> tuple[int, int]:
     """Return the partition's ``(low, high)`` offsets, asking the leader.
 

@@ -29,24 +29,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Protocol
 
 from confluent_kafka import KafkaException, TopicPartition
 from prometheus_client import Gauge
 
 from kdelay import codec
+from kdelay.clients import Watermarks
 from kdelay.index import DueSummary, PartitionIndex
 from kdelay.metrics import OVERDUE_CAP, Metrics
 from kdelay.settings import Settings
 from kdelay.tally import horizons
 from kdelay.topics import Layout
-
-
-class Watermarks(Protocol):
-    """What the outlook needs of a consumer: its cached watermarks (a Consumer has it)."""
-
-    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = ...,
-                              cached: bool = ...) -> tuple[int, int]: ...
 
 
 class Outlook:

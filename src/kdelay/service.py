@@ -36,14 +36,14 @@ from kdelay import envelope, identity
 from kdelay.callbacks import guarded
 from kdelay.changelog import Progress, Restorer, Restoring, open_restored
 from kdelay.checkpoint import Checkpoint, ServiceError
-from kdelay.clients import Consuming, Transacting, produce, take
+from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
 from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
 from kdelay.intake import Outcome, Plan, Planner, Topics
 from kdelay.metrics import Metrics, PhaseTimer
 from kdelay.originals import OriginalReader, Reading
-from kdelay.outlook import Outlook, Watermarks
+from kdelay.outlook import Outlook
 from kdelay.settings import Settings
 from kdelay.skew import ClockSkew
 from kdelay.topics import Layout, check_layout

@@ -7,10 +7,8 @@ block and for how long they are allowed to.
 
 from __future__ import annotations
 
-from typing import cast
-
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from kdelay.clients import take, watermarks
 
@@ -42,7 +40,7 @@ def offsets(messages: list[Message]) -> list[int | None]:
 
 
 def take_from(consumer: FakeConsumer, limit: int, timeout_s: float) -> list[Message]:
-    return take(cast(Consumer, consumer), limit, timeout_s)
+    return take(consumer, limit, timeout_s)
 
 
 def test_queued_records_are_returned_without_waiting() -> None:
@@ -103,7 +101,7 @@ class FlakyLeader:
 
 def ask(consumer: FlakyLeader, timeout_s: float) -> tuple[int, int]:
     pauses: list[float] = []
-    found = watermarks(cast(Consumer, consumer), TopicPartition("t", 0), timeout_s,
+    found = watermarks(consumer, TopicPartition("t", 0), timeout_s,
                        pause=pauses.append)
     assert len(pauses) == consumer.asked - 1
     return found
