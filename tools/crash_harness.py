@@ -377,11 +377,6 @@ def judge(options: Options, due: dict[str, int], delivered: list[Message],
                   round(seconds, 1))
 
 
-def bootstrap_address() -> str:
-    """The broker from KDELAY_BOOTSTRAP_SERVERS, else from tools/kafka start."""
-    return kafka_broker.address()
-
-
 def main() -> int:
     """Parse the command line, run, print the table (and JSON with --json)."""
     parser = argparse.ArgumentParser(prog="tools/crash", description=__doc__,
@@ -403,7 +398,7 @@ def main() -> int:
     args = parser.parse_args()
     guarantees = ["at-least-once", "exactly-once"] if args.guarantee == "both" else [
         args.guarantee]
-    bootstrap = bootstrap_address()
+    bootstrap = kafka_broker.address()
     reports = [run(Options(bootstrap, g, args.kills, args.rate, state_loss=args.state_loss,
                            broker_kills=args.broker_kills, min_up_s=args.min_up,
                            max_up_s=args.max_up, seed=args.seed)) for g in guarantees]

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from crash_harness import bootstrap_address
+import kafka_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 KDELAY = ROOT / ".venv" / "bin" / "kdelay"
@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"],
                         default="exactly-once")
     args = parser.parse_args()
-    bootstrap = bootstrap_address()
+    bootstrap = kafka_broker.address()
     workdir = Path(tempfile.mkdtemp(prefix="kdelay-failover-"))
     restarts, deaths = [], []
     for n in range(args.trials):

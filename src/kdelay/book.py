@@ -4,7 +4,7 @@ A :class:`Job` is an index entry with its original record, in one
 :class:`State`: adopted from intake or read ahead (both wait for their due
 time), in flight (produced, report pending) or backing off (waiting for a
 retry). The :class:`Book` holds the jobs, the per-partition count of each state
-(changed only by :meth:`Book.move`, the one transition), the heap of keys that
+(changed only as jobs are held, moved and dropped, in one counting method), the heap of keys that
 wait to be sent in key order (due time, then request partition, then offset),
 the heap of retries by the time they may go again, and the keys a planned
 cancel withholds.
@@ -67,7 +67,7 @@ class Book:
     def __init__(self) -> None:
         self._jobs: dict[bytes, Job] = {}
         self._counts: Counter[tuple[int, State]] = Counter()
-        self._held: Counter[int] = Counter()
+        self._flying = 0
         # Keys that wait to be sent, smallest first; a key whose job left or
         # changed state since it was pushed is skipped when it reaches the top.
         self._ready: list[bytes] = []
@@ -89,11 +89,12 @@ class Book:
 
     def held(self, partition: int) -> int:
         """Return how many jobs of ``partition`` are held, whatever their state."""
-        return self._held[partition]
+        counts = self._counts
+        return sum(counts[(partition, state)] for state in State)
 
     def flying(self) -> int:
         """Return how many jobs of every partition await their report."""
-        return sum(n for (_, state), n in self._counts.items() if state is State.IN_FLIGHT)
+        return self._flying
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report."""
@@ -113,8 +114,7 @@ class Book:
     def hold(self, job: Job) -> None:
         """Start tracking ``job`` in its state (adopted or ready) and queue it to be sent."""
         self._jobs[job.key] = job
-        self._held[job.partition] += 1
-        self._counts[(job.partition, job.state)] += 1
+        self._count(job, 1)
         heapq.heappush(self._ready, job.key)
 
     def move(self, job: Job, state: State) -> None:
@@ -124,9 +124,9 @@ class Book:
         again while) backing off is queued for its retry at ``job.not_before_ms``.
         """
         if job.state is not state:
-            self._counts[(job.partition, job.state)] -= 1
-            self._counts[(job.partition, state)] += 1
+            self._count(job, -1)
             job.state = state
+            self._count(job, 1)
         if state is State.READY:
             heapq.heappush(self._ready, job.key)
         elif state is State.BACKING_OFF:
@@ -135,9 +135,14 @@ class Book:
     def drop(self, key: bytes) -> Job:
         """Stop tracking ``key``'s job and return it."""
         job = self._jobs.pop(key)
-        self._held[job.partition] -= 1
-        self._counts[(job.partition, job.state)] -= 1
+        self._count(job, -1)
         return job
+
+    def _count(self, job: Job, delta: int) -> None:
+        """Count ``job`` in (+1) or out (-1) of its state: the only writer of the counts."""
+        self._counts[(job.partition, job.state)] += delta
+        if job.state is State.IN_FLIGHT:
+            self._flying += delta
 
     def promote(self, now_ms: int) -> None:
         """Make every job whose backoff is over ready again."""

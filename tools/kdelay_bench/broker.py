@@ -38,12 +38,11 @@ def external_broker(given: str | None) -> bool:
 
 
 def _kafka_start() -> str:
-    proc = subprocess.run([str(ROOT / "tools" / "kafka"), "start"], capture_output=True,
-                          text=True, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bootstrap=")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"tools/bench: no broker: {proc.stderr.strip()[-2000:]}")
-    return lines[0].removeprefix("bootstrap=")
+    """The broker ``tools/kafka start`` finds or starts (called only when none is named)."""
+    try:
+        return kafka_broker.address()
+    except kafka_broker.BrokerUnavailable as exc:
+        raise SystemExit(f"tools/bench: no broker: {exc}") from exc
 
 
 def restart_broker(bootstrap: str) -> None:
