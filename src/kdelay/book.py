@@ -54,6 +54,9 @@ class Job:
     failure: tuple[ErrorCode, str] | None = None
     detail: str = ""
     routing: envelope.Routing | None = None
+    indexed: bool = True
+    """False while intake's plan for the entry awaits its acknowledgements: the
+    entry may go out, but leaves the index only after it is in it."""
 
     @property
     def key(self) -> bytes:

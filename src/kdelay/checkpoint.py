@@ -4,21 +4,30 @@
 
 1. take a batch of requests and plan it;
 2. ``begin`` (exactly-once: open a transaction, only when there is work);
-3. produce what is due (delivery), then the plans' changelog and DLQ records;
-4. ``commit``: make the plans' records durable and say whether they are
-   (exactly-once: and settle the transaction's deliveries, before step 5);
-5. apply the plans to the indexes when they are, else release and rewind them;
+3. produce what is due (delivery), then the plans' changelog and DLQ records
+   (a :class:`Batch`; delivery adopts the new entries due soon);
+4. ``commit``: hand over the batch, get back the batches whose fate is known,
+   oldest first, and whether each is durable (exactly-once: and settle the
+   transaction's deliveries, before step 5);
+5. apply the durable batches' plans to the indexes, release and rewind the others;
 6. ``settle``: turn delivery reports into index deletes and retries
    (at-least-once: after producing what intake adopted and came due).
 
 What each step means differs by guarantee, and only here:
 
 - :class:`AtLeastOnce` has two idempotent producers (targets, and internal
-  topics). ``commit`` waits until every internal record is acknowledged,
-  producing what comes due meanwhile; the consumed offset is stored for the
-  next auto-commit after the index write. An entry's tombstone is written
-  once its record is acknowledged (:class:`ReportedTombstones`), so a crash
-  in between delivers it again.
+  topics). ``commit`` does not wait: a batch is durable once every one of
+  its records is acknowledged, and batches are applied in the order they
+  were written, in whichever later step that is. Meanwhile the service keeps
+  consuming and dispatching, so a broker slow to acknowledge the changelog
+  delays no delivery: an adopted entry may go out before its plan is
+  applied (it leaves the index only after, see :meth:`Delivery.adopt`), and
+  a crash in between re-reads the request and delivers it again. Only when
+  ``MAX_UNACKED_RECORDS`` records await acknowledgements does ``commit``
+  wait, dispatching meanwhile. The consumed offset is stored for the next
+  auto-commit after the index write. An entry's tombstone is written once
+  its record is acknowledged (:class:`ReportedTombstones`), so a crash in
+  between delivers it again.
 - :class:`ExactlyOnce` has one transactional producer. ``commit`` flushes the
   transaction, aborts it when any of its records failed, else sends the
   consumed offsets with it and commits. An entry's tombstone goes into the
@@ -29,7 +38,9 @@ What each step means differs by guarantee, and only here:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -38,9 +49,10 @@ from kdelay.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.clock import Clock
 from kdelay.delivery import Delivery, Durability
 from kdelay.index import PartitionIndex
+from kdelay.intake import Plan
 from kdelay.metrics import Metrics
 from kdelay.settings import Guarantee, Settings
-from kdelay.writer import ChangelogWriter, Failure
+from kdelay.writer import Acks, ChangelogWriter, Failure
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +60,9 @@ TXN_MARGIN_MS = 10_000
 ACK_POLL_S = 0.001
 CLOSE_FLUSH_S = 10.0
 TXN_CALL_S = 30.0
+# At-least-once: how many intake records may await their acknowledgements
+# before a step waits for them (memory, and how much a crash re-reads).
+MAX_UNACKED_RECORDS = 20_000
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
@@ -59,6 +74,20 @@ class ServiceError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one step's intake wrote: its plans, the index each was planned against,
+    and the acknowledgements its records await."""
+
+    plans: list[Plan]
+    indexes: dict[int, PartitionIndex]
+    acks: Acks
+
+
+Outcome = tuple[Batch, bool]
+"""A batch whose fate is known, and whether it is durable (else: give it back)."""
 
 
 class ReportedTombstones:
@@ -112,16 +141,24 @@ class Checkpoint(Protocol):
         """Start a step; return whether it produces anything (``work``: it has something to)."""
         ...
 
-    def commit(self, wrote: bool, failures: list[Failure], offsets: list[TopicPartition],
-               consumer: Consuming, delivery: Delivery,
-               indexes: Mapping[int, PartitionIndex]) -> bool:
-        """Make the step's writes durable; return whether its plans may be applied.
+    def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Outcome]:
+        """Make the step's writes durable; return the batches whose fate is now known.
 
-        ``wrote`` says whether intake wrote records this step, ``failures``
-        collects its dead letters that failed, ``offsets`` are the consumed
-        positions once the plans are applied. Whatever of delivery's work
-        this makes final is settled here, before the plans reach the indexes.
+        ``batch`` is what intake wrote this step (maybe no plans), ``offsets``
+        the consumed positions once its plans are applied. The batches come
+        back oldest first; a durable one's plans may be applied. Whatever of
+        delivery's work this makes final is settled here, before plans reach
+        the indexes.
         """
+        ...
+
+    def awaiting(self) -> bool:
+        """Return whether written batches still await their acknowledgements."""
+        ...
+
+    def drain(self) -> list[Batch]:
+        """Wait (bounded) for the batches in flight; return those now durable, oldest first."""
         ...
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
@@ -159,37 +196,62 @@ class AtLeastOnce:
         self._clock = clock
         self._metrics = metrics
         self._stopping = stopping
+        self._unacked: deque[tuple[Batch, int]] = deque()
+        self._durable: list[Batch] = []
+        self._records = 0
 
     def begin(self, work: bool) -> bool:
         """Every step produces: what is due, and the tombstones of what was delivered."""
         return True
 
-    def commit(self, wrote: bool, failures: list[Failure], offsets: list[TopicPartition],
-               consumer: Consuming, delivery: Delivery,
-               indexes: Mapping[int, PartitionIndex]) -> bool:
-        """Wait for every internal record's acknowledgement, producing what comes due meanwhile.
+    def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Outcome]:
+        """Queue the batch; return the batches acknowledged in full, in the order written.
 
-        Returns False when the service is asked to stop first (the batch is
-        then re-read by whoever owns it next). Raises :class:`ServiceError`
-        when a changelog write failed for good; a dead letter that failed for
-        good is logged (the request stays readable at its origin).
+        Waits only while ``MAX_UNACKED_RECORDS`` records await acknowledgements
+        (producing what comes due meanwhile), or until the service is asked to
+        stop. Raises :class:`ServiceError` when a changelog write failed for
+        good; a dead letter that failed for good is logged (the request stays
+        readable at its origin).
         """
-        if not wrote:
-            return True
-        while len(self.internal) > 0:
-            if self._stopping():
-                return False
+        if batch.acks.waiting:
+            self._unacked.append((batch, batch.acks.waiting))
+            self._records += batch.acks.waiting
+        self.internal.poll(0)
+        while self._records > MAX_UNACKED_RECORDS and not self._stopping():
             self.internal.poll(ACK_POLL_S)
             delivery.dispatch()
+            self._take_acknowledged()
+        self._take_acknowledged()
+        durable, self._durable = self._durable, []
+        return [(done, True) for done in durable]
+
+    def awaiting(self) -> bool:
+        """Whether written batches still await their acknowledgements."""
+        return bool(self._unacked)
+
+    def drain(self) -> list[Batch]:
+        """Flush the internal producer (bounded); return the batches now acknowledged."""
+        deadline = self._clock.monotonic() + self._drain_s
+        flush_until(self.internal, deadline, self._clock.monotonic)
+        self._take_acknowledged()
+        durable, self._durable = self._durable, []
+        return durable
+
+    def _take_acknowledged(self) -> None:
         for failure in self.writer.take_failures():
             raise ServiceError("changelog-write-failed",
                                f"cannot write to {failure.topic}: {failure.error.str()}")
-        for failure in failures:
-            log.error("dead-letter write to %s failed for good (%s); the request stays "
-                      "readable at its origin in the requests topic", failure.topic,
-                      failure.error.str())
-            self._metrics.changelog_errors.inc()
-        return True
+        unacked = self._unacked
+        while unacked and unacked[0][0].acks.done:
+            batch, records = unacked.popleft()
+            self._records -= records
+            for failure in batch.acks.dead_letter_failures:
+                log.error("dead-letter write to %s failed for good (%s); the request stays "
+                          "readable at its origin in the requests topic", failure.topic,
+                          failure.error.str())
+                self._metrics.changelog_errors.inc()
+            self._durable.append(batch)
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Store the offset; the consumer's auto-commit commits it."""
@@ -244,11 +306,10 @@ class ExactlyOnce:
             self.producer.begin_transaction()
         return work
 
-    def commit(self, wrote: bool, failures: list[Failure], offsets: list[TopicPartition],
-               consumer: Consuming, delivery: Delivery,
-               indexes: Mapping[int, PartitionIndex]) -> bool:
+    def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Outcome]:
         """Commit the open transaction, or abort it when any of its records failed, and
-        settle what it carried; return whether it committed.
+        settle what it carried; return the batch, and whether it committed.
 
         Delivery is settled here, before the step's plans are written to the
         indexes: the tombstones in the transaction confirm changelog
@@ -259,12 +320,20 @@ class ExactlyOnce:
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
         """
-        committed = self._commit(failures, offsets, consumer, delivery)
+        committed = self._commit(batch.acks.dead_letter_failures, offsets, consumer, delivery)
         if committed:
             delivery.settle(indexes)
         else:
             delivery.abandon()
-        return committed
+        return [(batch, committed)]
+
+    def awaiting(self) -> bool:
+        """Never: a step's transaction is over when the step is."""
+        return False
+
+    def drain(self) -> list[Batch]:
+        """Nothing: no transaction is open between steps, where rebalances happen."""
+        return []
 
     def _commit(self, failures: list[Failure], offsets: list[TopicPartition],
                 consumer: Consuming, delivery: Delivery) -> bool:

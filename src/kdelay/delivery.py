@@ -192,6 +192,8 @@ class Delivery:
         self._book = Book()
         self._windows: dict[int, Window] = {}
         self._reports = _Reports()
+        # Acknowledged entries that are not in their index yet (see adopt).
+        self._unindexed: list[tuple[bytes, Sink]] = []
         self._counts = _Counts()
         self._topics = TopicCheck(targets, clock)
         self._guarded_report = guarded(self._on_report)
@@ -236,40 +238,63 @@ class Delivery:
         if window.lowest_put is None or lowest < window.lowest_put:
             window.lowest_put = lowest
 
-    def adopt(self, partition: int, entries: list[Entry], originals: Mapping[bytes, Message],
-              lowest: bytes | None) -> None:
-        """Take entries intake has just indexed, with their records, if due inside the window.
+    def adopt(self, partition: int, entries: list[Entry],
+              originals: Mapping[bytes, Message]) -> None:
+        """Take entries intake has just written, with their records, if due inside the window.
 
-        They then need no read back from Kafka. ``lowest`` is the smallest key
-        the index write put (what :meth:`PartitionIndex.apply` returned): when
-        every new entry inside the window is taken, no rescan follows.
+        They then need no read back from Kafka, and may go out as soon as they
+        are due, before intake's plan is acknowledged and applied to the index;
+        an adopted entry leaves the index only after :meth:`indexed` says it
+        is in it. Entries not taken are found by a scan once they are indexed.
         """
         window = self._window(partition)
         covered = window.covered
         if covered is None:
-            self.noted(partition, lowest)
             return
         # Adopted entries cost no read: only the cap on held entries bounds them.
         room = self._cap(partition)
         held = self._book.keys
-        missed = False
         for entry in entries:
+            if room <= 0:
+                return
             original = originals.get(entry.key)
-            if entry.due.due_ms > covered or entry.key in held:
+            if entry.due.due_ms > covered or entry.key in held or original is None:
                 continue
-            if room <= 0 or original is None:
-                missed = True
-                _rewind(window, entry.key)
-                continue
-            job = Job(entry, original, partition, State.ADOPTED)
+            job = Job(entry, original, partition, State.ADOPTED, indexed=False)
             # The record the entry was just made from: its fingerprint matches by
             # construction, so only its routing is read (None leaves it to _verify).
             job.routing = envelope.routing(original.headers())
             self._book.hold(job)
             room -= 1
-        if missed:
+
+    def indexed(self, partition: int, entries: list[Entry]) -> None:
+        """Learn that intake's ``entries`` are in ``partition``'s index now.
+
+        Adopted ones may leave it from now on; an entry inside the window that
+        was not adopted is found by the next scan, which starts no later than it.
+        """
+        window = self._window(partition)
+        covered = window.covered
+        book = self._book
+        lowest: bytes | None = None
+        for entry in entries:
+            job = book.get(entry.key)
+            if job is not None:
+                job.indexed = True
+            elif (covered is None or entry.due.due_ms <= covered) and (
+                    lowest is None or entry.key < lowest):
+                lowest = entry.key
+        if lowest is not None:
+            # Scan again (from no later than ``lowest``) until a scan had room for it.
             window.covered = None
             self.noted(partition, lowest)
+
+    def disown(self, entries: list[Entry]) -> None:
+        """Drop the adopted jobs of entries whose plan was given back (never indexed)."""
+        for entry in entries:
+            job = self._book.get(entry.key)
+            if job is not None and not job.indexed and job.state is not State.IN_FLIGHT:
+                self._book.drop(entry.key)
 
     def drop_partition(self, partition: int) -> None:
         """Forget every job of a partition this instance no longer owns."""
@@ -321,7 +346,8 @@ class Delivery:
         reports, self._reports = self._reports, _Reports()
         changes: dict[int, Changes] = {}
         now = self._clock.now_ms()
-        for key, sink in reports.done:
+        done, self._unindexed = [*self._unindexed, *reports.done], []
+        for key, sink in done:
             self._succeeded(key, sink, now, changes)
         for key, sink, reason in [*reports.failed, *reports.refused]:
             self._failed(key, sink, reason, now)
@@ -505,6 +531,9 @@ class Delivery:
     def _succeeded(self, key: bytes, sink: Sink, now: int, changes: dict[int, Changes]) -> None:
         job = self._book.get(key)
         if job is None:
+            return
+        if not job.indexed:
+            self._unindexed.append((key, sink))
             return
         self._book.drop(key)
         change = changes.get(job.partition)

@@ -111,7 +111,13 @@ def dead_letter(message: Message, rejection: Rejection, dlq: str) -> Record:
 
 
 class Planner:
-    """Plans the batches of one request partition against its index."""
+    """Plans the batches of one request partition against its index.
+
+    A plan is applied to the index only once its records are acknowledged,
+    and later batches are planned meanwhile: the schedule ids of the plans
+    not applied yet are kept here, newest last, so a duplicate or a cancel in
+    a later batch sees them (:meth:`done` forgets a plan applied or given back).
+    """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
                  withhold: Withhold) -> None:
@@ -120,6 +126,7 @@ class Planner:
         self._limits = limits
         self._lookup = lookup
         self._withhold = withhold
+        self._unapplied: dict[str, tuple[Plan, IdState | None]] = {}
 
     def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order."""
@@ -144,11 +151,24 @@ class Planner:
                 self._reject(plan, message, parsed)
         if offset is not None:
             plan.changes.consumed = offset + 1
+        for sid, state in plan.changes.ids.items():
+            self._unapplied[sid] = (plan, state)
         return plan
+
+    def done(self, plan: Plan) -> None:
+        """Forget the ids of ``plan``: it is in the index now, or it was given back."""
+        unapplied = self._unapplied
+        for sid in plan.changes.ids:
+            held = unapplied.get(sid)
+            if held is not None and held[0] is plan:
+                del unapplied[sid]
 
     def _id_state(self, plan: Plan, schedule_id: str) -> IdState | None:
         if schedule_id in plan.changes.ids:
             return plan.changes.ids[schedule_id]
+        held = self._unapplied.get(schedule_id)
+        if held is not None:
+            return held[1]
         return self._lookup(schedule_id)
 
     def _reject(self, plan: Plan, message: Message, rejection: Rejection) -> None:

@@ -28,14 +28,14 @@ from collections.abc import Mapping
 from types import FrameType, MappingProxyType
 from typing import Protocol
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kdelay import checkpoint as checkpoints
 from kdelay import envelope, identity
 from kdelay.callbacks import guarded
 from kdelay.changelog import Progress, Restorer, Restoring, open_restored
-from kdelay.checkpoint import Checkpoint, ServiceError
+from kdelay.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
@@ -47,11 +47,13 @@ from kdelay.outlook import Outlook
 from kdelay.settings import Settings
 from kdelay.skew import ClockSkew
 from kdelay.topics import Layout, check_layout
-from kdelay.writer import Failure
 
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_EVERY_MS = 5_000
+# The longest a step waits for requests while written batches await their
+# acknowledgements (which the step after the wait applies).
+ACK_WAIT_MS = 1
 # Most delivered-id markers one partition drops per housekeeping round, so a
 # backlog of them never stalls a step.
 PRUNE_LIMIT = 10_000
@@ -262,28 +264,31 @@ class Service:
         they never meet an open transaction.
         """
         clients, delivery = self._started()
+        checkpoint = clients.checkpoint
         phases = self._phases
         phases.start()
         wait_ms = delivery.wait_ms()
+        if checkpoint.awaiting():
+            wait_ms = min(wait_ms, ACK_WAIT_MS)
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000))
         phases.lap("consume")
-        checkpoint = clients.checkpoint
         due = delivery.prepare(self._indexes)
         phases.lap("read-ahead")
         if checkpoint.begin(bool(plans) or due):
             delivery.dispatch()
             phases.lap("dispatch")
-            failures = self._write(plans, checkpoint)
+            batch = self._write(plans, checkpoint, delivery)
             phases.lap("write")
-            durable = checkpoint.commit(bool(plans), failures, self._offsets_after(plans),
-                                        clients.consumer, delivery, self._indexes)
+            outcomes = checkpoint.commit(batch, self._offsets_after(plans), clients.consumer,
+                                         delivery, self._indexes)
             phases.lap("commit")
-            if durable:
-                self._apply(plans, checkpoint, clients.consumer, delivery)
-            else:
-                self._give_back(plans, clients.consumer, delivery)
+            for done, durable in outcomes:
+                if durable:
+                    self._apply(done, checkpoint, clients.consumer, delivery)
+                else:
+                    self._give_back(done, clients.consumer, delivery)
             phases.lap("apply")
         checkpoint.settle(delivery, self._indexes)
         phases.lap("settle")
@@ -314,53 +319,62 @@ class Service:
         return [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
                 if p in self._planners]
 
-    def _write(self, plans: list[Plan], checkpoint: Checkpoint) -> list[Failure]:
+    def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
         """Produce the plans' changelog records, consumed markers and dead letters.
 
-        Returns the list the dead letters that fail land in (changelog
-        failures are the writer's). A plan's marker follows its own records on
-        the same partition, so its acknowledgement confirms them all.
+        A plan's marker follows its own records on the same partition, so its
+        acknowledgement confirms them all. Delivery adopts the new entries due
+        soon, so they go out when due whenever the batch is acknowledged.
         """
-        failures: list[Failure] = []
-
-        def failed(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                failures.append(Failure(str(message.topic()), message.key(), error))
-
-        on_dead_letter = guarded(failed)
         writer = checkpoint.writer
+        acks = writer.acks()
         for plan in plans:
             for record in plan.changelog:
-                writer.put(plan.partition, record.key or b"", record.value)
+                writer.put(plan.partition, record.key or b"", record.value, acks)
             for record in plan.dead_letters:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
-                        headers=record.headers, on_delivery=on_dead_letter)
+                        headers=record.headers, on_delivery=acks.dead_letter())
             if plan.changes.consumed is not None:
-                writer.mark_consumed(plan.partition, plan.changes.consumed)
-        return failures
+                writer.mark_consumed(plan.partition, plan.changes.consumed, acks)
+            delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
+        return Batch(plans, {plan.partition: self._indexes[plan.partition] for plan in plans},
+                     acks)
 
-    def _apply(self, plans: list[Plan], checkpoint: Checkpoint, consumer: Consuming,
+    def _apply(self, batch: Batch, checkpoint: Checkpoint, consumer: Consuming,
                delivery: Delivery) -> None:
-        """Write the plans to their indexes (after their records are durable) and count them."""
-        for plan in plans:
-            plan.changes.changelog = checkpoint.writer.position(plan.partition)
-            lowest = self._indexes[plan.partition].apply(plan.changes)
+        """Write a durable batch's plans to their indexes and count them.
+
+        A plan of a partition this instance lost (or lost and got back) since
+        it was written is skipped: its offset is not stored, so it is read again.
+        """
+        for plan in batch.plans:
+            partition = plan.partition
+            index = self._indexes.get(partition)
+            if index is None or index is not batch.indexes[partition]:
+                continue
+            plan.changes.changelog = checkpoint.writer.position(partition)
+            index.apply(plan.changes)
+            self._planners[partition].done(plan)
             delivery.forget(plan.changes.deletes)
-            delivery.adopt(plan.partition, plan.changes.puts, plan.originals, lowest)
+            delivery.indexed(partition, plan.changes.puts)
             consumed = plan.changes.consumed
             if consumed is not None:
-                self._consumed[plan.partition] = consumed
-                checkpoint.consumed(consumer, plan.partition, consumed)
+                self._consumed[partition] = consumed
+                checkpoint.consumed(consumer, partition, consumed)
             self._count(plan.outcomes)
 
-    def _give_back(self, plans: list[Plan], consumer: Consuming, delivery: Delivery) -> None:
+    def _give_back(self, batch: Batch, consumer: Consuming, delivery: Delivery) -> None:
         """Undo plans that were not made durable: release their cancels, read them again.
 
-        The entries the plans' cancels withheld go out again, and the consumer
-        seeks back to each plan's first record.
+        The entries the plans' cancels withheld go out again, the entries they
+        adopted are dropped, and the consumer seeks back to each plan's first record.
         """
-        for plan in plans:
+        for plan in batch.plans:
+            planner = self._planners.get(plan.partition)
+            if planner is not None:
+                planner.done(plan)
             delivery.release(plan.changes.deletes)
+            delivery.disown(plan.changes.puts)
             if plan.first is not None:
                 consumer.seek(TopicPartition(self.settings.requests_topic, plan.partition,
                                              plan.first))
@@ -442,6 +456,8 @@ class Service:
         clients, delivery = self._started()
         self.metrics.rebalances.labels(kind="revoke").inc()
         try:
+            for batch in clients.checkpoint.drain():
+                self._apply(batch, clients.checkpoint, consumer, delivery)
             clients.checkpoint.revoke(consumer, delivery, self._indexes)
         finally:
             self._close_partitions([tp.partition for tp in partitions])

@@ -13,10 +13,16 @@ the next restore to start from. Puts do not confirm: the marker that follows
 a plan's puts on the same partition does, and that keeps each put's report as
 cheap as possible (the producer is idempotent, so the marker's offset is the
 highest of the plan's).
+
+Intake's records are written on behalf of one step's :class:`Acks`, which
+counts the acknowledgements they still wait for: a step's plans reach the
+indexes once its count is zero, while later steps go on (see
+:mod:`kdelay.checkpoint`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +55,43 @@ def _ignore(_: Message) -> None:
     """Observe nothing."""
 
 
+class Acks:
+    """The records of one intake step, and how many of them still await their report.
+
+    Changelog records count here and fail in the writer (which collects and
+    counts them); dead letters count here and fail here, in
+    :attr:`dead_letter_failures`. One bound callback per kind serves every
+    record of the step.
+    """
+
+    def __init__(self, changelog_failed: Callable[[KafkaError, Message], None]) -> None:
+        self.waiting = 0
+        self.dead_letter_failures: list[Failure] = []
+        self._changelog_failed = changelog_failed
+        self.on_changelog = guarded(self._changelog_reported)
+        self.on_dead_letter = guarded(self._dead_letter_reported)
+
+    @property
+    def done(self) -> bool:
+        """Whether every record of the step has been reported on."""
+        return self.waiting == 0
+
+    def dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
+        """Count a dead letter about to be produced; return its delivery callback."""
+        self.waiting += 1
+        return self.on_dead_letter
+
+    def _changelog_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is not None:
+            self._changelog_failed(error, message)
+
+    def _dead_letter_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is not None:
+            self.dead_letter_failures.append(Failure(str(message.topic()), message.key(), error))
+
+
 class ChangelogWriter:
     """Writes the changelog through one producer; owns the positions it confirms.
 
@@ -64,19 +107,22 @@ class ChangelogWriter:
         self._observe = observe
         self._next: dict[int, int] = {}
         self._failures: list[Failure] = []
-        self._on_put = guarded(self._put_reported)
         self._on_confirming = guarded(self._confirming_reported)
-        self._on_marker = guarded(self._marker_reported)
 
     @property
     def topic(self) -> str:
         """The changelog topic."""
         return self._topic
 
-    def put(self, partition: int, key: bytes, value: bytes | None) -> None:
+    def acks(self) -> Acks:
+        """Return the tally of a new intake step's records."""
+        return Acks(self._failed)
+
+    def put(self, partition: int, key: bytes, value: bytes | None, acks: Acks) -> None:
         """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
+        acks.waiting += 1
         produce(self._producer, self._topic, key=key, value=value, partition=partition,
-                on_delivery=self._on_put)
+                on_delivery=acks.on_changelog)
 
     def tombstone(self, partition: int, key: bytes) -> None:
         """Write the tombstone of an entry delivery is done with; it confirms its position.
@@ -88,11 +134,12 @@ class ChangelogWriter:
         produce(self._producer, self._topic, key=key, value=None, partition=partition,
                 on_delivery=self._on_confirming)
 
-    def mark_consumed(self, partition: int, offset: int) -> None:
+    def mark_consumed(self, partition: int, offset: int, acks: Acks) -> None:
         """Write how far intake has read ``partition`` (after the plan's own records)."""
+        acks.waiting += 1
         produce(self._producer, self._topic, key=codec.CONSUMED_MARKER,
                 value=codec.encode_offset(offset), partition=partition,
-                on_delivery=self._on_marker)
+                on_delivery=guarded(functools.partial(self._marker_reported, acks)))
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
@@ -116,17 +163,14 @@ class ChangelogWriter:
         self._metrics.changelog_errors.inc()
         log.error("changelog record for %r failed: %s", message.key(), error.str())
 
-    def _put_reported(self, error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            self._failed(error, message)
-
     def _confirming_reported(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
             self._confirm(message)
         else:
             self._failed(error, message)
 
-    def _marker_reported(self, error: KafkaError | None, message: Message) -> None:
+    def _marker_reported(self, acks: Acks, error: KafkaError | None, message: Message) -> None:
+        acks.waiting -= 1
         if error is None:
             self._confirm(message)
             self._observe(message)

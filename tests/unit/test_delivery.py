@@ -1066,22 +1066,32 @@ def test_a_forgotten_entry_is_not_work_due(world: World) -> None:
 
 
 def _new_request(world: World, partition: int, offset: int, due: int) -> tuple[Entry, Message]:
-    """A request intake has just indexed: its entry (in the index) and its record (not in
-    the reader's log, so only adoption can deliver it without a read). The service hands
-    delivery the lowest key the index write put with the entries: here, the entry's."""
+    """A request intake has just planned: its entry and its record (not in the reader's
+    log, so only adoption can deliver it without a read). Not in the index yet."""
     headers = schedule_headers("orders", due_ms=due)
     message = Message(topic=REQUESTS, partition=partition, offset=offset, key=b"k", value=b"v",
                       headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
     entry = Entry(encode_due_key(due, partition, offset), IndexValue(fingerprint_of(message), None))
-    world.indexes[partition].apply(Changes(puts=[entry]))
     return entry, message
+
+
+def _index(world: World, partition: int, entries: list[Entry]) -> None:
+    """What the service does once intake's plan is acknowledged: index it, tell delivery."""
+    world.indexes[partition].apply(Changes(puts=entries))
+    world.delivery.indexed(partition, entries)
+
+
+def _adopt_and_index(world: World, partition: int,
+                     requests: list[tuple[Entry, Message]]) -> None:
+    entries = [entry for entry, _ in requests]
+    world.delivery.adopt(partition, entries, {e.key: m for e, m in requests})
+    _index(world, partition, entries)
 
 
 def test_an_adopted_entry_is_delivered_without_reading_it_back(world: World) -> None:
     world.at(T0)  # the first tick scans: the window now reaches T0 + lookahead
     reads_before = len(world.reader.calls)
-    entry, message = _new_request(world, 0, 5, T0 + 500)
-    world.delivery.adopt(0, [entry], {entry.key: message}, entry.key)
+    _adopt_and_index(world, 0, [_new_request(world, 0, 5, T0 + 500)])
     world.at(T0 + 499)
     assert world.targets.sent == []
     world.at(T0 + 500)
@@ -1096,9 +1106,8 @@ def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_rea
     (CONFIG.batch_size is 100): none of them may be read back, and they must not stop
     the read-ahead of entries intake did not adopt."""
     world.at(T0)
-    adopted = [_new_request(world, 0, offset, T0 + 500) for offset in range(250)]
-    world.delivery.adopt(0, [e for e, _ in adopted], {e.key: m for e, m in adopted},
-                         min(e.key for e, _ in adopted))
+    _adopt_and_index(world, 0, [_new_request(world, 0, offset, T0 + 500)
+                                for offset in range(250)])
     world.request(0, 1_000, T0 + 400)  # indexed by other means: found by a scan
     world.at(T0 + 1)
     assert [call.get(0) for call in world.reader.calls if call.get(0)] == [[1_000]]
@@ -1113,7 +1122,7 @@ def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_rea
 def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> None:
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 60_000)
-    world.delivery.adopt(0, [entry], {entry.key: message}, entry.key)
+    _adopt_and_index(world, 0, [(entry, message)])
     world.at(T0 + 59_999)
     assert world.targets.sent == []
     world.reader.log[(0, 5)] = message  # found by the scan once inside the window
@@ -1123,7 +1132,63 @@ def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> Non
 
 def test_nothing_is_adopted_before_the_partition_was_scanned(world: World) -> None:
     entry, message = _new_request(world, 0, 5, T0)
-    world.delivery.adopt(0, [entry], {entry.key: message}, entry.key)
+    _adopt_and_index(world, 0, [(entry, message)])
     world.reader.log[(0, 5)] = message
     world.at(T0)
     assert len(world.targets.sent) == 1, "delivered once, through the scan"
+
+
+def test_an_adopted_entry_goes_out_before_it_is_indexed_and_leaves_only_after(
+    world: World,
+) -> None:
+    """Intake's changelog records may be acknowledged late: the entry goes out when due
+    anyway, but its delete and tombstone wait until its put is in the index, or a later
+    index write of the put would bring the delivered entry back."""
+    world.at(T0)
+    entry, message = _new_request(world, 0, 5, T0 + 100)
+    world.delivery.adopt(0, [entry], {entry.key: message})
+    world.at(T0 + 100)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 100], "on time, not indexed"
+    world.targets.report()
+    world.settle()
+    assert world.internal.sent == [], "no tombstone before the entry is indexed"
+    assert world.delivery.in_flight(entry.key), "held: too late to cancel"
+
+    _index(world, 0, [entry])
+    world.settle()
+    assert [(s.topic, s.key, s.value) for s in world.internal.sent] == [
+        (CHANGELOG, entry.key, None)]
+    assert list(world.indexes[0].entries()) == []
+    assert len(world.targets.sent) == 1, "delivered once"
+
+
+def test_a_given_back_plan_takes_its_adopted_entries_back(world: World) -> None:
+    world.at(T0)
+    entry, message = _new_request(world, 0, 5, T0 + 100)
+    world.delivery.adopt(0, [entry], {entry.key: message})
+    world.delivery.disown([entry])
+    world.at(T0 + 100)
+    assert world.targets.sent == []
+
+
+def test_an_entry_not_adopted_is_found_by_a_scan_once_indexed(tmp_path: Path) -> None:
+    """A scan between the write and the index apply does not see the entry; being told
+    it is indexed makes the next scan start no later than it."""
+    world = World(tmp_path, DeliveryConfig(REQUESTS, CHANGELOG, DLQ, batch_size=1))
+    try:
+        world.at(T0)
+        held = [_new_request(world, 0, offset, T0 + 500) for offset in range(25)]
+        # MAX_HELD_BATCHES batches of one: 20 are adopted, the rest are not.
+        world.delivery.adopt(0, [e for e, _ in held], {e.key: m for e, m in held})
+        world.at(T0 + 1)  # a scan before the index write finds nothing
+        for entry, message in held:
+            world.reader.log[(0, entry.due.offset)] = message
+        _index(world, 0, [e for e, _ in held])
+        for step in range(2, 60):
+            world.at(T0 + 500 + step)
+            world.targets.report()
+            world.settle()
+        assert sorted(s.timestamp >= T0 + 500 for s in world.targets.sent) == [True] * 25
+        assert list(world.indexes[0].entries()) == []
+    finally:
+        world.close()

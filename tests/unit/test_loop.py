@@ -2,8 +2,8 @@
 
 The broker tests (tests/integration, tests/e2e) show that the loop works; these
 show, call by call, that it does things in the order its guarantees rest on:
-what is due goes out before intake waits for its acknowledgements and what
-intake adopted right after (at-least-once), an aborted transaction is read
+what is due goes out before intake writes, and whatever intake's
+acknowledgements do (at-least-once), an aborted transaction is read
 again (exactly-once), and revoked partitions are drained, settled and
 committed before their indexes close (at-least-once).
 
@@ -317,6 +317,82 @@ def test_an_unacknowledged_record_keeps_its_entry_and_no_tombstone_is_written(
     assert alo.pending() == [key]
     assert [e for e in alo.wire.events if e == ("produce", "internal", CHANGELOG, key)] == [
         ("produce", "internal", CHANGELOG, key)], "only the put, no tombstone"
+
+
+# -- at-least-once: intake does not wait for its acknowledgements ------------------------------
+
+
+def test_a_step_does_not_wait_for_the_changelog_and_due_entries_still_go_out(alo: Loop) -> None:
+    """With the changelog unacknowledged, later batches are still taken in and an adopted
+    entry goes out when due; offsets are stored, batch by batch, only once acknowledged,
+    and the delivered entry leaves the index only after its put is in it."""
+    internal = alo.clients.producers["internal"]
+    internal.hold = True
+    first = alo.request(T0 + 10, key=b"first")
+    alo.step()
+    second = alo.request(T0 + 60_000, key=b"second")
+    events = alo.step()
+    assert (CHANGELOG, second) in produced(events), "the next batch was taken in"
+    alo.clock.set(T0 + 10)
+    events = alo.step()
+    assert ("orders", b"first") in produced(events), "due: out before its put is acknowledged"
+    alo.step()
+    assert alo.pending() == []
+    assert alo.wire.kinds("store") == []
+
+    internal.hold = False
+    alo.step()
+    assert [e[1] for e in alo.wire.kinds("store")] == [[(0, 1)], [(0, 2)]], "in order"
+    alo.step()
+    assert alo.pending() == [second], "first: indexed, then deleted as delivered"
+    puts_and_tombstones = [e[3] for e in alo.wire.kinds("produce")
+                           if e[1] == "internal" and e[3] == first]
+    assert puts_and_tombstones == [first, first], "its put, then its tombstone"
+
+
+def test_a_duplicate_id_in_a_later_batch_sees_the_unacknowledged_one(alo: Loop) -> None:
+    alo.clients.producers["internal"].hold = True
+    alo.request(T0 + 60_000, key=b"a", sid="order-1")
+    alo.step()
+    alo.request(T0 + 90_000, key=b"b", sid="order-1")
+    alo.step()
+    alo.clients.producers["internal"].hold = False
+    alo.step()
+    intake = alo.service.metrics.intake
+    assert intake.labels(outcome="duplicate")._value.get() == 1
+    assert len(alo.pending()) == 1
+
+
+def test_a_cancel_of_an_unacknowledged_schedule_keeps_it_from_going_out(alo: Loop) -> None:
+    alo.clients.producers["internal"].hold = True
+    alo.request(T0 + 10, key=b"a", sid="order-1")
+    alo.step()
+    alo.cancel("order-1")
+    alo.step()
+    alo.clock.set(T0 + 10)
+    alo.step()
+    alo.clients.producers["internal"].hold = False
+    alo.step()
+    alo.step()
+    assert ("orders", b"a") not in produced(alo.wire.events)
+    assert alo.pending() == []
+    assert alo.service.metrics.intake.labels(outcome="cancelled")._value.get() == 1
+
+
+def test_a_revoke_applies_the_batches_still_awaiting_acknowledgement(alo: Loop) -> None:
+    alo.clients.producers["internal"].hold = True
+    key = alo.request(T0 + 60_000, key=b"a")
+    alo.step()
+    alo.clients.group.revoke_next.append(0)
+    events = alo.step()
+    store = events.index(("store", [(0, 1)]))
+    assert store < events.index(("commit-offsets",)), "stored before the final commit"
+    path = store_path(alo.settings.state_dir, REQUESTS, 0)
+    index = PartitionIndex(path, 0)
+    try:
+        assert [e.key for e in index.entries()] == [key]
+    finally:
+        index.close()
 
 
 # -- exactly-once: rewind on abort ---------------------------------------------------------------

@@ -86,11 +86,12 @@ def test_puts_confirm_nothing_and_the_marker_confirms_them_all() -> None:
     producer = Producer()
     seen: list[Message] = []
     writer, _ = writer_with(producer, seen.append)
-    writer.put(3, K1, b"value")
-    writer.put(3, K2, None)
+    acks = writer.acks()
+    writer.put(3, K1, b"value", acks)
+    writer.put(3, K2, None, acks)
     producer.report([10, 11])
     assert writer.position(3) is None
-    writer.mark_consumed(3, 42)
+    writer.mark_consumed(3, 42, acks)
     [(topic, partition, key, value, _)] = producer.queued
     assert (topic, partition, key, value) == (CHANGELOG, 3, codec.CONSUMED_MARKER,
                                                codec.encode_offset(42))
@@ -102,9 +103,10 @@ def test_puts_confirm_nothing_and_the_marker_confirms_them_all() -> None:
 def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
     producer = Producer()
     writer, metrics = writer_with(producer)
-    writer.put(0, K1, b"v")
+    acks = writer.acks()
+    writer.put(0, K1, b"v", acks)
     writer.tombstone(0, K2)
-    writer.mark_consumed(0, 7)
+    writer.mark_consumed(0, 7, acks)
     producer.report([1, 2, 3], KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
     assert writer.position(0) is None
     assert writer.has_failures()
@@ -114,6 +116,7 @@ def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
     assert errors(metrics) == 3
     assert not writer.has_failures()
     assert writer.take_failures() == []
+    assert acks.done, "reported, if failed: nothing more to wait for"
 
 
 def test_a_full_queue_is_waited_out_not_dropped() -> None:
@@ -122,3 +125,27 @@ def test_a_full_queue_is_waited_out_not_dropped() -> None:
     writer.tombstone(1, K1)
     assert producer.polls == 3
     assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(1, K1, None)]
+
+
+def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
+    """Intake's records and dead letters count against their step; tombstones do not."""
+    producer = Producer()
+    writer, _ = writer_with(producer)
+    acks = writer.acks()
+    writer.put(0, K1, b"v", acks)
+    writer.tombstone(0, K2)
+    on_dead_letter = acks.dead_letter()
+    writer.mark_consumed(0, 7, acks)
+    assert acks.waiting == 3
+    queued = producer.queued
+    producer.queued = [queued[0]]
+    producer.report([1])
+    assert (acks.waiting, acks.done) == (2, False)
+    producer.queued = queued[1:]
+    producer.report([2, 3])
+    assert acks.waiting == 1
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied")
+    on_dead_letter(denied, Message(topic="kdelay.dlq", key=b"bad"))
+    assert acks.done
+    assert [(f.topic, f.key) for f in acks.dead_letter_failures] == [("kdelay.dlq", b"bad")]
+    assert not writer.has_failures(), "a dead letter is not a changelog failure"
