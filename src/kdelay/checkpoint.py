@@ -86,7 +86,7 @@ class Batch:
     acks: Acks
 
 
-Outcome = tuple[Batch, bool]
+Fate = tuple[Batch, bool]
 """A batch whose fate is known, and whether it is durable (else: give it back)."""
 
 
@@ -142,7 +142,7 @@ class Checkpoint(Protocol):
         ...
 
     def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
-               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Outcome]:
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Fate]:
         """Make the step's writes durable; return the batches whose fate is now known.
 
         ``batch`` is what intake wrote this step (maybe no plans), ``offsets``
@@ -197,7 +197,6 @@ class AtLeastOnce:
         self._metrics = metrics
         self._stopping = stopping
         self._unacked: deque[tuple[Batch, int]] = deque()
-        self._durable: list[Batch] = []
         self._records = 0
 
     def begin(self, work: bool) -> bool:
@@ -205,7 +204,7 @@ class AtLeastOnce:
         return True
 
     def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
-               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Outcome]:
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Fate]:
         """Queue the batch; return the batches acknowledged in full, in the order written.
 
         Waits only while ``MAX_UNACKED_RECORDS`` records await acknowledgements
@@ -218,12 +217,11 @@ class AtLeastOnce:
             self._unacked.append((batch, batch.acks.waiting))
             self._records += batch.acks.waiting
         self.internal.poll(0)
+        durable = self._take_acknowledged()
         while self._records > MAX_UNACKED_RECORDS and not self._stopping():
             self.internal.poll(ACK_POLL_S)
             delivery.dispatch()
-            self._take_acknowledged()
-        self._take_acknowledged()
-        durable, self._durable = self._durable, []
+            durable += self._take_acknowledged()
         return [(done, True) for done in durable]
 
     def awaiting(self) -> bool:
@@ -234,15 +232,15 @@ class AtLeastOnce:
         """Flush the internal producer (bounded); return the batches now acknowledged."""
         deadline = self._clock.monotonic() + self._drain_s
         flush_until(self.internal, deadline, self._clock.monotonic)
-        self._take_acknowledged()
-        durable, self._durable = self._durable, []
-        return durable
+        return self._take_acknowledged()
 
-    def _take_acknowledged(self) -> None:
+    def _take_acknowledged(self) -> list[Batch]:
+        """Return the batches at the head of the queue whose records are all acknowledged."""
         for failure in self.writer.take_failures():
             raise ServiceError("changelog-write-failed",
                                f"cannot write to {failure.topic}: {failure.error.str()}")
         unacked = self._unacked
+        durable: list[Batch] = []
         while unacked and unacked[0][0].acks.done:
             batch, records = unacked.popleft()
             self._records -= records
@@ -251,7 +249,8 @@ class AtLeastOnce:
                           "readable at its origin in the requests topic", failure.topic,
                           failure.error.str())
                 self._metrics.changelog_errors.inc()
-            self._durable.append(batch)
+            durable.append(batch)
+        return durable
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Store the offset; the consumer's auto-commit commits it."""
@@ -307,7 +306,7 @@ class ExactlyOnce:
         return work
 
     def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
-               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Outcome]:
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Fate]:
         """Commit the open transaction, or abort it when any of its records failed, and
         settle what it carried; return the batch, and whether it committed.
 

@@ -346,7 +346,9 @@ class Delivery:
         reports, self._reports = self._reports, _Reports()
         changes: dict[int, Changes] = {}
         now = self._clock.now_ms()
-        done, self._unindexed = [*self._unindexed, *reports.done], []
+        done = reports.done
+        if self._unindexed:
+            done, self._unindexed = [*self._unindexed, *done], []
         for key, sink in done:
             self._succeeded(key, sink, now, changes)
         for key, sink, reason in [*reports.failed, *reports.refused]:

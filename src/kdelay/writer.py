@@ -59,22 +59,38 @@ class Acks:
     """The records of one intake step, and how many of them still await their report.
 
     Changelog records count here and fail in the writer (which collects and
-    counts them); dead letters count here and fail here, in
-    :attr:`dead_letter_failures`. One bound callback per kind serves every
-    record of the step.
+    counts them; a marker's acknowledgement confirms its position there);
+    dead letters count here and fail here, in :attr:`dead_letter_failures`.
+    One callback per kind serves every record of the step, built on first use
+    (most steps write nothing).
     """
 
-    def __init__(self, changelog_failed: Callable[[KafkaError, Message], None]) -> None:
+    def __init__(self, changelog_failed: Callable[[KafkaError, Message], None],
+                 marker_written: Callable[[Message], None]) -> None:
         self.waiting = 0
         self.dead_letter_failures: list[Failure] = []
         self._changelog_failed = changelog_failed
-        self.on_changelog = guarded(self._changelog_reported)
-        self.on_dead_letter = guarded(self._dead_letter_reported)
+        self._marker_written = marker_written
 
     @property
     def done(self) -> bool:
         """Whether every record of the step has been reported on."""
         return self.waiting == 0
+
+    @functools.cached_property
+    def on_changelog(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's puts and cancel tombstones."""
+        return guarded(self._changelog_reported)
+
+    @functools.cached_property
+    def on_marker(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's consumed-offset markers."""
+        return guarded(self._marker_reported)
+
+    @functools.cached_property
+    def on_dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's dead letters."""
+        return guarded(self._dead_letter_reported)
 
     def dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
         """Count a dead letter about to be produced; return its delivery callback."""
@@ -84,6 +100,13 @@ class Acks:
     def _changelog_reported(self, error: KafkaError | None, message: Message) -> None:
         self.waiting -= 1
         if error is not None:
+            self._changelog_failed(error, message)
+
+    def _marker_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is None:
+            self._marker_written(message)
+        else:
             self._changelog_failed(error, message)
 
     def _dead_letter_reported(self, error: KafkaError | None, message: Message) -> None:
@@ -116,7 +139,7 @@ class ChangelogWriter:
 
     def acks(self) -> Acks:
         """Return the tally of a new intake step's records."""
-        return Acks(self._failed)
+        return Acks(self._failed, self._marker_written)
 
     def put(self, partition: int, key: bytes, value: bytes | None, acks: Acks) -> None:
         """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
@@ -139,7 +162,7 @@ class ChangelogWriter:
         acks.waiting += 1
         produce(self._producer, self._topic, key=codec.CONSUMED_MARKER,
                 value=codec.encode_offset(offset), partition=partition,
-                on_delivery=guarded(functools.partial(self._marker_reported, acks)))
+                on_delivery=acks.on_marker)
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
@@ -169,10 +192,6 @@ class ChangelogWriter:
         else:
             self._failed(error, message)
 
-    def _marker_reported(self, acks: Acks, error: KafkaError | None, message: Message) -> None:
-        acks.waiting -= 1
-        if error is None:
-            self._confirm(message)
-            self._observe(message)
-        else:
-            self._failed(error, message)
+    def _marker_written(self, message: Message) -> None:
+        self._confirm(message)
+        self._observe(message)
