@@ -13,10 +13,9 @@ cancel withholds.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import KeysView
 from dataclasses import dataclass
-from enum import Enum
+from enum import IntEnum
 
 from kdelay import codec, envelope
 from kdelay.envelope import ErrorCode
@@ -24,16 +23,20 @@ from kdelay.index import Entry
 from kdelay.originals import Found
 
 
-class State(Enum):
-    """Where the delivery of a job stands."""
+class State(IntEnum):
+    """Where the delivery of a job stands.
 
-    ADOPTED = "adopted"
+    An ``IntEnum`` so that a state indexes its partition's list of counts
+    directly: a count changes twice for every record delivered.
+    """
+
+    ADOPTED = 0
     """Taken from intake with its record, never produced: it cost no read."""
-    READY = "ready"
+    READY = 1
     """Read ahead (or back from a retry or an aborted transaction): waits for its due time."""
-    IN_FLIGHT = "in flight"
+    IN_FLIGHT = 2
     """Produced; its delivery report is awaited. Too late to cancel."""
-    BACKING_OFF = "backing off"
+    BACKING_OFF = 3
     """Failed; waits until ``not_before_ms`` to be sent again."""
 
 
@@ -69,7 +72,8 @@ class Book:
 
     def __init__(self) -> None:
         self._jobs: dict[bytes, Job] = {}
-        self._counts: Counter[tuple[int, State]] = Counter()
+        # Per partition, the number of jobs in each state (indexed by the state).
+        self._counts: dict[int, list[int]] = {}
         self._flying = 0
         # Keys that wait to be sent, smallest first; a key whose job left or
         # changed state since it was pushed is skipped when it reaches the top.
@@ -88,12 +92,13 @@ class Book:
 
     def count(self, partition: int, state: State) -> int:
         """Return how many jobs of ``partition`` are in ``state``."""
-        return self._counts[(partition, state)]
+        counts = self._counts.get(partition)
+        return 0 if counts is None else counts[state]
 
     def held(self, partition: int) -> int:
         """Return how many jobs of ``partition`` are held, whatever their state."""
-        counts = self._counts
-        return sum(counts[(partition, state)] for state in State)
+        counts = self._counts.get(partition)
+        return 0 if counts is None else sum(counts)
 
     def flying(self) -> int:
         """Return how many jobs of every partition await their report."""
@@ -143,7 +148,10 @@ class Book:
 
     def _count(self, job: Job, delta: int) -> None:
         """Count ``job`` in (+1) or out (-1) of its state: the only writer of the counts."""
-        self._counts[(job.partition, job.state)] += delta
+        counts = self._counts.get(job.partition)
+        if counts is None:
+            counts = self._counts[job.partition] = [0] * len(State)
+        counts[job.state] += delta
         if job.state is State.IN_FLIGHT:
             self._flying += delta
 

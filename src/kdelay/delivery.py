@@ -557,8 +557,7 @@ class Delivery:
         counts, self._counts = self._counts, _Counts()
         if counts.delivered:
             self._metrics.delivered.inc(counts.delivered)
-        for late_ms in counts.lateness_ms:
-            self._metrics.lateness.observe(late_ms / 1000)
+        self._metrics.lateness.observe_ms(counts.lateness_ms)
 
     def _failed(self, key: bytes, sink: Sink, reason: str, now: int) -> None:
         job = self._book.get(key)

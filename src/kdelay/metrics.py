@@ -6,10 +6,14 @@ tests) never clash; ``serve`` exposes it over HTTP on ``--metrics-port``.
 
 from __future__ import annotations
 
+import bisect
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
@@ -70,6 +74,57 @@ class OutlookGauges:
                 self.overdue, self.intake_lag, self.headroom, self.at_risk)
 
 
+class BatchHistogram:
+    """A histogram without labels that takes a batch of observations at a time.
+
+    ``prometheus_client``'s ``Histogram.observe`` takes a lock and walks the
+    buckets in Python for every value (about 1.3 µs here). Delivery observes
+    the lateness of every record it produces, so it hands over the figures
+    gathered between two settles in one call instead; they are exposed exactly
+    as a ``Histogram`` of the same name would expose them.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = [*buckets, float("inf")]
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_ms(self, values_ms: list[int]) -> None:
+        """Observe every value of ``values_ms``, given in milliseconds, in seconds."""
+        if not values_ms:
+            return
+        bounds = self._bounds
+        found = [bisect.bisect_left(bounds, value / 1000) for value in values_ms]
+        with self._lock:
+            counts = self._counts
+            for slot in found:
+                counts[slot] += 1
+            self._sum += sum(values_ms) / 1000
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric's name and type, for the registry's clash check."""
+        yield HistogramMetricFamily(self._name, self._documentation)
+
+    def collect(self) -> Iterator[Metric]:
+        """The cumulative buckets, count and sum, as a ``Histogram`` exposes them."""
+        with self._lock:
+            counts = list(self._counts)
+            total = self._sum
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip(self._bounds, counts, strict=True):
+            running += count
+            label = floatToGoString(bound)  # type: ignore[no-untyped-call]
+            cumulative.append((label, running))
+        yield HistogramMetricFamily(self._name, self._documentation, buckets=cumulative,
+                                    sum_value=total)
+
+
 class Metrics:
     """The counters, gauges and histograms the service updates."""
 
@@ -86,9 +141,9 @@ class Metrics:
                                registry=r)
         self.changelog_errors = Counter("kdelay_changelog_errors",
                                         "Changelog writes that failed", registry=r)
-        self.lateness = Histogram("kdelay_lateness_seconds",
-                                  "Produce time minus due time, by the service clock",
-                                  buckets=LATENESS_BUCKETS, registry=r)
+        self.lateness = BatchHistogram("kdelay_lateness_seconds",
+                                       "Produce time minus due time, by the service clock",
+                                       LATENESS_BUCKETS, r)
         self.restored = Counter("kdelay_restored_changelog_records",
                                 "Changelog records replayed into local indexes", registry=r)
         self.ids_expired = Counter(

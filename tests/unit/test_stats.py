@@ -40,8 +40,7 @@ def exposition(delivered: int, late: list[float], dlq: dict[str, int]) -> str:
     metrics = Metrics()
     metrics.delivered.inc(delivered)
     metrics.intake.labels(outcome="scheduled").inc(delivered * 2)
-    for seconds in late:
-        metrics.lateness.observe(seconds)
+    metrics.lateness.observe_ms([round(seconds * 1000) for seconds in late])
     for reason, count in dlq.items():
         metrics.dead_lettered.labels(reason=reason).inc(count)
     metrics.owned.set(3)
