@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
@@ -47,6 +48,23 @@ class FollowingClock(ManualClock):
         self._since_ns = time.monotonic_ns()
 
 
+@dataclass(frozen=True, slots=True)
+class Cpu:
+    """CPU seconds used: by the thread that steps the service, and by the whole process
+    (the service's loop plus librdkafka's threads; the bench's producer and collector
+    run in processes of their own)."""
+
+    loop_s: float
+    process_s: float
+
+    def per_record_us(self, since: Cpu, records: int) -> dict[str, float]:
+        """The CPU microseconds per record from ``since`` to this reading."""
+        n = max(records, 1)
+        return {"loop_cpu_us_per_record": round((self.loop_s - since.loop_s) * 1e6 / n, 1),
+                "process_cpu_us_per_record": round((self.process_s - since.process_s) * 1e6 / n,
+                                                   1)}
+
+
 class Stalled(Exception):
     """The service made no progress towards the goal before the timeout."""
 
@@ -76,6 +94,10 @@ class InProcess:
     def delivered(self) -> int:
         """Return how many records the service has delivered (acknowledged by targets)."""
         return self._count(DELIVERED)
+
+    def cpu(self) -> Cpu:
+        """Return the CPU time used so far by this thread (the service's loop) and process."""
+        return Cpu(time.thread_time(), time.process_time())
 
     def step_until(self, done: Callable[[], bool], timeout_s: float) -> None:
         """Step the service until ``done()``; raise :class:`Stalled` after ``timeout_s``."""
