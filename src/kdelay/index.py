@@ -32,7 +32,7 @@ from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from kdelay import codec
 from kdelay.codec import IdState, IndexValue
-from kdelay.tally import Change, Tally
+from kdelay.tally import MINUTE_MS, Change, Tally
 
 IDS_CF = "ids"
 META_CF = "meta"
@@ -316,8 +316,18 @@ class PartitionIndex:
         yield from cast(Iterator[tuple[bytes, bytes]], self._db.items(read_opt=options))
 
     def first_key(self) -> bytes | None:
-        """Return the smallest pending due key, or None when nothing is pending."""
-        for key, _ in self._iterate(None):
+        """Return the smallest pending due key, or None when nothing is pending.
+
+        The :attr:`tally` bounds the walk over the tombstones of delivered
+        entries (which a RocksDB iterator steps over one by one until they are
+        compacted away): nothing is read when it counts no entry, and the walk
+        starts no earlier than the earliest due minute it counts.
+        """
+        due = self.tally.due
+        if not due:
+            return None
+        start = max(self._head, codec.encode_due_key(min(due) * MINUTE_MS, 0, 0))
+        for key, _ in self._iterate(None, start=start):
             self._head = key
             return key
         return None
@@ -325,10 +335,16 @@ class PartitionIndex:
     def last_key(self) -> bytes | None:
         """Return the largest pending due key, or None when nothing is pending.
 
-        A seek to the last key: its cost does not grow with the number of entries.
+        A seek back from the end of the latest due minute the :attr:`tally`
+        counts: the tombstones of entries due later are never read. (A plain
+        seek to the last key walked back over every tombstone of a drained
+        index: 0.15-0.5 s a partition after a few minutes at 5 k/s.)
         """
+        due = self.tally.due
+        if not due:
+            return None
         it = self._db.iter(ReadOptions())
-        it.seek_to_last()
+        it.seek_for_prev(codec.encode_due_key((max(due) + 1) * MINUTE_MS, 0, 0))
         key = cast(bytes, it.key()) if it.valid() else None
         del it
         return key
@@ -348,6 +364,8 @@ class PartitionIndex:
 
     def first_key_after(self, after_ms: int) -> bytes | None:
         """Return the smallest key due after ``after_ms``, or None (one seek)."""
+        if not self.tally.due:
+            return None
         it = self._db.iter(ReadOptions())
         it.seek(codec.due_upper_bound(after_ms))
         key = cast(bytes, it.key()) if it.valid() else None

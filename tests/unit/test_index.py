@@ -286,6 +286,43 @@ def test_first_key_is_the_smallest_pending_key(index: PartitionIndex) -> None:
     assert index.first_key() == encode_due_key(300, 0, 1)
 
 
+MINUTE = 60_000
+
+
+def test_first_and_last_key_step_over_delivered_entries_at_both_ends(
+    index: PartitionIndex,
+) -> None:
+    early = [entry(m * MINUTE + 5, offset=m) for m in range(3)]
+    late = [entry(m * MINUTE + 5, offset=m) for m in range(7, 10)]
+    first, last = entry(4 * MINUTE + 1, offset=40), entry(5 * MINUTE + 10, offset=50)
+    gone_in_last_minute = entry(5 * MINUTE + 50, offset=51)
+    put(index, *early, first, last, gone_in_last_minute, *late)
+    index.apply(Changes(deletes=[e.key for e in [*early, *late, gone_in_last_minute]]))
+    assert index.first_key() == first.key
+    assert index.last_key() == last.key
+    assert index.first_key_after(0) == first.key
+    assert index.first_key_after(4 * MINUTE + 1) == last.key
+
+
+class _NoIterators:
+    """Stands in for the store: any iterator over it fails the test."""
+
+    def iter(self, *_: object) -> None:
+        raise AssertionError("the store was read")
+
+
+def test_a_drained_index_answers_from_its_tally_without_reading_tombstones(
+    index: PartitionIndex, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = [entry(1_000 + i, offset=i) for i in range(100)]
+    put(index, *entries)
+    index.apply(Changes(deletes=[e.key for e in entries]))
+    monkeypatch.setattr(index, "_db", _NoIterators())
+    assert index.first_key() is None
+    assert index.last_key() is None
+    assert index.first_key_after(0) is None
+
+
 def test_apply_returns_the_smallest_key_it_put(index: PartitionIndex) -> None:
     assert index.apply(Changes(puts=[entry(500, offset=1), entry(700, offset=2)])) == (
         encode_due_key(500, 0, 1))
