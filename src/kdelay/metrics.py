@@ -144,6 +144,9 @@ class Metrics:
         self.lateness = BatchHistogram("kdelay_lateness_seconds",
                                        "Produce time minus due time, by the service clock",
                                        LATENESS_BUCKETS, r)
+        self.intake_delay = BatchHistogram(
+            "kdelay_intake_delay_seconds", "Service clock when a request was taken in minus "
+            "its record timestamp: how late requests reach the service", LATENESS_BUCKETS, r)
         self.restored = Counter("kdelay_restored_changelog_records",
                                 "Changelog records replayed into local indexes", registry=r)
         self.ids_expired = Counter(

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from types import FrameType, MappingProxyType
 from typing import Protocol
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kdelay import checkpoint as checkpoints
@@ -310,12 +310,18 @@ class Service:
 
     def _plan(self, messages: list[Message]) -> list[Plan]:
         by_partition: dict[int, list[Message]] = defaultdict(list)
+        now = self._clock.now_ms()
+        delays: list[int] = []
         for message in messages:
             error = message.error()
             if error is not None:
                 log.warning("requests consumer: %s", error.str())
                 continue
             by_partition[int(message.partition() or 0)].append(message)
+            kind, timestamp = message.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE:
+                delays.append(now - timestamp)
+        self.metrics.intake_delay.observe_ms(delays)
         return [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
                 if p in self._planners]
 

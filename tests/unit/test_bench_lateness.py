@@ -68,6 +68,21 @@ def test_an_exposition_without_the_phase_metric_has_no_phases() -> None:
     assert phases.parse(generate_latest(registry).decode()) is None
 
 
+def test_the_intake_delay_histogram_is_reported_as_one_more_row() -> None:
+    registry = CollectorRegistry()
+    Histogram(phases.METRIC, "Loop phase durations", ["phase"], buckets=BUCKETS,
+              registry=registry).labels(phase="consume").observe(0.002)
+    delay = Histogram(phases.INTAKE_DELAY, "Arrival", buckets=BUCKETS, registry=registry)
+    for seconds in (0.003, 0.2, 1.2):
+        delay.observe(seconds)
+    parsed = phases.parse(generate_latest(registry).decode())
+    assert parsed is not None
+    shown = phases.figures(parsed)
+    assert shown["consume_count"] == 1
+    assert (shown["intake-delay_count"], shown["intake-delay_over_100ms"],
+            shown["intake-delay_over_1s"]) == (3, 2, 1)
+
+
 def test_a_phase_without_observations_has_no_highest_bucket() -> None:
     phase = phases.Phase(0.0, 0.0, ((0.1, 0.0), (math.inf, 0.0)))
     assert phase.highest_bound() is None

@@ -489,6 +489,21 @@ def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
     assert counts == dict.fromkeys(counts, 1.0)
 
 
+def test_intake_measures_how_late_each_request_arrived(alo: Loop) -> None:
+    alo.request(T0 + 60_000, key=b"a")
+    alo.clock.advance(250)
+    alo.request(T0 + 60_000, key=b"b")
+    alo.clock.advance(50)
+    alo.step()
+    registry = alo.service.metrics.registry
+    assert registry.get_sample_value("kdelay_intake_delay_seconds_count") == 2
+    assert registry.get_sample_value("kdelay_intake_delay_seconds_sum") == pytest.approx(0.35)
+    cumulative = {le: registry.get_sample_value("kdelay_intake_delay_seconds_bucket",
+                                                {"le": le})
+                  for le in ("0.025", "0.05", "0.25", "0.5")}
+    assert cumulative == {"0.025": 0, "0.05": 1, "0.25": 1, "0.5": 2}, "50 and 300 ms late"
+
+
 def test_an_index_records_a_changelog_position_only_with_the_deletes_behind_it(
     eos: Loop,
 ) -> None:

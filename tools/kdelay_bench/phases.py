@@ -8,7 +8,9 @@ reports per run and phase the difference: how many steps, their total
 seconds, how many took longer than 100 ms and than 1 s (from the cumulative
 bucket counts), and the upper bound of the highest bucket that holds one.
 A service that does not expose the histogram (older code) yields a note
-instead of figures, never an error.
+instead of figures, never an error. ``kdelay_intake_delay_seconds`` (how late
+requests reached the service) comes out the same way, as the row
+``intake-delay``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from kdelay_bench.report import Figure
 
 METRIC = "kdelay_loop_phase_seconds"
+# Not a phase: how late requests reached the service (intake time minus their record
+# timestamp). Reported as one more row of the same form, so a run shows at once
+# whether a late delivery was held in the loop or arrived late.
+INTAKE_DELAY = "kdelay_intake_delay_seconds"
+INTAKE_DELAY_ROW = "intake-delay"
 SLOW_S = (0.1, 1.0)
 READ_TIMEOUT_S = 5.0
 NO_METRIC = "no phase metric"
@@ -87,10 +94,12 @@ def parse(text: str) -> Phases | None:
     """Return the phase histograms of a text exposition, None when it has none."""
     found: dict[str, _Samples] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != METRIC:
+        if family.name not in (METRIC, INTAKE_DELAY):
             continue
         for sample in family.samples:
-            phase = found.setdefault(sample.labels.get("phase", ""), _Samples())
+            row = (sample.labels.get("phase", "") if family.name == METRIC
+                   else INTAKE_DELAY_ROW)
+            phase = found.setdefault(row, _Samples())
             phase.add(sample.name, sample.labels, float(sample.value))
     if not found:
         return None
