@@ -79,9 +79,10 @@ class BatchHistogram:
 
     ``prometheus_client``'s ``Histogram.observe`` takes a lock and walks the
     buckets in Python for every value (about 1.3 µs here). Delivery observes
-    the lateness of every record it produces, so it hands over the figures
-    gathered between two settles in one call instead; they are exposed exactly
-    as a ``Histogram`` of the same name would expose them.
+    the lateness of every record it produces, and intake the delay of every
+    request it takes in, so each hands over a step's figures in one call
+    instead; they are exposed exactly as a ``Histogram`` of the same name
+    would expose them.
     """
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
