@@ -309,6 +309,8 @@ class Service:
     # -- intake -----------------------------------------------------------------
 
     def _plan(self, messages: list[Message]) -> list[Plan]:
+        if not messages:  # most steps at a steady rate: nothing to time or group
+            return []
         by_partition: dict[int, list[Message]] = defaultdict(list)
         now = self._clock.now_ms()
         delays: list[int] = []
