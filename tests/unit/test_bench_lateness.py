@@ -10,6 +10,7 @@ import math
 
 import pytest
 from kdelay_bench import phases
+from kdelay_bench.broker import left_running
 from kdelay_bench.cputime import (
     TICK_S,
     Reading,
@@ -171,3 +172,24 @@ def test_the_suite_runs_five_times_by_default_and_once_when_quick() -> None:
     assert (full.lateness_runs, full.lateness_seconds, full.fresh_broker) == (5, 60, True)
     assert full.fresh_broker_wait == 60.0
     assert (quick.lateness_runs, quick.lateness_seconds, quick.fresh_broker) == (1, 10, False)
+
+
+def test_the_bench_says_how_to_stop_the_broker_it_leaves_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KDELAY_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setenv("KDELAY_CACHE_DIR", "/srv/bench-cache")
+    hint = left_running(None, "127.0.0.1:40000")
+    assert hint is not None
+    assert "127.0.0.1:40000" in hint
+    assert hint.endswith("KDELAY_CACHE_DIR=/srv/bench-cache tools/kafka stop")
+    monkeypatch.delenv("KDELAY_CACHE_DIR")
+    assert left_running(None, "127.0.0.1:40000") == (
+        "the broker on 127.0.0.1:40000 stays up for the next run; stop it: tools/kafka stop")
+
+
+def test_a_broker_named_by_the_user_is_left_alone_without_a_word(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KDELAY_BOOTSTRAP_SERVERS", raising=False)
+    assert left_running("broker:9092", "broker:9092") is None
+    monkeypatch.setenv("KDELAY_BOOTSTRAP_SERVERS", "broker:9092")
+    assert left_running(None, "broker:9092") is None

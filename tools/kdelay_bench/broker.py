@@ -45,6 +45,16 @@ def _kafka_start() -> str:
         raise SystemExit(f"tools/bench: no broker: {exc}") from exc
 
 
+def left_running(given: str | None, bootstrap: str) -> str | None:
+    """Return how to stop the ``tools/kafka`` broker the bench ran on, or None if it is
+    somebody else's: the bench leaves it up (the next run skips its start-up)."""
+    if external_broker(given):
+        return None
+    cache = os.environ.get("KDELAY_CACHE_DIR")
+    prefix = f"KDELAY_CACHE_DIR={cache} " if cache else ""
+    return f"the broker on {bootstrap} stays up for the next run; stop it: {prefix}tools/kafka stop"
+
+
 def restart_broker(bootstrap: str) -> None:
     """Stop the broker ``tools/kafka`` runs and start it again (same data, same port).
 

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from kdelay_bench.broker import Topics, bootstrap_servers, external_broker
+from kdelay_bench.broker import Topics, bootstrap_servers, external_broker, left_running
 from kdelay_bench.capacity import run_capacity
 from kdelay_bench.footprint import run_footprint
 from kdelay_bench.lateness import Load, Suite
@@ -139,4 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work_dir, ignore_errors=True)
     finish(record)
     _write(options, results)
+    hint = left_running(options.bootstrap_servers, bootstrap)
+    if hint is not None:
+        say(hint)
     return 0
