@@ -104,6 +104,13 @@ class DueSummary:
     capped: bool
 
 
+def _encoded_puts(changes: Changes) -> dict[bytes, bytes]:
+    """The puts of ``changes`` by key, values encoded (a raw put wins over an entry)."""
+    new = {e.key: e.raw or codec.encode_index_value(e.value) for e in changes.puts}
+    new.update(changes.raw_puts)
+    return new
+
+
 def _options() -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -189,15 +196,14 @@ class PartitionIndex:
         """
         batch = WriteBatch(raw_mode=True)
         put = batch.put
-        change = self._tally_change(changes)
+        new = _encoded_puts(changes)
+        change = self._tally_change(new, changes.deletes)
         for key, count in self.tally.rows(change):
             if count > 0:
                 put(key, codec.encode_count(count), self._meta_handle)
             else:
                 batch.delete(key, self._meta_handle)
-        for entry in changes.puts:
-            put(entry.key, entry.raw or codec.encode_index_value(entry.value))
-        for key, raw in changes.raw_puts.items():
+        for key, raw in new.items():
             put(key, raw)
         for key in changes.deletes:
             batch.delete(key)
@@ -213,25 +219,23 @@ class PartitionIndex:
             put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
         if changes.changelog is not None:
             put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
-        lowest = self._note_puts([*(entry.key for entry in changes.puts), *changes.raw_puts])
+        lowest = self._note_puts(list(new))
         self._db.write(batch)
         self.tally.commit(change)
         return lowest
 
-    def _tally_change(self, changes: Changes) -> Change:
-        """How ``changes`` move the tally: the keys they really add and really remove."""
+    def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes]) -> Change:
+        """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
+        add and really remove."""
         change = Change()
-        new: dict[bytes, bytes] = {e.key: e.raw or codec.encode_index_value(e.value)
-                                   for e in changes.puts}
-        new.update(changes.raw_puts)
-        keys = [*new, *changes.deletes]
+        keys = [*new, *deletes]
         present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
                    if v is not None}
         for key, raw in new.items():
             if key not in present:
                 change.count(key, raw, 1)
                 present[key] = raw
-        for key in dict.fromkeys(changes.deletes):
+        for key in dict.fromkeys(deletes):
             old = present.pop(key, None)
             if old is not None:
                 change.count(key, old, -1)

@@ -46,16 +46,20 @@ def buckets(key: bytes, raw: bytes) -> tuple[int, int]:
 
 @dataclass(slots=True)
 class Change:
-    """What one batch adds to and takes from the tally, before it is written."""
+    """What one batch adds to and takes from the tally, before it is written.
 
-    due: Counter[int] = field(default_factory=Counter)
-    slack: Counter[int] = field(default_factory=Counter)
+    Plain dicts, not Counters: every index write builds one, and a Counter
+    costs a Python ``__init__`` to build and a ``__missing__`` call per new key.
+    """
+
+    due: dict[int, int] = field(default_factory=dict)
+    slack: dict[int, int] = field(default_factory=dict)
 
     def count(self, key: bytes, raw: bytes, sign: int) -> None:
         """Count an entry that appears (``sign`` 1) or disappears (-1)."""
         due, slack = buckets(key, raw)
-        self.due[due] += sign
-        self.slack[slack] += sign
+        self.due[due] = self.due.get(due, 0) + sign
+        self.slack[slack] = self.slack.get(slack, 0) + sign
 
 
 class Tally:
@@ -87,13 +91,12 @@ class Tally:
             (due if kind == DUE else slack)[minute] = codec.decode_count(raw)
         return cls(due, slack)
 
-    def rows(self, change: Change) -> Iterator[tuple[bytes, int]]:
+    def rows(self, change: Change) -> list[tuple[bytes, int]]:
         """The buckets ``change`` touches, as ``(meta key, new count)`` (0: delete the key)."""
-        for kind, counts, delta in ((DUE, self.due, change.due),
-                                    (SLACK, self.slack, change.slack)):
-            for minute, diff in delta.items():
-                if diff:
-                    yield codec.encode_tally_key(kind, minute), counts[minute] + diff
+        key = codec.encode_tally_key
+        due, slack = self.due.get, self.slack.get
+        return [*((key(DUE, m), due(m, 0) + d) for m, d in change.due.items() if d),
+                *((key(SLACK, m), slack(m, 0) + d) for m, d in change.slack.items() if d)]
 
     def all_rows(self) -> Iterator[tuple[bytes, int]]:
         """Every bucket, as ``(meta key, count)``: to store a tally counted from scratch."""
@@ -106,9 +109,11 @@ class Tally:
         """Take ``change`` in, once its batch is written."""
         for counts, delta in ((self.due, change.due), (self.slack, change.slack)):
             for minute, diff in delta.items():
-                counts[minute] += diff
-                if counts[minute] <= 0:
-                    del counts[minute]
+                count = counts.get(minute, 0) + diff
+                if count > 0:
+                    counts[minute] = count
+                else:
+                    counts.pop(minute, None)
         self.total += sum(change.due.values())
 
     def by_horizon(self, now_ms: int) -> dict[str, int]:
