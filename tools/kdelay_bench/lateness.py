@@ -12,9 +12,9 @@ process's age (compactions, garbage, changelog segments) show in the later
 runs, while only the first carries the start-up.
 
 This module holds the targets and turns the runs into results: one row per
-run (lateness, loop phases, CPU per process) and one ``lateness-worst`` row
-per guarantee with the pass/fail of issue 15's targets, which must hold in
-every run. How the runs are driven is in :mod:`kdelay_bench.steady`.
+run (lateness, loop phases, CPU per process, the broker's own figures) and
+one ``lateness-worst`` row per guarantee with the pass/fail of issue 15's
+targets, which must hold in every run. How the runs are driven is in :mod:`kdelay_bench.steady`.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def percentiles(raw: object, prefix: str = "") -> dict[str, Figure]:
 @dataclass(frozen=True, slots=True)
 class Run:
     """What one run measured: the collector's summary, the seconds the measured part
-    took to produce, CPU per process, and the loop phases (or a note why none)."""
+    took to produce, CPU per process, the loop phases (or a note why none) and the
+    broker's own figures (:mod:`kdelay_bench.broker_metrics`, or a note)."""
 
     number: int
     load: Load
@@ -104,6 +105,7 @@ class Run:
     took_s: float
     cpu: dict[str, Figure]
     phases: phases.Phases | str
+    broker: dict[str, Figure] = field(default_factory=dict)
 
     def figures(self) -> dict[str, Figure]:
         """Return the run's lateness figures (the warm-up left out)."""
@@ -145,8 +147,9 @@ class Suite:
     skipped: str | None = None
 
     def results(self, hop_p99_ms: float | None) -> list[Result]:
-        """Return per run a ``lateness``, ``lateness-phases`` and ``lateness-cpu`` row,
-        then the ``lateness-worst`` row with the targets checked over every run."""
+        """Return per run a ``lateness``, ``lateness-phases``, ``lateness-cpu`` and
+        ``lateness-broker`` row, then the ``lateness-worst`` row with the targets checked
+        over every run."""
         targets = TARGETS[self.guarantee]
         out = []
         for run in self.runs:
@@ -157,7 +160,8 @@ class Suite:
             shown = (phases.figures(run.phases) if isinstance(run.phases, dict)
                      else {"note": run.phases})
             out += [Result("lateness", figures), Result("lateness-phases", {**label, **shown}),
-                    Result("lateness-cpu", {**label, **run.cpu})]
+                    Result("lateness-cpu", {**label, **run.cpu}),
+                    Result("lateness-broker", {**label, **run.broker})]
         out.append(self.worst(hop_p99_ms))
         return out
 

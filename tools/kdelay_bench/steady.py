@@ -20,7 +20,7 @@ from pathlib import Path
 from kafka_broker import free_port
 
 from kdelay.settings import Settings
-from kdelay_bench import phases
+from kdelay_bench import broker_metrics, phases
 from kdelay_bench.broker import broker_pid, restart_broker, wait_group_stable
 from kdelay_bench.collector import CollectorProcess
 from kdelay_bench.cputime import CpuMeter, Usage
@@ -118,17 +118,25 @@ def run_hop(setup: Setup, load: Load) -> list[Result]:
     due when it is sent, by a producer with the service's target settings
     (idempotent, ``linger.ms=2``). What it measures is the producer-broker-
     consumer hop every delivered record takes after kdelay produced it.
-    Returns the ``hop`` row and its ``hop-cpu`` row.
+    Returns the ``hop`` row, its ``hop-cpu`` row and its ``hop-broker`` row (the
+    broker's own figures, :mod:`kdelay_bench.broker_metrics`).
     """
     target = setup.topics.create("hop-target", setup.partitions)
     say(f"hop: {load.rate:,}/s for {load.seconds:g}s straight to a topic, no kdelay")
-    driven = drive(setup, target, target, load, delay_ms=0, producer=TARGET_PRODUCER,
-                   pids={"broker": broker_pid(setup.topics.bootstrap)})
+    pid = broker_pid(setup.topics.bootstrap)
+    reader = broker_metrics.Reader(pid)
+    try:
+        before = reader.read()
+        driven = drive(setup, target, target, load, delay_ms=0, producer=TARGET_PRODUCER,
+                       pids={"broker": pid})
+        broker = broker_metrics.between(reader.read(), before)
+    finally:
+        reader.close()
     received = as_int(driven.seen.get("count"))
     result = Result("hop", {"rate_per_s": load.rate, "seconds": load.seconds,
                             "sent": load.total, "received": received,
                             **percentiles(driven.seen.get("lateness_ms"))})
-    return [result, Result("hop-cpu", driven.cpu)]
+    return [result, Result("hop-cpu", driven.cpu), Result("hop-broker", broker)]
 
 
 def hop_p99(results: list[Result]) -> float | None:
@@ -180,7 +188,10 @@ def run_suite(setup: Setup, guarantee: str, load: Load, plan: Plan) -> Suite:
     with log.open("w") as err:
         proc = subprocess.Popen(_command(settings, guarantee, port), stderr=err,
                                 stdout=subprocess.DEVNULL)
+    # Started (and read once: the program compiles and attaches) before the wait.
+    reader = broker_metrics.Reader(broker_pid(setup.topics.bootstrap))
     try:
+        reader.read()
         say(f"lateness[{guarantee}]: waiting for kdelay run to join its group")
         if not wait_group_stable(setup.topics.admin, settings.group_id, START_TIMEOUT_S,
                                  alive=lambda: proc.poll() is None):
@@ -190,17 +201,22 @@ def run_suite(setup: Setup, guarantee: str, load: Load, plan: Plan) -> Suite:
             pause = ready_at + wait - time.monotonic()
             say(f"lateness[{guarantee}]: first run in {max(pause, 0):.0f}s")
             time.sleep(max(pause, 0.0))
-        _runs(setup, settings, suite, load, targets, proc, port, log)
+        _runs(setup, settings, suite, load, targets, proc, (port, reader), log)
     finally:
+        reader.close()
         _stop(proc)
     return suite
 
 
 def _runs(setup: Setup, settings: Settings, suite: Suite, load: Load, targets: list[str],
-          proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    """Drive one run per target topic back to back; only the first has a warm-up."""
+          proc: subprocess.Popen[bytes], meters: tuple[int, broker_metrics.Reader],
+          log: Path) -> None:
+    """Drive one run per target topic back to back; only the first has a warm-up.
+    ``meters`` are the service's metrics port and the broker's metrics reader."""
+    port, reader = meters
     pids = {"service": proc.pid, "broker": broker_pid(setup.topics.bootstrap)}
     before = phases.scrape(port)
+    broker_before = reader.read()
     for number, target in enumerate(targets, 1):
         run_load = load if number == 1 else replace(load, warmup_seconds=0.0)
         say(f"lateness[{suite.guarantee}] run {number}/{len(targets)}: {load.rate:,}/s for "
@@ -212,9 +228,11 @@ def _runs(setup: Setup, settings: Settings, suite: Suite, load: Load, targets: l
                              f"{_stderr_tail(log)}")
             return
         after = phases.scrape(port)
+        broker_after = reader.read()
         suite.runs.append(Run(number, run_load, driven.seen, driven.took_s, driven.cpu,
-                              _phase_delta(after, before)))
-        before = after
+                              _phase_delta(after, before),
+                              broker_metrics.between(broker_after, broker_before)))
+        before, broker_before = after, broker_after
 
 
 def _phase_delta(after: phases.Phases | str, before: phases.Phases | str) -> phases.Phases | str:
