@@ -91,7 +91,6 @@ public final class BrokerMetrics {
         StringBuilder out = new StringBuilder();
         out.append("{\"t_ms\": ").append(System.nanoTime() / 1_000_000L).append(", \"beans\": {")
            .append(quote("jvm:type=PerfCounter")).append(": ").append(safepoints(perf));
-        boolean firstBean = false;
         for (ObjectName name : names) {
             String attributes;
             try {
@@ -99,9 +98,7 @@ public final class BrokerMetrics {
             } catch (javax.management.InstanceNotFoundException gone) {
                 continue;
             }
-            out.append(firstBean ? "" : ", ").append(quote(name.toString())).append(": ")
-               .append(attributes);
-            firstBean = false;
+            out.append(", ").append(quote(name.toString())).append(": ").append(attributes);
         }
         return out.append("}}").toString();
     }

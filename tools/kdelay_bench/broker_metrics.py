@@ -52,8 +52,15 @@ MAIN_REQUESTS = ("Produce", "FetchConsumer")
 PARTS = {"TotalTimeMs": "", "RequestQueueTimeMs": "_queue", "LocalTimeMs": "_local",
          "RemoteTimeMs": "_remote", "ResponseQueueTimeMs": "_response_queue",
          "ResponseSendTimeMs": "_send"}
+
+
+def _bean(request: str, part: str) -> str:
+    """The MBean of one part (:data:`PARTS`) of one request kind's time."""
+    return f"kafka.network:type=RequestMetrics,name={part},request={request}"
+
+
 PATTERNS = (
-    *(f"kafka.network:type=RequestMetrics,name={t},request={r}" for r in REQUESTS for t in PARTS),
+    *(_bean(request, part) for request in REQUESTS for part in PARTS),
     "java.lang:type=GarbageCollector,*",
     "java.lang:type=Compilation",
 )
@@ -88,10 +95,6 @@ def parse(line: str) -> Snapshot:
         return Snapshot(float(raw["t_ms"]), beans)
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"unreadable broker metrics line: {line[:200]!r}") from exc
-
-
-def _bean(request: str, time_name: str) -> str:
-    return f"kafka.network:type=RequestMetrics,name={time_name},request={request}"
 
 
 def _run_mean(after: Snapshot, before: Snapshot, bean: str) -> float | None:
@@ -166,6 +169,7 @@ class Reader:
     :class:`Snapshot` or a note saying why there is none, never raises."""
 
     def __init__(self, pid: int | None) -> None:
+        self.pid = pid
         self._proc: subprocess.Popen[str] | None = None
         self._broken: str | None = None
         java = shutil.which("java")

@@ -14,7 +14,8 @@ runs, while only the first carries the start-up.
 This module holds the targets and turns the runs into results: one row per
 run (lateness, loop phases, CPU per process, the broker's own figures) and
 one ``lateness-worst`` row per guarantee with the pass/fail of issue 15's
-targets, which must hold in every run. How the runs are driven is in :mod:`kdelay_bench.steady`.
+targets, which must hold in every run. How the runs are driven is in
+:mod:`kdelay_bench.steady`.
 """
 
 from __future__ import annotations

@@ -123,12 +123,11 @@ def run_hop(setup: Setup, load: Load) -> list[Result]:
     """
     target = setup.topics.create("hop-target", setup.partitions)
     say(f"hop: {load.rate:,}/s for {load.seconds:g}s straight to a topic, no kdelay")
-    pid = broker_pid(setup.topics.bootstrap)
-    reader = broker_metrics.Reader(pid)
+    reader = broker_metrics.Reader(broker_pid(setup.topics.bootstrap))
     try:
         before = reader.read()
         driven = drive(setup, target, target, load, delay_ms=0, producer=TARGET_PRODUCER,
-                       pids={"broker": pid})
+                       pids={"broker": reader.pid})
         broker = broker_metrics.between(reader.read(), before)
     finally:
         reader.close()
@@ -214,7 +213,7 @@ def _runs(setup: Setup, settings: Settings, suite: Suite, load: Load, targets: l
     """Drive one run per target topic back to back; only the first has a warm-up.
     ``meters`` are the service's metrics port and the broker's metrics reader."""
     port, reader = meters
-    pids = {"service": proc.pid, "broker": broker_pid(setup.topics.bootstrap)}
+    pids = {"service": proc.pid, "broker": reader.pid}
     before = phases.scrape(port)
     broker_before = reader.read()
     for number, target in enumerate(targets, 1):
