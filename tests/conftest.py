@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kdelay import callbacks
+from kdelay.plumbing import callbacks
 
 ROOT = Path(__file__).resolve().parent.parent
 TopicFactory = Callable[..., str]

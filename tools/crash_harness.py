@@ -50,7 +50,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kdelay.clients import produce
+from kdelay.plumbing.clients import produce
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"

@@ -13,9 +13,9 @@ import os
 import uuid
 
 from kdelay import tasks
-from kdelay.clock import SystemClock
+from kdelay.plumbing.clock import SystemClock
 from kdelay.recurring import every
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
 from kdelay.tasks import Registry, Tasks
 
 registry = Registry()

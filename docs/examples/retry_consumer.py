@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kdelay.retry import RetryingConsumer, RetryPolicy, attempts_of
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
 
 settings = Settings(
     bootstrap_servers=os.environ.get("KDELAY_BOOTSTRAP_SERVERS", "localhost:9092"),

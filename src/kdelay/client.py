@@ -20,13 +20,13 @@ from typing import NamedTuple, Self, TypeAlias
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from kdelay import envelope
-from kdelay.callbacks import guarded
-from kdelay.clients import produce
-from kdelay.connection import check_connection
-from kdelay.envelope import Headers, HeaderValue
-from kdelay.settings import Settings
-from kdelay.topics import LayoutError
+from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.clients import produce
+from kdelay.plumbing.connection import check_connection
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import LayoutError
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import Headers, HeaderValue
 
 UserHeaders: TypeAlias = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]]
 """User headers, as a mapping or as (name, value) pairs; str values are UTF-8 encoded."""
@@ -404,7 +404,7 @@ class DelayProducer:
     def _ensure_producer(self) -> Producer:
         """Create the librdkafka producer on first use, once a broker has answered.
 
-        Raises :class:`~kdelay.connection.ConnectionFailure` within seconds when
+        Raises :class:`~kdelay.plumbing.connection.ConnectionFailure` within seconds when
         no broker answers or the credentials are refused.
         """
         with self._lock:

@@ -66,14 +66,14 @@ from confluent_kafka import (
 )
 from croniter import CroniterBadCronError, croniter
 
-from kdelay import envelope
-from kdelay.callbacks import guarded
 from kdelay.client import Coordinates, DelayProducer, DeliveryError, UserHeaders
-from kdelay.clients import reader_config
-from kdelay.envelope import AnyHeaders, parse_duration_ms
+from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.clients import reader_config
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import LayoutError
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import AnyHeaders, parse_duration_ms
 from kdelay.retry import SERIES
-from kdelay.settings import Settings
-from kdelay.topics import LayoutError
 
 SERIES_TOPIC = "kdelay.series"
 CANCELS_TOPIC = "kdelay.series.cancels"

@@ -33,10 +33,13 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from kdelay import client, envelope, recurring
+from kdelay import client, recurring
 from kdelay.client import Coordinates, DelayProducer
-from kdelay.clock import Clock, SystemClock
-from kdelay.envelope import parse_levels
+from kdelay.plumbing.clock import Clock, SystemClock
+from kdelay.plumbing.settings import Guarantee, Settings
+from kdelay.plumbing.topics import LayoutError
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import parse_levels
 from kdelay.recurring import Cancels, Series, SeriesError, Spec
 from kdelay.retry import (
     DEFAULT_BACKOFF,
@@ -47,8 +50,6 @@ from kdelay.retry import (
     RetryPolicy,
     attempts_of,
 )
-from kdelay.settings import Guarantee, Settings
-from kdelay.topics import LayoutError
 
 TASKS_TOPIC = "kdelay.tasks"
 WORKER_DLQ_TOPIC = "kdelay.tasks.dlq"

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Producer
 
-from kdelay import envelope
 from kdelay.client import id_partition
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests
 

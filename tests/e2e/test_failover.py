@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kdelay import envelope
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests
 

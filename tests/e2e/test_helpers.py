@@ -20,10 +20,10 @@ from confluent_kafka.admin import AdminClient
 
 from kdelay import recurring, tasks
 from kdelay.client import DelayProducer
-from kdelay.clock import SystemClock
+from kdelay.plumbing.clock import SystemClock
+from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.recurring import Every
 from kdelay.retry import Outgoing, RetryingConsumer, RetryPolicy, attempts_of
-from kdelay.settings import Guarantee, Settings
 from kdelay.tasks import Registry, Tasks, WorkerOptions, WorkerTopics
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, run_cli

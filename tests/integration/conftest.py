@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Message, Producer
 
-from kdelay.clock import ManualClock
-from kdelay.service import Service
-from kdelay.settings import Guarantee, Settings
-from kdelay.topics import check_layout
+from kdelay.engine.service import Service
+from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Guarantee, Settings
+from kdelay.plumbing.topics import check_layout
 from tests.conftest import TopicFactory, produce_all
 
 Headers = list[tuple[str, bytes | None]]

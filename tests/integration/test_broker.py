@@ -29,8 +29,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from kdelay import callbacks
-from kdelay.callbacks import guarded
+from kdelay.plumbing import callbacks
+from kdelay.plumbing.callbacks import guarded
 
 pytestmark = pytest.mark.kafka
 

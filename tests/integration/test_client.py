@@ -28,9 +28,9 @@ from kdelay.client import (
     parse_header,
     request_headers,
 )
-from kdelay.envelope import CANCEL, DELAY_MS, DUE_MS, LEVEL, PARTITION, SCHEDULE_ID, TARGET
-from kdelay.settings import Settings
-from kdelay.topics import LayoutError
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import LayoutError
+from kdelay.protocol.envelope import CANCEL, DELAY_MS, DUE_MS, LEVEL, PARTITION, SCHEDULE_ID, TARGET
 from tests.conftest import TopicFactory
 
 kafka = pytest.mark.kafka

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kdelay import envelope
-from kdelay.clock import ManualClock
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Deployment, Running, produce
 
@@ -34,7 +34,7 @@ def test_a_service_clock_two_minutes_ahead_shows_as_skew_and_a_warning(
         for p in range(3)])
     group = running(deployment, clock)
     service = group.add()
-    with caplog.at_level(logging.WARNING, logger="kdelay.skew"):
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         group.until(lambda: service.metrics.registry.get_sample_value(
             "kdelay_intake_records_total", {"outcome": "scheduled"}) == 3.0)
         group.step(2)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from kdelay import envelope
-from kdelay.clock import ManualClock
-from kdelay.settings import Guarantee
+from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Guarantee
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from kdelay import envelope
-from kdelay.clock import ManualClock
-from kdelay.service import HOUSEKEEPING_EVERY_MS, Service
+from kdelay.engine.service import HOUSEKEEPING_EVERY_MS, Service
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 

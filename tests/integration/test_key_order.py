@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kdelay import envelope
-from kdelay.clock import ManualClock
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 

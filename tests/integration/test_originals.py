@@ -7,7 +7,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.originals import Found, Missing, OriginalReader, _Run
+from kdelay.state.originals import Found, Missing, OriginalReader, _Run
 from tests.conftest import TopicFactory
 from tests.integration.conftest import produce
 

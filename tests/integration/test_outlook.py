@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kdelay.clock import ManualClock
-from kdelay.retention import set_retention
-from kdelay.service import HOUSEKEEPING_EVERY_MS, Service
-from kdelay.settings import Guarantee
+from kdelay.engine.service import HOUSEKEEPING_EVERY_MS, Service
+from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Guarantee
+from kdelay.view.retention import set_retention
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 from tests.integration.test_service import request

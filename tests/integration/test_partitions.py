@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kdelay import envelope
-from kdelay.clock import ManualClock
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
 

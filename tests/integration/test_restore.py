@@ -9,12 +9,12 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from kdelay import codec, envelope
-from kdelay.changelog import Restorer
 from kdelay.cli import app
-from kdelay.clock import ManualClock
-from kdelay.codec import Fingerprint, IdState, IndexValue
-from kdelay.index import CHANGELOG, CONSUMED, PartitionIndex, store_path
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
+from kdelay.state.changelog import Restorer
+from kdelay.state.index import CHANGELOG, CONSUMED, PartitionIndex, store_path
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Deployment, Running, produce
 

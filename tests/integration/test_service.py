@@ -12,8 +12,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kdelay import envelope
-from kdelay.clock import ManualClock
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
 

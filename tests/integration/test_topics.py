@@ -17,8 +17,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from typer.testing import CliRunner
 
 from kdelay.cli import app
-from kdelay.settings import Settings
-from kdelay.topics import Layout, LayoutError, check_layout, create_topics, retention_ms
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import Layout, LayoutError, check_layout, create_topics, retention_ms
 from tests.conftest import TopicFactory, wait_visible
 
 pytestmark = pytest.mark.kafka

@@ -20,9 +20,9 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from kdelay import codec, envelope
 from kdelay.cli import app
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol import codec, envelope
 from kdelay.spark.audit import AuditReport, AuditWindow, audit
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import (

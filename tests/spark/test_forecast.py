@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from kdelay import codec, envelope
-from kdelay.codec import Fingerprint, IndexValue
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.spark.forecast import ForecastWindow, cube, forecast
 from kdelay.spark.jobs import write_forecast
 from tests.conftest import TopicFactory, produce_all

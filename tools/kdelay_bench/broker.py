@@ -18,8 +18,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kdelay.settings import Settings
-from kdelay.topics import create_topics
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import create_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 WEEK_MS = 7 * 86_400_000
@@ -104,7 +104,7 @@ class Topics:
 
     def deployment(self, role: str, partitions: int, state_dir: Path,
                    batch_size: int) -> Settings:
-        """Create requests, changelog and DLQ topics with ``kdelay.topics``; return the
+        """Create requests, changelog and DLQ topics with ``kdelay.plumbing.topics``; return the
         settings of a service on them (one week retention, state under ``state_dir``)."""
         prefix = self.name(role)
         settings = Settings(

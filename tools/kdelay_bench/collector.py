@@ -34,8 +34,8 @@ from typing import IO
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from kdelay import envelope
-from kdelay.clients import take
+from kdelay.plumbing.clients import take
+from kdelay.protocol import envelope
 from kdelay_bench.broker import wait_for_topic
 from kdelay_bench.cputime import Usage, read_process
 from kdelay_bench.load import WARMUP

@@ -2,7 +2,7 @@
 
 The same synthetic requests (due times spread over an hour, sequential
 offsets, random values) are stored twice: through
-:meth:`kdelay.index.PartitionIndex.apply`, kdelay's own write path (due key ->
+:meth:`kdelay.state.index.PartitionIndex.apply`, kdelay's own write path (due key ->
 fingerprint), and the payload-copy way many delay services use (due key ->
 the whole record: target, key, headers, value) in a rocksdict store with the
 same options. Both are flushed and fully compacted before their SST files are
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
-from kdelay import codec
-from kdelay.codec import Fingerprint, IndexValue
-from kdelay.index import Changes, Entry, PartitionIndex
+from kdelay.protocol import codec
+from kdelay.protocol.codec import Fingerprint, IndexValue
+from kdelay.state.index import Changes, Entry, PartitionIndex
 from kdelay_bench.load import request_headers
 from kdelay_bench.progress import Progress, say
 from kdelay_bench.report import Result

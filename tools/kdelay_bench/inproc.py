@@ -1,7 +1,7 @@
-"""A kdelay :class:`~kdelay.service.Service` run inside the bench process.
+"""A kdelay :class:`~kdelay.engine.service.Service` run inside the bench process.
 
 The bench steps it exactly as ``Service.run`` does (``step()`` with no wait
-cap) on a :class:`~kdelay.clock.ManualClock`, and reads progress from the
+cap) on a :class:`~kdelay.plumbing.clock.ManualClock`, and reads progress from the
 service's own Prometheus counters: requests scheduled, records delivered.
 """
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
-from kdelay.clock import ManualClock
-from kdelay.service import Service, tune_gc
-from kdelay.settings import Settings
-from kdelay.topics import check_layout
+from kdelay.engine.service import Service, tune_gc
+from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import check_layout
 from kdelay_bench.progress import Progress
 
 Sample = tuple[str, dict[str, str]]

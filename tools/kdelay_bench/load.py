@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from kdelay import codec, envelope
-from kdelay.callbacks import guarded
-from kdelay.clients import produce
-from kdelay.envelope import Headers
+from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.clients import produce
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.envelope import Headers
 from kdelay_bench.progress import Progress
 
 WARMUP = "bench-warmup"

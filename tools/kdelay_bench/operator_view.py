@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kdelay import codec
-from kdelay.clock import SystemClock
-from kdelay.settings import Settings
+from kdelay.plumbing.clock import SystemClock
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol import codec
 from kdelay_bench.broker import Topics
 from kdelay_bench.load import Loader, request_headers, values
 from kdelay_bench.progress import Progress, say

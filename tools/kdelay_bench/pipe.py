@@ -22,9 +22,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kdelay.callbacks import guarded
-from kdelay.clients import produce
-from kdelay.envelope import Headers
+from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.clients import produce
+from kdelay.protocol.envelope import Headers
 from kdelay_bench.progress import Progress
 from kdelay_bench.report import Result
 

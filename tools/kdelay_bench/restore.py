@@ -1,8 +1,8 @@
 """Scenario ``restore``: changelog entries/s replayed into an empty state directory.
 
 N changelog puts are produced to one partition of a compacted topic; a
-:class:`kdelay.changelog.Restorer` then replays them into a fresh
-:class:`kdelay.index.PartitionIndex`, exactly as the service does when a
+:class:`kdelay.state.changelog.Restorer` then replays them into a fresh
+:class:`kdelay.state.index.PartitionIndex`, exactly as the service does when a
 partition's store is missing.
 """
 
@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kdelay.changelog import Restorer
-from kdelay.clock import SystemClock
-from kdelay.index import PartitionIndex
+from kdelay.plumbing.clock import SystemClock
+from kdelay.state.changelog import Restorer
+from kdelay.state.index import PartitionIndex
 from kdelay_bench.broker import Topics
 from kdelay_bench.load import produce_changelog
 from kdelay_bench.progress import Progress, say

@@ -24,11 +24,11 @@ from typing import NamedTuple
 
 from confluent_kafka import Producer
 
-from kdelay import codec, envelope
-from kdelay.clients import produce
-from kdelay.codec import Fingerprint, IndexValue
-from kdelay.envelope import Headers
-from kdelay.settings import Settings
+from kdelay.plumbing.clients import produce
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import Fingerprint, IndexValue
+from kdelay.protocol.envelope import Headers
 from kdelay_bench.broker import Topics
 from kdelay_bench.progress import Progress, say
 from kdelay_bench.report import Figure, Result

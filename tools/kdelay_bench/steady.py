@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kafka_broker import free_port
 
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
 from kdelay_bench import broker_metrics, phases
 from kdelay_bench.broker import broker_pid, restart_broker, wait_group_stable
 from kdelay_bench.collector import CollectorProcess

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdelay.clock import ManualClock, SystemClock
-from kdelay.settings import Settings
+from kdelay.plumbing.clock import ManualClock, SystemClock
+from kdelay.plumbing.settings import Settings
 from kdelay_bench.broker import Topics
 from kdelay_bench.collector import CollectorProcess, read_raw
 from kdelay_bench.inproc import FollowingClock, InProcess

@@ -38,9 +38,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from kdelay import envelope
-from kdelay.envelope import ErrorCode
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import ErrorCode
 from kdelay.spark import source
 from kdelay.spark.source import header, millis
 
@@ -164,7 +164,7 @@ def pending_frame(raw: DataFrame) -> DataFrame:
     """The changelog's live entries: the latest record per due key, tombstones dropped.
 
     A due key is ``u64 due_ms | u32 partition | u64 offset`` (see
-    :mod:`kdelay.codec`); other keys (the consumed-offset marker) are skipped.
+    :mod:`kdelay.protocol.codec`); other keys (the consumed-offset marker) are skipped.
     """
     latest = raw.where(F.length("key") == _DUE_KEY_BYTES).groupBy("key").agg(
         F.max_by("value", "offset").alias("value"))

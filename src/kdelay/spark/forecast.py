@@ -21,8 +21,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kdelay import envelope, topics
-from kdelay.settings import Settings
+from kdelay.plumbing import topics
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol import envelope
 from kdelay.spark import source
 from kdelay.spark.audit import pending_frame
 from kdelay.spark.source import header
@@ -188,7 +189,7 @@ def forecast(spark: SparkSession, settings: Settings,
 
     The caller unpersists the entries when done (:func:`cube` makes the Parquet
     output from them). Raises :class:`confluent_kafka.KafkaException` when the cluster cannot be
-    read, and :class:`kdelay.topics.LayoutError` when the requests topic's
+    read, and :class:`kdelay.plumbing.topics.LayoutError` when the requests topic's
     configuration cannot be described.
     """
     table = entries(spark, settings).persist()

@@ -16,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
 from kdelay.spark import audit, charts, forecast
 from kdelay.spark.audit import AuditReport, AuditWindow
 from kdelay.spark.forecast import ForecastReport, ForecastWindow
@@ -72,7 +72,7 @@ def run_forecast(settings: Settings, options: SparkOptions, window: ForecastWind
                  output: Path | None = None) -> ForecastReport:
     """Forecast the backlog; with ``output``, also write the cube and charts there.
 
-    Raises as :func:`run_audit` does, and :class:`kdelay.topics.LayoutError`
+    Raises as :func:`run_audit` does, and :class:`kdelay.plumbing.topics.LayoutError`
     when the requests topic is missing.
     """
     with spark_session(options) as spark:

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kdelay.settings import Settings
+from kdelay.plumbing.settings import Settings
 
 Ranges = Mapping[str, Mapping[int, tuple[int, int]]]
 """Per topic, per partition: ``(first offset, end offset)``, the end exclusive."""

@@ -1,0 +1,62 @@
+"""The ``kdelay`` command line (typer): one module per group of commands.
+
+Commands hold no logic: each builds the settings once, from the common
+options (:mod:`kdelay.cli.options`, the one place options, environment
+variables and error reporting are defined), and calls a library function.
+
+- :mod:`~kdelay.cli.service`: ``run``, ``topics create``, ``restore``
+- :mod:`~kdelay.cli.requests`: ``send`` (one record or a series), ``cancel``
+- :mod:`~kdelay.cli.view`: ``due``, ``backlog``, ``show``, ``tail``, ``stats``
+- :mod:`~kdelay.cli.retention`: ``retention check``, ``retention set``
+- :mod:`~kdelay.cli.worker`: ``worker``
+- :mod:`~kdelay.cli.spark`: ``audit``, ``forecast`` (the spark extra)
+
+The CLI is the top of the package: it may import every other room, and none
+imports it.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from kdelay.cli import requests, retention, service, spark, view, worker
+from kdelay.cli.options import envvar
+
+__all__ = ["app", "envvar", "main"]
+
+app = typer.Typer(
+    name="kdelay",
+    help="Delayed and scheduled delivery for Apache Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals can hold SASL passwords
+)
+topics_app = typer.Typer(help="Manage kdelay's topics.", no_args_is_help=True)
+retention_app = typer.Typer(help="Check the requests topic's retention.", no_args_is_help=True)
+
+# Registration order is the order `kdelay --help` lists the commands in.
+app.add_typer(topics_app, name="topics")
+app.command("run")(service.run)
+topics_app.command("create")(service.topics_create)
+app.command("send")(requests.send)
+app.command("cancel")(requests.cancel)
+app.command("restore")(service.restore)
+app.command("audit")(spark.audit)
+app.command("forecast")(spark.forecast)
+app.command("tail")(view.tail)
+app.add_typer(retention_app, name="retention")
+app.command("due")(view.due_command)
+app.command("backlog")(view.backlog_command)
+app.command("show")(view.show_command)
+retention_app.command("check")(retention.retention_check)
+retention_app.command("set")(retention.retention_set)
+app.command("worker")(worker.worker)
+app.command("stats")(view.stats)
+
+
+def main() -> None:
+    """Entry point of the ``kdelay`` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

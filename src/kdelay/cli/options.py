@@ -1,0 +1,246 @@
+"""What every ``kdelay`` command shares: options, settings, and how errors are reported.
+
+Every option can also be set by an environment variable named after it
+(:func:`envvar`): ``--bootstrap-servers`` is ``KDELAY_BOOTSTRAP_SERVERS``,
+``--kafka-config`` is ``KDELAY_KAFKA_CONFIG``. The common options are added to
+a command's signature once, by :func:`common_options`, and read back into one
+:class:`~kdelay.plumbing.settings.Settings` by :func:`settings_of`.
+
+Errors a user can cause (an unreadable ``--kafka-config``, an invalid value,
+missing or misconfigured topics) print one line ``error[<code>]: <message>``
+to stderr and exit 2; Kafka failures print ``error[kafka]`` (or
+``error[delivery-failed]``) and exit 1. Neither shows a traceback
+(:func:`reported`). Commands that talk to Kafka first check that a broker
+answers (:func:`connected`): ``error[broker-unreachable]`` (exit 1) or
+``error[authentication-failed]`` (exit 2) within seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from confluent_kafka import KafkaError, KafkaException
+
+from kdelay.client import DeliveryError
+from kdelay.plumbing.connection import AUTHENTICATION_FAILED, ConnectionFailure
+from kdelay.plumbing.connection import check_connection as check_connection  # tests replace it
+from kdelay.plumbing.settings import Guarantee, Settings, SettingsError, build_settings
+from kdelay.plumbing.topics import LayoutError
+from kdelay.protocol.envelope import DEFAULT_LEVELS
+from kdelay.state.changelog import RestoreError
+from kdelay.state.index import IndexLocked
+
+_DEFAULTS = Settings()
+_COMMON_PANEL = "Common options"
+USER_ERROR_EXIT = 2
+KAFKA_ERROR_EXIT = 1
+
+def envvar(option: str) -> str:
+    """The environment variable of ``--option``: ``KDELAY_`` + upper snake case."""
+    return "KDELAY_" + option.upper().replace("-", "_")
+
+
+def option(
+    name: str,
+    help: str,
+    *,
+    shown: object = None,
+    common: bool = False,
+    metavar: str | None = None,
+) -> Any:
+    """A ``--name`` option also read from :func:`envvar`; ``shown`` is the default shown."""
+    return typer.Option(
+        f"--{name}",
+        envvar=envvar(name),
+        help=help,
+        show_default=str(shown) if shown is not None else False,
+        rich_help_panel=_COMMON_PANEL if common else None,
+        metavar=metavar,
+    )
+
+
+def common(name: str, help: str, shown: object = None) -> Any:
+    """A common option: ``None`` when not given, so the settings default applies."""
+    return option(name, help, shown=shown, common=True)
+
+
+BootstrapServers = Annotated[str | None, common(
+    "bootstrap-servers",
+    "Kafka bootstrap servers; wins over bootstrap.servers in --kafka-config.",
+    _DEFAULTS.bootstrap_servers)]
+RequestsTopic = Annotated[str | None, common(
+    "requests-topic", "Topic producers write delay requests to.", _DEFAULTS.requests_topic)]
+ChangelogTopic = Annotated[str | None, common(
+    "changelog-topic", "Compacted topic holding the index.", _DEFAULTS.changelog_topic)]
+DlqTopic = Annotated[str | None, common(
+    "dlq-topic", "Topic for records kdelay cannot schedule or deliver.", _DEFAULTS.dlq_topic)]
+GroupId = Annotated[str | None, common(
+    "group-id", "Consumer group of the service instances.", _DEFAULTS.group_id)]
+StateDir = Annotated[Path | None, common(
+    "state-dir", "Directory of the local RocksDB indexes.", _DEFAULTS.state_dir)]
+GuaranteeOpt = Annotated[Guarantee | None, common(
+    "guarantee", "Delivery guarantee.", _DEFAULTS.guarantee.value)]
+MetricsPort = Annotated[int | None, common(
+    "metrics-port", "Port of the Prometheus endpoint; none when not given.")]
+KafkaConfig = Annotated[Path | None, common(
+    "kafka-config", "A client.properties file with any Kafka client setting (SASL, TLS, ...).")]
+Levels = Annotated[str | None, common(
+    "levels", "Delay-level table, level 1 first.", DEFAULT_LEVELS)]
+RetentionMarginMs = Annotated[int | None, common(
+    "retention-margin-ms", "Safety margin kept below the requests topic's retention.",
+    _DEFAULTS.retention_margin_ms)]
+DeliveryAttempts = Annotated[int | None, common(
+    "delivery-attempts", "Attempts per record before it goes to the DLQ as undeliverable.",
+    _DEFAULTS.delivery_attempts)]
+RetryBackoffMs = Annotated[int | None, common(
+    "retry-backoff-ms", "First backoff after a failed delivery.", _DEFAULTS.retry_backoff_ms)]
+RetryBackoffMaxMs = Annotated[int | None, common(
+    "retry-backoff-max-ms", "Longest backoff between delivery attempts.",
+    _DEFAULTS.retry_backoff_max_ms)]
+LookaheadMs = Annotated[int | None, common(
+    "lookahead-ms", "How far ahead due originals are read.", _DEFAULTS.lookahead_ms)]
+BatchSize = Annotated[int | None, common(
+    "batch-size", "Most records handled per batch.", _DEFAULTS.batch_size)]
+DeliveryTimeoutMs = Annotated[int | None, common(
+    "delivery-timeout-ms", "How long one produce to a target may take before it counts as failed.",
+    _DEFAULTS.delivery_timeout_ms)]
+InstanceId = Annotated[str | None, common(
+    "instance-id", "Static group member id (group.instance.id); derived from the host name "
+    "and the absolute --state-dir when not given. Unique per instance, stable across restarts.")]
+TransactionalId = Annotated[str | None, common(
+    "transactional-id", "Transactional id for exactly-once; derived from --group-id and the "
+    "instance id when not given.")]
+SessionTimeoutMs = Annotated[int | None, common(
+    "session-timeout-ms", "How long the partitions of an instance that died stay unserved "
+    "before the group hands them to the others.", _DEFAULTS.session_timeout_ms)]
+PartitionerOpt = Annotated[str | None, common(
+    "partitioner", "librdkafka partitioner for keyed records without kdelay-partition; "
+    "murmur2_random places keys as a Java producer does.", _DEFAULTS.partitioner)]
+
+
+
+COMMON_OPTIONS: dict[str, Any] = {
+    "bootstrap_servers": BootstrapServers,
+    "requests_topic": RequestsTopic,
+    "changelog_topic": ChangelogTopic,
+    "dlq_topic": DlqTopic,
+    "group_id": GroupId,
+    "state_dir": StateDir,
+    "guarantee": GuaranteeOpt,
+    "metrics_port": MetricsPort,
+    "kafka_config": KafkaConfig,
+    "levels": Levels,
+    "retention_margin_ms": RetentionMarginMs,
+    "delivery_attempts": DeliveryAttempts,
+    "retry_backoff_ms": RetryBackoffMs,
+    "retry_backoff_max_ms": RetryBackoffMaxMs,
+    "lookahead_ms": LookaheadMs,
+    "batch_size": BatchSize,
+    "delivery_timeout_ms": DeliveryTimeoutMs,
+    "instance_id": InstanceId,
+    "transactional_id": TransactionalId,
+    "session_timeout_ms": SessionTimeoutMs,
+    "partitioner": PartitionerOpt,
+}
+
+
+def common_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` every common option (keyword-only, after its own parameters).
+
+    typer reads a command's parameters from its signature; the options are
+    added there once instead of being repeated in every command. The command
+    reads them through :func:`settings_of`, not as arguments.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=alias) for name, alias in COMMON_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        for name in COMMON_OPTIONS:
+            kwargs.pop(name, None)
+        command(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), *extra])
+    wrapper.__annotations__ = {
+        **{name: p.annotation for name, p in signature.parameters.items()},
+        **COMMON_OPTIONS, "return": None}
+    return wrapper
+
+
+def settings_of(ctx: typer.Context) -> Settings:
+    """Build the settings from the common options of the running command.
+
+    Every command declares the common options with the aliases above and
+    reads them here, from the parsed parameters, so no command passes them by
+    hand. Raises :class:`SettingsError` as :func:`build_settings` does.
+    """
+    params = ctx.params
+    common = {name: params[name] for name in COMMON_OPTIONS if name != "kafka_config"}
+    return build_settings(kafka_config_path=params["kafka_config"], **common)
+
+
+def connected(ctx: typer.Context) -> Settings:
+    """The settings of :func:`settings_of`, once a broker answers at their address.
+
+    For commands that talk to Kafka: when no broker answers, the command
+    stops at once with one ``error[broker-unreachable]`` line (see
+    :func:`kdelay.plumbing.connection.check_connection`) instead of waiting out
+    librdkafka's timeouts.
+    """
+    settings = settings_of(ctx)
+    check_connection(settings.client_config("probe"))
+    return settings
+
+
+def fail(code: str, message: str, exit_code: int) -> NoReturn:
+    """Print ``error[code]: message`` to stderr and exit with ``exit_code``."""
+    typer.echo(f"error[{code}]: {message}", err=True)
+    raise typer.Exit(exit_code)
+
+
+@contextmanager
+def reported(*, value_errors: bool = True) -> Iterator[None]:
+    """Report the errors a user or the cluster causes as one line, without a traceback.
+
+    With ``value_errors`` a plain ValueError counts as a bad argument; the
+    ``run`` command turns that off around the service, where a ValueError is
+    a bug and keeps its traceback.
+    """
+    try:
+        yield
+    except (SettingsError, LayoutError) as exc:
+        fail(exc.code, str(exc), USER_ERROR_EXIT)
+    except DeliveryError as exc:
+        fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
+    except ConnectionFailure as exc:
+        bad_credentials = exc.code == AUTHENTICATION_FAILED
+        fail(exc.code, str(exc), USER_ERROR_EXIT if bad_credentials else KAFKA_ERROR_EXIT)
+    except IndexLocked as exc:
+        fail("state-dir-in-use", f"{exc}; stop the service that uses it first",
+              USER_ERROR_EXIT)
+    except RestoreError as exc:
+        fail("restore-failed", str(exc), KAFKA_ERROR_EXIT)
+    except KafkaException as exc:
+        fail("kafka", kafka_message(exc), KAFKA_ERROR_EXIT)
+    except ValueError as exc:
+        if not value_errors:
+            raise
+        fail("invalid-argument", str(exc), USER_ERROR_EXIT)
+
+
+def kafka_message(exc: KafkaException) -> str:
+    """The readable part of a KafkaException: its KafkaError's text and name."""
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError):
+        return f"{error.str()} ({error.name()})"
+    return str(exc)
+
+

@@ -1,0 +1,126 @@
+"""Commands that write requests: ``kdelay send`` (one record or a recurring series) and
+``kdelay cancel``."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+
+from kdelay import recurring
+from kdelay.cli.options import (
+    USER_ERROR_EXIT,
+    common_options,
+    connected,
+    fail,
+    option,
+    reported,
+    settings_of,
+)
+from kdelay.client import DelayProducer, parse_due, parse_header
+from kdelay.plumbing.clock import SystemClock
+from kdelay.protocol.envelope import parse_duration_ms
+from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
+
+
+@dataclass(frozen=True)
+class SeriesOptions:
+    """The recurring options of ``kdelay send``."""
+
+    every: str | None
+    cron: str | None
+    tz: str
+    until: str | None
+    count: int | None
+    series_topic: str
+
+
+@common_options
+def send(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(help="Topic to deliver the record to.")],
+    value: Annotated[str | None, option("value", "Record value (UTF-8); null if not given.")]
+    = None,
+    key: Annotated[str | None, option("key", "Record key (UTF-8).")] = None,
+    header: Annotated[list[str] | None, option(
+        "header", "A user header; repeatable.", metavar="NAME=VALUE")] = None,
+    delay: Annotated[str | None, option(
+        "delay", "Delay after the record's timestamp: 1500, 1500ms, 30s, 5m, 2h, 1d.")] = None,
+    due: Annotated[str | None, option(
+        "due", "Due time: epoch ms or ISO-8601 with a timezone.")] = None,
+    level: Annotated[int | None, option("level", "Delay level, 1-based.")] = None,
+    schedule_id: Annotated[str | None, option(
+        "id", "Schedule id: dedupes, and is the handle for cancel.")] = None,
+    partition: Annotated[int | None, option("partition", "Target partition.")] = None,
+    every: Annotated[str | None, option(
+        "every", "Recurring: every interval (5m, 1h); needs `kdelay worker`.")] = None,
+    cron: Annotated[str | None, option(
+        "cron", "Recurring: a cron expression (\"0 9 * * MON-FRI\"); needs `kdelay worker`.")]
+    = None,
+    tz: Annotated[str, option("tz", "Time zone of --cron (IANA name).", shown="UTC")] = "UTC",
+    until: Annotated[str | None, option(
+        "until", "Recurring: no occurrence after this time (epoch ms or ISO-8601).")] = None,
+    count: Annotated[int | None, option("count", "Recurring: at most this many times.")]
+    = None,
+    series_topic: Annotated[str, option(
+        "series-topic", "Recurring: topic the worker reads occurrences from.",
+        shown=SERIES_TOPIC)] = SERIES_TOPIC,
+) -> None:
+    """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
+
+    Give exactly one of --delay, --due and --level; or --every or --cron for a
+    recurring record (then print its id and first due time too).
+    """
+    if every is not None or cron is not None:
+        if delay is not None or due is not None or level is not None:
+            fail("invalid-argument", "--every and --cron exclude --delay, --due and --level",
+                 USER_ERROR_EXIT)
+        _send_series(ctx, target, value, key, header, schedule_id,
+                     SeriesOptions(every, cron, tz, until, count, series_topic))
+        return
+    with reported():
+        settings = settings_of(ctx)
+        with DelayProducer(settings) as producer:
+            coordinates = producer.send(
+                target, value, key=key, headers=[parse_header(h) for h in header or ()],
+                delay=parse_duration_ms(delay) if delay is not None else None,
+                due=parse_due(due) if due is not None else None,
+                level=level, partition=partition, id=schedule_id,
+            )
+    typer.echo(str(coordinates))
+
+
+def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | None,
+                 header: list[str] | None, schedule_id: str | None,
+                 options: SeriesOptions) -> None:
+    """``kdelay send --every|--cron``: start a plain record series, print where and when."""
+    with reported():
+        settings = settings_of(ctx)
+        now_ms = SystemClock().now_ms()
+        spec = recurring.spec_of(options.every, options.cron, options.tz, now_ms)
+        series_id = schedule_id or f"series-{uuid.uuid4().hex}"
+        coordinates, first_ms = recurring.send_series(
+            settings, target, value, spec, schedule_id=series_id, now_ms=now_ms, key=key,
+            headers=[parse_header(h) for h in header or ()],
+            until_ms=parse_due(options.until) if options.until is not None else None,
+            count=options.count, series_topic=options.series_topic)
+    typer.echo(f"{coordinates} id={series_id} first-due-ms={first_ms}")
+
+
+@common_options
+def cancel(
+    ctx: typer.Context,
+    schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
+    series_cancels_topic: Annotated[str, option(
+        "series-cancels-topic", "Compacted topic of series cancel markers (written when it "
+        "exists).", shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
+) -> None:
+    """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
+    with reported():
+        settings = connected(ctx)
+        with DelayProducer(settings) as producer:
+            coordinates = recurring.cancel(settings, producer, schedule_id,
+                                           SystemClock().now_ms(), series_cancels_topic)
+    typer.echo(str(coordinates))

@@ -1,0 +1,162 @@
+"""The Spark jobs: ``kdelay audit`` and ``kdelay forecast``.
+
+They need the ``spark`` extra; :mod:`kdelay.spark` is imported only inside
+them, so the rest of the command line works without PySpark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+
+from kdelay.cli.options import (
+    KAFKA_ERROR_EXIT,
+    USER_ERROR_EXIT,
+    common_options,
+    connected,
+    envvar,
+    fail,
+    option,
+    reported,
+)
+from kdelay.client import parse_due
+from kdelay.plumbing.clock import SystemClock
+from kdelay.plumbing.settings import Guarantee
+from kdelay.protocol.envelope import parse_duration_ms
+
+SPARK_MODULES = frozenset({"pyspark", "py4j", "matplotlib", "pandas", "pyarrow"})
+AUDIT_FAILED_EXIT = 4
+
+SparkMaster = Annotated[str, option(
+    "master", "Spark master URL: local[*], spark://HOST:7077, yarn, k8s://...",
+    shown="local[*]")]
+SparkConf = Annotated[list[str] | None, typer.Option(
+    "--conf", envvar=envvar("conf"), show_default=False, metavar="KEY=VALUE",
+    help="A Spark setting (repeatable), as spark-submit's --conf.")]
+CacheDir = Annotated[Path | None, option(
+    "cache-dir", "Where the Kafka connector's jars are kept (fetched with Maven once); "
+    "the clone's .cache by default.")]
+JsonFlag = Annotated[bool, option("json", "Print one JSON object instead of tables.")]
+OutputDir = Annotated[Path | None, option(
+    "output", "Directory for the Parquet table and PNG charts.", metavar="DIR")]
+
+
+@contextmanager
+def _spark_job() -> Iterator[None]:
+    """Report a missing spark extra, unavailable jars and failed Spark jobs as one line."""
+    try:
+        from pyspark.errors import PySparkException
+
+        from kdelay.spark.jars import JarsError
+    except ModuleNotFoundError as exc:
+        fail("spark-missing", f"the Spark jobs need the spark extra ({exc.name} is not "
+             "installed): pip install 'kdelay[spark]'", USER_ERROR_EXIT)
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SPARK_MODULES:
+            raise
+        fail("spark-missing", f"the Spark jobs need the spark extra ({exc.name} is not "
+             "installed): pip install 'kdelay[spark]'", USER_ERROR_EXIT)
+    except JarsError as exc:
+        fail(exc.code, str(exc), USER_ERROR_EXIT)
+    except PySparkException as exc:
+        fail("spark", str(exc).strip().splitlines()[0], KAFKA_ERROR_EXIT)
+
+
+def _spark_options(master: str, conf: list[str] | None, cache_dir: Path | None) -> Any:
+    """The session options of a Spark command (a ``kdelay.spark.session.SparkOptions``)."""
+    from kdelay.spark.session import SparkOptions, parse_conf
+
+    given = {"cache_dir": cache_dir} if cache_dir is not None else {}
+    return SparkOptions(master=master, conf=parse_conf(conf or []), **given)
+
+
+def _show(report_json: dict[str, Any] | None, tables: Any) -> None:
+    """Print a job's report: JSON when given, else its rich tables."""
+    if report_json is not None:
+        typer.echo(orjson.dumps(report_json, option=orjson.OPT_INDENT_2).decode())
+    else:
+        Console().print(tables)
+
+
+@common_options
+def audit(
+    ctx: typer.Context,
+    settle: Annotated[str, option(
+        "settle", "A request due longer ago than this with no trace at all is lost.",
+        shown="60s")] = "60s",
+    since: Annotated[str | None, option(
+        "since", "Only requests with record time at or after this (epoch ms or ISO-8601).")]
+    = None,
+    until: Annotated[str | None, option(
+        "until", "Only requests with record time before this (epoch ms or ISO-8601).")] = None,
+    targets: Annotated[list[str] | None, typer.Option(
+        "--targets", envvar=envvar("targets"), show_default=False,
+        help="Target topics to read (repeatable); those the requests name when not given.")]
+    = None,
+    expect: Annotated[Guarantee, option(
+        "expect", "With exactly-once, a request delivered more than once fails the audit.",
+        shown="at-least-once")] = Guarantee.AT_LEAST_ONCE,
+    json: JsonFlag = False,
+    output: OutputDir = None,
+    master: SparkMaster = "local[*]",
+    conf: SparkConf = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Reconcile every schedule request with its deliveries, DLQ record or pending entry.
+
+    Exit status 4 when a request is lost or delivered early (or, with
+    --expect exactly-once, delivered more than once); 0 when clean.
+    """
+    with reported(), _spark_job():
+        from kdelay.spark.audit import AuditWindow
+        from kdelay.spark.jobs import run_audit
+        from kdelay.spark.tables import audit_tables
+
+        window = AuditWindow(
+            now_ms=SystemClock().now_ms(), settle_ms=parse_duration_ms(settle),
+            since_ms=parse_due(since) if since is not None else None,
+            until_ms=parse_due(until) if until is not None else None,
+            targets=tuple(targets) if targets else None)
+        settings = connected(ctx)
+        with Console(stderr=True).status("auditing with Spark"):
+            report = run_audit(settings, _spark_options(master, conf, cache_dir), window, output)
+    _show(report.to_json() if json else None, audit_tables(report))
+    clean = report.clean(exactly_once=expect is Guarantee.EXACTLY_ONCE)
+    raise typer.Exit(0 if clean else AUDIT_FAILED_EXIT)
+
+
+@common_options
+def forecast(
+    ctx: typer.Context,
+    horizon: Annotated[str, option("horizon", "How far ahead the due curve looks.",
+                                   shown="24h")] = "24h",
+    bucket: Annotated[str, option("bucket", "Width of one due-time bucket.", shown="1m")]
+    = "1m",
+    json: JsonFlag = False,
+    output: OutputDir = None,
+    master: SparkMaster = "local[*]",
+    conf: SparkConf = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Forecast the pending backlog: due curve and peaks, targets, retention per partition."""
+    with reported(), _spark_job():
+        from kdelay.spark.forecast import ForecastWindow
+        from kdelay.spark.jobs import run_forecast
+        from kdelay.spark.tables import forecast_tables
+
+        window = ForecastWindow(now_ms=SystemClock().now_ms(),
+                                horizon_ms=parse_duration_ms(horizon),
+                                bucket_ms=parse_duration_ms(bucket))
+        settings = connected(ctx)
+        with Console(stderr=True).status("forecasting with Spark"):
+            report = run_forecast(settings, _spark_options(master, conf, cache_dir), window,
+                                  output)
+    _show(report.to_json() if json else None, forecast_tables(report))

@@ -1,0 +1,18 @@
+"""The delay service's engine: the loop that takes requests in and delivers them when due.
+
+- :mod:`~kdelay.engine.service`: the loop, one step in one order for both
+  guarantees, and partition assignment (:func:`~kdelay.engine.service.run_service`);
+- :mod:`~kdelay.engine.checkpoint`: how a step becomes durable, the only module
+  that reads the guarantee;
+- :mod:`~kdelay.engine.intake`: requests to plans (index puts, cancels, DLQ records);
+- :mod:`~kdelay.engine.delivery`: read-ahead, produce what is due, settle outcomes;
+  :mod:`~kdelay.engine.book` keeps delivery's jobs and their states;
+- :mod:`~kdelay.engine.writer`: the one changelog writer and its positions;
+- :mod:`~kdelay.engine.outlook`, :mod:`~kdelay.engine.skew`,
+  :mod:`~kdelay.engine.metrics`: forward-looking gauges, the broker's clock,
+  the Prometheus metrics.
+
+May import: :mod:`kdelay.protocol`, :mod:`kdelay.plumbing`, :mod:`kdelay.state`.
+Never the CLI, the operator's view, the client helpers or Spark; nothing but
+the CLI imports the engine.
+"""

@@ -1,0 +1,397 @@
+"""Checkpoints: how one step's writes become durable. The one module that knows the guarantee.
+
+:meth:`kdelay.engine.service.Service.step` keeps the order of the loop:
+
+1. take a batch of requests and plan it;
+2. ``begin`` (exactly-once: open a transaction, only when there is work);
+3. produce what is due (delivery), then the plans' changelog and DLQ records
+   (a :class:`Batch`; delivery adopts the new entries due soon);
+4. ``commit``: hand over the batch, get back the batches whose fate is known,
+   oldest first, and whether each is durable (exactly-once: and settle the
+   transaction's deliveries, before step 5);
+5. apply the durable batches' plans to the indexes, release and rewind the others;
+6. ``settle``: turn delivery reports into index deletes and retries
+   (at-least-once: after producing what intake adopted and came due).
+
+What each step means differs by guarantee, and only here:
+
+- :class:`AtLeastOnce` has two idempotent producers (targets, and internal
+  topics). ``commit`` does not wait: a batch is durable once every one of
+  its records is acknowledged, and batches are applied in the order they
+  were written, in whichever later step that is. Meanwhile the service keeps
+  consuming and dispatching, so a broker slow to acknowledge the changelog
+  delays no delivery: an adopted entry may go out before its plan is
+  applied (it leaves the index only after, see :meth:`Delivery.adopt`), and
+  a crash in between re-reads the request and delivers it again. Only when
+  ``MAX_UNACKED_RECORDS`` records await acknowledgements does ``commit``
+  wait, dispatching meanwhile. The consumed offset is stored for the next
+  auto-commit after the index write. An entry's tombstone is written once
+  its record is acknowledged (:class:`ReportedTombstones`), so a crash in
+  between delivers it again.
+- :class:`ExactlyOnce` has one transactional producer. ``commit`` flushes the
+  transaction, aborts it when any of its records failed, else sends the
+  consumed offsets with it and commits. An entry's tombstone goes into the
+  same transaction as its record (:class:`TransactedTombstones`), so both or
+  neither are visible to ``read_committed`` readers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from kdelay.engine.delivery import Delivery, Durability
+from kdelay.engine.intake import Plan
+from kdelay.engine.metrics import Metrics
+from kdelay.engine.writer import Acks, ChangelogWriter, Failure
+from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
+from kdelay.plumbing.clock import Clock
+from kdelay.plumbing.settings import Guarantee, Settings
+from kdelay.state.index import PartitionIndex
+
+log = logging.getLogger(__name__)
+
+TXN_MARGIN_MS = 10_000
+ACK_POLL_S = 0.001
+CLOSE_FLUSH_S = 10.0
+TXN_CALL_S = 30.0
+# At-least-once: how many intake records may await their acknowledgements
+# before a step waits for them (memory, and how much a crash re-reads).
+MAX_UNACKED_RECORDS = 20_000
+
+ProducerFactory = Callable[..., Transacting]
+"""Builds a producer: ``(client_name, **librdkafka_overrides)``."""
+
+
+class ServiceError(Exception):
+    """The service cannot go on (its own topics refuse writes); ``code`` is stable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one step's intake wrote: its plans, the index each was planned against,
+    and the acknowledgements its records await."""
+
+    plans: list[Plan]
+    indexes: dict[int, PartitionIndex]
+    acks: Acks
+
+
+Fate = tuple[Batch, bool]
+"""A batch whose fate is known, and whether it is durable (else: give it back)."""
+
+
+class ReportedTombstones:
+    """At-least-once: an entry's tombstone is written once its record is acknowledged."""
+
+    def __init__(self, writer: ChangelogWriter) -> None:
+        self._writer = writer
+
+    def sent(self, key: bytes, partition: int) -> None:
+        """Nothing yet: the record may still fail."""
+
+    def delivered(self, key: bytes, partition: int) -> None:
+        """Write the entry's tombstone."""
+        self._writer.tombstone(partition, key)
+
+    def position(self, partition: int) -> int | None:
+        """The writer's confirmed changelog position."""
+        return self._writer.position(partition)
+
+    def has_failures(self) -> bool:
+        """Whether a changelog write failed since the failures were last taken."""
+        return self._writer.has_failures()
+
+
+class TransactedTombstones(ReportedTombstones):
+    """Exactly-once: an entry's tombstone goes into the transaction of its record."""
+
+    def sent(self, key: bytes, partition: int) -> None:
+        """Write the entry's tombstone, in the open transaction."""
+        self._writer.tombstone(partition, key)
+
+    def delivered(self, key: bytes, partition: int) -> None:
+        """Nothing: the tombstone was committed with the record."""
+
+
+class Checkpoint(Protocol):
+    """Makes a step's writes durable, the way one guarantee needs."""
+
+    auto_commit: bool
+    """Whether the group consumer commits stored offsets on its own."""
+    targets: Producing
+    """The producer of records to targets."""
+    internal: Producing
+    """The producer of changelog and DLQ records (the same one, under transactions)."""
+    writer: ChangelogWriter
+    """The changelog writer on this checkpoint's internal producer."""
+    durability: Durability
+    """What delivery tells of its sends and deliveries."""
+
+    def begin(self, work: bool) -> bool:
+        """Start a step; return whether it produces anything (``work``: it has something to)."""
+        ...
+
+    def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Fate]:
+        """Make the step's writes durable; return the batches whose fate is now known.
+
+        ``batch`` is what intake wrote this step (maybe no plans), ``offsets``
+        the consumed positions once its plans are applied. The batches come
+        back oldest first; a durable one's plans may be applied. Whatever of
+        delivery's work this makes final is settled here, before plans reach
+        the indexes.
+        """
+        ...
+
+    def awaiting(self) -> bool:
+        """Return whether written batches still await their acknowledgements."""
+        ...
+
+    def drain(self) -> list[Batch]:
+        """Wait (bounded) for the batches in flight; return those now durable, oldest first."""
+        ...
+
+    def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
+        """Record that intake applied ``partition`` up to ``offset``."""
+        ...
+
+    def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
+        """End the step: apply the delivery reports that arrived to the indexes."""
+        ...
+
+    def revoke(self, consumer: Consuming, delivery: Delivery,
+               indexes: Mapping[int, PartitionIndex]) -> None:
+        """Finish the work of partitions about to be revoked."""
+        ...
+
+    def close(self) -> None:
+        """Flush what is still queued."""
+        ...
+
+
+class AtLeastOnce:
+    """Every record is durable on its own acknowledgement; offsets are auto-committed."""
+
+    auto_commit = True
+
+    def __init__(self, settings: Settings, targets: Producing, internal: Producing,
+                 writer: ChangelogWriter, clock: Clock, metrics: Metrics,
+                 stopping: Callable[[], bool]) -> None:
+        self.targets = targets
+        self.internal = internal
+        self.writer = writer
+        self.durability: Durability = ReportedTombstones(writer)
+        self._requests_topic = settings.requests_topic
+        self._drain_s = settings.delivery_timeout_ms / 1000 + 5
+        self._clock = clock
+        self._metrics = metrics
+        self._stopping = stopping
+        self._unacked: deque[tuple[Batch, int]] = deque()
+        self._records = 0
+
+    def begin(self, work: bool) -> bool:
+        """Every step produces: what is due, and the tombstones of what was delivered."""
+        return True
+
+    def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Fate]:
+        """Queue the batch; return the batches acknowledged in full, in the order written.
+
+        Waits only while ``MAX_UNACKED_RECORDS`` records await acknowledgements
+        (producing what comes due meanwhile), or until the service is asked to
+        stop. Raises :class:`ServiceError` when a changelog write failed for
+        good; a dead letter that failed for good is logged (the request stays
+        readable at its origin).
+        """
+        if batch.acks.waiting:
+            self._unacked.append((batch, batch.acks.waiting))
+            self._records += batch.acks.waiting
+        self.internal.poll(0)
+        durable = self._take_acknowledged()
+        while self._records > MAX_UNACKED_RECORDS and not self._stopping():
+            self.internal.poll(ACK_POLL_S)
+            delivery.dispatch()
+            durable += self._take_acknowledged()
+        return [(done, True) for done in durable]
+
+    def awaiting(self) -> bool:
+        """Whether written batches still await their acknowledgements."""
+        return bool(self._unacked)
+
+    def drain(self) -> list[Batch]:
+        """Flush the internal producer (bounded); return the batches now acknowledged."""
+        deadline = self._clock.monotonic() + self._drain_s
+        flush_until(self.internal, deadline, self._clock.monotonic)
+        return self._take_acknowledged()
+
+    def _take_acknowledged(self) -> list[Batch]:
+        """Return the batches at the head of the queue whose records are all acknowledged."""
+        for failure in self.writer.take_failures():
+            raise ServiceError("changelog-write-failed",
+                               f"cannot write to {failure.topic}: {failure.error.str()}")
+        unacked = self._unacked
+        durable: list[Batch] = []
+        while unacked and unacked[0][0].acks.done:
+            batch, records = unacked.popleft()
+            self._records -= records
+            for failure in batch.acks.dead_letter_failures:
+                log.error("dead-letter write to %s failed for good (%s); the request stays "
+                          "readable at its origin in the requests topic", failure.topic,
+                          failure.error.str())
+                self._metrics.changelog_errors.inc()
+            durable.append(batch)
+        return durable
+
+    def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
+        """Store the offset; the consumer's auto-commit commits it."""
+        consumer.store_offsets(offsets=[TopicPartition(self._requests_topic, partition, offset)])
+
+    def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
+        """Produce what intake adopted and came due, then apply the reports that arrived."""
+        delivery.tick(indexes)
+        self.targets.poll(0)
+        self.internal.poll(0)
+        delivery.settle(indexes)
+
+    def revoke(self, consumer: Consuming, delivery: Delivery,
+               indexes: Mapping[int, PartitionIndex]) -> None:
+        """Wait for the produces in flight, settle them, and commit the stored offsets."""
+        deadline = self._clock.monotonic() + self._drain_s
+        flush_until(self.targets, deadline, self._clock.monotonic)
+        flush_until(self.internal, deadline, self._clock.monotonic)
+        delivery.settle(indexes)
+        try:
+            consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                log.warning("offset commit failed: %s", exc)
+
+    def close(self) -> None:
+        """Flush both producers (briefly)."""
+        self.targets.flush(CLOSE_FLUSH_S)
+        self.internal.flush(CLOSE_FLUSH_S)
+
+
+class ExactlyOnce:
+    """Each step that has work is one transaction: intake writes, deliveries, offsets."""
+
+    auto_commit = False
+
+    def __init__(self, settings: Settings, producer: Transacting, writer: ChangelogWriter,
+                 clock: Clock, metrics: Metrics, stopping: Callable[[], bool]) -> None:
+        self.producer = producer
+        self.targets: Producing = producer
+        self.internal: Producing = producer
+        self.writer = writer
+        self.durability: Durability = TransactedTombstones(writer)
+        self._flush_s = settings.delivery_timeout_ms / 1000
+        self._clock = clock
+        self._metrics = metrics
+        self._stopping = stopping
+
+    def begin(self, work: bool) -> bool:
+        """Open a transaction when the step has work; a step without produces nothing."""
+        if work:
+            self.producer.begin_transaction()
+        return work
+
+    def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
+               delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> list[Fate]:
+        """Commit the open transaction, or abort it when any of its records failed, and
+        settle what it carried; return the batch, and whether it committed.
+
+        Delivery is settled here, before the step's plans are written to the
+        indexes: the tombstones in the transaction confirm changelog
+        positions, and an index may record such a position only with the
+        deletes those tombstones stand for (a crash in between would
+        otherwise restore past them and deliver the entries again).
+        Committed: delivered entries leave the index. Aborted: every entry
+        goes out again. Raises :class:`ServiceError` on a fatal transaction
+        error, such as being fenced by a newer instance.
+        """
+        committed = self._commit(batch.acks.dead_letter_failures, offsets, consumer, delivery)
+        if committed:
+            delivery.settle(indexes)
+        else:
+            delivery.abandon()
+        return [(batch, committed)]
+
+    def awaiting(self) -> bool:
+        """Never: a step's transaction is over when the step is."""
+        return False
+
+    def drain(self) -> list[Batch]:
+        """Nothing: no transaction is open between steps, where rebalances happen."""
+        return []
+
+    def _commit(self, failures: list[Failure], offsets: list[TopicPartition],
+                consumer: Consuming, delivery: Delivery) -> bool:
+        producer = self.producer
+        try:
+            flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic)
+            failed = [*failures, *self.writer.take_failures()]
+            if failed or delivery.has_failures() or len(producer) or self._stopping():
+                producer.abort_transaction(TXN_CALL_S)
+                return False
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    offsets, consumer.consumer_group_metadata(), TXN_CALL_S)
+            with self._metrics.commit_duration.time():
+                producer.commit_transaction(TXN_CALL_S)
+            return True
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                log.warning("transaction aborted: %s", error.str())
+                producer.abort_transaction(TXN_CALL_S)
+                return False
+            raise ServiceError("transaction-failed", f"transaction failed: {error.str()}") from exc
+
+    def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
+        """Nothing: the offsets went with the transaction."""
+
+    def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
+        """Nothing: :meth:`commit` settled the transaction's work."""
+
+    def revoke(self, consumer: Consuming, delivery: Delivery,
+               indexes: Mapping[int, PartitionIndex]) -> None:
+        """Nothing: no transaction is open between steps, where rebalances happen."""
+
+    def close(self) -> None:
+        """Flush the producer (briefly)."""
+        self.producer.flush(CLOSE_FLUSH_S)
+
+
+def for_settings(settings: Settings, producers: ProducerFactory, transactional_id: str,
+                 clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
+                 observe: Callable[[Message], None]) -> Checkpoint:
+    """Build the checkpoint of ``settings.guarantee``, with its producers and changelog writer.
+
+    ``observe`` sees every acknowledged consumed-offset marker (clock skew).
+    """
+    s = settings
+    if s.guarantee is Guarantee.EXACTLY_ONCE:
+        producer = producers("transactions", **{
+            "transactional.id": transactional_id, "linger.ms": 2,
+            "partitioner": s.partitioner, "message.timeout.ms": s.delivery_timeout_ms,
+            "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS})
+        producer.init_transactions(TXN_CALL_S)
+        writer = ChangelogWriter(producer, s.changelog_topic, metrics, observe)
+        return ExactlyOnce(s, producer, writer, clock, metrics, stopping)
+    targets = producers("targets", **{
+        "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
+        "message.timeout.ms": s.delivery_timeout_ms})
+    internal = producers("internal", **{
+        "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0})
+    writer = ChangelogWriter(internal, s.changelog_topic, metrics, observe)
+    return AtLeastOnce(s, targets, internal, writer, clock, metrics, stopping)

@@ -1,0 +1,210 @@
+"""Intake: turn request records into index changes, changelog records and DLQ records.
+
+Intake reads headers only, never the value. For each request partition, a batch
+of records in offset order becomes one :class:`Plan`: the index changes (with
+the next offset to consume), the changelog records that mirror them, the
+records to dead-letter, and the outcome of every cancel. Planning is pure; the
+service applies a plan (index write, changelog and DLQ produce) and only then
+stores the consumed offset, so a crash at any point re-reads the batch and
+re-derives the same keys: intake is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import IdState, IndexValue
+from kdelay.protocol.envelope import Cancel, Headers, Limits, Rejection, Schedule
+from kdelay.state.index import Changes, Entry
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    """What became of one request record; counted and logged."""
+
+    SCHEDULED = "scheduled"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+    ALREADY_DELIVERED = "already-delivered"
+
+
+class Record(NamedTuple):
+    """A record to produce: to the changelog, the DLQ or a target.
+
+    A named tuple rather than a dataclass: intake builds one per request.
+    ``headers`` is None for a record without headers (changelog records).
+    """
+
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None = None
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything one batch of one request partition changes."""
+
+    partition: int
+    first: int | None = None
+    changes: Changes = field(default_factory=Changes)
+    changelog: list[Record] = field(default_factory=list)
+    dead_letters: list[Record] = field(default_factory=list)
+    outcomes: list[tuple[Outcome, str]] = field(default_factory=list)
+    # The request records behind ``changes.puts``, so delivery can take the
+    # ones due soon without reading them back from Kafka.
+    originals: dict[bytes, Message] = field(default_factory=dict)
+
+
+_SCHEDULED = (Outcome.SCHEDULED, "")
+# Builds a named tuple from all its fields without the generated Python-level
+# ``__new__``, which costs three times as much: for the objects made per request.
+_new = tuple.__new__
+
+IdLookup = Callable[[str], IdState | None]
+# Asked before a pending entry is cancelled: True when delivery now holds the
+# key back (see Delivery.withhold), False when its produce is already in flight.
+Withhold = Callable[[bytes], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The topic names intake writes to."""
+
+    requests: str
+    changelog: str
+    dlq: str
+
+
+def consumed_marker(topics: Topics, plan: Plan) -> list[Record]:
+    """Return the changelog record that says how far intake has read, if the plan says so.
+
+    Written after the plan's own changelog records, on the same partition, it
+    lets a restore recover the consumed offset together with the index, so a
+    rebuilt instance never re-reads (and re-schedules) requests the changelog
+    already covers, even when the group's committed offset lags behind.
+    """
+    if plan.changes.consumed is None:
+        return []
+    return [Record(topics.changelog, plan.partition, codec.CONSUMED_MARKER,
+                   codec.encode_offset(plan.changes.consumed))]
+
+
+def dead_letter(message: Message, rejection: Rejection, dlq: str) -> Record:
+    """Return the DLQ copy of a request: the record intact plus reason headers."""
+    origin = envelope.origin_of(str(message.topic()), int(message.partition() or 0),
+                                int(message.offset() or 0))
+    headers = [*(message.headers() or []), *envelope.rejection_headers(rejection),
+               (envelope.ORIGIN, origin.encode())]
+    return Record(dlq, None, message.key(), message.value(), headers)
+
+
+class Planner:
+    """Plans the batches of one request partition against its index.
+
+    A plan is applied to the index only once its records are acknowledged,
+    and later batches are planned meanwhile: the schedule ids of the plans
+    not applied yet are kept here, newest last, so a duplicate or a cancel in
+    a later batch sees them (:meth:`done` forgets a plan applied or given back).
+    """
+
+    def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
+                 withhold: Withhold) -> None:
+        self._topics = topics
+        self._changelog = topics.changelog
+        self._limits = limits
+        self._lookup = lookup
+        self._withhold = withhold
+        self._unapplied: dict[str, tuple[Plan, IdState | None]] = {}
+
+    def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
+        """Plan a batch of records of ``partition``, given in offset order."""
+        plan = Plan(partition)
+        parse, limits = envelope.parse, self._limits
+        offset = None
+        for message in messages:
+            offset = message.offset() or 0
+            if plan.first is None:
+                plan.first = offset
+            kind, timestamp = message.timestamp()
+            known = kind != TIMESTAMP_NOT_AVAILABLE
+            # A record without a timestamp gets -1: relative delays are then
+            # rejected (bad-time) instead of being measured from "now", which
+            # would give a different key each time the record is re-read.
+            parsed = parse(message.headers(), timestamp if known else -1, limits)
+            if isinstance(parsed, Schedule):
+                self._schedule(plan, message, parsed, offset, timestamp if known else 0)
+            elif isinstance(parsed, Cancel):
+                self._cancel(plan, parsed.schedule_id)
+            else:
+                self._reject(plan, message, parsed)
+        if offset is not None:
+            plan.changes.consumed = offset + 1
+        for sid, state in plan.changes.ids.items():
+            self._unapplied[sid] = (plan, state)
+        return plan
+
+    def done(self, plan: Plan) -> None:
+        """Forget the ids of ``plan``: it is in the index now, or it was given back."""
+        unapplied = self._unapplied
+        for sid in plan.changes.ids:
+            held = unapplied.get(sid)
+            if held is not None and held[0] is plan:
+                del unapplied[sid]
+
+    def _id_state(self, plan: Plan, schedule_id: str) -> IdState | None:
+        if schedule_id in plan.changes.ids:
+            return plan.changes.ids[schedule_id]
+        held = self._unapplied.get(schedule_id)
+        if held is not None:
+            return held[1]
+        return self._lookup(schedule_id)
+
+    def _reject(self, plan: Plan, message: Message, rejection: Rejection) -> None:
+        plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
+        plan.outcomes.append((Outcome.REJECTED, f"{rejection.code}: {rejection.detail}"))
+
+    def _schedule(self, plan: Plan, message: Message, schedule: Schedule, offset: int,
+                  timestamp: int) -> None:
+        """Index a valid request; ``timestamp`` is as :func:`fingerprint_of` reads it."""
+        key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
+        sid = schedule.schedule_id
+        if sid is not None:
+            state = self._id_state(plan, sid)
+            if state is not None and state.pending_key not in (None, key):
+                plan.outcomes.append((Outcome.DUPLICATE, sid))
+                return
+            plan.changes.ids[sid] = IdState(key, None)
+        fingerprint = codec.fingerprint(message.key(), message.value(), timestamp)
+        value = _new(IndexValue, (fingerprint, sid))
+        raw = codec.encode_index_value(value)
+        plan.changes.puts.append(Entry(key, value, raw))
+        plan.originals[key] = message
+        plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
+        plan.outcomes.append(_SCHEDULED if sid is None else (Outcome.SCHEDULED, sid))
+
+    def _cancel(self, plan: Plan, schedule_id: str) -> None:
+        state = self._id_state(plan, schedule_id)
+        if state is None:
+            plan.outcomes.append((Outcome.UNKNOWN, schedule_id))
+        elif state.pending_key is None or not self._withhold(state.pending_key):
+            plan.outcomes.append((Outcome.ALREADY_DELIVERED, schedule_id))
+        else:
+            key = state.pending_key
+            plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
+            plan.originals.pop(key, None)
+            plan.changes.deletes.append(key)
+            plan.changes.ids[schedule_id] = None
+            plan.changelog.append(Record(self._topics.changelog, plan.partition, key, None))
+            plan.outcomes.append((Outcome.CANCELLED, schedule_id))

@@ -1,0 +1,549 @@
+"""The kdelay service: one loop that owns some request partitions.
+
+Each :meth:`Service.step` does, in order: intake (consume up to a batch,
+waiting no longer than until the next due entry, and plan it), delivery
+(read ahead, produce what is due), intake's writes (changelog and DLQ
+records), the checkpoint (make them durable: acknowledgements, or a
+committed transaction), the index writes, and settling (apply delivery
+reports to the indexes). The order is the same under both guarantees; what
+each part means is decided in :mod:`kdelay.engine.checkpoint`, the one module that
+reads the guarantee. Partitions come and go through an ordinary consumer
+group; on assignment a partition's index is opened and caught up from the
+changelog before it serves, on revocation the work in flight is finished
+(and, at-least-once, offsets committed), and the index is closed in
+``finally``. The Kafka clients come from a :class:`ClientFactory`.
+
+Intake stores a request offset only after the changelog and DLQ records
+derived from it are durable and the index batch is written, so a crash at
+any point re-reads the request and re-derives the same index keys.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from types import FrameType, MappingProxyType
+from typing import Protocol
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from kdelay.engine import checkpoint as checkpoints
+from kdelay.engine.checkpoint import Batch, Checkpoint, ServiceError
+from kdelay.engine.delivery import Delivery, DeliveryConfig
+from kdelay.engine.intake import Outcome, Plan, Planner, Topics
+from kdelay.engine.metrics import Metrics, PhaseTimer
+from kdelay.engine.outlook import Outlook
+from kdelay.engine.skew import ClockSkew
+from kdelay.plumbing import identity
+from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.clients import Consuming, Transacting, Watermarks, produce, take
+from kdelay.plumbing.clock import Clock, SystemClock
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import Layout, check_layout
+from kdelay.protocol import envelope
+from kdelay.state.changelog import Progress, Restorer, Restoring, open_restored
+from kdelay.state.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.state.originals import OriginalReader, Reading
+
+log = logging.getLogger(__name__)
+
+HOUSEKEEPING_EVERY_MS = 5_000
+# The longest a step waits for requests while written batches await their
+# acknowledgements (which the step after the wait applies).
+ACK_WAIT_MS = 1
+# Most delivered-id markers one partition drops per housekeeping round, so a
+# backlog of them never stalls a step.
+PRUNE_LIMIT = 10_000
+# Collect the youngest generation every 50 000 container allocations instead of
+# 700, and the older ones far more rarely. See :func:`tune_gc`.
+GC_THRESHOLDS = (50_000, 50, 100)
+
+
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector from pausing delivery.
+
+    Every request and delivery allocates a few containers that live for the
+    length of a delay, so with CPython's default thresholds full collections
+    walk tens of thousands of live objects: 19 full collections of up to
+    170 ms in 20 s at 5 k/s (docs/benchmarks.md). The hot path creates no
+    reference cycles; objects alive at start-up are frozen out of every
+    collection, and the thresholds make collections rare.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def membership(me: identity.Identity, session_timeout_ms: int,
+               given: Mapping[str, str]) -> dict[str, str | int | bool]:
+    """Return the consumer settings that make an instance a static group member.
+
+    A restarted instance rejoins under the same ``group.instance.id`` and gets
+    its partitions back without a rebalance; an instance that died for good
+    holds its partitions until ``session_timeout_ms`` passes, then the group
+    hands them to the survivors. Heartbeats go every second (a tenth of the
+    session timeout when that is shorter): a survivor learns of the rebalance
+    from its next heartbeat, so librdkafka's 3 s would add up to 3 s to every
+    failover. A key the user set in ``--kafka-config`` (``given``) is left to
+    that setting.
+    """
+    wanted: dict[str, str | int | bool] = {
+        "group.instance.id": me.member_id, "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": max(1, min(1_000, session_timeout_ms // 10))}
+    return {key: value for key, value in wanted.items() if key not in given}
+
+
+class ClientFactory(Protocol):
+    """Builds the service's Kafka clients; the service never constructs one itself."""
+
+    def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
+        """Return a producer named ``name`` (in logs) with librdkafka ``overrides``."""
+        ...
+
+    def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
+        """Return a consumer named ``name`` with librdkafka ``overrides``."""
+        ...
+
+    def reader(self) -> Reading:
+        """Return the reader of originals in the requests topic."""
+        ...
+
+    def restorer(self) -> Restoring:
+        """Return the restorer that replays the changelog into indexes."""
+        ...
+
+
+class KafkaClients:
+    """The real clients, configured from settings (``--kafka-config`` and all)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
+        """A confluent-kafka producer."""
+        return Producer(self._settings.client_config(name, **overrides))
+
+    def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
+        """A confluent-kafka consumer."""
+        return Consumer(self._settings.client_config(name, **overrides))
+
+    def reader(self) -> Reading:
+        """An :class:`OriginalReader` of the requests topic."""
+        return OriginalReader(self._settings.client_config("originals"),
+                              self._settings.requests_topic)
+
+    def restorer(self) -> Restoring:
+        """A :class:`Restorer` of the changelog topic."""
+        return Restorer(self._settings.client_config("restore"), self._settings.changelog_topic)
+
+
+class _Clients:
+    """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
+
+    def __init__(self, consumer: Consuming, checkpoint: Checkpoint, reader: Reading,
+                 restorer: Restoring) -> None:
+        self.consumer = consumer
+        self.checkpoint = checkpoint
+        self.reader = reader
+        self.restorer = restorer
+
+
+class Service:
+    """The delay service for the partitions its consumer group assigns it.
+
+    Clients are created by :meth:`start` (from ``clients``, real Kafka clients
+    by default), not in ``__init__``. Drive it with :meth:`run` (until
+    :meth:`stop`) or, in tests, with :meth:`step`.
+    """
+
+    def __init__(self, settings: Settings, clock: Clock, layout: Layout,
+                 metrics: Metrics | None = None, clients: ClientFactory | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._clock = clock
+        self._factory = clients or KafkaClients(settings)
+        self._limits = envelope.limits_for_retention(
+            layout.retention_ms, settings.retention_margin_ms, settings.levels)
+        self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
+                                                                      layout),
+                                        layout.retention_ms)
+        if not layout.broker_time:
+            log.warning("clock skew against the broker is not measured: changelog topic %s "
+                        "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
+                        "topics --entity-name %s --add-config "
+                        "message.timestamp.type=LogAppendTime)",
+                        settings.changelog_topic, settings.changelog_topic)
+        self._indexes: dict[int, PartitionIndex] = {}
+        self._planners: dict[int, Planner] = {}
+        self._consumed: dict[int, int] = {}
+        self._stopping = False
+        self._clients: _Clients | None = None
+        self._delivery: Delivery | None = None
+        self._phases = PhaseTimer(self.metrics.phases, clock.monotonic)
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the Kafka clients and join the consumer group."""
+        s = self.settings
+        me = identity.of(s)
+        log.info("instance %s (group %s, transactional id %s)", me.member_id, s.group_id,
+                 me.transactional_id)
+        skew = ClockSkew(self._clock, self.metrics.clock_skew)
+        checkpoint = checkpoints.for_settings(
+            s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
+            lambda: self._stopping, skew.observe)
+        reader = self._factory.reader()
+        self._delivery = Delivery(
+            DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
+                           s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
+                           s.retry_backoff_max_ms),
+            checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
+            checkpoint.durability)
+        group: dict[str, str | int | bool] = {
+            "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
+            "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            **membership(me, s.session_timeout_ms, given=s.kafka_config)}
+        consumer = self._factory.consumer("intake", **group)
+        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer())
+        consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
+                           on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
+
+    def run(self) -> None:
+        """Step until :meth:`stop` is called, then finish the work in flight and close."""
+        self.start()
+        try:
+            while not self._stopping:
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current step (signal-safe)."""
+        self._stopping = True
+
+    def close(self) -> None:
+        """Finish produces in flight, commit offsets, leave the group, close the stores."""
+        clients = self._clients
+        if clients is None:
+            return
+        try:
+            clients.consumer.close()  # revokes: the checkpoint finishes the work in flight
+        finally:
+            self._clients = None
+            self._close_partitions(list(self._indexes))
+            clients.checkpoint.close()
+            clients.reader.close()
+            clients.restorer.close()
+
+    def owned(self) -> list[int]:
+        """Return the request partitions this instance serves now."""
+        return sorted(self._indexes)
+
+    @property
+    def indexes(self) -> Mapping[int, PartitionIndex]:
+        """The open index of every owned partition (read-only view; for tools and tests)."""
+        return MappingProxyType(self._indexes)
+
+    def step(self, max_wait_ms: int | None = None) -> None:
+        """Take in one batch of requests, deliver what is due, settle the outcomes.
+
+        The order is the same under both guarantees (the checkpoint decides
+        what each part means, see :mod:`kdelay.engine.checkpoint`): plan the batch,
+        produce what is due, write the plans' records, make them durable,
+        apply them to the indexes, settle delivery reports. Each phase's time
+        goes to ``kdelay_loop_phase_seconds``; a step of a second or more is
+        logged with its phases. The step waits
+        for requests no longer than until the next due entry, and no longer
+        than ``max_wait_ms`` (for tests that move a manual clock). Rebalance
+        callbacks run inside the consume, before any produce of the step, so
+        they never meet an open transaction.
+        """
+        clients, delivery = self._started()
+        checkpoint = clients.checkpoint
+        phases = self._phases
+        phases.start()
+        wait_ms = delivery.wait_ms()
+        if checkpoint.awaiting():
+            wait_ms = min(wait_ms, ACK_WAIT_MS)
+        if max_wait_ms is not None:
+            wait_ms = min(wait_ms, max_wait_ms)
+        plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000))
+        phases.lap("consume")
+        due = delivery.prepare(self._indexes)
+        phases.lap("read-ahead")
+        if checkpoint.begin(bool(plans) or due):
+            delivery.dispatch()
+            phases.lap("dispatch")
+            batch = self._write(plans, checkpoint, delivery)
+            phases.lap("write")
+            outcomes = checkpoint.commit(batch, self._offsets_after(plans), clients.consumer,
+                                         delivery, self._indexes)
+            phases.lap("commit")
+            for done, durable in outcomes:
+                if durable:
+                    self._apply(done, checkpoint, clients.consumer, delivery)
+                else:
+                    self._give_back(done, clients.consumer, delivery)
+            phases.lap("apply")
+        checkpoint.settle(delivery, self._indexes)
+        phases.lap("settle")
+        self._housekeeping()
+        phases.lap("housekeeping")
+        phases.finish()
+
+    def _housekeeping(self) -> None:
+        """Refresh the gauges and drop expired id markers, if it is time."""
+        clients, _ = self._started()
+        self._housekeeper.tick(self._indexes, self._consumed, clients.consumer)
+
+    def _started(self) -> tuple[_Clients, Delivery]:
+        if self._clients is None or self._delivery is None:
+            raise RuntimeError("Service.step() before start()")
+        return self._clients, self._delivery
+
+    # -- intake -----------------------------------------------------------------
+
+    def _plan(self, messages: list[Message]) -> list[Plan]:
+        if not messages:  # most steps at a steady rate: nothing to time or group
+            return []
+        by_partition: dict[int, list[Message]] = defaultdict(list)
+        now = self._clock.now_ms()
+        delays: list[int] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                log.warning("requests consumer: %s", error.str())
+                continue
+            by_partition[int(message.partition() or 0)].append(message)
+            kind, timestamp = message.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE:
+                delays.append(now - timestamp)
+        self.metrics.intake_delay.observe_ms(delays)
+        return [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
+                if p in self._planners]
+
+    def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
+        """Produce the plans' changelog records, consumed markers and dead letters.
+
+        A plan's marker follows its own records on the same partition, so its
+        acknowledgement confirms them all. Delivery adopts the new entries due
+        soon, so they go out when due whenever the batch is acknowledged.
+        """
+        writer = checkpoint.writer
+        acks = writer.acks()
+        for plan in plans:
+            for record in plan.changelog:
+                writer.put(plan.partition, record.key or b"", record.value, acks)
+            for record in plan.dead_letters:
+                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
+                        headers=record.headers, on_delivery=acks.dead_letter())
+            if plan.changes.consumed is not None:
+                writer.mark_consumed(plan.partition, plan.changes.consumed, acks)
+            delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
+        return Batch(plans, {plan.partition: self._indexes[plan.partition] for plan in plans},
+                     acks)
+
+    def _apply(self, batch: Batch, checkpoint: Checkpoint, consumer: Consuming,
+               delivery: Delivery) -> None:
+        """Write a durable batch's plans to their indexes and count them.
+
+        A plan of a partition this instance lost (or lost and got back) since
+        it was written is skipped: its offset is not stored, so it is read again.
+        """
+        for plan in batch.plans:
+            partition = plan.partition
+            index = self._indexes.get(partition)
+            if index is None or index is not batch.indexes[partition]:
+                continue
+            plan.changes.changelog = checkpoint.writer.position(partition)
+            index.apply(plan.changes)
+            self._planners[partition].done(plan)
+            delivery.forget(plan.changes.deletes)
+            delivery.indexed(partition, plan.changes.puts)
+            consumed = plan.changes.consumed
+            if consumed is not None:
+                self._consumed[partition] = consumed
+                checkpoint.consumed(consumer, partition, consumed)
+            self._count(plan.outcomes)
+
+    def _give_back(self, batch: Batch, consumer: Consuming, delivery: Delivery) -> None:
+        """Undo plans that were not made durable: release their cancels, read them again.
+
+        The entries the plans' cancels withheld go out again, the entries they
+        adopted are dropped, and the consumer seeks back to each plan's first record.
+        """
+        for plan in batch.plans:
+            planner = self._planners.get(plan.partition)
+            if planner is not None:
+                planner.done(plan)
+            delivery.release(plan.changes.deletes)
+            delivery.disown(plan.changes.puts)
+            if plan.first is not None:
+                consumer.seek(TopicPartition(self.settings.requests_topic, plan.partition,
+                                             plan.first))
+
+    def _offsets_after(self, plans: list[Plan]) -> list[TopicPartition]:
+        """Return the consumed positions of every owned partition once ``plans`` are applied."""
+        positions = dict(self._consumed)
+        positions.update({p.partition: p.changes.consumed for p in plans
+                          if p.changes.consumed is not None})
+        return [TopicPartition(self.settings.requests_topic, p, offset)
+                for p, offset in sorted(positions.items()) if p in self._indexes]
+
+    def _count(self, outcomes: list[tuple[Outcome, str]]) -> None:
+        """Count a batch's outcomes (one metric update per kind) and log the notable ones."""
+        kinds: Counter[Outcome] = Counter()
+        reasons: Counter[str] = Counter()
+        for outcome, detail in outcomes:
+            kinds[outcome] += 1
+            if outcome is Outcome.REJECTED:
+                reasons[detail.split(":", 1)[0]] += 1
+            elif outcome is not Outcome.SCHEDULED:
+                log.info("request %s: %s", outcome, detail)
+        for outcome, count in kinds.items():
+            self.metrics.intake.labels(outcome=str(outcome)).inc(count)
+        for reason, count in reasons.items():
+            self.metrics.dead_lettered.labels(reason=reason).inc(count)
+
+    # -- partitions -------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
+        _, delivery = self._started()
+        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
+                        self.settings.dlq_topic)
+        for tp in partitions:
+            index = self._open(tp.partition)
+            local = index.offset(CONSUMED)
+            if local is not None and local > committed.get(tp.partition, -1):
+                tp.offset = local
+            if tp.offset >= 0:
+                self._consumed[tp.partition] = tp.offset
+            elif committed.get(tp.partition, -1) >= 0:
+                self._consumed[tp.partition] = committed[tp.partition]
+            self._indexes[tp.partition] = index
+            self._planners[tp.partition] = Planner(topics, self._limits, index.id_state,
+                                                   delivery.withhold)
+        self.metrics.rebalances.labels(kind="assign").inc()
+        self.metrics.owned.set(len(self._indexes))
+        log.info("assigned %s", [tp.partition for tp in partitions])
+        consumer.assign(partitions)
+
+    def _open(self, partition: int) -> PartitionIndex:
+        """Open a partition's index and catch it up from the changelog before it serves."""
+        clients, _ = self._started()
+        path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
+        self.metrics.restoring.inc()
+        try:
+            index, restored = open_restored(path, partition, clients.restorer,
+                                            self._restore_progress(partition))
+        except IndexLocked as exc:
+            raise ServiceError("state-dir-in-use",
+                               f"{exc}; give every instance its own --state-dir") from exc
+        finally:
+            self.metrics.restoring.dec()
+        log.info("partition %d: %d changelog records replayed", partition, restored)
+        return index
+
+    def _restore_progress(self, partition: int) -> Progress:
+        last = [0]
+
+        def progress(done: int, total: int) -> None:
+            self.metrics.restored.inc(done - last[0])
+            last[0] = done
+            log.info("partition %d: restored %d/%d changelog offsets", partition, done, total)
+
+        return progress
+
+    def _on_revoke(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
+        clients, delivery = self._started()
+        self.metrics.rebalances.labels(kind="revoke").inc()
+        try:
+            for batch in clients.checkpoint.drain():
+                self._apply(batch, clients.checkpoint, consumer, delivery)
+            clients.checkpoint.revoke(consumer, delivery, self._indexes)
+        finally:
+            self._close_partitions([tp.partition for tp in partitions])
+
+    def _on_lost(self, _: Consuming, partitions: list[TopicPartition]) -> None:
+        log.warning("partitions lost: %s", [tp.partition for tp in partitions])
+        self.metrics.rebalances.labels(kind="lost").inc()
+        self._close_partitions([tp.partition for tp in partitions])
+
+    def _close_partitions(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            if self._delivery is not None:
+                self._delivery.drop_partition(partition)
+            self._planners.pop(partition, None)
+            self._consumed.pop(partition, None)
+            index = self._indexes.pop(partition, None)
+            if index is not None:
+                index.close()
+        self.metrics.owned.set(len(self._indexes))
+
+
+class Housekeeper:
+    """Every few seconds (service clock): refresh the gauges, drop expired id markers.
+
+    Delivered-id markers live as long as a request they answer can be read:
+    ``id_ttl_ms`` is the requests topic's retention (None: kept forever).
+    """
+
+    def __init__(self, clock: Clock, metrics: Metrics, outlook: Outlook,
+                 id_ttl_ms: int | None) -> None:
+        self._clock = clock
+        self._metrics = metrics
+        self._outlook = outlook
+        self._id_ttl_ms = id_ttl_ms
+        self._next_ms = 0
+
+    def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
+             consumer: Watermarks) -> None:
+        """Do the round if it is time."""
+        now = self._clock.now_ms()
+        if now < self._next_ms:
+            return
+        self._next_ms = now + HOUSEKEEPING_EVERY_MS
+        if self._id_ttl_ms is not None:
+            for index in indexes.values():
+                self._metrics.ids_expired.inc(
+                    index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
+        self._outlook.refresh(now, indexes, consumed, consumer)
+
+
+def run_service(settings: Settings, *, check: bool) -> int:
+    """Run the service until SIGTERM or SIGINT; with ``check``, only verify and exit.
+
+    Raises :class:`kdelay.plumbing.topics.LayoutError` when the topics are missing or
+    not co-partitioned, with a message that says how to fix it.
+    """
+    admin = AdminClient(settings.client_config("admin"))
+    layout = check_layout(admin, settings)
+    if check:
+        print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic}, "
+              f"{settings.changelog_topic} ({layout.partitions} partitions, co-partitioned) "
+              f"and {settings.dlq_topic} are in place")
+        return 0
+    service = Service(settings, SystemClock(), layout)
+    if settings.metrics_port is not None:
+        service.metrics.serve(settings.metrics_port)
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        log.info("signal %d: finishing the batch in flight", signum)
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    tune_gc()
+    try:
+        service.run()
+    except ServiceError as exc:
+        log.error("error[%s]: %s", exc.code, exc)
+        return 1
+    return 0

@@ -1,0 +1,197 @@
+"""The one writer of the changelog, and the positions its acknowledged records confirm.
+
+Intake writes puts (and a cancel's tombstones) and the consumed-offset marker;
+delivery writes a tombstone for every entry it is done with. All of it goes
+through :class:`ChangelogWriter`, which produces with back-off on a full queue,
+collects the records that failed for good, counts and logs them, and records
+the changelog position each confirming record's acknowledgement proves.
+
+Every changelog record this instance writes reflects a change already made
+(or, for intake, made right after the flush that confirms it) to the local
+index, so the position after the latest confirmed record is a safe place for
+the next restore to start from. Puts do not confirm: the marker that follows
+a plan's puts on the same partition does, and that keeps each put's report as
+cheap as possible (the producer is idempotent, so the marker's offset is the
+highest of the plan's).
+
+Intake's records are written on behalf of one step's :class:`Acks`, which
+counts the acknowledgements they still wait for: a step's plans reach the
+indexes once its count is zero, while later steps go on (see
+:mod:`kdelay.engine.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message
+
+from kdelay.engine.metrics import Metrics
+from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.clients import Producing, produce
+from kdelay.protocol import codec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A record that could not be written, and why."""
+
+    topic: str
+    key: bytes | None
+    error: KafkaError
+
+
+def confirmed_offset(message: Message) -> int:
+    """Return the changelog position a successfully produced changelog record confirms."""
+    return int(message.offset() or 0) + 1
+
+
+def _ignore(_: Message) -> None:
+    """Observe nothing."""
+
+
+class Acks:
+    """The records of one intake step, and how many of them still await their report.
+
+    Changelog records count here and fail in the writer (which collects and
+    counts them; a marker's acknowledgement confirms its position there);
+    dead letters count here and fail here, in :attr:`dead_letter_failures`.
+    One callback per kind serves every record of the step, built on first use
+    (most steps write nothing).
+    """
+
+    def __init__(self, changelog_failed: Callable[[KafkaError, Message], None],
+                 marker_written: Callable[[Message], None]) -> None:
+        self.waiting = 0
+        self.dead_letter_failures: list[Failure] = []
+        self._changelog_failed = changelog_failed
+        self._marker_written = marker_written
+
+    @property
+    def done(self) -> bool:
+        """Whether every record of the step has been reported on."""
+        return self.waiting == 0
+
+    @functools.cached_property
+    def on_changelog(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's puts and cancel tombstones."""
+        return guarded(self._changelog_reported)
+
+    @functools.cached_property
+    def on_marker(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's consumed-offset markers."""
+        return guarded(self._marker_reported)
+
+    @functools.cached_property
+    def on_dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's dead letters."""
+        return guarded(self._dead_letter_reported)
+
+    def dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
+        """Count a dead letter about to be produced; return its delivery callback."""
+        self.waiting += 1
+        return self.on_dead_letter
+
+    def _changelog_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is not None:
+            self._changelog_failed(error, message)
+
+    def _marker_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is None:
+            self._marker_written(message)
+        else:
+            self._changelog_failed(error, message)
+
+    def _dead_letter_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is not None:
+            self.dead_letter_failures.append(Failure(str(message.topic()), message.key(), error))
+
+
+class ChangelogWriter:
+    """Writes the changelog through one producer; owns the positions it confirms.
+
+    ``observe`` sees every acknowledged consumed-offset marker (the service
+    measures clock skew with them, when the topic stamps LogAppendTime).
+    """
+
+    def __init__(self, producer: Producing, topic: str, metrics: Metrics,
+                 observe: Callable[[Message], None] = _ignore) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._metrics = metrics
+        self._observe = observe
+        self._next: dict[int, int] = {}
+        self._failures: list[Failure] = []
+        self._on_confirming = guarded(self._confirming_reported)
+
+    @property
+    def topic(self) -> str:
+        """The changelog topic."""
+        return self._topic
+
+    def acks(self) -> Acks:
+        """Return the tally of a new intake step's records."""
+        return Acks(self._failed, self._marker_written)
+
+    def put(self, partition: int, key: bytes, value: bytes | None, acks: Acks) -> None:
+        """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
+        acks.waiting += 1
+        produce(self._producer, self._topic, key=key, value=value, partition=partition,
+                on_delivery=acks.on_changelog)
+
+    def tombstone(self, partition: int, key: bytes) -> None:
+        """Write the tombstone of an entry delivery is done with; it confirms its position.
+
+        It waits for queue room rather than giving up: it follows an accepted
+        target produce, which cannot be taken back, and a transaction must
+        never commit a delivery without its tombstone.
+        """
+        produce(self._producer, self._topic, key=key, value=None, partition=partition,
+                on_delivery=self._on_confirming)
+
+    def mark_consumed(self, partition: int, offset: int, acks: Acks) -> None:
+        """Write how far intake has read ``partition`` (after the plan's own records)."""
+        acks.waiting += 1
+        produce(self._producer, self._topic, key=codec.CONSUMED_MARKER,
+                value=codec.encode_offset(offset), partition=partition,
+                on_delivery=acks.on_marker)
+
+    def position(self, partition: int) -> int | None:
+        """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
+        return self._next.get(partition)
+
+    def take_failures(self) -> list[Failure]:
+        """Return and forget the records that failed since the last call."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def has_failures(self) -> bool:
+        """Return whether a record failed since the failures were last taken."""
+        return bool(self._failures)
+
+    def _confirm(self, message: Message) -> None:
+        partition = int(message.partition() or 0)
+        self._next[partition] = max(self._next.get(partition, 0), confirmed_offset(message))
+
+    def _failed(self, error: KafkaError, message: Message) -> None:
+        self._failures.append(Failure(self._topic, message.key(), error))
+        self._metrics.changelog_errors.inc()
+        log.error("changelog record for %r failed: %s", message.key(), error.str())
+
+    def _confirming_reported(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            self._confirm(message)
+        else:
+            self._failed(error, message)
+
+    def _marker_written(self, message: Message) -> None:
+        self._confirm(message)
+        self._observe(message)

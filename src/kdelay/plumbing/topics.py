@@ -1,0 +1,376 @@
+"""kdelay's three topics: how they are laid out, created and checked (DESIGN §2).
+
+``requests`` holds the payloads (``cleanup.policy=delete``; its ``retention.ms``
+bounds the longest delay), ``changelog`` holds the index (compacted, one
+partition per request partition) and ``dlq`` holds what could not be scheduled
+or delivered (``cleanup.policy=delete``). :func:`create_topics` makes them and
+is safe to re-run; :func:`check_layout` is what the service runs before it
+starts, and says how to fix what it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+
+# confluent_kafka.admin re-exports these without listing them, which strict mypy rejects.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from kdelay.plumbing.connection import check_connection
+from kdelay.plumbing.settings import Settings
+
+CLEANUP_POLICY = "cleanup.policy"
+RETENTION_MS = "retention.ms"
+TIMESTAMP_TYPE = "message.timestamp.type"
+TARGET = "target"
+CHANGELOG_CONFIG: Mapping[str, str] = {
+    CLEANUP_POLICY: "compact",
+    # The broker stamps every changelog record with its own clock, so each
+    # acknowledgement tells the service how far its clock is from the broker's.
+    TIMESTAMP_TYPE: "LogAppendTime",
+    "min.compaction.lag.ms": "0",
+    # Only closed segments are compacted: a daily roll lets finished entries go.
+    "segment.ms": "86400000",
+}
+
+
+class LayoutError(Exception):
+    """The topics do not have the layout kdelay needs.
+
+    ``code`` is stable (``requests-missing``, ``changelog-missing``,
+    ``dlq-missing``, ``not-copartitioned``, ``changelog-not-compacted``,
+    ``requests-compacted``, ``<role>-mismatch``, ``create-failed``,
+    ``topic-missing``); the message says what is wrong and how to fix it.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What the service learns from a valid layout.
+
+    ``partitions`` is the request (and changelog) partition count;
+    ``retention_ms`` is the requests topic's ``retention.ms``, ``None`` when
+    unlimited. ``broker_time`` tells whether the changelog topic uses
+    ``LogAppendTime``, which is what the clock-skew measurement needs.
+    """
+
+    partitions: int
+    retention_ms: int | None
+    broker_time: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic as :func:`create_topics` creates it; ``role`` names its part."""
+
+    role: str
+    name: str
+    partitions: int
+    config: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Existing:
+    """An existing topic's partition count and (described) configuration."""
+
+    partitions: int
+    config: Mapping[str, str]
+
+    @property
+    def policies(self) -> frozenset[str]:
+        """``cleanup.policy`` as a set: ``"compact,delete"`` is both."""
+        return frozenset(self.config.get(CLEANUP_POLICY, "delete").split(","))
+
+
+def admin_client(settings: Settings, **overrides: str | int | bool) -> AdminClient:
+    """An AdminClient for the deployment ``settings`` describe (it connects in the background).
+
+    ``overrides`` are client settings on top of the deployment's.
+    """
+    return AdminClient(settings.client_config("admin", **overrides))
+
+
+def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> list[TopicSpec]:
+    """The three topics, requests first, as :func:`create_topics` creates them.
+
+    ``retention.bytes=-1`` is set on requests explicitly so that a broker-wide
+    size limit never deletes a pending payload before its time.
+    """
+    requests = {CLEANUP_POLICY: "delete", RETENTION_MS: str(retention_ms),
+                "retention.bytes": "-1"}
+    return [
+        TopicSpec("requests", settings.requests_topic, partitions, requests),
+        TopicSpec("changelog", settings.changelog_topic, partitions, CHANGELOG_CONFIG),
+        TopicSpec("dlq", settings.dlq_topic, partitions, {CLEANUP_POLICY: "delete"}),
+    ]
+
+
+def create_topics(
+    admin: AdminClient,
+    settings: Settings,
+    *,
+    partitions: int,
+    replication_factor: int,
+    retention_ms: int,
+    targets: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> list[str]:
+    """Create whichever of the three topics is missing; return one report line per topic.
+
+    ``targets`` names topics to deliver to that are created too when missing
+    (with ``partitions`` partitions and the broker's defaults; an existing
+    target is left as it is), so a first ``kdelay send`` has somewhere to go.
+
+    Idempotent: a topic that exists with the right layout is reported as
+    ``exists`` and left alone (its retention and replication are not changed).
+    Before creating anything, every existing topic is compared with the
+    request; a different partition count (requests, changelog) or cleanup
+    policy raises :class:`LayoutError` ``<role>-mismatch`` saying what differs.
+    A broker refusing a creation raises ``create-failed``. ``replication_factor``
+    -1 means the broker's default. Raises ValueError for impossible arguments,
+    including a retention shorter than the longest level plus the margin, and
+    :class:`~kdelay.plumbing.connection.ConnectionFailure` when no broker answers.
+    """
+    _check_create_args(settings, partitions, replication_factor, retention_ms)
+    check_connection(settings.client_config("probe"))
+    specs = topic_specs(settings, partitions=partitions, retention_ms=retention_ms)
+    specs += [TopicSpec(TARGET, name, partitions, {}) for name in targets]
+    existing = _existing(admin, [spec.name for spec in specs], timeout)
+    _verify_all(specs, existing)
+    missing = [spec for spec in specs if spec.name not in existing]
+    raced = _create(admin, missing, replication_factor, timeout)
+    if raced:
+        existing.update(_existing(admin, raced, timeout))
+        _verify_all(specs, existing)
+    return [_report(spec, existing.get(spec.name)) for spec in specs]
+
+
+def _check_create_args(
+    settings: Settings, partitions: int, replication_factor: int, retention_ms: int
+) -> None:
+    """Raise ValueError for counts below 1 or a retention too short for the levels."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    if replication_factor < 1 and replication_factor != -1:
+        raise ValueError(f"replication factor must be at least 1 (or -1), got {replication_factor}")
+    if retention_ms == -1:
+        return
+    needed = max(settings.levels) + settings.retention_margin_ms
+    if retention_ms < needed:
+        raise ValueError(
+            f"retention.ms {retention_ms} is shorter than the longest delay level "
+            f"({max(settings.levels)} ms) plus the safety margin "
+            f"({settings.retention_margin_ms} ms); use at least {needed} or -1"
+        )
+
+
+def _verify_all(specs: Iterable[TopicSpec], existing: Mapping[str, _Existing]) -> None:
+    """Raise ``<role>-mismatch`` for the first existing topic that differs from its spec."""
+    for spec in specs:
+        found = existing.get(spec.name)
+        differences = _differences(spec, found) if found is not None and spec.role != TARGET \
+            else []
+        if differences:
+            raise LayoutError(
+                f"{spec.role}-mismatch",
+                f"topic {spec.name} exists with a different layout: {'; '.join(differences)}",
+            )
+
+
+def _differences(spec: TopicSpec, found: _Existing) -> list[str]:
+    """Sentences naming how ``found`` differs from ``spec``, each with its fix."""
+    differences = []
+    if spec.role != "dlq" and found.partitions != spec.partitions:
+        differences.append(
+            f"it has {found.partitions} partitions, {spec.partitions} requested "
+            f"(run with --partitions {found.partitions} to keep the existing topics)"
+        )
+    wanted = frozenset(spec.config[CLEANUP_POLICY].split(","))
+    if found.policies != wanted:
+        differences.append(
+            f"cleanup.policy is {','.join(sorted(found.policies))}, kdelay needs "
+            f"{spec.config[CLEANUP_POLICY]} ({_alter_hint(spec.name, spec.config[CLEANUP_POLICY])})"
+        )
+    return differences
+
+
+def _alter_hint(topic: str, policy: str) -> str:
+    """The kafka-configs command that sets ``topic``'s cleanup policy."""
+    return (f"kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
+            f"--add-config cleanup.policy={policy}")
+
+
+def _create(
+    admin: AdminClient, specs: list[TopicSpec], replication_factor: int, timeout: float
+) -> list[str]:
+    """Create ``specs``; return the names another client created first.
+
+    Raises ``create-failed`` with the broker's reason for any other failure.
+    """
+    if not specs:
+        return []
+    futures = admin.create_topics(
+        [NewTopic(spec.name, num_partitions=spec.partitions,
+                  replication_factor=replication_factor, config=dict(spec.config))
+         for spec in specs],
+        operation_timeout=timeout, request_timeout=timeout,
+    )
+    raced = []
+    for name, future in futures.items():
+        error = _error_of(future, timeout)
+        if error is None:
+            continue
+        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise LayoutError("create-failed", f"cannot create topic {name}: {error.str()}")
+        raced.append(name)
+    return raced
+
+
+def _error_of(future: Future[None], timeout: float) -> KafkaError | None:
+    """Wait for an admin future; return its KafkaError, or None on success."""
+    try:
+        future.result(timeout=timeout)
+    except KafkaException as exc:
+        error: KafkaError = exc.args[0]
+        return error
+    return None
+
+
+def _report(spec: TopicSpec, found: _Existing | None) -> str:
+    """One line: ``created`` or ``exists``, the name, partitions and cleanup settings."""
+    state = "exists " if found is not None else "created"
+    partitions = found.partitions if found is not None else spec.partitions
+    config = found.config if found is not None else spec.config
+    keys = [key for key in (CLEANUP_POLICY, RETENTION_MS) if key in spec.config]
+    shown = [f"{key}={config[key]}" for key in keys if key in config]
+    return f"{state} {spec.name} ({spec.role}): partitions={partitions} {' '.join(shown)}".rstrip()
+
+
+def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) -> Layout:
+    """Check that the service can run on these topics; return their :class:`Layout`.
+
+    Raises :class:`LayoutError`, checking in this order: ``requests-missing``,
+    ``changelog-missing``, ``dlq-missing``, ``not-copartitioned`` (changelog
+    and requests partition counts differ), ``changelog-not-compacted`` (its
+    cleanup policy is not exactly ``compact``: ``delete`` would drop pending
+    entries), ``requests-compacted`` (compaction would drop payloads). Each
+    message says how to fix it. Kafka errors (broker unreachable) propagate as
+    ``KafkaException``.
+    """
+    names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic]
+    existing = _existing(admin, names, timeout)
+    requests = _required(existing, settings.requests_topic, "requests", None)
+    changelog = _required(existing, settings.changelog_topic, "changelog", requests.partitions)
+    _required(existing, settings.dlq_topic, "dlq", requests.partitions)
+    _check_copartitioned(settings, requests.partitions, changelog.partitions)
+    if changelog.policies != {"compact"}:
+        raise LayoutError(
+            "changelog-not-compacted",
+            f"changelog topic {settings.changelog_topic} has cleanup.policy="
+            f"{','.join(sorted(changelog.policies))}; it must be compact: "
+            f"{_alter_hint(settings.changelog_topic, 'compact')}",
+        )
+    if "compact" in requests.policies:
+        raise LayoutError(
+            "requests-compacted",
+            f"requests topic {settings.requests_topic} is compacted, which drops payloads "
+            f"before they are due: {_alter_hint(settings.requests_topic, 'delete')}",
+        )
+    broker_time = changelog.config.get(TIMESTAMP_TYPE) == "LogAppendTime"
+    return Layout(requests.partitions, _retention(requests.config), broker_time)
+
+
+def _required(
+    existing: Mapping[str, _Existing], name: str, role: str, partitions: int | None
+) -> _Existing:
+    """Return ``existing[name]`` or raise ``<role>-missing`` with the command that fixes it."""
+    found = existing.get(name)
+    if found is not None:
+        return found
+    flag = f" --partitions {partitions}" if partitions is not None else " --partitions N"
+    raise LayoutError(
+        f"{role}-missing",
+        f"{role} topic {name} does not exist: run `kdelay topics create{flag}` "
+        "(it creates only the missing topics)",
+    )
+
+
+def _check_copartitioned(settings: Settings, requests: int, changelog: int) -> None:
+    """Raise ``not-copartitioned`` unless both topics have the same partition count."""
+    if requests == changelog:
+        return
+    if changelog < requests:
+        fix = (f"add partitions with `kafka-topics.sh --alter --topic {settings.changelog_topic} "
+               f"--partitions {requests}`")
+    else:
+        fix = (f"a topic cannot lose partitions: delete {settings.changelog_topic} and run "
+               f"`kdelay topics create --partitions {requests}` (local state is restored into it)")
+    raise LayoutError(
+        "not-copartitioned",
+        f"changelog topic {settings.changelog_topic} has {changelog} partitions but requests "
+        f"topic {settings.requests_topic} has {requests}; they must match: {fix}",
+    )
+
+
+def retention_ms(admin: AdminClient, topic: str, *, timeout: float = 10) -> int | None:
+    """Return ``topic``'s ``retention.ms``, or ``None`` when it is unlimited (-1).
+
+    Raises :class:`LayoutError` ``topic-missing`` when the topic does not exist;
+    other Kafka errors propagate as ``KafkaException``.
+    """
+    return _retention(_configs(admin, [topic], timeout)[topic])
+
+
+def topic_config(admin: AdminClient, topic: str, *, timeout: float = 10) -> dict[str, str]:
+    """Return ``topic``'s effective configuration (``describe_configs``): key -> value.
+
+    Raises :class:`LayoutError` ``topic-missing`` when the topic does not exist.
+    """
+    return _configs(admin, [topic], timeout)[topic]
+
+
+def _retention(config: Mapping[str, str]) -> int | None:
+    """Parse ``retention.ms``: -1 (or absent) is ``None``, meaning unlimited."""
+    value = int(config.get(RETENTION_MS, "-1"))
+    return None if value < 0 else value
+
+
+def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str, _Existing]:
+    """Describe whichever of ``names`` exist: partition count and configuration."""
+    metadata = admin.list_topics(timeout=timeout)
+    present = [name for name in dict.fromkeys(names) if name in metadata.topics]
+    configs = _configs(admin, present, timeout)
+    return {
+        name: _Existing(len(metadata.topics[name].partitions), configs[name])
+        for name in present
+    }
+
+
+def _configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict[str, str]]:
+    """``describe_configs`` for topics: name -> {config key: value}."""
+    if not names:
+        return {}
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
+    futures = admin.describe_configs(resources, request_timeout=timeout)
+    result = {}
+    for resource, future in futures.items():
+        try:
+            entries = future.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            raise LayoutError("topic-missing", f"topic {resource.name} does not exist") from None
+        result[resource.name] = {key: str(entry.value) for key, entry in entries.items()}
+    return result

@@ -1,0 +1,11 @@
+"""The protocol: what producers write and what kdelay persists, as bytes.
+
+- :mod:`~kdelay.protocol.envelope`: the request headers (``kdelay-target``,
+  ``kdelay-due-ms`` ...), their parsing into a schedule, a cancel or a rejection
+  with a stable error code, and the headers of a delivered record;
+- :mod:`~kdelay.protocol.codec`: every byte layout kdelay persists (due keys,
+  index values, fingerprints, changelog keys), as encode/decode pairs.
+
+May import: nothing else of kdelay. Everything else may import it. A change
+here is a change of the wire or the disk format.
+"""

@@ -1,0 +1,314 @@
+"""The index changelog: a compacted topic that can rebuild any partition's index.
+
+Record key = due key, value = encoded index value; a tombstone (value None)
+when the entry is delivered, dead-lettered or cancelled. Partition ``p`` of the
+changelog mirrors partition ``p`` of the requests topic. Payloads never go in.
+
+Restore replays a changelog partition into a local index from the offset the
+index says it has replayed up to (``CHANGELOG`` in its metadata; the whole
+partition when the store is new). Replay is idempotent: re-applying a put or a
+tombstone yields the same store. It reads with ``read_committed``, so effects of
+transactions that never committed are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol, cast
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+
+from kdelay.plumbing.clients import reader_config, take, watermarks
+from kdelay.protocol import codec
+from kdelay.protocol.codec import IdState
+from kdelay.state.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex
+
+log = logging.getLogger(__name__)
+
+APPLY_EVERY = 50_000
+Progress = Callable[[int, int], None]
+PartitionProgress = Callable[[int, int, int], None]
+# Replayed records by changelog key, the latest value winning; None is a tombstone.
+Staged = dict[bytes, bytes | None]
+
+
+class StaleIndex(Exception):
+    """The index claims changelog offsets the changelog does not have (topic recreated)."""
+
+
+class RestoreError(Exception):
+    """The changelog could not be read to its end before the deadline."""
+
+
+class Restoring(Protocol):
+    """What the service asks of a restorer."""
+
+    def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
+        """Replay the changelog into ``index`` up to its end; return the records applied."""
+        ...
+
+    def close(self) -> None:
+        """Release the restorer's consumer."""
+        ...
+
+
+def restore_config(config: Mapping[str, str | int | bool]) -> dict[str, str | int | bool]:
+    """Return a consumer configuration for replaying changelog partitions."""
+    tuning: dict[str, str | int | bool] = {
+        "auto.offset.reset": "earliest",
+        # Changelog records are ~70 bytes: fetch in large chunks, not the 1 MiB default.
+        "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        # A 16 MiB fetch holds ~200 k records, past the default queued.min.messages
+        # (100 k), and each time the queue is past it librdkafka waits
+        # fetch.queue.backoff.ms (1 s) before fetching again: restore stalled on that
+        # wait. queued.max.messages.kbytes (64 MiB) still bounds the memory.
+        "queued.min.messages": 1_000_000,
+    }
+    return reader_config(config, "kdelay-restore", **tuning)
+
+
+class Restorer:
+    """Replays changelog partitions into indexes with one group-less consumer."""
+
+    def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
+                 timeout_s: float = 600.0) -> None:
+        self._consumer = Consumer(restore_config(config))
+        self._topic = topic
+        self._timeout_s = timeout_s
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
+
+    def __enter__(self) -> Restorer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def partitions(self) -> list[int]:
+        """Return the changelog topic's partitions; :class:`RestoreError` if it is missing."""
+        metadata = self._consumer.list_topics(self._topic, timeout=30)
+        topic = metadata.topics.get(self._topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise RestoreError(f"changelog topic {self._topic} does not exist: run "
+                               "`kdelay topics create`")
+        return sorted(topic.partitions)
+
+    def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
+        """Replay the changelog into ``index`` up to its current end; return records applied.
+
+        Raises :class:`RestoreError` when the end is not reached within the
+        timeout, and :class:`StaleIndex` when the index is past the changelog's
+        end (the changelog was recreated): such an index must be rebuilt whole.
+        """
+        low, high = self._watermarks(index.partition)
+        start = index.offset(CHANGELOG)
+        if start is not None and start > high:
+            raise StaleIndex(f"index at changelog offset {start}, changelog ends at {high}")
+        begin = low if start is None or start < low else start
+        if begin >= high:
+            return 0
+        tp = TopicPartition(self._topic, index.partition,
+                            begin if start is not None else OFFSET_BEGINNING)
+        self._consumer.assign([tp])
+        try:
+            with _collector_paused():
+                return self._replay(index, begin, high, progress)
+        finally:
+            self._consumer.unassign()
+
+    def _watermarks(self, partition: int) -> tuple[int, int]:
+        return watermarks(self._consumer, TopicPartition(self._topic, partition), 30)
+
+    def _replay(self, index: PartitionIndex, begin: int, high: int,
+                progress: Progress | None) -> int:
+        staged: Staged = {}
+        applied = 0
+        position = begin
+        deadline = time.monotonic() + self._timeout_s
+        while position < high:
+            if time.monotonic() > deadline:
+                raise RestoreError(f"{self._topic}[{index.partition}] stuck at {position}/{high}")
+            reached = _stage(staged, take(self._consumer, 10_000, 0.5), high, self._topic)
+            position = position if reached is None else reached
+            if len(staged) >= APPLY_EVERY or position >= high:
+                applied += len(staged)
+                _apply(index, staged, position)
+                staged = {}
+                if progress is not None:
+                    progress(position - begin, high - begin)
+        return applied
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block, if it is running.
+
+    Every replayed record is a ``Message`` the collector tracks; a million of
+    them trigger over a thousand collections, some over the whole heap, which
+    cost a restore a fifth of its time. Messages hold no cycles, so reference
+    counting frees them without the collector. Concurrent restores leave it
+    paused until the one that paused it ends.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _stage(staged: Staged, messages: list[Message], high: int, topic: str) -> int | None:
+    """Stage the keys and values of ``messages``; return the changelog position they reach.
+
+    The position is ``high`` once the end-of-partition event is seen (messages
+    after it are left for the next restore), else the offset after the last
+    message, and None for an empty batch. Errors are rare, so the batch is
+    searched for them once and then staged without a per-message branch.
+    """
+    reached = None
+    if any(map(Message.error, messages)):
+        messages, reached = _usable(messages, high, topic)
+    keys = [key or b"" for key in map(Message.key, messages)]
+    staged.update(zip(keys, map(Message.value, messages), strict=True))
+    if reached is None and messages:
+        reached = int(messages[-1].offset() or 0) + 1
+    return reached
+
+
+def _usable(messages: list[Message], high: int, topic: str) -> tuple[list[Message], int | None]:
+    """Return the messages before the end-of-partition event, dropping (and logging) errors,
+    and ``high`` if the event was seen."""
+    usable: list[Message] = []
+    for message in messages:
+        error = message.error()
+        if error is None:
+            usable.append(message)
+        elif error.code() == KafkaError._PARTITION_EOF:
+            return usable, high
+        else:
+            log.warning("restoring %s: %s", topic, error)
+    return usable, None
+
+
+def _apply(index: PartitionIndex, staged: Staged, position: int) -> None:
+    """Write replayed records and the changelog position they reach in one batch.
+
+    ``staged`` becomes the batch's puts. Odd keys, tombstones and schedule ids
+    are rare; each is looked for with one scan that runs in C (``map``, ``in``)
+    and handled in Python only when present, so a batch of plain puts is
+    sorted out without Python code per record.
+    """
+    changes = Changes(changelog=position)
+    marker = staged.pop(codec.CONSUMED_MARKER, None)
+    if marker is not None:
+        changes.consumed = codec.decode_offset(marker)
+    if set(map(len, staged)) - {codec.DUE_KEY_SIZE}:
+        _drop_odd_keys(staged)
+    if None in staged.values():
+        _delete(index, staged, changes)
+    # No tombstone is left in ``staged``.
+    changes.raw_puts = cast(dict[bytes, bytes], staged)
+    if set(map(len, changes.raw_puts.values())) - {codec.INDEX_HEAD_SIZE}:
+        _note_ids(changes)
+    index.apply(changes)
+
+
+def _drop_odd_keys(staged: Staged) -> None:
+    """Remove (and log) keys that are not due keys: nothing else belongs in the changelog."""
+    for key in [key for key in staged if len(key) != codec.DUE_KEY_SIZE]:
+        log.warning("changelog key %r ignored: not a due key", key)
+        del staged[key]
+
+
+def _delete(index: PartitionIndex, staged: Staged, changes: Changes) -> None:
+    """Move the tombstones out of ``staged`` into deletes, releasing their schedule ids.
+
+    Keys the index does not hold (put and tombstoned inside one batch, or
+    replayed twice) need no write at all.
+    """
+    tombstones = [key for key, raw in staged.items() if raw is None]
+    for key, old in zip(tombstones, index.raw_values(tombstones), strict=True):
+        del staged[key]
+        if old is not None:
+            changes.deletes.append(key)
+            schedule_id = codec.schedule_id_of(old)
+            if schedule_id is not None:
+                changes.ids[schedule_id] = None
+
+
+def _note_ids(changes: Changes) -> None:
+    """Register the schedule ids of ``changes.raw_puts``; drop (and log) undecodable values."""
+    plain = codec.INDEX_HEAD_SIZE
+    for key, raw in [(k, v) for k, v in changes.raw_puts.items() if len(v) != plain]:
+        try:
+            schedule_id = codec.schedule_id_of(raw)
+        except ValueError as exc:
+            log.warning("changelog value for %r ignored: %s", key, exc)
+            del changes.raw_puts[key]
+            continue
+        if schedule_id is not None:
+            changes.ids[schedule_id] = IdState(key, None)
+
+
+def open_restored(path: Path, partition: int, restorer: Restoring,
+                  progress: Progress | None = None) -> tuple[PartitionIndex, int]:
+    """Open the index at ``path`` and catch it up from the changelog; return it and the count.
+
+    A corrupt store, or one past the changelog's end (the topic was
+    recreated), is destroyed and rebuilt whole. :class:`IndexLocked` (another
+    process holds the store) propagates: such a store is never touched.
+    """
+    for attempt in range(2):
+        try:
+            index = PartitionIndex(path, partition)
+        except IndexCorrupt as exc:
+            log.warning("%s; rebuilding it from the changelog", exc)
+            PartitionIndex.destroy(path)
+            index = PartitionIndex(path, partition)
+        try:
+            return index, restorer.restore(index, progress)
+        except StaleIndex as exc:
+            log.warning("partition %d: %s; rebuilding it whole", partition, exc)
+            index.close()
+            PartitionIndex.destroy(path)
+            if attempt:
+                raise
+        except BaseException:
+            index.close()
+            raise
+    raise AssertionError("unreachable")
+
+
+def rebuild(restorer: Restorer, paths: Callable[[int], Path], *,
+            partitions: Sequence[int] | None = None, fresh: bool = False,
+            progress: PartitionProgress | None = None) -> dict[int, int]:
+    """Rebuild or catch up the local indexes of ``partitions`` (all when None) from the changelog.
+
+    ``paths`` gives the store of a partition. With ``fresh`` the local stores
+    are deleted first and rebuilt whole. Returns the records replayed per
+    partition. Raises :class:`IndexLocked` when a running service holds a
+    store, and :class:`RestoreError` when the changelog topic does not exist.
+    The caller closes ``restorer``.
+    """
+    chosen = list(partitions) if partitions is not None else restorer.partitions()
+    replayed: dict[int, int] = {}
+    for partition in chosen:
+        path = paths(partition)
+        if fresh:
+            PartitionIndex(path, partition).close()  # raises IndexLocked if in use
+            PartitionIndex.destroy(path)
+        step = None if progress is None else functools.partial(progress, partition)
+        index, replayed[partition] = open_restored(path, partition, restorer, step)
+        index.close()
+    return replayed

@@ -1,0 +1,144 @@
+"""The exact count of a partition's pending entries, by due minute and by slack.
+
+A gauge of pending entries that is an estimate hides a backlog that is
+growing; one that scans the store costs more the more is pending. The tally
+is exact and cheap: :class:`~kdelay.state.index.PartitionIndex` keeps it in memory,
+changes it with every batch it writes (counting only keys that really appear
+or disappear, as the batch's one multi-get shows), and stores the changed
+buckets in its meta column family *in the same* ``WriteBatch``, so the tally
+on disk always matches the entries on disk, through crashes and restores.
+
+Two histograms, bucketed by whole minutes:
+
+- ``due``: entries by due minute. :meth:`Tally.by_horizon` sums it into the
+  horizons operators watch (overdue, due within 1 m, 10 m, 1 h, 1 d, beyond).
+  An entry counts in the horizon its due *minute* starts in: entries due in
+  the current minute count as "1m" until that minute is over, so "overdue" may
+  trail the millisecond truth by up to a minute.
+- ``slack``: entries by ``request time - due time``. Retention deletes a
+  request's original ``retention.ms`` after its record time, so an entry is at
+  risk when its slack is below ``-retention.ms``; :meth:`Tally.at_risk` counts
+  them (the bucket that straddles the limit counts as at risk).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from kdelay.protocol import codec
+
+MINUTE_MS = 60_000
+DUE = b"d"
+SLACK = b"s"
+# (label, the horizon's end relative to now); entries past the last go to "beyond".
+HORIZONS = (("1m", 60_000), ("10m", 600_000), ("1h", 3_600_000), ("1d", 86_400_000))
+OVERDUE = "overdue"
+BEYOND = "beyond"
+
+
+def buckets(key: bytes, raw: bytes) -> tuple[int, int]:
+    """The due minute and the slack minute of one index entry (encoded key and value)."""
+    due_ms = codec.due_ms_of(key)
+    return due_ms // MINUTE_MS, (codec.request_timestamp_of(raw) - due_ms) // MINUTE_MS
+
+
+@dataclass(slots=True)
+class Change:
+    """What one batch adds to and takes from the tally, before it is written.
+
+    Plain dicts, not Counters: every index write builds one, and a Counter
+    costs a Python ``__init__`` to build and a ``__missing__`` call per new key.
+    """
+
+    due: dict[int, int] = field(default_factory=dict)
+    slack: dict[int, int] = field(default_factory=dict)
+
+    def count(self, key: bytes, raw: bytes, sign: int) -> None:
+        """Count an entry that appears (``sign`` 1) or disappears (-1)."""
+        due, slack = buckets(key, raw)
+        self.due[due] = self.due.get(due, 0) + sign
+        self.slack[slack] = self.slack.get(slack, 0) + sign
+
+
+class Tally:
+    """The in-memory tally of one partition's pending entries (see the module)."""
+
+    def __init__(self, due: Mapping[int, int] | None = None,
+                 slack: Mapping[int, int] | None = None) -> None:
+        self.due: Counter[int] = Counter(due or {})
+        self.slack: Counter[int] = Counter(slack or {})
+        self.total = sum(self.due.values())
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[bytes, bytes]]) -> Tally:
+        """Count ``(key, value)`` entries from scratch (a store without a stored tally)."""
+        change = Change()
+        for key, raw in entries:
+            change.count(key, raw, 1)
+        return cls(change.due, change.slack)
+
+    @classmethod
+    def load(cls, stored: Iterable[tuple[bytes, bytes]]) -> Tally:
+        """Rebuild the tally from its stored buckets (meta keys under ``tally/``)."""
+        due: dict[int, int] = {}
+        slack: dict[int, int] = {}
+        for key, raw in stored:
+            if key == codec.TALLY_COMPLETE:
+                continue
+            kind, minute = codec.decode_tally_key(key)
+            (due if kind == DUE else slack)[minute] = codec.decode_count(raw)
+        return cls(due, slack)
+
+    def rows(self, change: Change) -> list[tuple[bytes, int]]:
+        """The buckets ``change`` touches, as ``(meta key, new count)`` (0: delete the key)."""
+        key = codec.encode_tally_key
+        due, slack = self.due.get, self.slack.get
+        return [*((key(DUE, m), due(m, 0) + d) for m, d in change.due.items() if d),
+                *((key(SLACK, m), slack(m, 0) + d) for m, d in change.slack.items() if d)]
+
+    def all_rows(self) -> Iterator[tuple[bytes, int]]:
+        """Every bucket, as ``(meta key, count)``: to store a tally counted from scratch."""
+        for minute, count in self.due.items():
+            yield codec.encode_tally_key(DUE, minute), count
+        for minute, count in self.slack.items():
+            yield codec.encode_tally_key(SLACK, minute), count
+
+    def commit(self, change: Change) -> None:
+        """Take ``change`` in, once its batch is written."""
+        for counts, delta in ((self.due, change.due), (self.slack, change.slack)):
+            for minute, diff in delta.items():
+                count = counts.get(minute, 0) + diff
+                if count > 0:
+                    counts[minute] = count
+                else:
+                    counts.pop(minute, None)
+        self.total += sum(change.due.values())
+
+    def by_horizon(self, now_ms: int) -> dict[str, int]:
+        """Pending entries by horizon at ``now_ms``, by due minute (see the module)."""
+        result = dict.fromkeys(horizons(), 0)
+        for minute, count in self.due.items():
+            result[_horizon(minute * MINUTE_MS, now_ms)] += count
+        return result
+
+    def at_risk(self, retention_ms: int | None) -> int:
+        """Entries whose original retention may delete before they are due (0: unlimited)."""
+        if retention_ms is None:
+            return 0
+        return sum(count for minute, count in self.slack.items()
+                   if minute * MINUTE_MS < -retention_ms)
+
+
+def horizons() -> list[str]:
+    """Every horizon label, nearest first."""
+    return [OVERDUE, *(name for name, _ in HORIZONS), BEYOND]
+
+
+def _horizon(minute_start_ms: int, now_ms: int) -> str:
+    """The horizon of a due minute that starts at ``minute_start_ms``."""
+    if minute_start_ms + MINUTE_MS <= now_ms:
+        return OVERDUE
+    ahead = minute_start_ms - now_ms
+    return next((name for name, end in HORIZONS if ahead < end), BEYOND)

@@ -1,0 +1,124 @@
+"""One request by schedule id or coordinates: ``kdelay show``.
+
+A schedule id is found in the view's id index (only while it is pending); a
+``topic/partition/offset`` reference is looked up in its partition and its
+original is read back whatever became of it. Unknown ids and coordinates get
+a :class:`Lookup` that says so, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from confluent_kafka import Message
+
+from kdelay.protocol import codec
+from kdelay.recurring import Description, SeriesError, describe, occurrence_ids
+from kdelay.view.pending import Original, Originals, OriginalState, Pending, PendingView
+
+
+class NotARequest(ValueError):
+    """A ``topic/partition/offset`` reference that names another topic; ``code`` is stable."""
+
+    code = "not-a-request"
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What ``kdelay show`` found for one reference.
+
+    ``pending`` is the pending entry, if any; ``coordinates`` the request's
+    ``(partition, offset)`` when known (always for a coordinate reference,
+    for an id only while it is pending); ``original`` the record read back
+    there; ``status`` one sentence on where the request stands; ``series``
+    the recurring series a pending occurrence belongs to, with its next
+    occurrence (see :func:`kdelay.recurring.describe`).
+    """
+
+    reference: str
+    coordinates: tuple[int, int] | None
+    pending: Pending | None
+    original: Original | None
+    status: str
+    series: Description | None = None
+
+
+def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | None:
+    """``(partition, offset)`` of a ``topic/partition/offset`` reference, None for an id.
+
+    Raises :class:`NotARequest` when the coordinates name a topic other than
+    ``requests_topic``.
+    """
+    topic, _, rest = reference.rpartition("/")
+    topic, _, partition = topic.rpartition("/")
+    if not (topic and partition.isdigit() and rest.isdigit()):
+        return None
+    if topic != requests_topic:
+        raise NotARequest(f"{reference} names topic {topic}, not the requests topic "
+                          f"{requests_topic} (give --requests-topic, or a schedule id)")
+    return int(partition), int(rest)
+
+
+def lookup(view: PendingView, originals: Originals, reference: str,
+           requests_topic: str, now_ms: int) -> Lookup:
+    """Find one request by schedule id or ``topic/partition/offset``; never raises for
+    an unknown one (see :func:`parse_reference` for a foreign topic).
+
+    A series id finds the series' pending occurrence under either of the two
+    ids its occurrences alternate between.
+    """
+    coordinates = parse_reference(reference, requests_topic)
+    if coordinates is None:
+        found = _lookup_id(view, originals, reference)
+        return replace(found, series=_series(found, now_ms))
+    partition, offset = coordinates
+    if partition not in view.partitions:
+        return Lookup(reference, None, None, None,
+                      f"{requests_topic} has no partition {partition}")
+    entry = view.find(partition, offset)
+    probe = entry or Pending(0, partition, offset, codec.Fingerprint(0, 0), None)
+    original = _read_one(originals, probe, check=entry is not None)
+    found = Lookup(reference, coordinates, entry, original,
+                   _status(view, entry, partition, offset))
+    return replace(found, series=_series(found, now_ms))
+
+
+def _series(found: Lookup, now_ms: int) -> Description | None:
+    """The series a pending request belongs to, from its original's headers, if any."""
+    record = None if found.original is None else found.original.record
+    if found.pending is None or record is None:
+        return None
+    try:
+        return describe(record.headers() or [], now_ms)
+    except SeriesError:
+        return None
+
+
+def _lookup_id(view: PendingView, originals: Originals, schedule_id: str) -> Lookup:
+    entry = next((e for e in map(view.find_id, occurrence_ids(schedule_id)) if e), None)
+    if entry is None:
+        return Lookup(schedule_id, None, None, None,
+                      f"no pending request holds id {schedule_id!r}: it was delivered, "
+                      "cancelled or never scheduled, or intake has not read it yet")
+    original = _read_one(originals, entry, check=True)
+    return Lookup(schedule_id, (entry.partition, entry.offset), entry, original, "pending")
+
+
+def _read_one(originals: Originals, entry: Pending, *, check: bool) -> Original:
+    """Read one original; without ``check`` any record found there is accepted."""
+    if check:
+        return originals.read([entry])[(entry.partition, entry.offset)]
+    found = originals.read_raw(entry.partition, entry.offset)
+    if isinstance(found, Message):
+        return Original(OriginalState.FOUND, found)
+    return Original(OriginalState.UNREAD if found is None else OriginalState(found.value))
+
+
+def _status(view: PendingView, entry: Pending | None, partition: int, offset: int) -> str:
+    if entry is not None:
+        return "pending"
+    consumed = view.intake_position(partition)
+    if consumed is None or offset >= consumed:
+        return "not pending: intake has not read this offset yet (or it is not a request)"
+    return ("not pending: delivered, cancelled, rejected to the DLQ, or a duplicate "
+            "of a pending id")

@@ -1,0 +1,434 @@
+"""The cluster-wide view of what is pending, for operators.
+
+The compacted changelog is the record of every pending entry of every request
+partition, whichever instance owns it. :class:`PendingView` keeps a local copy
+of it under a view directory of its own (never the service's ``--state-dir``,
+whose stores ``kdelay run`` holds locked): one index store per partition, in
+the service's own format, restored with :mod:`kdelay.state.changelog` and caught up
+incrementally from the changelog offset it reached last time.
+
+Cost: the first run replays the whole changelog (as a service restore does)
+and takes as much disk as the service's indexes together, about 100 bytes per
+pending entry; later runs replay only what was written since. A view left
+unsynced longer than the changelog's ``delete.retention.ms`` may have missed
+tombstones that compaction has since removed, so it is rebuilt whole.
+
+The original records (target, key, value size, headers) are read back by
+offset in sorted ranges with :class:`kdelay.state.originals.OriginalReader`, as
+delivery reads them, and only for the entries a command shows; counting by
+target reads every pending original once and keeps the targets in the view
+(:class:`Targets`), so later counts read only what is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from operator import itemgetter
+from pathlib import Path
+from typing import NamedTuple, cast
+
+from confluent_kafka import Message
+from rocksdict import Options, Rdict, WriteBatch
+
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import admin_client, topic_config
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import record_time
+from kdelay.state.changelog import Restorer, open_restored
+from kdelay.state.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.state.originals import Missing, OriginalReader
+
+SYNCED_FILE = "synced_ms"
+DEFAULT_DELETE_RETENTION_MS = 86_400_000
+READ_CHUNK = 20_000
+TARGETS_DIR = "targets"
+# What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
+_RdictKey = str | int | float | bytes | bool
+# librdkafka log level for short-lived admin clients: their teardown logs at 6 (info).
+QUIET = 5
+# (what, done, total): progress of a long step, for a bar on stderr.
+Progress = Callable[[str, int, int], None]
+
+
+class ViewBusy(Exception):
+    """Another command holds the view directory; ``code`` is stable."""
+
+    code = "view-in-use"
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One pending entry: when it is due, where its request lies, how to recognise it."""
+
+    due_ms: int
+    partition: int
+    offset: int
+    fingerprint: codec.Fingerprint
+    schedule_id: str | None
+
+    @property
+    def record_ms(self) -> int:
+        """The request record's own timestamp, as intake fingerprinted it."""
+        return self.fingerprint.timestamp_ms
+
+
+class Columns(NamedTuple):
+    """The pending entries of one partition, column by column, in due order."""
+
+    due_ms: list[int]
+    offsets: list[int]
+    record_ms: list[int]
+
+
+def pending_of(key: bytes, raw: bytes) -> Pending:
+    """Decode one index entry; ValueError for bytes that are not one."""
+    due_ms, partition, offset = codec.decode_due_key(key)
+    value = codec.decode_index_value(raw)
+    return Pending(due_ms, partition, offset, value.fingerprint, value.schedule_id)
+
+
+def view_path(view_dir: Path, settings: Settings) -> Path:
+    """The view of one deployment: named by its changelog, told apart by cluster and topics."""
+    identity = f"{settings.bootstrap_servers}|{settings.requests_topic}|{settings.changelog_topic}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return view_dir / f"{settings.changelog_topic}-{digest}"
+
+
+class Targets:
+    """The targets of originals already read, by due key, kept in the view between runs.
+
+    An original never changes at its offset (the fingerprint was checked
+    when it was read), so its target is read from Kafka once. Keys below
+    the smallest pending due key can no longer be pending and are dropped by
+    :meth:`prune`; a cancelled far-future entry stays until its due time
+    passes.
+    """
+
+    def __init__(self, path: Path) -> None:
+        """Open the cache at ``path``; one that cannot be opened (corrupt) starts empty.
+
+        Raises :class:`ViewBusy` when another command holds it.
+        """
+        try:
+            self._db = Rdict(str(path), Options(raw_mode=True))
+        except Exception as exc:
+            if "lock" in str(exc).lower():
+                raise ViewBusy(f"the target cache {path} is in use: {exc}") from None
+            PartitionIndex.destroy(path)
+            self._db = Rdict(str(path), Options(raw_mode=True))
+
+    def close(self) -> None:
+        """Close the store."""
+        self._db.close()
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The cached targets of ``keys`` (None where not cached), in one lookup."""
+        if not keys:
+            return []
+        return cast(list[bytes | None], self._db.get(cast(list[_RdictKey], keys)))
+
+    def put(self, found: dict[bytes, bytes]) -> None:
+        """Remember targets by due key."""
+        batch = WriteBatch(raw_mode=True)
+        for key, target in found.items():
+            batch.put(key, target)
+        self._db.write(batch)
+
+    def prune(self, lowest_pending: bytes | None) -> None:
+        """Drop every key below ``lowest_pending`` (all keys when nothing is pending)."""
+        self._db.delete_range(b"", lowest_pending or b"\xff" * (codec.DUE_KEY_SIZE + 1))
+
+
+class PendingView:
+    """A local copy of the changelog: every pending entry of the cluster.
+
+    Use it as a context manager: entering syncs it with the changelog (see
+    :meth:`sync`), leaving closes its stores. Raises :class:`ViewBusy` when
+    another command holds the view, and
+    :class:`~kdelay.state.changelog.RestoreError` when the changelog topic is missing
+    or cannot be read to its end.
+    """
+
+    def __init__(self, settings: Settings, view_dir: Path, now_ms: int,
+                 progress: Progress | None = None) -> None:
+        self._settings = settings
+        self._dir = view_path(view_dir, settings)
+        self._now_ms = now_ms
+        self._progress = progress
+        self._indexes: dict[int, PartitionIndex] = {}
+        self._targets: Targets | None = None
+
+    def __enter__(self) -> PendingView:
+        try:
+            self.sync()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every store of the view."""
+        for index in self._indexes.values():
+            index.close()
+        self._indexes.clear()
+        if self._targets is not None:
+            self._targets.close()
+            self._targets = None
+
+    @property
+    def partitions(self) -> list[int]:
+        """The request partitions the view holds."""
+        return sorted(self._indexes)
+
+    def sync(self) -> dict[int, int]:
+        """Catch every partition's store up with the changelog; return records replayed.
+
+        A view older than the changelog's ``delete.retention.ms`` is deleted
+        and rebuilt whole first: tombstones it has not seen may be gone.
+        """
+        restorer = Restorer(self._settings.client_config(), self._settings.changelog_topic)
+        try:
+            partitions = restorer.partitions()
+            if self._outlived_tombstones():
+                self._destroy(partitions)
+            replayed = {p: self._open(p, restorer) for p in partitions}
+        finally:
+            restorer.close()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._targets = Targets(self._dir / TARGETS_DIR)
+        (self._dir / SYNCED_FILE).write_text(str(self._now_ms))
+        return replayed
+
+    def _open(self, partition: int, restorer: Restorer) -> int:
+        path = store_path(self._dir, self._settings.requests_topic, partition)
+        progress = self._progress
+
+        def step(done: int, total: int) -> None:
+            if progress is not None:
+                progress(f"changelog partition {partition}", done, total)
+
+        try:
+            index, replayed = open_restored(path, partition, restorer, step)
+        except IndexLocked as exc:
+            raise ViewBusy(f"{exc}; another kdelay command is reading the same view "
+                           "(wait for it or give another --view-dir)") from None
+        self._indexes[partition] = index
+        return replayed
+
+    def _outlived_tombstones(self) -> bool:
+        marker = self._dir / SYNCED_FILE
+        if not marker.exists():
+            return False
+        synced_ms = int(marker.read_text() or "0")
+        admin = admin_client(self._settings, log_level=QUIET)
+        config = topic_config(admin, self._settings.changelog_topic)
+        keep_ms = int(config.get("delete.retention.ms", DEFAULT_DELETE_RETENTION_MS))
+        return self._now_ms - synced_ms >= keep_ms
+
+    def _destroy(self, partitions: Iterable[int]) -> None:
+        PartitionIndex.destroy(self._dir / TARGETS_DIR)
+        for partition in partitions:
+            PartitionIndex.destroy(store_path(self._dir, self._settings.requests_topic,
+                                              partition))
+
+    def report(self, what: str, done: int, total: int) -> None:
+        """Pass progress of a long scan over the view to the progress callback, if any."""
+        if self._progress is not None:
+            self._progress(what, done, total)
+
+    def entries(self, upper_ms: int | None = None,
+                partitions: Iterable[int] | None = None) -> Iterator[Pending]:
+        """Every pending entry due at or before ``upper_ms`` (all when None), in due order.
+
+        Entries due at the same millisecond come in (partition, offset) order,
+        the order delivery sends them in.
+        """
+        chosen = self.partitions if partitions is None else sorted(set(partitions))
+        streams = [self._indexes[p].raw_items(upper_ms) for p in chosen if p in self._indexes]
+        for key, raw in heapq.merge(*streams):
+            yield pending_of(key, raw)
+
+    def due_times(self, partition: int) -> Iterator[tuple[int, int, int]]:
+        """``(due_ms, partition, offset)`` of every pending entry of ``partition``, in due order.
+
+        Decodes only the keys, in one pass: for counting whole partitions.
+        """
+        keys = map(itemgetter(0), self._indexes[partition].raw_items())
+        return codec.decode_due_keys(b"".join(keys))
+
+    def columns(self, partition: int) -> Columns:
+        """Due times, offsets and record times of every pending entry of ``partition``.
+
+        Decoded in bulk, without a :class:`Pending` per entry: for checks
+        over whole partitions.
+        """
+        items = list(self._indexes[partition].raw_items())
+        keys = codec.decode_due_keys(b"".join(map(itemgetter(0), items)))
+        dues, offsets = [], []
+        for due_ms, _, offset in keys:
+            dues.append(due_ms)
+            offsets.append(offset)
+        return Columns(dues, offsets, codec.record_times(map(itemgetter(1), items)))
+
+    @property
+    def targets(self) -> Targets:
+        """The view's cache of targets already read; only while the view is open."""
+        if self._targets is None:
+            raise RuntimeError("the view is not open")
+        return self._targets
+
+    def keys(self, partition: int) -> list[bytes]:
+        """Every pending due key of ``partition``, in due order."""
+        return [key for key, _ in self._indexes[partition].raw_items()]
+
+    def pending(self, partition: int, keys: list[bytes]) -> list[Pending]:
+        """The pending entries of ``partition`` under ``keys`` (skipping any gone since)."""
+        raws = self._indexes[partition].raw_values(keys)
+        return [pending_of(key, raw) for key, raw in zip(keys, raws, strict=True)
+                if raw is not None]
+
+    def find_id(self, schedule_id: str) -> Pending | None:
+        """The pending entry that holds ``schedule_id``, or None (delivered, cancelled, unknown)."""
+        for index in self._indexes.values():
+            state = index.id_state(schedule_id)
+            if state is not None and state.pending_key is not None:
+                raw = index.raw_values([state.pending_key])[0]
+                if raw is not None:
+                    return pending_of(state.pending_key, raw)
+        return None
+
+    def find(self, partition: int, offset: int) -> Pending | None:
+        """The pending entry of the request at ``partition``/``offset``, or None.
+
+        Scans the partition's keys: an entry is keyed by due time first.
+        """
+        index = self._indexes.get(partition)
+        if index is None:
+            return None
+        for key, raw in index.raw_items():
+            if codec.decode_due_key(key).offset == offset:
+                return pending_of(key, raw)
+        return None
+
+    def intake_position(self, partition: int) -> int | None:
+        """The next requests offset intake will read, as the changelog last recorded it."""
+        index = self._indexes.get(partition)
+        return None if index is None else index.offset(CONSUMED)
+
+
+class OriginalState(StrEnum):
+    """What reading a pending entry's original by offset found."""
+
+    FOUND = "found"
+    EXPIRED = "expired"
+    ABSENT = "absent"
+    MISMATCH = "mismatch"
+    UNREAD = "unread"
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """The original request record of a pending entry, or why there is none.
+
+    ``record`` is set only when ``state`` is ``FOUND``: the record at the
+    entry's offset, whose fingerprint matches the one intake stored.
+    """
+
+    state: OriginalState
+    record: Message | None = None
+
+    @property
+    def target(self) -> str | None:
+        """The ``kdelay-target`` the record is delivered to, or None."""
+        value = header(self.record, envelope.TARGET) if self.record is not None else None
+        return None if value is None else value.decode("utf-8", "replace")
+
+    @property
+    def key(self) -> bytes | None:
+        return None if self.record is None else self.record.key()
+
+    @property
+    def value_bytes(self) -> int | None:
+        """The value's length in bytes (0 for a null value), or None without a record."""
+        if self.record is None:
+            return None
+        value = self.record.value()
+        return 0 if value is None else len(value)
+
+
+def headers_of(record: Message) -> list[tuple[str, bytes | None]]:
+    """Every header of ``record`` in order, values as bytes (None for a null value)."""
+    raw = record.headers() or []
+    items = raw.items() if isinstance(raw, dict) else raw
+    return [(str(key), value.encode() if isinstance(value, str) else value)
+            for key, value in items]
+
+
+def header(record: Message, name: str) -> bytes | None:
+    """The value of the last header ``name`` of ``record``, or None."""
+    found = [value for key, value in headers_of(record) if key == name]
+    return found[-1] if found else None
+
+
+def _judge(entry: Pending, found: Message | Missing | None) -> Original:
+    """Turn what the reader returned for ``entry`` into an :class:`Original`."""
+    if found is None:
+        return Original(OriginalState.UNREAD)
+    if isinstance(found, Missing):
+        return Original(OriginalState(found.value))
+    print_ = codec.fingerprint(found.key(), found.value(), record_time(found, 0))
+    if print_ != entry.fingerprint:
+        return Original(OriginalState.MISMATCH)
+    return Original(OriginalState.FOUND, found)
+
+
+class Originals:
+    """Reads the originals of pending entries back by offset, in sorted ranges."""
+
+    def __init__(self, settings: Settings, progress: Progress | None = None) -> None:
+        self._reader = OriginalReader(settings.client_config(), settings.requests_topic,
+                                      timeout_s=30.0)
+        self._progress = progress
+
+    def close(self) -> None:
+        """Close the reader's consumer."""
+        self._reader.close()
+
+    def __enter__(self) -> Originals:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def read_raw(self, partition: int, offset: int) -> Message | Missing | None:
+        """Whatever record lies at ``partition``/``offset`` (None: not read in time)."""
+        return self._reader.read({partition: [offset]}).get((partition, offset))
+
+    def read(self, entries: Sequence[Pending]) -> dict[tuple[int, int], Original]:
+        """Return ``(partition, offset) -> Original`` for ``entries``.
+
+        Offsets are read a chunk at a time, each as sorted ranges per
+        partition; an offset the reader could not resolve in time is
+        ``UNREAD``.
+        """
+        result: dict[tuple[int, int], Original] = {}
+        ordered = sorted(entries, key=lambda e: (e.partition, e.offset))
+        for start in range(0, len(ordered), READ_CHUNK):
+            chunk = ordered[start:start + READ_CHUNK]
+            wanted: dict[int, list[int]] = {}
+            for entry in chunk:
+                wanted.setdefault(entry.partition, []).append(entry.offset)
+            found = self._reader.read(wanted)
+            for entry in chunk:
+                result[(entry.partition, entry.offset)] = _judge(
+                    entry, found.get((entry.partition, entry.offset)))
+            if self._progress is not None:
+                self._progress("original records", start + len(chunk), len(ordered))
+        return result
