@@ -1,0 +1,1194 @@
+"""Delivery against a real index, a fake producer and a fake original reader, on a manual clock.
+
+The fakes hold no logic of their own: the producer records every ``produce`` and
+fires delivery callbacks only when a test says so; the reader answers from a
+dict of records. Time moves only through :class:`ManualClock`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+)
+
+from kdelay.engine.checkpoint import ReportedTombstones, TransactedTombstones
+from kdelay.engine.delivery import (
+    IN_FLIGHT_WAIT_MS,
+    MAX_WAIT_MS,
+    Delivery,
+    DeliveryConfig,
+    TopicCheck,
+    backoff_ms,
+)
+from kdelay.engine.metrics import Metrics
+from kdelay.engine.writer import ChangelogWriter
+from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol.codec import Fingerprint, IdState, IndexValue, encode_due_key, fingerprint_of
+from kdelay.protocol.envelope import (
+    DUE_MS,
+    ERROR,
+    ERROR_DETAIL,
+    ORIGIN,
+    TARGET,
+    Headers,
+    HeaderValue,
+    schedule_headers,
+    user_headers,
+)
+from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.originals import Found, Missing
+
+REQUESTS = "kdelay.requests"
+CHANGELOG = "kdelay.changelog"
+DLQ = "kdelay.dlq"
+T0 = 1_700_000_000_000
+SOME_FINGERPRINT = Fingerprint(T0 - 1, 12345)
+CONFIG = DeliveryConfig(
+    requests_topic=REQUESTS, changelog_topic=CHANGELOG, dlq_topic=DLQ, lookahead_ms=2_000,
+    batch_size=100, attempts=3, backoff_ms=500, backoff_max_ms=4_000,
+)
+Callback = Callable[[KafkaError | None, Message], None]
+
+
+@dataclass
+class Sent:
+    """One ``produce`` call as the fake producer saw it."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    headers: Headers
+    timestamp: int
+    on_delivery: Callback | None
+
+    def header(self, name: str) -> list[HeaderValue]:
+        return [v for n, v in self.headers if n == name]
+
+    @property
+    def origin(self) -> HeaderValue:
+        [origin] = self.header(ORIGIN)
+        return origin
+
+
+class FakeProducer:
+    """Records produce calls; delivery reports fire only from :meth:`report`."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+        self.unreported: list[Sent] = []
+        self.raises: list[BaseException] = []
+        self.polls = 0
+        self.missing_topics: set[str] = set()
+        self.metadata_requests: list[str] = []
+        self.metadata_error: KafkaError | None = None
+        self._offsets: Counter[tuple[str, int]] = Counter()
+
+    def list_topics(self, topic: str, timeout: float = -1) -> SimpleNamespace:
+        """Metadata in which every topic exists except ``missing_topics``."""
+        self.metadata_requests.append(topic)
+        if self.metadata_error is not None:
+            raise KafkaException(self.metadata_error)
+        error = (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "unknown topic")
+                 if topic in self.missing_topics else None)
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=error)})
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Callback | None = None, timestamp: int = 0,
+                headers: Headers | None = None) -> None:
+        if self.raises:
+            raise self.raises.pop(0)
+        sent = Sent(topic, key, value, partition, list(headers or []), timestamp, on_delivery)
+        self.sent.append(sent)
+        self.unreported.append(sent)
+
+    def poll(self, timeout: float = -1) -> int:
+        self.polls += 1
+        return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        return len(self.unreported)
+
+    def __len__(self) -> int:
+        return len(self.unreported)
+
+    def report(self, error: KafkaError | None = None, *, topic: str | None = None) -> list[Sent]:
+        """Fire the callbacks of unreported records (of ``topic`` only, if given)."""
+        chosen = [s for s in self.unreported if topic is None or s.topic == topic]
+        self.unreported = [s for s in self.unreported if topic is not None and s.topic != topic]
+        for sent in chosen:
+            partition = max(sent.partition, 0)
+            offset = self._offsets[(sent.topic, partition)]
+            self._offsets[(sent.topic, partition)] += 1
+            message = Message(topic=sent.topic, partition=partition, offset=offset, key=sent.key,
+                              value=sent.value, error=error)
+            assert sent.on_delivery is not None, "every produce needs a delivery callback"
+            sent.on_delivery(error, message)
+        return chosen
+
+
+class FakeReader:
+    """Answers ``read`` from ``log``; offsets missing from ``log`` stay unresolved."""
+
+    def __init__(self) -> None:
+        self.log: dict[tuple[int, int], Found] = {}
+        self.calls: list[dict[int, list[int]]] = []
+
+    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
+        asked = {p: list(offsets) for p, offsets in wanted.items()}
+        self.calls.append(asked)
+        return {(p, o): self.log[(p, o)] for p, offs in asked.items() for o in offs
+                if (p, o) in self.log}
+
+    def close(self) -> None:
+        pass
+
+
+class World:
+    """A Delivery wired to fakes, a manual clock and real indexes of three partitions."""
+
+    def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG, *,
+                 transactional: bool = False) -> None:
+        self.clock = ManualClock(T0)
+        self.targets = FakeProducer()
+        self.internal = FakeProducer()
+        self.reader = FakeReader()
+        self.metrics = Metrics()
+        self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
+        self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
+        durability = (TransactedTombstones if transactional else ReportedTombstones)(self.writer)
+        self.delivery = Delivery(config, self.targets, self.internal, self.reader,
+                                 self.clock, self.metrics, durability)
+
+    def close(self) -> None:
+        for index in self.indexes.values():
+            index.close()
+
+    def request(self, partition: int, offset: int, due: int, *, target: str = "orders",
+                sid: str | None = None, target_partition: int | None = None,
+                key: bytes | None = b"k", value: bytes | None = b"v",
+                user: Headers | None = None) -> bytes:
+        """Put a request record in the log and its entry in the index; return the due key."""
+        headers = [*schedule_headers(target, due_ms=due, partition=target_partition,
+                                     schedule_id=sid), *(user or [])]
+        message = Message(topic=REQUESTS, partition=partition, offset=offset, key=key,
+                          value=value, headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+        self.reader.log[(partition, offset)] = message
+        return self.put(partition, offset, due, fingerprint_of(message), sid)
+
+    def put(self, partition: int, offset: int, due: int,
+            fingerprint: Fingerprint = SOME_FINGERPRINT,
+            sid: str | None = None) -> bytes:
+        due_key = encode_due_key(due, partition, offset)
+        ids: dict[str, IdState | None] = {} if sid is None else {sid: IdState(due_key, None)}
+        entry = Entry(due_key, IndexValue(fingerprint, sid))
+        # Indexed by other means than intake (which hands delivery its entries):
+        # delivery is told the lowest key put, as the service tells it.
+        self.delivery.noted(partition, self.indexes[partition].apply(Changes(puts=[entry],
+                                                                             ids=ids)))
+        return due_key
+
+    def at(self, now_ms: int) -> int:
+        """Move the clock to ``now_ms`` and run one tick; return the wait it asks for."""
+        self.clock.set(now_ms)
+        return self.delivery.tick(self.indexes)
+
+    def settle(self) -> None:
+        self.delivery.settle(self.indexes)
+
+    def finish(self, committed: bool) -> None:
+        """End the transaction the way the service does after commit or abort."""
+        if committed:
+            self.delivery.settle(self.indexes)
+        else:
+            self.delivery.abandon()
+
+    def pending(self, partition: int = 0) -> list[bytes]:
+        return [e.key for e in self.indexes[partition].entries()]
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def txn(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path, transactional=True)
+    yield w
+    w.close()
+
+
+def origin(partition: int, offset: int) -> bytes:
+    return f"{REQUESTS}/{partition}/{offset}".encode()
+
+
+def timed_out() -> KafkaError:
+    return KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out")
+
+
+# -- never early -------------------------------------------------------------------
+
+
+def test_nothing_is_produced_before_its_due_time(world: World) -> None:
+    world.request(0, 7, T0 + 5_000)
+    world.at(T0)
+    world.at(T0 + 4_000)
+    assert world.at(T0 + 4_999) == 1, "the next tick is asked for at the due time"
+    assert world.targets.sent == []
+    world.at(T0 + 5_000)
+    [sent] = world.targets.sent
+    assert sent.timestamp == T0 + 5_000
+    assert sent.origin == origin(0, 7)
+
+
+def test_a_far_entry_is_not_produced_early_after_a_clock_jump(world: World) -> None:
+    world.request(0, 1, T0 + 60_000)
+    world.at(T0 + 59_999)
+    assert world.targets.sent == []
+    world.at(T0 + 60_000)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 60_000]
+
+
+def test_a_late_tick_stamps_the_record_with_the_current_time(world: World) -> None:
+    world.request(0, 1, T0 + 100)
+    world.at(T0 + 700)
+    [sent] = world.targets.sent
+    assert sent.timestamp == T0 + 700
+    assert sent.header(DUE_MS) == [str(T0 + 100).encode()]
+    world.targets.report()
+    world.settle()  # metrics are handed over once per settle, not per record
+    assert world.sample("kdelay_lateness_seconds_sum") == pytest.approx(0.6)
+
+
+def test_a_past_due_entry_goes_out_on_the_first_tick(world: World) -> None:
+    world.request(1, 4, T0 - 86_400_000)
+    world.at(T0)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [(origin(1, 4), T0)]
+
+
+def test_an_in_flight_entry_is_not_produced_again(world: World) -> None:
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    assert world.delivery.in_flight(key)
+    assert not world.delivery.idle()
+    world.at(T0 + 1_000)
+    world.settle()
+    world.at(T0 + 10_000)
+    assert len(world.targets.sent) == 1
+
+
+# -- order ----------------------------------------------------------------------------
+
+
+def test_due_order_across_partitions_and_partition_offset_order_within_a_millisecond(
+    world: World,
+) -> None:
+    world.request(1, 5, T0 + 10)
+    world.request(0, 9, T0 + 10)
+    world.request(2, 1, T0 + 5)
+    world.request(0, 3, T0 + 10)
+    world.request(1, 2, T0 + 20)
+    world.request(2, 0, T0 + 10)
+    world.at(T0 + 100)
+    assert [s.origin for s in world.targets.sent] == [
+        origin(2, 1), origin(0, 3), origin(0, 9), origin(1, 5), origin(2, 0), origin(1, 2),
+    ]
+
+
+def test_entries_becoming_due_over_several_ticks_go_out_in_due_order(world: World) -> None:
+    world.request(0, 1, T0 + 300)
+    world.request(1, 1, T0 + 100)
+    world.request(2, 1, T0 + 200)
+    for now in (T0 + 100, T0 + 250, T0 + 300):
+        world.at(now)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(1, 1), T0 + 100), (origin(2, 1), T0 + 250), (origin(0, 1), T0 + 300),
+    ]
+
+
+# -- the delivered record ----------------------------------------------------------------
+
+
+def test_the_delivered_record_keeps_key_value_and_user_headers(world: World) -> None:
+    user: Headers = [("trace", b"abc"), ("kdelay-custom", b"x"), ("trace", b"second"),
+                     ("empty", None)]
+    world.request(0, 7, T0 + 1, sid="order-7", key=b"the-key", value=b"\x00payload\xff",
+                  user=user)
+    world.at(T0 + 1)
+    [sent] = world.targets.sent
+    assert (sent.topic, sent.key, sent.value, sent.partition) == (
+        "orders", b"the-key", b"\x00payload\xff", -1
+    )
+    assert sent.headers == [
+        ("trace", b"abc"), ("trace", b"second"), ("empty", None),
+        (ORIGIN, origin(0, 7)), (DUE_MS, str(T0 + 1).encode()),
+    ]
+
+
+def test_a_null_key_and_value_are_delivered_as_null(world: World) -> None:
+    world.request(0, 7, T0, key=None, value=None)
+    world.at(T0)
+    [sent] = world.targets.sent
+    assert (sent.key, sent.value) == (None, None)
+
+
+def test_an_explicit_target_partition_is_honoured(world: World) -> None:
+    world.request(0, 1, T0, target="audit", target_partition=4)
+    world.request(0, 2, T0, target="audit", target_partition=0)
+    world.at(T0)
+    assert [(s.topic, s.partition) for s in world.targets.sent] == [("audit", 4), ("audit", 0)]
+
+
+# -- settling ------------------------------------------------------------------------------
+
+
+def test_an_entry_leaves_the_index_only_after_its_report(world: World) -> None:
+    key = world.request(0, 7, T0, sid="order-7")
+    world.at(T0)
+    assert len(world.targets.sent) == 1
+    world.settle()
+    assert world.pending() == [key], "produced is not delivered"
+    assert world.internal.sent == []
+    assert world.indexes[0].id_state("order-7") == IdState(key, None)
+
+    world.targets.report()
+    assert world.pending() == [key], "reports take effect in settle"
+    world.clock.set(T0 + 50)
+    world.settle()
+    assert world.pending() == []
+    assert not world.delivery.in_flight(key)
+    assert world.delivery.idle()
+    [tombstone] = world.internal.sent
+    assert (tombstone.topic, tombstone.partition, tombstone.key, tombstone.value) == (
+        CHANGELOG, 0, key, None
+    )
+    state = world.indexes[0].id_state("order-7")
+    assert state is not None
+    assert state.pending_key is None
+    assert state.delivered_ms is not None
+    assert T0 <= state.delivered_ms <= T0 + 50
+    assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def test_the_tombstone_goes_to_the_request_partition(world: World) -> None:
+    key = world.request(2, 11, T0)
+    world.at(T0)
+    world.targets.report()
+    world.settle()
+    assert [(s.topic, s.partition, s.key) for s in world.internal.sent] == [(CHANGELOG, 2, key)]
+    assert world.pending(2) == []
+
+
+def test_confirmed_tombstones_advance_the_changelog_position(world: World) -> None:
+    world.request(0, 1, T0)
+    world.at(T0)
+    world.targets.report()
+    world.settle()
+    world.internal.report()
+    assert world.writer.position(0) == 1
+
+    world.request(0, 2, T0 + 10)
+    world.at(T0 + 10)
+    world.targets.report()
+    world.settle()
+    assert world.indexes[0].offset(b"changelog") == 1
+
+
+def test_a_failed_tombstone_is_counted_and_confirms_nothing(world: World) -> None:
+    world.request(0, 1, T0)
+    world.at(T0)
+    world.targets.report()
+    world.settle()
+    world.internal.report(timed_out())
+    assert world.writer.position(0) is None
+    assert world.sample("kdelay_changelog_errors_total") == 1
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+
+def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
+    key = world.put(0, 7, T0 + 10, sid="gone")
+    world.reader.log[(0, 7)] = Missing.EXPIRED
+    world.at(T0 + 9)
+    assert world.internal.sent == []
+    world.at(T0 + 10)
+    assert world.targets.sent == []
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, None, None)
+    assert dead.header(ERROR) == [b"expired"]
+    assert dead.header(ORIGIN) == [origin(0, 7)]
+    assert dead.header(DUE_MS) == [str(T0 + 10).encode()]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"kdelay.requests/0/7" in detail
+
+    world.internal.report()
+    world.settle()
+    assert world.pending() == []
+    assert [(s.topic, s.key, s.value) for s in world.internal.sent[1:]] == [(CHANGELOG, key, None)]
+    assert world.indexes[0].id_state("gone") is None
+    assert world.sample("kdelay_dead_lettered_records_total", reason="expired") == 1
+    assert world.sample("kdelay_delivered_records_total") == 0
+
+
+def changed_value(world: World) -> None:
+    world.request(0, 7, T0)
+    world.reader.log[(0, 7)] = Message(
+        topic=REQUESTS, partition=0, offset=7, key=b"k", value=b"another record",
+        headers=schedule_headers("orders", due_ms=T0), timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+
+
+def changed_timestamp(world: World) -> None:
+    world.request(0, 7, T0)
+    world.reader.log[(0, 7)] = Message(
+        topic=REQUESTS, partition=0, offset=7, key=b"k", value=b"v",
+        headers=schedule_headers("orders", due_ms=T0), timestamp=(TIMESTAMP_CREATE_TIME, T0 - 2))
+
+
+def no_schedule_any_more(world: World) -> None:
+    world.request(0, 7, T0)
+    world.reader.log[(0, 7)] = Message(
+        topic=REQUESTS, partition=0, offset=7, key=b"k", value=b"v",
+        headers=[("user", b"1")], timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+
+
+def absent(world: World) -> None:
+    world.put(0, 7, T0)
+    world.reader.log[(0, 7)] = Missing.ABSENT
+
+
+@pytest.mark.parametrize("arrange", [changed_value, changed_timestamp, no_schedule_any_more,
+                                     absent])
+def test_an_original_that_is_not_the_indexed_one_is_a_mismatch(
+    world: World, arrange: Callable[[World], None]
+) -> None:
+    arrange(world)
+    world.at(T0)
+    assert world.targets.sent == []
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, None, None)
+    assert dead.header(ERROR) == [b"mismatch"]
+    assert dead.header(ORIGIN) == [origin(0, 7)]
+    world.internal.report(topic=DLQ)
+    world.settle()
+    assert world.pending() == []
+    assert world.sample("kdelay_dead_lettered_records_total", reason="mismatch") == 1
+
+
+# -- retries -------------------------------------------------------------------------------------
+
+
+def test_a_failing_target_is_retried_with_backoff_then_dead_lettered(world: World) -> None:
+    user: Headers = [("trace", b"t-1")]
+    key = world.request(0, 7, T0, target="broken", sid="b-7", key=b"kk", value=b"vv", user=user)
+    original = world.reader.log[(0, 7)]
+    assert isinstance(original, Message)
+    world.at(T0)
+    for attempt, (fail_at, retry_at) in enumerate(
+        [(T0, T0 + 500), (T0 + 500, T0 + 1_500)], start=1
+    ):
+        world.targets.report(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"boom {attempt}"))
+        world.clock.set(fail_at)
+        world.settle()
+        assert world.pending() == [key]
+        assert not world.delivery.in_flight(key)
+        world.at(retry_at - 1)
+        assert len(world.targets.sent) == attempt, "no retry before the backoff elapses"
+        world.at(retry_at)
+        assert len(world.targets.sent) == attempt + 1
+    assert [s.timestamp for s in world.targets.sent] == [T0, T0 + 500, T0 + 1_500]
+    assert world.internal.sent == []
+
+    world.targets.report(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "boom 3"))
+    world.settle()
+    world.at(T0 + 1_500)
+    assert len(world.targets.sent) == 3
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, b"kk", b"vv")
+    user = user_headers(original.headers())
+    assert dead.headers[: len(user)] == user, "user headers first, kdelay-* replaced"
+    assert dead.header(TARGET) == [b"broken"]
+    assert dead.header(DUE_MS) == [str(T0).encode()], "one due time: re-sendable as is"
+    assert dead.header(ERROR) == [b"undeliverable"]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"3 attempts" in detail
+    assert b"boom 3" in detail
+    assert dead.header(ORIGIN) == [origin(0, 7)]
+    assert world.sample("kdelay_delivery_retries_total") == 3
+
+    world.internal.report(topic=DLQ)
+    world.settle()
+    assert world.pending() == []
+    assert world.indexes[0].id_state("b-7") is None
+    assert world.sample("kdelay_dead_lettered_records_total", reason="undeliverable") == 1
+    assert world.sample("kdelay_delivered_records_total") == 0
+
+
+def test_a_target_that_succeeds_on_retry_is_delivered(world: World) -> None:
+    key = world.request(0, 7, T0)
+    world.at(T0)
+    world.targets.report(timed_out())
+    world.settle()
+    world.at(T0 + 500)
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert [s.origin for s in world.targets.sent] == [origin(0, 7), origin(0, 7)]
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, key)]
+    assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def test_a_produce_that_raises_kafka_exception_is_retried_after_backoff(world: World) -> None:
+    key = world.request(0, 7, T0)
+    world.targets.raises.append(
+        KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large")))
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.delivery.in_flight(key), "its failure is pending until settled"
+    world.settle()
+    assert not world.delivery.in_flight(key)
+    assert world.pending() == [key]
+    world.at(T0 + 499)
+    assert world.targets.sent == []
+    world.at(T0 + 500)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 7)]
+
+
+def test_a_failing_target_does_not_block_other_targets(world: World) -> None:
+    broken = world.request(0, 1, T0, target="broken")
+    world.request(0, 2, T0 + 100, target="orders")
+    world.request(1, 1, T0 + 200, target="orders")
+    world.at(T0)
+    world.targets.report(timed_out())
+    world.settle()
+    world.at(T0 + 100)
+    world.at(T0 + 200)
+    assert [(s.topic, s.timestamp) for s in world.targets.sent] == [
+        ("broken", T0), ("orders", T0 + 100), ("orders", T0 + 200),
+    ]
+    world.targets.report()
+    world.settle()
+    assert world.pending(0) == [broken]
+    assert world.pending(1) == []
+
+
+def test_entries_waiting_for_retry_do_not_use_up_the_read_ahead_room(tmp_path: Path) -> None:
+    config = DeliveryConfig(
+        requests_topic=REQUESTS, changelog_topic=CHANGELOG, dlq_topic=DLQ, lookahead_ms=2_000,
+        batch_size=2, attempts=10, backoff_ms=60_000, backoff_max_ms=60_000,
+    )
+    world = World(tmp_path, config)
+    try:
+        world.request(0, 1, T0, target="broken")
+        world.request(0, 2, T0, target="broken")
+        world.request(0, 3, T0 + 1_000, target="orders")
+        world.at(T0)
+        world.targets.report(timed_out())
+        world.settle()
+        world.at(T0 + 1_000)
+        assert [(s.topic, s.timestamp) for s in world.targets.sent[2:]] == [
+            ("orders", T0 + 1_000)
+        ]
+    finally:
+        world.close()
+
+
+def test_a_buffer_error_leaves_the_entry_for_a_later_tick(world: World) -> None:
+    first = world.request(0, 1, T0)
+    world.request(0, 2, T0)
+    world.targets.raises.append(BufferError("queue full"))
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.targets.polls == 1
+    assert not world.delivery.in_flight(first)
+    assert world.pending() == [first, encode_due_key(T0, 0, 2)]
+    world.at(T0 + 5)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(0, 1), T0 + 5), (origin(0, 2), T0 + 5),
+    ]
+
+
+# -- cancel and read-ahead ------------------------------------------------------------------------
+
+
+def test_forget_drops_a_read_ahead_entry(world: World) -> None:
+    key = world.request(0, 1, T0 + 1_000)
+    kept = world.request(0, 2, T0 + 1_000)
+    world.at(T0)
+    assert world.reader.calls == [{0: [1, 2]}]
+    world.indexes[0].apply(Changes(deletes=[key]))
+    world.delivery.forget([key])
+    world.at(T0 + 1_000)
+    world.at(T0 + 10_000)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 2)]
+    assert world.pending() == [kept]
+
+
+def test_a_withheld_entry_is_not_produced_when_due_until_released(world: World) -> None:
+    key = world.request(0, 1, T0 + 1_000)
+    world.at(T0)
+    assert world.delivery.withhold(key)
+    world.at(T0 + 1_000)
+    world.at(T0 + 1_500)
+    assert world.targets.sent == []
+    world.delivery.release([key])
+    world.at(T0 + 1_501)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)]
+
+
+def test_an_entry_withheld_before_it_is_read_ahead_is_never_produced(txn: World) -> None:
+    key = txn.request(0, 1, T0)
+    assert txn.delivery.withhold(key)
+    txn.at(T0)
+    assert txn.targets.sent == []
+    txn.indexes[0].apply(Changes(deletes=[key]))
+    txn.delivery.forget([key])
+    txn.at(T0 + 10_000)
+    assert txn.targets.sent == []
+    assert txn.pending() == []
+
+
+def test_an_in_flight_entry_cannot_be_withheld(world: World) -> None:
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    assert not world.delivery.withhold(key)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)]
+
+
+def test_forget_leaves_an_in_flight_entry_to_its_report(world: World) -> None:
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    world.delivery.forget([key])
+    assert world.delivery.in_flight(key)
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, key)]
+
+
+def test_entries_due_within_the_lookahead_are_read_before_they_are_due(world: World) -> None:
+    world.request(0, 10, T0 + 1_500)
+    world.request(0, 20, T0 + 2_500)
+    world.at(T0)
+    assert world.reader.calls == [{0: [10]}]
+    assert world.targets.sent == []
+    world.at(T0 + 1_000)
+    assert world.reader.calls == [{0: [10]}, {0: [20]}]
+    world.at(T0 + 1_500)
+    world.at(T0 + 2_500)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(0, 10), T0 + 1_500), (origin(0, 20), T0 + 2_500),
+    ]
+    assert len(world.reader.calls) == 2, "the due moment costs only a produce"
+
+
+def test_one_read_fetches_every_partition(world: World) -> None:
+    world.request(0, 9, T0 + 10)
+    world.request(1, 4, T0 + 20)
+    world.request(0, 3, T0 + 30)
+    world.request(2, 8, T0 + 3_000)
+    world.at(T0)
+    [call] = world.reader.calls
+    assert {p: sorted(o) for p, o in call.items()} == {0: [3, 9], 1: [4]}
+
+
+def test_an_entry_put_inside_the_read_window_is_picked_up(world: World) -> None:
+    world.request(0, 1, T0 + 1_800)
+    world.at(T0)
+    world.request(0, 2, T0 + 500)
+    world.request(1, 3, T0 - 10)
+    world.at(T0 + 1)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [(origin(1, 3), T0 + 1)]
+    world.at(T0 + 500)
+    world.at(T0 + 1_800)
+    assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
+        (origin(1, 3), T0 + 1), (origin(0, 2), T0 + 500), (origin(0, 1), T0 + 1_800),
+    ]
+
+
+def test_an_unresolved_original_is_asked_for_again(world: World) -> None:
+    world.request(0, 3, T0)
+    held = world.reader.log.pop((0, 3))
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.internal.sent == []
+    world.reader.log[(0, 3)] = held
+    world.at(T0 + 1)
+    assert world.reader.calls == [{0: [3]}, {0: [3]}]
+    assert [s.origin for s in world.targets.sent] == [origin(0, 3)]
+
+
+def test_a_dropped_partition_is_not_delivered(world: World) -> None:
+    world.request(0, 1, T0 + 100)
+    world.request(1, 1, T0 + 100)
+    world.at(T0)
+    world.delivery.drop_partition(1)
+    del world.indexes[1]
+    world.at(T0 + 100)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)]
+
+
+# -- backoff --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"),
+    [(0, 500), (1, 500), (2, 1_000), (3, 2_000), (4, 4_000), (6, 16_000), (7, 30_000),
+     (8, 30_000), (200, 30_000)],
+)
+def test_backoff_doubles_from_the_base_up_to_the_cap(attempt: int, expected: int) -> None:
+    assert backoff_ms(attempt, 500, 30_000) == expected
+
+
+def test_backoff_is_an_int_and_never_exceeds_a_small_cap() -> None:
+    values = [backoff_ms(a, 100, 250) for a in range(1, 6)]
+    assert values == [100, 200, 250, 250, 250]
+    assert all(type(v) is int for v in values)
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+def tombstones(world: World) -> list[tuple[str, int, bytes | None, bytes | None]]:
+    return [(s.topic, s.partition, s.key, s.value) for s in world.internal.sent
+            if s.topic == CHANGELOG]
+
+
+def test_a_transaction_produces_the_target_and_its_tombstone_together(txn: World) -> None:
+    key = txn.request(2, 5, T0, sid="s-5")
+    txn.at(T0)
+    assert [(s.topic, s.origin) for s in txn.targets.sent] == [("orders", origin(2, 5))]
+    assert tombstones(txn) == [(CHANGELOG, 2, key, None)]
+    assert txn.pending(2) == [key], "nothing leaves the index before the commit"
+    assert txn.delivery.in_flight(key)
+    assert not txn.delivery.has_failures()
+
+
+def test_a_committed_transaction_deletes_the_entry_without_another_tombstone(
+    txn: World,
+) -> None:
+    key = txn.request(2, 5, T0, sid="s-5")
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    assert not txn.delivery.has_failures()
+    txn.clock.set(T0 + 20)
+    txn.finish(committed=True)
+    assert txn.pending(2) == []
+    assert txn.indexes[2].id_state("s-5") == IdState(None, T0 + 20)
+    assert tombstones(txn) == [(CHANGELOG, 2, key, None)], "the one inside the transaction"
+    assert txn.indexes[2].offset(b"changelog") == 1
+    assert txn.sample("kdelay_delivered_records_total") == 1
+    assert txn.delivery.idle()
+    txn.at(T0 + 10_000)
+    assert len(txn.targets.sent) == 1
+    assert len(txn.internal.sent) == 1
+
+
+def test_an_aborted_transaction_keeps_the_entry_and_produces_it_again(txn: World) -> None:
+    key = txn.request(0, 7, T0, sid="s-7")
+    txn.request(0, 8, T0 + 1_000)
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    txn.clock.set(T0 + 5)
+    txn.finish(committed=False)
+    assert txn.pending() == [key, encode_due_key(T0 + 1_000, 0, 8)]
+    assert txn.indexes[0].id_state("s-7") == IdState(key, None)
+    assert len(txn.targets.sent) == 1, "finishing a transaction produces nothing"
+    assert not txn.delivery.in_flight(key)
+    assert txn.sample("kdelay_delivered_records_total") == 0
+
+    txn.at(T0 + 5)
+    assert [(s.origin, s.timestamp) for s in txn.targets.sent] == [
+        (origin(0, 7), T0), (origin(0, 7), T0 + 5)
+    ], "retried at once, and the later entry not before its due time"
+    assert tombstones(txn) == [(CHANGELOG, 0, key, None)] * 2
+
+
+def test_a_failed_report_aborts_and_only_that_entry_backs_off(txn: World) -> None:
+    broken = txn.request(0, 1, T0, target="broken")
+    fine = txn.request(1, 1, T0, target="orders")
+    txn.at(T0)
+    assert not txn.delivery.has_failures()
+    txn.targets.report(timed_out(), topic="broken")
+    txn.targets.report(topic="orders")
+    txn.internal.report()
+    assert txn.delivery.has_failures()
+
+    txn.clock.set(T0 + 10)
+    txn.finish(committed=False)
+    assert not txn.delivery.has_failures()
+    assert (txn.pending(0), txn.pending(1)) == ([broken], [fine])
+    txn.at(T0 + 10)
+    assert [(s.topic, s.timestamp) for s in txn.targets.sent[2:]] == [("orders", T0 + 10)]
+    txn.at(T0 + 509)
+    assert len(txn.targets.sent) == 3, "the failed entry waits out its backoff"
+    txn.at(T0 + 510)
+    assert [(s.topic, s.timestamp) for s in txn.targets.sent[3:]] == [("broken", T0 + 510)]
+    assert txn.sample("kdelay_delivery_retries_total") == 1
+
+
+def test_a_failed_tombstone_report_is_a_transaction_failure(txn: World) -> None:
+    key = txn.request(0, 1, T0)
+    txn.at(T0)
+    txn.targets.report()
+    assert not txn.delivery.has_failures()
+    txn.internal.report(timed_out())
+    assert txn.delivery.has_failures()
+    assert txn.writer.position(0) is None
+    assert txn.sample("kdelay_changelog_errors_total") == 1
+    txn.finish(committed=False)
+    assert txn.pending() == [key]
+    txn.at(T0)
+    assert len(txn.targets.sent) == 2
+    assert len(tombstones(txn)) == 2
+
+
+def test_a_buffer_error_on_the_tombstone_never_commits_a_delete_without_it(
+    txn: World,
+) -> None:
+    key = txn.request(0, 1, T0)
+    txn.internal.raises.append(BufferError("queue full"))
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    txn.finish(committed=not txn.delivery.has_failures())
+    deleted = key not in txn.pending()
+    assert not deleted or (CHANGELOG, 0, key, None) in tombstones(txn)
+
+
+def test_a_missing_target_does_not_abort_the_transaction(txn: World) -> None:
+    txn.targets.missing_topics.add("gone")
+    gone = txn.request(0, 1, T0, target="gone")
+    txn.request(0, 2, T0, target="orders")
+    txn.at(T0)
+    txn.targets.report()
+    txn.internal.report()
+    assert not txn.delivery.has_failures()
+    txn.finish(committed=True)
+    assert txn.pending() == [gone]
+    txn.at(T0 + 499)
+    txn.at(T0 + 500)
+    assert txn.targets.metadata_requests.count("gone") >= 1
+
+
+# -- missing target topics -------------------------------------------------------------------------
+
+
+def test_a_missing_target_fails_at_once_and_ends_undeliverable(world: World) -> None:
+    world.targets.missing_topics.add("gone")
+    key = world.request(0, 1, T0, target="gone", key=b"kk", value=b"vv")
+    for attempt, at in enumerate((T0, T0 + 500, T0 + 1_500), start=1):
+        if attempt > 1:
+            world.at(at - 1)
+            assert not world.delivery.in_flight(key), "no attempt before the backoff is over"
+        world.at(at)
+        assert world.targets.sent == [], "nothing is produced to a missing topic"
+        assert world.delivery.in_flight(key)
+        world.settle()
+        assert world.sample("kdelay_delivery_retries_total") == attempt
+        assert world.internal.sent == []
+    world.at(T0 + 1_500)
+    [dead] = world.internal.sent
+    assert (dead.topic, dead.key, dead.value) == (DLQ, b"kk", b"vv")
+    assert dead.header(ERROR) == [b"undeliverable"]
+    assert dead.header(TARGET) == [b"gone"]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"3 attempts" in detail
+    assert world.pending() == [key]
+
+
+def test_a_missing_target_does_not_block_an_existing_one(world: World) -> None:
+    world.targets.missing_topics.add("gone")
+    gone = world.request(0, 1, T0, target="gone")
+    world.request(0, 2, T0, target="orders")
+    world.request(1, 1, T0, target="orders")
+    world.at(T0)
+    assert [(s.topic, s.origin) for s in world.targets.sent] == [
+        ("orders", origin(0, 2)), ("orders", origin(1, 1)),
+    ]
+    world.targets.report()
+    world.settle()
+    assert world.pending(0) == [gone]
+    assert world.pending(1) == []
+
+
+def test_topic_check_remembers_an_existing_topic_for_its_ttl() -> None:
+    producer = FakeProducer()
+    clock = ManualClock(T0)
+    check = TopicCheck(producer, clock, ttl_s=30.0)
+    assert check.missing("orders") is None
+    clock.advance(29_900)
+    assert check.missing("orders") is None
+    assert producer.metadata_requests == ["orders"]
+    clock.advance(200)
+    assert check.missing("orders") is None
+    assert producer.metadata_requests == ["orders", "orders"]
+
+
+def test_topic_check_asks_again_about_a_missing_topic_after_a_second() -> None:
+    producer = FakeProducer()
+    producer.missing_topics.add("late")
+    clock = ManualClock(T0)
+    check = TopicCheck(producer, clock)
+    error = check.missing("late")
+    assert error is not None
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    producer.missing_topics.clear()
+    clock.advance(900)
+    assert check.missing("late") is not None, "the answer is remembered for a second"
+    assert producer.metadata_requests == ["late"]
+    clock.advance(200)
+    assert check.missing("late") is None
+    assert producer.metadata_requests == ["late", "late"]
+
+
+def test_delivery_reuses_the_topic_answer_across_entries(world: World) -> None:
+    world.request(0, 1, T0, target="orders")
+    world.request(0, 2, T0 + 10, target="orders")
+    world.at(T0)
+    world.at(T0 + 10)
+    assert len(world.targets.sent) == 2
+    assert world.targets.metadata_requests == ["orders"]
+
+
+def test_a_target_created_later_is_delivered_on_a_retry(world: World) -> None:
+    world.targets.missing_topics.add("late")
+    world.request(0, 1, T0, target="late")
+    world.at(T0)
+    world.settle()
+    world.targets.missing_topics.clear()
+    world.at(T0 + 500)  # the clock's monotonic time moves with it: 0.5 s
+    world.settle()
+    assert world.targets.sent == [], "still the remembered answer"
+    world.at(T0 + 1_500)
+    assert [(s.topic, s.origin) for s in world.targets.sent] == [("late", origin(0, 1))]
+    assert world.targets.metadata_requests == ["late", "late"]
+
+
+def test_a_metadata_error_is_a_retryable_failure_that_is_not_remembered(world: World) -> None:
+    world.targets.metadata_error = KafkaError(KafkaError._TRANSPORT, "broker down")
+    key = world.request(0, 1, T0)
+    world.at(T0)
+    assert world.targets.sent == []
+    world.settle()
+    assert not world.delivery.in_flight(key)
+    assert world.sample("kdelay_delivery_retries_total") == 1
+    world.targets.metadata_error = None
+    world.at(T0 + 500)
+    assert [s.topic for s in world.targets.sent] == ["orders"]
+    assert world.targets.metadata_requests == ["orders", "orders"]
+
+
+# -- prepare, dispatch, wait -----------------------------------------------------------------------
+
+
+def test_prepare_says_whether_something_is_due_and_produces_nothing(world: World) -> None:
+    world.request(0, 1, T0 + 50)
+    world.clock.set(T0)
+    assert world.delivery.prepare(world.indexes) is False
+    world.delivery.dispatch()
+    world.clock.set(T0 + 49)
+    assert world.delivery.prepare(world.indexes) is False
+    world.clock.set(T0 + 50)
+    assert world.delivery.prepare(world.indexes) is True
+    assert world.targets.sent == []
+    world.delivery.dispatch()
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 50]
+    assert world.delivery.prepare(world.indexes) is False
+
+
+def test_prepare_is_true_when_a_backoff_is_over(world: World) -> None:
+    world.request(0, 1, T0)
+    world.at(T0)
+    world.targets.report(timed_out())
+    world.settle()
+    world.clock.set(T0 + 499)
+    assert world.delivery.prepare(world.indexes) is False
+    assert world.delivery.wait_ms() == 1
+    world.clock.set(T0 + 500)
+    assert world.delivery.prepare(world.indexes) is True
+    assert world.delivery.wait_ms() == 0
+
+
+def test_wait_ms_is_the_time_to_the_next_due_entry_capped(world: World) -> None:
+    assert world.delivery.wait_ms() == MAX_WAIT_MS == 100
+    world.request(0, 1, T0 + 30)
+    world.request(1, 1, T0 + 1_000)
+    world.clock.set(T0)
+    world.delivery.prepare(world.indexes)
+    assert world.delivery.wait_ms() == 30
+    world.clock.set(T0 + 29)
+    assert world.delivery.wait_ms() == 1
+    world.clock.set(T0 + 45)
+    assert world.delivery.wait_ms() == 0, "overdue is due"
+    world.delivery.dispatch()
+    assert world.delivery.wait_ms() == IN_FLIGHT_WAIT_MS == 1, "a report is awaited"
+    world.targets.report()
+    world.settle()
+    assert world.delivery.wait_ms() == 100, "the next entry is 955 ms away"
+    world.clock.set(T0 + 950)
+    assert world.delivery.wait_ms() == 50
+
+
+def test_a_forgotten_entry_is_not_work_due(world: World) -> None:
+    key = world.request(0, 1, T0 + 1_000)
+    world.at(T0)
+    world.indexes[0].apply(Changes(deletes=[key]))
+    world.delivery.forget([key])
+    world.clock.set(T0 + 950)
+    assert world.delivery.wait_ms() == MAX_WAIT_MS
+    world.clock.set(T0 + 1_000)
+    assert world.delivery.prepare(world.indexes) is False
+
+
+# -- adoption: intake hands over entries due soon, with their records ---------------
+
+
+def _new_request(world: World, partition: int, offset: int, due: int) -> tuple[Entry, Message]:
+    """A request intake has just planned: its entry and its record (not in the reader's
+    log, so only adoption can deliver it without a read). Not in the index yet."""
+    headers = schedule_headers("orders", due_ms=due)
+    message = Message(topic=REQUESTS, partition=partition, offset=offset, key=b"k", value=b"v",
+                      headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+    entry = Entry(encode_due_key(due, partition, offset), IndexValue(fingerprint_of(message), None))
+    return entry, message
+
+
+def _index(world: World, partition: int, entries: list[Entry]) -> None:
+    """What the service does once intake's plan is acknowledged: index it, tell delivery."""
+    world.indexes[partition].apply(Changes(puts=entries))
+    world.delivery.indexed(partition, entries)
+
+
+def _adopt_and_index(world: World, partition: int,
+                     requests: list[tuple[Entry, Message]]) -> None:
+    entries = [entry for entry, _ in requests]
+    world.delivery.adopt(partition, entries, {e.key: m for e, m in requests})
+    _index(world, partition, entries)
+
+
+def test_an_adopted_entry_is_delivered_without_reading_it_back(world: World) -> None:
+    world.at(T0)  # the first tick scans: the window now reaches T0 + lookahead
+    reads_before = len(world.reader.calls)
+    _adopt_and_index(world, 0, [_new_request(world, 0, 5, T0 + 500)])
+    world.at(T0 + 499)
+    assert world.targets.sent == []
+    world.at(T0 + 500)
+    assert [(s.key, s.timestamp) for s in world.targets.sent] == [(b"k", T0 + 500)]
+    assert len(world.reader.calls) == reads_before, "no read back from Kafka"
+
+
+def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_read(
+    world: World,
+) -> None:
+    """Under steady load with short delays, adopted entries alone can outnumber a batch
+    (CONFIG.batch_size is 100): none of them may be read back, and they must not stop
+    the read-ahead of entries intake did not adopt."""
+    world.at(T0)
+    _adopt_and_index(world, 0, [_new_request(world, 0, offset, T0 + 500)
+                                for offset in range(250)])
+    world.request(0, 1_000, T0 + 400)  # indexed by other means: found by a scan
+    world.at(T0 + 1)
+    assert [call.get(0) for call in world.reader.calls if call.get(0)] == [[1_000]]
+    world.at(T0 + 400)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 400]
+    world.at(T0 + 500)
+    assert len(world.targets.sent) == 251
+    reads = [call.get(0) for call in world.reader.calls if call.get(0)]
+    assert reads == [[1_000]], "no adopted entry was read back"
+
+
+def test_an_entry_due_beyond_the_window_is_left_to_the_scan(world: World) -> None:
+    world.at(T0)
+    entry, message = _new_request(world, 0, 5, T0 + 60_000)
+    _adopt_and_index(world, 0, [(entry, message)])
+    world.at(T0 + 59_999)
+    assert world.targets.sent == []
+    world.reader.log[(0, 5)] = message  # found by the scan once inside the window
+    world.at(T0 + 60_000)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 60_000]
+
+
+def test_nothing_is_adopted_before_the_partition_was_scanned(world: World) -> None:
+    entry, message = _new_request(world, 0, 5, T0)
+    _adopt_and_index(world, 0, [(entry, message)])
+    world.reader.log[(0, 5)] = message
+    world.at(T0)
+    assert len(world.targets.sent) == 1, "delivered once, through the scan"
+
+
+def test_an_adopted_entry_goes_out_before_it_is_indexed_and_leaves_only_after(
+    world: World,
+) -> None:
+    """Intake's changelog records may be acknowledged late: the entry goes out when due
+    anyway, but its delete and tombstone wait until its put is in the index, or a later
+    index write of the put would bring the delivered entry back."""
+    world.at(T0)
+    entry, message = _new_request(world, 0, 5, T0 + 100)
+    world.delivery.adopt(0, [entry], {entry.key: message})
+    world.at(T0 + 100)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 100], "on time, not indexed"
+    world.targets.report()
+    world.settle()
+    assert world.internal.sent == [], "no tombstone before the entry is indexed"
+    assert world.delivery.in_flight(entry.key), "held: too late to cancel"
+
+    _index(world, 0, [entry])
+    world.settle()
+    assert [(s.topic, s.key, s.value) for s in world.internal.sent] == [
+        (CHANGELOG, entry.key, None)]
+    assert list(world.indexes[0].entries()) == []
+    assert len(world.targets.sent) == 1, "delivered once"
+
+
+def test_a_given_back_plan_takes_its_adopted_entries_back(world: World) -> None:
+    world.at(T0)
+    entry, message = _new_request(world, 0, 5, T0 + 100)
+    world.delivery.adopt(0, [entry], {entry.key: message})
+    world.delivery.disown([entry])
+    world.at(T0 + 100)
+    assert world.targets.sent == []
+
+
+def test_an_entry_not_adopted_is_found_by_a_scan_once_indexed(tmp_path: Path) -> None:
+    """A scan between the write and the index apply does not see the entry; being told
+    it is indexed makes the next scan start no later than it."""
+    world = World(tmp_path, DeliveryConfig(REQUESTS, CHANGELOG, DLQ, batch_size=1))
+    try:
+        world.at(T0)
+        held = [_new_request(world, 0, offset, T0 + 500) for offset in range(25)]
+        # MAX_HELD_BATCHES batches of one: 20 are adopted, the rest are not.
+        world.delivery.adopt(0, [e for e, _ in held], {e.key: m for e, m in held})
+        world.at(T0 + 1)  # a scan before the index write finds nothing
+        for entry, message in held:
+            world.reader.log[(0, entry.due.offset)] = message
+        _index(world, 0, [e for e, _ in held])
+        for step in range(2, 60):
+            world.at(T0 + 500 + step)
+            world.targets.report()
+            world.settle()
+        assert sorted(s.timestamp >= T0 + 500 for s in world.targets.sent) == [True] * 25
+        assert list(world.indexes[0].entries()) == []
+    finally:
+        world.close()

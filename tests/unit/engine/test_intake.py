@@ -1,0 +1,467 @@
+"""Intake planning: request records become index changes, changelog records and DLQ records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
+
+from kdelay.engine.intake import (
+    Outcome,
+    Plan,
+    Planner,
+    Record,
+    Topics,
+    consumed_marker,
+)
+from kdelay.protocol import codec
+from kdelay.protocol.codec import IdState, IndexValue, fingerprint_of, record_time
+from kdelay.protocol.envelope import (
+    CANCEL,
+    DEFAULT_LEVELS,
+    DELAY_MS,
+    DUE_MS,
+    ERROR,
+    ERROR_DETAIL,
+    LEVEL,
+    ORIGIN,
+    SCHEDULE_ID,
+    TARGET,
+    Headers,
+    Limits,
+    cancel_headers,
+    parse_levels,
+    schedule_headers,
+)
+from kdelay.state.index import Entry
+
+TOPICS = Topics(requests="kdelay.requests", changelog="kdelay.changelog", dlq="kdelay.dlq")
+LIMITS = Limits(parse_levels(DEFAULT_LEVELS), None)
+TS = 1_700_000_000_000
+NOW = TS + 3_600_000
+PART = 3
+
+
+def request(offset: int, headers: Headers | None, *, ts: int | None = TS, key: bytes | None = b"k",
+            value: bytes | None = b"payload") -> Message:
+    """A request record of partition ``PART`` as the consumer would hand it over."""
+    timestamp = (TIMESTAMP_NOT_AVAILABLE, 0) if ts is None else (TIMESTAMP_CREATE_TIME, ts)
+    return Message(topic=TOPICS.requests, partition=PART, offset=offset, key=key, value=value,
+                   headers=headers, timestamp=timestamp)
+
+
+class Ids:
+    """An in-memory id lookup and in-flight set standing in for the index and delivery."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, IdState] = {}
+        self.flying: set[bytes] = set()
+        self.withheld: set[bytes] = set()
+
+    def lookup(self, schedule_id: str) -> IdState | None:
+        return self.states.get(schedule_id)
+
+    def withhold(self, key: bytes) -> bool:
+        if key in self.flying:
+            return False
+        self.withheld.add(key)
+        return True
+
+
+@pytest.fixture
+def ids() -> Ids:
+    return Ids()
+
+
+def plan(ids: Ids, messages: Sequence[Message], limits: Limits = LIMITS) -> Plan:
+    return Planner(TOPICS, limits, ids.lookup, ids.withhold).plan(PART, messages)
+
+
+def key(due_ms: int, offset: int) -> bytes:
+    return codec.encode_due_key(due_ms, PART, offset)
+
+
+def header(headers: Headers | None, name: str) -> list[bytes | str | None]:
+    return [v for n, v in headers or [] if n == name]
+
+
+# -- schedule --------------------------------------------------------------------
+
+
+def test_a_delay_counts_from_the_record_timestamp_not_from_now(ids: Ids) -> None:
+    msg = request(42, schedule_headers("orders", delay_ms=5_000))
+    result = plan(ids, [msg])
+    value = IndexValue(codec.fingerprint(b"k", b"payload", TS), None)
+    expected_key = key(TS + 5_000, 42)
+    assert result.partition == PART
+    assert result.changes.puts == [Entry(expected_key, value)]
+    assert result.changelog == [
+        Record(TOPICS.changelog, PART, expected_key, codec.encode_index_value(value))
+    ]
+    assert result.changes.deletes == []
+    assert result.changes.ids == {}
+    assert result.changes.consumed == 43
+    assert result.dead_letters == []
+    assert result.outcomes == [(Outcome.SCHEDULED, "")]
+    assert type(result.changes.puts[0].value) is IndexValue
+    assert type(result.changelog[0]) is Record
+    assert result.changes.puts[0].raw == result.changelog[0].value
+    assert result.changes.puts[0].value.fingerprint == fingerprint_of(msg)
+
+
+def test_the_same_request_planned_later_yields_the_same_key(ids: Ids) -> None:
+    msg = request(7, schedule_headers("orders", delay_ms=250))
+    early, late = plan(ids, [msg]), plan(ids, [msg])
+    assert early == late
+    assert [e.key for e in early.changes.puts] == [key(TS + 250, 7)]
+
+
+def test_a_schedule_id_is_stored_with_the_entry_and_as_pending(ids: Ids) -> None:
+    msg = request(5, schedule_headers("orders", delay_ms=10, schedule_id="order-1"))
+    result = plan(ids, [msg])
+    k = key(TS + 10, 5)
+    assert result.changes.puts == [
+        Entry(k, IndexValue(codec.fingerprint(b"k", b"payload", TS), "order-1"))
+    ]
+    assert result.changes.ids == {"order-1": IdState(k, None)}
+    assert result.outcomes == [(Outcome.SCHEDULED, "order-1")]
+    assert result.changelog[0].value == codec.encode_index_value(result.changes.puts[0].value)
+
+
+@pytest.mark.parametrize(
+    ("level", "delay_ms"),
+    [(1, 1_000), (2, 5_000), (4, 30_000), (5, 60_000), (16, 1_800_000), (17, 3_600_000),
+     (18, 7_200_000), (19, 7_200_000), (1_000, 7_200_000), (10**30, 7_200_000)],
+)
+def test_levels_map_to_the_table_and_clamp_at_the_top(ids: Ids, level: int,
+                                                       delay_ms: int) -> None:
+    msg = request(9, [(TARGET, b"orders"), (LEVEL, str(level).encode())])
+    result = plan(ids, [msg])
+    assert [e.key for e in result.changes.puts] == [key(TS + delay_ms, 9)]
+
+
+def test_a_custom_level_table_is_used(ids: Ids) -> None:
+    limits = Limits((100, 200), None)
+    msgs = [request(i, schedule_headers("orders", level=lvl)) for i, lvl in enumerate([1, 2, 3])]
+    result = plan(ids, msgs, limits=limits)
+    assert [e.key for e in result.changes.puts] == [
+        key(TS + 100, 0), key(TS + 200, 1), key(TS + 200, 2)
+    ]
+
+
+@pytest.mark.parametrize("due", [0, TS - 60_000, TS, TS + 1, 2**62])
+def test_an_absolute_due_time_is_taken_as_given(ids: Ids, due: int) -> None:
+    result = plan(ids, [request(11, schedule_headers("orders", due_ms=due))])
+    assert [e.key for e in result.changes.puts] == [key(due, 11)]
+    assert result.outcomes == [(Outcome.SCHEDULED, "")]
+
+
+def test_a_batch_keeps_offset_order_and_advances_consumed_to_the_last(ids: Ids) -> None:
+    msgs = [request(o, schedule_headers("t", delay_ms=1_000 - o)) for o in (100, 101, 102)]
+    result = plan(ids, msgs)
+    assert [e.key for e in result.changes.puts] == [
+        key(TS + 900, 100), key(TS + 899, 101), key(TS + 898, 102)
+    ]
+    assert [r.key for r in result.changelog] == [e.key for e in result.changes.puts]
+    assert result.changes.consumed == 103
+
+
+def test_an_empty_batch_changes_nothing(ids: Ids) -> None:
+    result = plan(ids, [])
+    assert result == Plan(PART)
+    assert not result.changes
+
+
+def test_the_fingerprint_covers_key_value_and_timestamp(ids: Ids) -> None:
+    headers = schedule_headers("orders", delay_ms=1)
+    base = plan(ids, [request(1, headers)]).changes.puts[0].value.fingerprint
+    for variant in (request(1, headers, key=None), request(1, headers, value=b"other"),
+                    request(1, headers, ts=TS + 1)):
+        other = plan(ids, [variant]).changes.puts[0].value.fingerprint
+        assert other != base
+        assert other == fingerprint_of(variant)
+
+
+# -- records without a timestamp -------------------------------------------------
+
+
+def test_a_record_without_timestamp_is_scheduled_by_its_absolute_due(ids: Ids) -> None:
+    msg = request(4, schedule_headers("orders", due_ms=TS + 500), ts=None)
+    assert record_time(msg, 1234) == 1234
+    result = plan(ids, [msg])
+    assert result.changes.puts == [
+        Entry(key(TS + 500, 4), IndexValue(codec.fingerprint(b"k", b"payload", 0), None))
+    ]
+    assert fingerprint_of(msg) == codec.fingerprint(b"k", b"payload", 0)
+
+
+@pytest.mark.parametrize("headers", [[(TARGET, b"orders"), (DELAY_MS, b"1000")],
+                                     [(TARGET, b"orders"), (LEVEL, b"2")]])
+def test_a_relative_request_without_timestamp_is_rejected_as_bad_time(
+    ids: Ids, headers: Headers
+) -> None:
+    # Measuring the delay from "now" would derive a new key on every re-read.
+    result = plan(ids, [request(4, headers, ts=None)])
+    assert result.changes.puts == []
+    assert [o for o, _ in result.outcomes] == [Outcome.REJECTED]
+    assert result.outcomes[0][1].startswith("bad-time")
+
+
+# -- malformed requests ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        ([(DELAY_MS, b"5")], "missing-target"),
+        (None, "missing-target"),
+        ([(TARGET, b"orders")], "missing-time"),
+        ([(TARGET, b"orders"), (DELAY_MS, b"5"), (DUE_MS, b"9")], "conflicting-time"),
+        ([(TARGET, b"orders"), (DELAY_MS, b"soon")], "bad-time"),
+        ([(TARGET, b"orders"), (LEVEL, b"0")], "unknown-level"),
+        ([(CANCEL, b"")], "bad-cancel"),
+        ([(CANCEL, b"x"), (TARGET, b"orders")], "bad-cancel"),
+        ([(TARGET, b"orders"), (DELAY_MS, b"5"), (SCHEDULE_ID, b"")], "bad-header"),
+    ],
+)
+def test_a_malformed_request_is_dead_lettered_intact(
+    ids: Ids, headers: Headers | None, code: str
+) -> None:
+    user = [("trace", b"abc"), ("bin", b"\x00\xff")]
+    original = [*(headers or []), *user]
+    msg = request(42, original, key=b"the-key", value=b"\x01 raw value")
+    result = plan(ids, [msg])
+    assert result.changes.puts == []
+    assert result.changes.deletes == []
+    assert result.changelog == []
+    assert result.changes.consumed == 43, "a bad record never stops the partition"
+    [dead] = result.dead_letters
+    assert dead.topic == TOPICS.dlq
+    assert (dead.key, dead.value) == (b"the-key", b"\x01 raw value")
+    assert dead.headers is not None
+    assert dead.headers[: len(original)] == original
+    assert header(dead.headers, ERROR) == [code.encode()]
+    [detail] = header(dead.headers, ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert len(detail) > 10
+    assert header(dead.headers, ORIGIN) == [b"kdelay.requests/3/42"]
+    [(outcome, text)] = result.outcomes
+    assert outcome is Outcome.REJECTED
+    assert text.startswith(f"{code}: ")
+
+
+def test_a_delay_beyond_the_retention_bound_is_delay_too_long(ids: Ids) -> None:
+    limits = Limits(LIMITS.levels, max_due_after_ms=60_000)
+    ok = request(1, schedule_headers("orders", delay_ms=60_000))
+    late = request(2, schedule_headers("orders", delay_ms=60_001))
+    result = plan(ids, [ok, late], limits=limits)
+    assert [e.key for e in result.changes.puts] == [key(TS + 60_000, 1)]
+    assert [header(d.headers, ERROR) for d in result.dead_letters] == [[b"delay-too-long"]]
+
+
+def test_a_bad_record_between_good_ones_only_affects_itself(ids: Ids) -> None:
+    msgs = [request(10, schedule_headers("a", delay_ms=1)),
+            request(11, [(TARGET, b"a")]),
+            request(12, schedule_headers("b", delay_ms=2))]
+    result = plan(ids, msgs)
+    assert [e.key for e in result.changes.puts] == [key(TS + 1, 10), key(TS + 2, 12)]
+    assert [header(d.headers, ORIGIN) for d in result.dead_letters] == [[b"kdelay.requests/3/11"]]
+    assert [o for o, _ in result.outcomes] == [
+        Outcome.SCHEDULED, Outcome.REJECTED, Outcome.SCHEDULED
+    ]
+    assert result.changes.consumed == 13
+
+
+# -- dedup -------------------------------------------------------------------------
+
+
+def test_a_second_schedule_with_a_pending_id_is_a_duplicate(ids: Ids) -> None:
+    ids.states["order-1"] = IdState(key(TS + 10, 1), None)
+    msg = request(8, schedule_headers("orders", delay_ms=99, schedule_id="order-1"))
+    result = plan(ids, [msg])
+    assert result.changes.puts == []
+    assert result.changelog == []
+    assert result.changes.ids == {}
+    assert result.outcomes == [(Outcome.DUPLICATE, "order-1")]
+    assert result.changes.consumed == 9
+
+
+def test_a_duplicate_within_one_batch_is_caught(ids: Ids) -> None:
+    msgs = [request(o, schedule_headers("orders", delay_ms=o, schedule_id="x")) for o in (1, 2)]
+    result = plan(ids, msgs)
+    assert [e.key for e in result.changes.puts] == [key(TS + 1, 1)]
+    assert result.changes.ids == {"x": IdState(key(TS + 1, 1), None)}
+    assert result.outcomes == [(Outcome.SCHEDULED, "x"), (Outcome.DUPLICATE, "x")]
+
+
+def test_rereading_a_scheduled_request_schedules_it_again_with_the_same_key(ids: Ids) -> None:
+    msg = request(8, schedule_headers("orders", delay_ms=99, schedule_id="order-1"))
+    first = plan(ids, [msg])
+    ids.states["order-1"] = IdState(key(TS + 99, 8), None)
+    again = plan(ids, [msg])
+    assert again == first
+    assert [e.key for e in again.changes.puts] == [key(TS + 99, 8)]
+    assert again.outcomes == [(Outcome.SCHEDULED, "order-1")]
+
+
+def test_an_id_is_reusable_once_its_schedule_was_delivered(ids: Ids) -> None:
+    ids.states["order-1"] = IdState(None, TS - 1)
+    msg = request(8, schedule_headers("orders", delay_ms=5, schedule_id="order-1"))
+    result = plan(ids, [msg])
+    assert result.changes.ids == {"order-1": IdState(key(TS + 5, 8), None)}
+    assert result.outcomes == [(Outcome.SCHEDULED, "order-1")]
+
+
+# -- cancel --------------------------------------------------------------------------
+
+
+def test_cancel_before_due_deletes_and_writes_a_tombstone(ids: Ids) -> None:
+    pending = key(TS + 60_000, 1)
+    ids.states["order-1"] = IdState(pending, None)
+    result = plan(ids, [request(20, cancel_headers("order-1"), key=None, value=b"order-1")])
+    assert result.changes.deletes == [pending]
+    assert result.changes.puts == []
+    assert result.changes.ids == {"order-1": None}
+    assert result.changelog == [Record(TOPICS.changelog, PART, pending, None)]
+    assert result.outcomes == [(Outcome.CANCELLED, "order-1")]
+    assert result.dead_letters == []
+    assert result.changes.consumed == 21
+
+
+def test_cancel_removes_a_put_made_earlier_in_the_same_batch(ids: Ids) -> None:
+    msgs = [request(1, schedule_headers("orders", delay_ms=10, schedule_id="x")),
+            request(2, schedule_headers("orders", delay_ms=20)),
+            request(3, cancel_headers("x"))]
+    result = plan(ids, msgs)
+    cancelled, kept = key(TS + 10, 1), key(TS + 20, 2)
+    assert [e.key for e in result.changes.puts] == [kept]
+    assert result.changes.deletes == [cancelled]
+    assert result.changes.ids == {"x": None}
+    assert [(r.key, r.value is None) for r in result.changelog] == [
+        (cancelled, False), (kept, False), (cancelled, True)
+    ]
+    assert [o for o, _ in result.outcomes] == [
+        Outcome.SCHEDULED, Outcome.SCHEDULED, Outcome.CANCELLED
+    ]
+
+
+def test_an_id_cancelled_earlier_in_the_batch_can_be_scheduled_again(ids: Ids) -> None:
+    ids.states["x"] = IdState(key(TS + 50, 0), None)
+    msgs = [request(1, cancel_headers("x")),
+            request(2, schedule_headers("orders", delay_ms=30, schedule_id="x"))]
+    result = plan(ids, msgs)
+    assert result.changes.deletes == [key(TS + 50, 0)]
+    assert [e.key for e in result.changes.puts] == [key(TS + 30, 2)]
+    assert result.changes.ids == {"x": IdState(key(TS + 30, 2), None)}
+
+
+def test_cancel_of_an_unknown_id_is_unknown(ids: Ids) -> None:
+    result = plan(ids, [request(5, cancel_headers("ghost"))])
+    assert result.outcomes == [(Outcome.UNKNOWN, "ghost")]
+    assert not result.changes.deletes
+    assert result.changes.ids == {}
+    assert result.changelog == []
+    assert result.dead_letters == []
+    assert result.changes.consumed == 6
+
+
+def test_a_second_cancel_in_one_batch_is_unknown(ids: Ids) -> None:
+    ids.states["x"] = IdState(key(TS + 50, 0), None)
+    result = plan(ids, [request(1, cancel_headers("x")), request(2, cancel_headers("x"))])
+    assert result.outcomes == [(Outcome.CANCELLED, "x"), (Outcome.UNKNOWN, "x")]
+    assert result.changes.deletes == [key(TS + 50, 0)]
+
+
+def test_cancel_of_a_delivered_id_is_already_delivered(ids: Ids) -> None:
+    ids.states["order-1"] = IdState(None, TS - 5)
+    result = plan(ids, [request(5, cancel_headers("order-1"))])
+    assert result.outcomes == [(Outcome.ALREADY_DELIVERED, "order-1")]
+    assert result.changes.deletes == []
+    assert result.changes.ids == {}
+    assert result.changelog == []
+
+
+def test_cancel_while_the_delivery_is_in_flight_is_already_delivered(ids: Ids) -> None:
+    pending = key(TS - 1, 0)
+    ids.states["order-1"] = IdState(pending, None)
+    ids.flying.add(pending)
+    result = plan(ids, [request(5, cancel_headers("order-1"))])
+    assert result.outcomes == [(Outcome.ALREADY_DELIVERED, "order-1")]
+    assert result.changes.deletes == []
+    assert result.changes.ids == {}
+    assert result.changelog == []
+
+
+def test_in_flight_is_asked_about_the_pending_key(ids: Ids) -> None:
+    other = key(TS - 1, 99)
+    ids.states["order-1"] = IdState(key(TS - 1, 0), None)
+    ids.flying.add(other)
+    result = plan(ids, [request(5, cancel_headers("order-1"))])
+    assert result.outcomes == [(Outcome.CANCELLED, "order-1")]
+    assert ids.withheld == {key(TS - 1, 0)}, "a cancelled entry is held back from delivery"
+
+
+def test_a_cancel_too_late_to_hold_the_entry_back_withholds_nothing(ids: Ids) -> None:
+    pending = key(TS - 1, 0)
+    ids.states["order-1"] = IdState(pending, None)
+    ids.flying.add(pending)
+    plan(ids, [request(5, cancel_headers("order-1"))])
+    assert ids.withheld == set()
+
+
+# -- the consumed marker and the batch's first offset ------------------------------
+
+
+def test_the_consumed_marker_records_how_far_the_batch_reaches(ids: Ids) -> None:
+    msgs = [request(40, schedule_headers("orders", delay_ms=1)),
+            request(41, [(TARGET, b"orders")]),
+            request(42, schedule_headers("orders", delay_ms=2))]
+    result = plan(ids, msgs)
+    [marker] = consumed_marker(TOPICS, result)
+    assert marker == Record(TOPICS.changelog, PART, codec.CONSUMED_MARKER,
+                            codec.encode_offset(43))
+    assert marker.value is not None
+    assert codec.decode_offset(marker.value) == result.changes.consumed == 43
+    assert not marker.headers, "the marker carries no headers"
+
+
+def test_the_consumed_marker_goes_to_the_plans_own_partition() -> None:
+    other = Plan(7)
+    other.changes.consumed = 5
+    assert consumed_marker(TOPICS, other) == [
+        Record(TOPICS.changelog, 7, codec.CONSUMED_MARKER, codec.encode_offset(5))
+    ]
+
+
+def test_a_batch_of_rejects_and_unknown_cancels_still_has_a_consumed_marker(ids: Ids) -> None:
+    result = plan(ids, [request(9, None), request(10, cancel_headers("ghost"))])
+    assert result.changelog == []
+    assert consumed_marker(TOPICS, result) == [
+        Record(TOPICS.changelog, PART, codec.CONSUMED_MARKER, codec.encode_offset(11))
+    ]
+
+
+def test_a_plan_without_a_consumed_offset_has_no_marker(ids: Ids) -> None:
+    assert consumed_marker(TOPICS, plan(ids, [])) == []
+    assert consumed_marker(TOPICS, Plan(PART)) == []
+
+
+def test_the_consumed_marker_key_can_never_be_a_due_key() -> None:
+    assert len(codec.CONSUMED_MARKER) != codec.DUE_KEY_SIZE
+
+
+@pytest.mark.parametrize("first_headers", [schedule_headers("orders", delay_ms=1), None,
+                                           cancel_headers("ghost")])
+def test_plan_first_is_the_first_offset_of_the_batch(
+    ids: Ids, first_headers: Headers | None
+) -> None:
+    msgs = [request(100, first_headers), request(101, schedule_headers("orders", delay_ms=1)),
+            request(102, schedule_headers("orders", delay_ms=2))]
+    result = plan(ids, msgs)
+    assert result.first == 100
+    assert result.changes.consumed == 103
+
+
+def test_an_empty_batch_has_no_first_offset(ids: Ids) -> None:
+    assert plan(ids, []).first is None

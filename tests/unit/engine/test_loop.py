@@ -1,0 +1,534 @@
+"""The order of the service loop, with fake clients, real indexes and a manual clock.
+
+The broker tests (tests/integration, tests/e2e) show that the loop works; these
+show, call by call, that it does things in the order its guarantees rest on:
+what is due goes out before intake writes, and whatever intake's
+acknowledgements do (at-least-once), an aborted transaction is read
+again (exactly-once), and revoked partitions are drained, settled and
+committed before their indexes close (at-least-once).
+
+The fakes keep no logic of their own: every call lands in one shared list of
+events, in order; a producer acknowledges what it holds when polled or flushed
+(or only when flushed, while ``hold`` is set), failing the records of the
+topics in ``failing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Message, TopicPartition
+
+from kdelay.engine.service import Service
+from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
+from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Guarantee, Settings
+from kdelay.plumbing.topics import Layout
+from kdelay.protocol import codec
+from kdelay.protocol.envelope import Headers, cancel_headers, schedule_headers
+from kdelay.state.index import Changes, PartitionIndex, store_path
+from kdelay.state.originals import Found, Reading
+
+REQUESTS = "kdelay.requests"
+CHANGELOG = "kdelay.changelog"
+DLQ = "kdelay.dlq"
+T0 = 1_700_000_000_000
+Event = tuple[Any, ...]
+
+
+class Wire:
+    """Every call any fake client saw, in order, and the topics whose records fail."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.failing: set[str] = set()
+
+    def kinds(self, *names: str) -> list[Event]:
+        """The events whose first field is one of ``names``."""
+        return [e for e in self.events if e[0] in names]
+
+
+class FakeProducer:
+    """Records produces; acknowledges them when polled (unless ``hold``) or flushed."""
+
+    def __init__(self, name: str, wire: Wire) -> None:
+        self.name = name
+        self.wire = wire
+        self.hold = False
+        self._queued: list[tuple[str, int, bytes | None, bytes | None, Report]] = []
+        self._offsets: dict[tuple[str, int], int] = {}
+
+    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
+                headers: Headers | None = None) -> None:
+        assert on_delivery is not None, "every produce needs a delivery callback"
+        self.wire.events.append(("produce", self.name, topic, key))
+        self._queued.append((topic, max(partition, 0), key, value, on_delivery))
+
+    def poll(self, timeout: float = -1) -> int:
+        return 0 if self.hold else self._report()
+
+    def flush(self, timeout: float = -1) -> int:
+        self._report()
+        return 0
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def list_topics(self, topic: str, timeout: float = -1) -> SimpleNamespace:
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None)})
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.wire.events.append(("init", self.name))
+
+    def begin_transaction(self) -> None:
+        self.wire.events.append(("begin", self.name))
+
+    def send_offsets_to_transaction(self, positions: list[TopicPartition], group_metadata: Any,
+                                    timeout: float = -1) -> None:
+        self.wire.events.append(("offsets", [(tp.partition, tp.offset) for tp in positions]))
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self.wire.events.append(("commit", self.name))
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self.wire.events.append(("abort", self.name))
+
+    def _report(self) -> int:
+        queued, self._queued = self._queued, []
+        for topic, partition, key, value, callback in queued:
+            offset = self._offsets.get((topic, partition), 0)
+            self._offsets[(topic, partition)] = offset + 1
+            error = (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied")
+                     if topic in self.wire.failing else None)
+            self.wire.events.append(("ack", self.name, topic, key, error is None))
+            callback(error, Message(topic=topic, partition=partition, offset=offset, key=key,
+                                    value=value))
+        return len(queued)
+
+
+class FakeConsumer:
+    """Hands out the records of ``log`` from its position; runs rebalances inside consume."""
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.log: list[Message] = []
+        self.position = 0
+        self.assign_next: list[int] = [0]
+        self.revoke_next: list[int] = []
+        self._callbacks: dict[str, Rebalance | None] = {}
+
+    def subscribe(self, topics: list[str], on_assign: Rebalance | None = None,
+                  on_revoke: Rebalance | None = None, on_lost: Rebalance | None = None) -> None:
+        self._callbacks = {"assign": on_assign, "revoke": on_revoke}
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self._rebalance("revoke", self.revoke_next)
+        self._rebalance("assign", self.assign_next)
+        taken = self.log[self.position:self.position + num_messages]
+        self.position += len(taken)
+        return taken
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.wire.events.append(("assign", [tp.partition for tp in partitions]))
+
+    def committed(self, partitions: list[TopicPartition],
+                  timeout: float = -1) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.wire.events.append(("seek", partition.partition, partition.offset))
+        self.position = partition.offset
+
+    def store_offsets(self, message: Message | None = None,
+                      offsets: list[TopicPartition] | None = None) -> None:
+        self.wire.events.append(("store", [(tp.partition, tp.offset) for tp in offsets or []]))
+
+    def commit(self, *, asynchronous: bool = True) -> list[TopicPartition]:
+        self.wire.events.append(("commit-offsets",))
+        return []
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = -1,
+                              cached: bool = False) -> tuple[int, int]:
+        return 0, len(self.log)
+
+    def close(self) -> None:
+        self.wire.events.append(("close",))
+
+    def _rebalance(self, kind: str, partitions: list[int]) -> None:
+        callback = self._callbacks.get(kind)
+        if partitions and callback is not None:
+            chosen = [TopicPartition(REQUESTS, p) for p in partitions]
+            partitions.clear()
+            callback(self, chosen)
+
+
+class FakeReader:
+    """Has no records: every entry in these tests is adopted from intake."""
+
+    def read(self, wanted: Any) -> dict[tuple[int, int], Found]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class FakeRestorer:
+    """A changelog with nothing to replay."""
+
+    def restore(self, index: PartitionIndex, progress: Any = None) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class Clients:
+    """A ClientFactory of fakes that share one wire."""
+
+    def __init__(self) -> None:
+        self.wire = Wire()
+        self.group = FakeConsumer(self.wire)
+        self.producers: dict[str, FakeProducer] = {}
+
+    def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
+        self.producers[name] = FakeProducer(name, self.wire)
+        return self.producers[name]
+
+    def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
+        return self.group
+
+    def reader(self) -> Reading:
+        return FakeReader()
+
+    def restorer(self) -> FakeRestorer:
+        return FakeRestorer()
+
+
+class Loop:
+    """A started service on fakes, a manual clock and real indexes under ``tmp_path``."""
+
+    def __init__(self, tmp_path: Path, guarantee: Guarantee) -> None:
+        self.clock = ManualClock(T0)
+        self.clients = Clients()
+        self.wire = self.clients.wire
+        self.settings = Settings(requests_topic=REQUESTS, changelog_topic=CHANGELOG,
+                                 dlq_topic=DLQ, state_dir=tmp_path / "state",
+                                 guarantee=guarantee)
+        self.service = Service(self.settings, self.clock, Layout(1, None),
+                               clients=self.clients)
+        self.service.start()
+
+    def request(self, due_ms: int, *, key: bytes, sid: str | None = None) -> bytes:
+        """Append a request to the log; return its due key."""
+        offset = len(self.clients.group.log)
+        self.clients.group.log.append(Message(
+            topic=REQUESTS, partition=0, offset=offset, key=key, value=b"v",
+            headers=schedule_headers("orders", due_ms=due_ms, schedule_id=sid),
+            timestamp=(TIMESTAMP_CREATE_TIME, self.clock.now_ms())))
+        return codec.encode_due_key(due_ms, 0, offset)
+
+    def cancel(self, sid: str) -> None:
+        offset = len(self.clients.group.log)
+        self.clients.group.log.append(Message(
+            topic=REQUESTS, partition=0, offset=offset, key=b"c", value=None,
+            headers=cancel_headers(sid), timestamp=(TIMESTAMP_CREATE_TIME, self.clock.now_ms())))
+
+    def step(self) -> list[Event]:
+        """Run one step; return the events it caused."""
+        before = len(self.wire.events)
+        self.service.step(max_wait_ms=0)
+        return self.wire.events[before:]
+
+    def pending(self) -> list[bytes]:
+        return [entry.key for entry in self.service.indexes[0].entries()]
+
+
+@pytest.fixture
+def alo(tmp_path: Path) -> Iterator[Loop]:
+    loop = Loop(tmp_path, Guarantee.AT_LEAST_ONCE)
+    yield loop
+    loop.service.close()
+
+
+@pytest.fixture
+def eos(tmp_path: Path) -> Iterator[Loop]:
+    loop = Loop(tmp_path, Guarantee.EXACTLY_ONCE)
+    yield loop
+    loop.service.close()
+
+
+def produced(events: list[Event]) -> list[tuple[str, bytes | None]]:
+    return [(e[2], e[3]) for e in events if e[0] == "produce"]
+
+
+# -- at-least-once: the double tick ------------------------------------------------------------
+
+
+def test_what_is_due_goes_out_before_the_intake_batch_is_written_and_awaited(alo: Loop) -> None:
+    early = alo.request(T0 + 1_000, key=b"early")
+    alo.step()
+    assert alo.pending() == [early]
+
+    alo.clock.set(T0 + 1_000)
+    later = alo.request(T0 + 5_000, key=b"later")
+    events = alo.step()
+    assert produced(events)[:3] == [
+        ("orders", b"early"),
+        (CHANGELOG, later),
+        (CHANGELOG, codec.CONSUMED_MARKER),
+    ], "the due record before the batch's changelog records"
+    acks = [e for e in events if e[0] == "ack" and e[2] == CHANGELOG]
+    stored = events.index(("store", [(0, 2)]))
+    assert all(events.index(ack) < stored for ack in acks), (
+        "the offset is stored only once the batch's records are acknowledged")
+
+
+def test_an_adopted_entry_already_due_goes_out_in_the_step_that_took_it_in(alo: Loop) -> None:
+    key = alo.request(T0, key=b"now")
+    events = alo.step()
+    assert produced(events) == [
+        (CHANGELOG, key),
+        (CHANGELOG, codec.CONSUMED_MARKER),
+        ("orders", b"now"),
+        (CHANGELOG, key),
+    ], "put, marker, the record (second tick), then its tombstone once acknowledged"
+    target_ack = events.index(("ack", "targets", "orders", b"now", True))
+    tombstone = [i for i, e in enumerate(events)
+                 if e == ("produce", "internal", CHANGELOG, key)][-1]
+    assert target_ack < tombstone, "the tombstone follows the record's acknowledgement"
+    assert alo.pending() == []
+
+
+def test_an_unacknowledged_record_keeps_its_entry_and_no_tombstone_is_written(
+    alo: Loop,
+) -> None:
+    alo.clients.producers["targets"].hold = True
+    key = alo.request(T0, key=b"now")
+    alo.step()
+    alo.step()
+    assert alo.pending() == [key]
+    assert [e for e in alo.wire.events if e == ("produce", "internal", CHANGELOG, key)] == [
+        ("produce", "internal", CHANGELOG, key)], "only the put, no tombstone"
+
+
+# -- at-least-once: intake does not wait for its acknowledgements ------------------------------
+
+
+def test_a_step_does_not_wait_for_the_changelog_and_due_entries_still_go_out(alo: Loop) -> None:
+    """With the changelog unacknowledged, later batches are still taken in and an adopted
+    entry goes out when due; offsets are stored, batch by batch, only once acknowledged,
+    and the delivered entry leaves the index only after its put is in it."""
+    internal = alo.clients.producers["internal"]
+    internal.hold = True
+    first = alo.request(T0 + 10, key=b"first")
+    alo.step()
+    second = alo.request(T0 + 60_000, key=b"second")
+    events = alo.step()
+    assert (CHANGELOG, second) in produced(events), "the next batch was taken in"
+    alo.clock.set(T0 + 10)
+    events = alo.step()
+    assert ("orders", b"first") in produced(events), "due: out before its put is acknowledged"
+    alo.step()
+    assert alo.pending() == []
+    assert alo.wire.kinds("store") == []
+
+    internal.hold = False
+    alo.step()
+    assert [e[1] for e in alo.wire.kinds("store")] == [[(0, 1)], [(0, 2)]], "in order"
+    alo.step()
+    assert alo.pending() == [second], "first: indexed, then deleted as delivered"
+    puts_and_tombstones = [e[3] for e in alo.wire.kinds("produce")
+                           if e[1] == "internal" and e[3] == first]
+    assert puts_and_tombstones == [first, first], "its put, then its tombstone"
+
+
+def test_a_duplicate_id_in_a_later_batch_sees_the_unacknowledged_one(alo: Loop) -> None:
+    alo.clients.producers["internal"].hold = True
+    alo.request(T0 + 60_000, key=b"a", sid="order-1")
+    alo.step()
+    alo.request(T0 + 90_000, key=b"b", sid="order-1")
+    alo.step()
+    alo.clients.producers["internal"].hold = False
+    alo.step()
+    intake = alo.service.metrics.intake
+    assert intake.labels(outcome="duplicate")._value.get() == 1
+    assert len(alo.pending()) == 1
+
+
+def test_a_cancel_of_an_unacknowledged_schedule_keeps_it_from_going_out(alo: Loop) -> None:
+    alo.clients.producers["internal"].hold = True
+    alo.request(T0 + 10, key=b"a", sid="order-1")
+    alo.step()
+    alo.cancel("order-1")
+    alo.step()
+    alo.clock.set(T0 + 10)
+    alo.step()
+    alo.clients.producers["internal"].hold = False
+    alo.step()
+    alo.step()
+    assert ("orders", b"a") not in produced(alo.wire.events)
+    assert alo.pending() == []
+    assert alo.service.metrics.intake.labels(outcome="cancelled")._value.get() == 1
+
+
+def test_a_revoke_applies_the_batches_still_awaiting_acknowledgement(alo: Loop) -> None:
+    alo.clients.producers["internal"].hold = True
+    key = alo.request(T0 + 60_000, key=b"a")
+    alo.step()
+    alo.clients.group.revoke_next.append(0)
+    events = alo.step()
+    store = events.index(("store", [(0, 1)]))
+    assert store < events.index(("commit-offsets",)), "stored before the final commit"
+    path = store_path(alo.settings.state_dir, REQUESTS, 0)
+    index = PartitionIndex(path, 0)
+    try:
+        assert [e.key for e in index.entries()] == [key]
+    finally:
+        index.close()
+
+
+# -- exactly-once: rewind on abort ---------------------------------------------------------------
+
+
+def test_an_aborted_transaction_is_read_again_from_the_batchs_first_record(eos: Loop) -> None:
+    eos.wire.failing.add(CHANGELOG)
+    first = eos.request(T0 + 60_000, key=b"a")
+    second = eos.request(T0 + 60_000, key=b"b")
+    events = eos.step()
+    kinds = [e[0] for e in events if e[0] in ("begin", "abort", "commit", "offsets", "seek")]
+    assert kinds == ["begin", "abort", "seek"]
+    assert ("seek", 0, 0) in events
+    assert eos.pending() == []
+
+    eos.wire.failing.clear()
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "abort", "commit", "offsets")] == [
+        "begin", "offsets", "commit"]
+    assert ("offsets", [(0, 2)]) in events
+    assert eos.pending() == [first, second]
+
+
+def test_a_cancel_in_an_aborted_transaction_gives_its_entry_back(eos: Loop) -> None:
+    key = eos.request(T0 + 1_000, key=b"a", sid="order-1")
+    eos.step()
+    assert eos.pending() == [key]
+    eos.wire.failing.add(CHANGELOG)
+    eos.cancel("order-1")
+    eos.step()
+    assert eos.pending() == [key], "the cancel was not applied"
+
+    eos.wire.failing.clear()
+    eos.clock.set(T0 + 1_000)
+    eos.clients.group.log.clear()  # the cancel is not read again: the entry is due
+    eos.clients.group.position = 0
+    events = eos.step()
+    assert ("orders", b"a") in produced(events), "released: delivered when due"
+
+
+def test_a_step_without_work_opens_no_transaction(eos: Loop) -> None:
+    eos.step()
+    events = eos.step()
+    assert [e for e in events if e[0] in ("begin", "commit", "abort")] == []
+
+
+def test_a_due_record_and_its_tombstone_share_a_transaction(eos: Loop) -> None:
+    key = eos.request(T0 + 1_000, key=b"a")
+    eos.step()
+    eos.clock.set(T0 + 1_000)
+    events = eos.step()
+    begin = events.index(("begin", "transactions"))
+    commit = events.index(("commit", "transactions"))
+    record = events.index(("produce", "transactions", "orders", b"a"))
+    tombstone = events.index(("produce", "transactions", CHANGELOG, key))
+    assert begin < record < tombstone < commit
+    assert eos.pending() == []
+
+
+# -- at-least-once: drain on revoke --------------------------------------------------------------
+
+
+def test_a_revoked_partition_is_drained_settled_and_committed_before_it_closes(
+    alo: Loop,
+) -> None:
+    alo.clients.producers["targets"].hold = True
+    key = alo.request(T0, key=b"now")
+    alo.step()
+    assert alo.pending() == [key], "in flight: the report is held"
+
+    alo.clients.group.revoke_next.append(0)
+    events = alo.step()
+    ack = events.index(("ack", "targets", "orders", b"now", True))
+    tombstone = events.index(("produce", "internal", CHANGELOG, key))
+    commit = events.index(("commit-offsets",))
+    assert ack < tombstone < commit
+    assert alo.service.owned() == []
+    path = store_path(alo.settings.state_dir, REQUESTS, 0)
+    index = PartitionIndex(path, 0)
+    try:
+        assert list(index.entries()) == [], "the delivered entry left the index before close"
+    finally:
+        index.close()
+
+
+def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
+    alo.request(T0, key=b"now")
+    alo.step()
+    registry = alo.service.metrics.registry
+    counts = {phase: registry.get_sample_value("kdelay_loop_phase_seconds_count",
+                                               {"phase": phase})
+              for phase in ("consume", "read-ahead", "dispatch", "write", "commit", "apply",
+                            "settle", "housekeeping")}
+    assert counts == dict.fromkeys(counts, 1.0)
+
+
+def test_intake_measures_how_late_each_request_arrived(alo: Loop) -> None:
+    alo.request(T0 + 60_000, key=b"a")
+    alo.clock.advance(250)
+    alo.request(T0 + 60_000, key=b"b")
+    alo.clock.advance(50)
+    alo.step()
+    registry = alo.service.metrics.registry
+    assert registry.get_sample_value("kdelay_intake_delay_seconds_count") == 2
+    assert registry.get_sample_value("kdelay_intake_delay_seconds_sum") == pytest.approx(0.35)
+    cumulative = {le: registry.get_sample_value("kdelay_intake_delay_seconds_bucket",
+                                                {"le": le})
+                  for le in ("0.025", "0.05", "0.25", "0.5")}
+    assert cumulative == {"0.025": 0, "0.05": 1, "0.25": 1, "0.5": 2}, "50 and 300 ms late"
+
+
+def test_an_index_records_a_changelog_position_only_with_the_deletes_behind_it(
+    eos: Loop,
+) -> None:
+    """A transaction carrying a delivery and an intake batch for one partition: its
+    tombstone confirms a changelog position; whichever index write first records that
+    position must also hold the delete. Otherwise a crash before the delete is written
+    would restore past the tombstone and deliver the entry again."""
+    delivered = eos.request(T0 + 1_000, key=b"a")
+    eos.step()
+    index = eos.service.indexes[0]
+    seen: list[tuple[int | None, bool]] = []
+    apply = index.apply
+
+    def recording(changes: Changes) -> bytes | None:
+        lowest = apply(changes)
+        seen.append((changes.changelog, delivered in [e.key for e in index.entries()]))
+        return lowest
+
+    index.apply = recording  # type: ignore[method-assign]
+    eos.clock.set(T0 + 1_000)
+    eos.request(T0 + 60_000, key=b"b")
+    events = eos.step()
+    assert ("produce", "transactions", CHANGELOG, delivered) in events
+    tombstone_offset = 2  # put a, marker, then this step: tombstone a, put b, marker
+    past = [present for position, present in seen
+            if position is not None and position > tombstone_offset]
+    assert past, "some index write recorded the position past the tombstone"
+    assert not any(past), "...and every such write already held the delete"

@@ -1,0 +1,151 @@
+"""ChangelogWriter against a fake producer whose reports fire only when a test says so."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError, Message
+
+from kdelay.engine.metrics import Metrics
+from kdelay.engine.writer import ChangelogWriter
+from kdelay.plumbing.clients import Report
+from kdelay.protocol import codec
+from kdelay.protocol.envelope import Headers
+
+CHANGELOG = "kdelay.changelog"
+K1 = codec.encode_due_key(1_000, 0, 1)
+K2 = codec.encode_due_key(2_000, 0, 2)
+
+
+class Producer:
+    """Queues produces; :meth:`report` fires their callbacks at chosen offsets."""
+
+    def __init__(self, full: int = 0) -> None:
+        self.queued: list[tuple[str, int, bytes | None, bytes | None, Report]] = []
+        self.full = full
+        self.polls = 0
+
+    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
+                headers: Headers | None = None) -> None:
+        if self.full:
+            self.full -= 1
+            raise BufferError("queue full")
+        assert on_delivery is not None
+        self.queued.append((topic, partition, key, value, on_delivery))
+
+    def poll(self, timeout: float = -1) -> int:
+        self.polls += 1
+        return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        return len(self.queued)
+
+    def __len__(self) -> int:
+        return len(self.queued)
+
+    def list_topics(self, topic: str, timeout: float = -1) -> object:
+        raise NotImplementedError
+
+    def report(self, offsets: list[int], error: KafkaError | None = None) -> None:
+        queued, self.queued = self.queued, []
+        for (topic, partition, key, value, callback), offset in zip(queued, offsets, strict=True):
+            callback(error, Message(topic=topic, partition=partition, offset=offset, key=key,
+                                    value=value))
+
+
+def writer_with(producer: Producer, observe: Callable[[Message], None] | None = None,
+                ) -> tuple[ChangelogWriter, Metrics]:
+    metrics = Metrics()
+    if observe is None:
+        return ChangelogWriter(producer, CHANGELOG, metrics), metrics
+    return ChangelogWriter(producer, CHANGELOG, metrics, observe), metrics
+
+
+def errors(metrics: Metrics) -> float:
+    return metrics.registry.get_sample_value("kdelay_changelog_errors_total") or 0.0
+
+
+def test_positions_keep_the_highest_next_offset_per_partition() -> None:
+    producer = Producer()
+    writer, _ = writer_with(producer)
+    assert writer.position(0) is None
+    writer.tombstone(0, K1)
+    producer.report([5])
+    assert writer.position(0) == 6
+    writer.tombstone(0, K2)
+    producer.report([3])
+    assert writer.position(0) == 6, "a late report never moves the position back"
+    writer.tombstone(1, K1)
+    writer.tombstone(0, K1)
+    producer.report([0, 9])
+    assert (writer.position(0), writer.position(1), writer.position(2)) == (10, 1, None)
+
+
+def test_puts_confirm_nothing_and_the_marker_confirms_them_all() -> None:
+    producer = Producer()
+    seen: list[Message] = []
+    writer, _ = writer_with(producer, seen.append)
+    acks = writer.acks()
+    writer.put(3, K1, b"value", acks)
+    writer.put(3, K2, None, acks)
+    producer.report([10, 11])
+    assert writer.position(3) is None
+    writer.mark_consumed(3, 42, acks)
+    [(topic, partition, key, value, _)] = producer.queued
+    assert (topic, partition, key, value) == (CHANGELOG, 3, codec.CONSUMED_MARKER,
+                                               codec.encode_offset(42))
+    producer.report([12])
+    assert writer.position(3) == 13
+    assert [m.offset() for m in seen] == [12], "the marker is observed (clock skew)"
+
+
+def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
+    producer = Producer()
+    writer, metrics = writer_with(producer)
+    acks = writer.acks()
+    writer.put(0, K1, b"v", acks)
+    writer.tombstone(0, K2)
+    writer.mark_consumed(0, 7, acks)
+    producer.report([1, 2, 3], KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
+    assert writer.position(0) is None
+    assert writer.has_failures()
+    failures = writer.take_failures()
+    assert [(f.topic, f.key) for f in failures] == [
+        (CHANGELOG, K1), (CHANGELOG, K2), (CHANGELOG, codec.CONSUMED_MARKER)]
+    assert errors(metrics) == 3
+    assert not writer.has_failures()
+    assert writer.take_failures() == []
+    assert acks.done, "reported, if failed: nothing more to wait for"
+
+
+def test_a_full_queue_is_waited_out_not_dropped() -> None:
+    producer = Producer(full=3)
+    writer, _ = writer_with(producer)
+    writer.tombstone(1, K1)
+    assert producer.polls == 3
+    assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(1, K1, None)]
+
+
+def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
+    """Intake's records and dead letters count against their step; tombstones do not."""
+    producer = Producer()
+    writer, _ = writer_with(producer)
+    acks = writer.acks()
+    writer.put(0, K1, b"v", acks)
+    writer.tombstone(0, K2)
+    on_dead_letter = acks.dead_letter()
+    writer.mark_consumed(0, 7, acks)
+    assert acks.waiting == 3
+    queued = producer.queued
+    producer.queued = [queued[0]]
+    producer.report([1])
+    assert (acks.waiting, acks.done) == (2, False)
+    producer.queued = queued[1:]
+    producer.report([2, 3])
+    assert acks.waiting == 1
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied")
+    on_dead_letter(denied, Message(topic="kdelay.dlq", key=b"bad"))
+    assert acks.done
+    assert [(f.topic, f.key) for f in acks.dead_letter_failures] == [("kdelay.dlq", b"bad")]
+    assert not writer.has_failures(), "a dead letter is not a changelog failure"

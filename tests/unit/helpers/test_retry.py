@@ -1,0 +1,82 @@
+"""Retry decisions and the records a failure produces; no broker."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Message
+
+from kdelay import retry
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import Limits, Schedule
+from kdelay.retry import DeadLetter, Retry, RetryPolicy
+
+POLICY = RetryPolicy("orders.dlq", backoff=(100, 200, 400), non_retryable=(KeyError,))
+
+
+def failed(headers: list[tuple[str, str | bytes | None]]) -> Message:
+    """A delivered record as a consumer sees it, partition 2 offset 7 of ``orders``."""
+    return Message(topic="orders", partition=2, offset=7, key=b"k", value=b"v",
+                   headers=headers)
+
+
+def test_default_backoff_is_rocketmqs_sixteen_steps() -> None:
+    steps = RetryPolicy("dlq").backoff
+    assert len(steps) == 16
+    assert (steps[0], steps[2], steps[-1]) == (10_000, 60_000, 7_200_000)
+
+
+def test_steps_in_order_then_dead_letter() -> None:
+    error = RuntimeError("boom")
+    decisions = [retry.decide(attempts, error, POLICY) for attempts in range(4)]
+    assert decisions == [Retry(100, 1), Retry(200, 2), Retry(400, 3), DeadLetter(4)]
+
+
+def test_non_retryable_goes_straight_to_the_dead_letters() -> None:
+    assert retry.decide(0, KeyError("x"), POLICY) == DeadLetter(1)
+
+
+def test_negative_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        RetryPolicy("dlq", backoff=(1, -1))
+
+
+@pytest.mark.parametrize(("headers", "attempts"), [
+    ([], 0), ([("kdelay.attempts", b"2")], 2), ([("kdelay.attempts", b"x")], 0),
+    ([("kdelay.attempts", b"1"), ("kdelay.attempts", b"3")], 3)])
+def test_attempts_header(headers: list[tuple[str, bytes | None]], attempts: int) -> None:
+    assert retry.attempts_of(headers) == attempts
+
+
+def test_retry_request_keeps_the_record_and_returns_to_its_partition() -> None:
+    message = failed([("trace", b"t1"), ("kdelay-origin", b"req/0/3"),
+                      ("kdelay-due-ms", b"5"), ("kdelay.attempts", b"1"),
+                      ("kdelay.series", b"{}")])
+    record = retry.failure_record(message, RuntimeError("boom"), POLICY, "kdelay.requests")
+    assert (record.topic, record.key, record.value) == ("kdelay.requests", b"k", b"v")
+    parsed = envelope.parse(record.headers, 1_000, Limits((1,), None))
+    assert parsed == Schedule("orders", 1_200, 2, None)
+    assert envelope.user_headers(record.headers) == [("trace", b"t1"),
+                                                     ("kdelay.attempts", b"2")]
+
+
+def test_retry_topic_lets_the_partitioner_choose() -> None:
+    policy = RetryPolicy("dlq", backoff=(50,), retry_topic="orders.retry")
+    record = retry.failure_record(failed([]), RuntimeError(), policy, "kdelay.requests")
+    assert envelope.parse(record.headers, 0, Limits((1,), None)) == Schedule(
+        "orders.retry", 50, None, None)
+
+
+def test_dead_letter_says_what_failed_and_how_often() -> None:
+    message = failed([("trace", b"t1"), ("kdelay.attempts", b"3")])
+    record = retry.failure_record(message, ValueError("bad order"), POLICY, "kdelay.requests")
+    assert (record.topic, record.key, record.value) == ("orders.dlq", b"k", b"v")
+    assert record.headers == [("trace", b"t1"), ("kdelay.error-type", b"ValueError"),
+                              ("kdelay.error-message", b"bad order"),
+                              ("kdelay.attempts", b"4"), ("kdelay.failed-at", b"orders/2/7")]
+
+
+def test_next_offsets_one_past_the_last_per_partition() -> None:
+    messages = [Message(topic="a", partition=0, offset=o) for o in (3, 4)] + \
+        [Message(topic="a", partition=1, offset=9)]
+    assert {(tp.partition, tp.offset) for tp in retry.next_offsets(messages)} == {(0, 5),
+                                                                                  (1, 10)}

@@ -1,0 +1,231 @@
+"""Byte layouts: every encode/decode pair round-trips, due keys sort in time order."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kdelay.protocol.codec import (
+    DUE_KEY_SIZE,
+    DueKey,
+    Fingerprint,
+    IdState,
+    IndexValue,
+    decode_due_key,
+    decode_expiry_key,
+    decode_id_state,
+    decode_index_value,
+    decode_offset,
+    due_upper_bound,
+    encode_due_key,
+    encode_expiry_key,
+    encode_id_state,
+    encode_index_value,
+    encode_offset,
+    expiry_upper_bound,
+    fingerprint,
+)
+
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+due_keys = st.builds(DueKey, u64, u32, u64)
+optional_bytes = st.none() | st.binary(max_size=64)
+fingerprints = st.builds(Fingerprint, i64, u32)
+utf8_ids = st.text(st.characters(exclude_categories=["Cs"]), min_size=1)
+
+
+@given(due_keys)
+def test_due_key_round_trips(key: DueKey) -> None:
+    raw = encode_due_key(*key)
+    assert len(raw) == DUE_KEY_SIZE == 20
+    assert decode_due_key(raw) == key
+
+
+@given(due_keys, due_keys)
+def test_due_key_byte_order_is_tuple_order(a: DueKey, b: DueKey) -> None:
+    assert (encode_due_key(*a) < encode_due_key(*b)) == (tuple(a) < tuple(b))
+
+
+def test_due_key_layout_is_big_endian() -> None:
+    raw = encode_due_key(1, 2, 3)
+    assert raw == (1).to_bytes(8, "big") + (2).to_bytes(4, "big") + (3).to_bytes(8, "big")
+
+
+@pytest.mark.parametrize(
+    ("due_ms", "partition", "offset"),
+    [(-1, 0, 0), (0, -1, 0), (0, 0, -1), (2**64, 0, 0), (0, 2**32, 0), (0, 0, 2**64)],
+)
+def test_due_key_rejects_out_of_range_fields(due_ms: int, partition: int, offset: int) -> None:
+    with pytest.raises(ValueError, match="must be in"):
+        encode_due_key(due_ms, partition, offset)
+
+
+@pytest.mark.parametrize("size", [0, 19, 21])
+def test_due_key_decode_rejects_wrong_length(size: int) -> None:
+    with pytest.raises(ValueError, match="must be 20 bytes"):
+        decode_due_key(b"\x00" * size)
+
+
+@given(st.integers(0, 2**63), u32, u64)
+def test_upper_bound_admits_due_now_and_excludes_later(
+    now_ms: int, partition: int, offset: int
+) -> None:
+    bound = due_upper_bound(now_ms)
+    assert encode_due_key(now_ms, partition, offset) < bound
+    assert encode_due_key(now_ms + 1, partition, offset) >= bound
+
+
+def test_upper_bound_is_smallest_key_of_next_millisecond() -> None:
+    assert due_upper_bound(999) == encode_due_key(1000, 0, 0)
+
+
+def test_fingerprint_keeps_timestamp() -> None:
+    assert fingerprint(b"k", b"v", 1234).timestamp_ms == 1234
+
+
+def test_decoders_build_their_named_tuples() -> None:
+    assert type(fingerprint(b"k", b"v", 1)) is Fingerprint
+    assert type(decode_due_key(encode_due_key(1, 2, 3))) is DueKey
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((None, b"v"), (b"", b"v")),
+        ((b"k", None), (b"k", b"")),
+        ((None, None), (b"", b"")),
+        ((b"ab", b"c"), (b"a", b"bc")),
+        ((b"abc", None), (None, b"abc")),
+        ((b"", b"x"), (b"x", b"")),
+    ],
+)
+def test_fingerprint_framing_is_unambiguous(
+    a: tuple[bytes | None, bytes | None], b: tuple[bytes | None, bytes | None]
+) -> None:
+    assert fingerprint(*a, 0).crc != fingerprint(*b, 0).crc
+
+
+def test_fingerprint_crc_is_the_documented_framing() -> None:
+    framed = b"\x01" + (1).to_bytes(4, "big") + b"k" + b"\x00"
+    assert fingerprint(b"k", None, 0).crc == zlib.crc32(framed)
+
+
+@given(optional_bytes, optional_bytes, i64)
+def test_fingerprint_is_deterministic_and_fits_u32(
+    key: bytes | None, value: bytes | None, timestamp_ms: int
+) -> None:
+    fp = fingerprint(key, value, timestamp_ms)
+    assert fp == fingerprint(key, value, timestamp_ms)
+    assert 0 <= fp.crc < 2**32
+
+
+@given(fingerprints, st.none() | utf8_ids)
+def test_index_value_round_trips(fp: Fingerprint, schedule_id: str | None) -> None:
+    value = IndexValue(fp, schedule_id)
+    assert decode_index_value(encode_index_value(value)) == value
+
+
+def test_index_value_layout() -> None:
+    raw = encode_index_value(IndexValue(Fingerprint(-1, 7), "id-1"))
+    assert raw == b"\xff" * 8 + (7).to_bytes(4, "big") + b"id-1"
+    assert len(encode_index_value(IndexValue(Fingerprint(0, 0), None))) == 12
+
+
+def test_index_value_rejects_empty_id() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        encode_index_value(IndexValue(Fingerprint(0, 0), ""))
+
+
+@pytest.mark.parametrize("fp", [Fingerprint(2**63, 0), Fingerprint(0, -1), Fingerprint(0, 2**32)])
+def test_index_value_rejects_out_of_range_fingerprint(fp: Fingerprint) -> None:
+    with pytest.raises(ValueError, match="must be in"):
+        encode_index_value(IndexValue(fp, None))
+
+
+def test_index_value_decode_rejects_short_and_non_utf8() -> None:
+    with pytest.raises(ValueError, match="needs 12 bytes"):
+        decode_index_value(b"\x00" * 11)
+    with pytest.raises(ValueError, match="not UTF-8"):
+        decode_index_value(b"\x00" * 12 + b"\xff")
+
+
+@given(due_keys)
+def test_pending_id_state_round_trips(key: DueKey) -> None:
+    state = IdState(encode_due_key(*key), None)
+    raw = encode_id_state(state)
+    assert raw[:1] == b"P"
+    assert decode_id_state(raw) == state
+
+
+@given(u64)
+def test_delivered_id_state_round_trips(delivered_ms: int) -> None:
+    state = IdState(None, delivered_ms)
+    raw = encode_id_state(state)
+    assert raw == b"D" + delivered_ms.to_bytes(8, "big")
+    assert decode_id_state(raw) == state
+
+
+@pytest.mark.parametrize(
+    "state",
+    [IdState(None, None), IdState(b"\x00" * 20, 5), IdState(b"short", None), IdState(None, -1)],
+)
+def test_id_state_encode_rejects_invalid(state: IdState) -> None:
+    with pytest.raises(ValueError, match=r"exactly one|must be"):
+        encode_id_state(state)
+
+
+@pytest.mark.parametrize("raw", [b"", b"X" + b"\x00" * 8, b"P" + b"\x00" * 19, b"D\x00"])
+def test_id_state_decode_rejects_invalid(raw: bytes) -> None:
+    with pytest.raises(ValueError, match=r"must start with|must be"):
+        decode_id_state(raw)
+
+
+@given(i64)
+def test_offset_round_trips(offset: int) -> None:
+    raw = encode_offset(offset)
+    assert len(raw) == 8
+    assert decode_offset(raw) == offset
+
+
+def test_offset_minus_one_means_none() -> None:
+    assert encode_offset(-1) == b"\xff" * 8
+    assert decode_offset(b"\xff" * 8) == -1
+
+
+def test_offset_errors() -> None:
+    with pytest.raises(ValueError, match="must be in"):
+        encode_offset(2**63)
+    with pytest.raises(ValueError, match="must be 8 bytes"):
+        decode_offset(b"\x00" * 7)
+
+
+@given(u64, utf8_ids)
+def test_expiry_key_round_trips(delivered_ms: int, schedule_id: str) -> None:
+    assert decode_expiry_key(encode_expiry_key(delivered_ms, schedule_id)) == (
+        delivered_ms, schedule_id)
+
+
+@given(u64, u64, utf8_ids, utf8_ids)
+def test_expiry_keys_sort_by_delivery_time(a: int, b: int, ida: str, idb: str) -> None:
+    if a < b:
+        assert encode_expiry_key(a, ida) < encode_expiry_key(b, idb)
+
+
+@given(u64, utf8_ids)
+def test_expiry_bound_separates_earlier_from_later_deliveries(ms: int, sid: str) -> None:
+    assert encode_expiry_key(ms, sid) >= expiry_upper_bound(ms)
+    if ms < 2**64 - 1:
+        assert encode_expiry_key(ms, sid) < expiry_upper_bound(ms + 1)
+
+
+def test_expiry_key_errors() -> None:
+    with pytest.raises(ValueError, match="must be in"):
+        encode_expiry_key(-1, "x")
+    with pytest.raises(ValueError, match="at least 8 bytes"):
+        decode_expiry_key(b"\x00" * 7)
+    with pytest.raises(ValueError, match="not UTF-8"):
+        decode_expiry_key(b"\x00" * 8 + b"\xff")

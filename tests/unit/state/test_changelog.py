@@ -1,0 +1,456 @@
+"""Changelog replay into a real index, confirmed positions, and opening a store for restore.
+
+No broker: replay is driven through ``_apply`` with the records a restore would
+stage, and :func:`open_restored` gets a fake restorer.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from kdelay.protocol import codec
+from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
+from kdelay.state.changelog import (
+    Progress,
+    RestoreError,
+    Restorer,
+    StaleIndex,
+    _apply,
+    _collector_paused,
+    _stage,
+    open_restored,
+)
+from kdelay.state.index import (
+    CHANGELOG,
+    CONSUMED,
+    Changes,
+    Entry,
+    IndexLocked,
+    PartitionIndex,
+)
+from kdelay.state.tally import Tally
+
+T0 = 1_700_000_000_000
+PART = 4
+K1 = codec.encode_due_key(T0 + 10, PART, 1)
+K2 = codec.encode_due_key(T0 + 20, PART, 2)
+V1 = IndexValue(Fingerprint(T0, 111), "order-1")
+V2 = IndexValue(Fingerprint(T0, 222), None)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[PartitionIndex]:
+    idx = PartitionIndex(tmp_path / "store", PART)
+    yield idx
+    idx.close()
+
+
+def staged(*records: tuple[bytes, IndexValue | None]) -> dict[bytes, bytes | None]:
+    return {k: None if v is None else codec.encode_index_value(v) for k, v in records}
+
+
+def entries(index: PartitionIndex) -> list[Entry]:
+    return list(index.entries())
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+def test_puts_become_entries_and_pending_ids(index: PartitionIndex) -> None:
+    _apply(index, staged((K1, V1), (K2, V2)), 7)
+    assert entries(index) == [Entry(K1, V1), Entry(K2, V2)]
+    assert index.id_state("order-1") == IdState(K1, None)
+    assert index.offset(CHANGELOG) == 7
+    assert index.offset(CONSUMED) is None
+
+
+def test_a_tombstone_deletes_the_entry_and_clears_its_id(index: PartitionIndex) -> None:
+    other = codec.encode_due_key(T0 + 30, PART, 3)
+    _apply(index, staged((K1, V1), (K2, V2), (other, IndexValue(Fingerprint(T0, 3), "keep"))), 3)
+    _apply(index, staged((K1, None)), 9)
+    assert [e.key for e in entries(index)] == [K2, other]
+    assert index.get(K1) is None
+    assert index.id_state("order-1") is None
+    assert index.id_state("keep") == IdState(other, None)
+    assert index.offset(CHANGELOG) == 9
+
+
+def test_a_tombstone_for_an_unknown_key_only_moves_the_position(index: PartitionIndex) -> None:
+    _apply(index, staged((K2, V2)), 3)
+    _apply(index, staged((K1, None)), 4)
+    assert entries(index) == [Entry(K2, V2)]
+    assert index.offset(CHANGELOG) == 4
+
+
+def test_replaying_the_same_records_again_yields_the_same_store(index: PartitionIndex) -> None:
+    records = staged((K1, V1), (K2, V2))
+    _apply(index, records, 5)
+    _apply(index, records, 5)
+    assert entries(index) == [Entry(K1, V1), Entry(K2, V2)]
+    assert index.id_state("order-1") == IdState(K1, None)
+
+
+def test_the_consumed_marker_sets_the_consumed_offset(index: PartitionIndex) -> None:
+    records: dict[bytes, bytes | None] = {codec.CONSUMED_MARKER: codec.encode_offset(1234),
+                                          **staged((K1, V1))}
+    _apply(index, records, 11)
+    assert index.offset(CONSUMED) == 1234
+    assert index.offset(CHANGELOG) == 11
+    assert entries(index) == [Entry(K1, V1)], "the marker is not an entry"
+
+
+@pytest.mark.parametrize("key", [b"", b"short", K1[:-1], K1 + b"\x00", b"x" * 64])
+def test_keys_of_another_length_are_ignored(index: PartitionIndex, key: bytes) -> None:
+    _apply(index, {key: codec.encode_index_value(V2), **staged((K2, V2))}, 6)
+    assert entries(index) == [Entry(K2, V2)]
+    assert index.offset(CONSUMED) is None
+    assert index.offset(CHANGELOG) == 6
+
+
+def test_a_tombstone_of_the_consumed_marker_is_ignored(index: PartitionIndex) -> None:
+    _apply(index, {codec.CONSUMED_MARKER: codec.encode_offset(50)}, 1)
+    _apply(index, {codec.CONSUMED_MARKER: None}, 2)
+    assert index.offset(CONSUMED) == 50
+    assert index.offset(CHANGELOG) == 2
+
+
+def test_the_position_is_written_even_for_an_empty_batch(index: PartitionIndex) -> None:
+    _apply(index, {}, 42)
+    assert index.offset(CHANGELOG) == 42
+    assert entries(index) == []
+
+
+def test_a_value_too_short_or_with_a_bad_id_is_ignored_and_the_rest_applied(
+    index: PartitionIndex,
+) -> None:
+    bad_id = codec.encode_index_value(IndexValue(Fingerprint(T0, 5), None)) + b"\xff"
+    other = codec.encode_due_key(T0 + 30, PART, 3)
+    _apply(index, {K1: b"short", other: bad_id, **staged((K2, V1))}, 8)
+    assert entries(index) == [Entry(K2, V1)]
+    assert index.id_state("order-1") == IdState(K2, None)
+    assert index.offset(CHANGELOG) == 8
+
+
+def test_a_rescheduled_id_points_at_its_new_entry(index: PartitionIndex) -> None:
+    _apply(index, staged((K1, V1)), 1)
+    again = IndexValue(Fingerprint(T0, 333), "order-1")
+    _apply(index, staged((K1, None), (K2, again)), 3)
+    assert entries(index) == [Entry(K2, again)]
+    assert index.id_state("order-1") == IdState(K2, None)
+
+
+# -- staging consumed messages ----------------------------------------------------------
+
+
+def message(offset: int, key: bytes | None, value: bytes | None,
+            error: KafkaError | None = None) -> Message:
+    return Message(topic="kdelay.changelog", partition=PART, offset=offset, key=key,
+                   value=value, error=error)
+
+
+def eof(offset: int) -> Message:
+    return message(offset, None, None, KafkaError(KafkaError._PARTITION_EOF))
+
+
+def test_staging_keeps_the_latest_value_per_key_and_returns_the_next_offset() -> None:
+    into: dict[bytes, bytes | None] = {}
+    v1, v2 = codec.encode_index_value(V1), codec.encode_index_value(V2)
+    reached = _stage(into, [message(4, K1, v1), message(5, K2, v2), message(6, K1, None)],
+                     100, "chg")
+    assert reached == 7
+    assert into == {K1: None, K2: v2}
+
+
+def test_staging_an_empty_batch_reaches_nothing() -> None:
+    into: dict[bytes, bytes | None] = {}
+    assert _stage(into, [], 100, "chg") is None
+    assert into == {}
+
+
+def test_staging_stops_at_the_end_of_the_partition_and_skips_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    into: dict[bytes, bytes | None] = {}
+    failed = message(0, None, None, KafkaError(KafkaError._TRANSPORT))
+    batch = [message(4, K1, b"a"), failed, message(5, None, b"b"), eof(6), message(6, K2, b"c")]
+    assert _stage(into, batch, 6, "chg") == 6
+    assert into == {K1: b"a", b"": b"b"}, "a null key stages as empty, to be dropped as odd"
+    assert "restoring chg" in caplog.text
+
+
+def test_staging_skips_errors_and_reaches_past_the_last_message() -> None:
+    into: dict[bytes, bytes | None] = {}
+    failed = message(0, None, None, KafkaError(KafkaError._TRANSPORT))
+    assert _stage(into, [message(4, K1, b"a"), failed], 100, "chg") == 5
+    assert into == {K1: b"a"}
+
+
+# -- replay in batches against a record-at-a-time model ----------------------------------
+
+Record = tuple[bytes, bytes | None]
+
+
+def replay(index: PartitionIndex, records: list[Record], batch: int) -> None:
+    """Stage and apply ``records`` (offsets 0…) ``batch`` messages at a time, as a restore does."""
+    for start in range(0, len(records), batch):
+        chunk = records[start : start + batch]
+        into: dict[bytes, bytes | None] = {}
+        reached = _stage(into, [message(start + i, k, v) for i, (k, v) in enumerate(chunk)],
+                         len(records), "chg")
+        assert reached is not None
+        _apply(index, into, reached)
+
+
+def model(records: list[Record]) -> tuple[dict[bytes, bytes], dict[str, bytes], int | None]:
+    """Apply ``records`` one at a time: entries, pending ids and the consumed offset."""
+    store: dict[bytes, bytes] = {}
+    ids: dict[str, bytes] = {}
+    consumed = None
+    for key, raw in records:
+        if key == codec.CONSUMED_MARKER:
+            consumed = None if raw is None else codec.decode_offset(raw)
+        elif raw is None:
+            old = store.pop(key, None)
+            old_id = None if old is None else codec.schedule_id_of(old)
+            if old_id is not None:
+                del ids[old_id]
+        else:
+            store[key] = raw
+            schedule_id = codec.schedule_id_of(raw)
+            if schedule_id is not None:
+                ids[schedule_id] = key
+    return store, ids, consumed
+
+
+def history(seed: int, length: int) -> list[Record]:
+    """A random changelog over a few keys: puts, tombstones and consumed markers.
+
+    Every third key carries a schedule id of its own, so no two pending
+    entries share one, as intake guarantees.
+    """
+    rng = random.Random(seed)
+    keys = [codec.encode_due_key(T0 + rng.randrange(1_000), PART, i) for i in range(12)]
+    records: list[Record] = []
+    for offset in range(length):
+        pick = rng.randrange(len(keys))
+        roll = rng.random()
+        if roll < 0.1:
+            records.append((codec.CONSUMED_MARKER, codec.encode_offset(offset)))
+        elif roll < 0.45:
+            records.append((keys[pick], None))
+        else:
+            schedule_id = f"id-{pick}" if pick % 3 == 0 else None
+            value = IndexValue(Fingerprint(T0, rng.randrange(2**32)), schedule_id)
+            records.append((keys[pick], codec.encode_index_value(value)))
+    return records
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7, 50, 400])
+@pytest.mark.parametrize("seed", range(5))
+def test_batched_replay_equals_record_at_a_time(tmp_path: Path, seed: int, batch: int) -> None:
+    records = history(seed, 400)
+    index = PartitionIndex(tmp_path / "store", PART)
+    try:
+        replay(index, records, batch)
+        store, ids, consumed = model(records)
+        assert {e.key: codec.encode_index_value(e.value) for e in entries(index)} == store
+        for pick in range(0, 12, 3):
+            expected = ids.get(f"id-{pick}")
+            state = index.id_state(f"id-{pick}")
+            assert state == (None if expected is None else IdState(expected, None))
+        assert index.offset(CONSUMED) == consumed
+        assert index.offset(CHANGELOG) == len(records)
+        counted = Tally.of(store.items())
+        assert (index.tally.total, index.tally.due, index.tally.slack) == (
+            counted.total, counted.due, counted.slack), "the tally is exact after a replay"
+        replay(index, records, batch)
+        assert {e.key: codec.encode_index_value(e.value) for e in entries(index)} == store, \
+            "replaying again yields the same store"
+        assert index.tally.total == len(store), "and counts nothing twice"
+    finally:
+        index.close()
+
+
+# -- the collector during a restore ------------------------------------------------------
+
+
+def fail_while_paused() -> None:
+    with _collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("restore failed")
+
+
+def test_the_collector_is_paused_during_a_restore_and_resumed_after_an_error() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="restore failed"):
+        fail_while_paused()
+    assert gc.isenabled()
+
+
+def test_a_collector_paused_elsewhere_stays_paused() -> None:
+    gc.disable()
+    try:
+        with _collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+# -- open_restored ------------------------------------------------------------------------
+
+
+class FakeRestorer:
+    """Records what each restore saw in the index; raises StaleIndex ``stale`` times first."""
+
+    def __init__(self, stale: int = 0, error: BaseException | None = None) -> None:
+        self.stale = stale
+        self.error = error
+        self.seen: list[tuple[list[bytes], int | None]] = []
+        self.progress: list[Progress | None] = []
+
+    def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
+        self.seen.append(([e.key for e in index.entries()], index.offset(CHANGELOG)))
+        self.progress.append(progress)
+        if self.error is not None:
+            raise self.error
+        if self.stale:
+            self.stale -= 1
+            raise StaleIndex("index at changelog offset 50, changelog ends at 0")
+        return 3
+
+
+def restored(path: Path, restorer: FakeRestorer,
+             progress: Progress | None = None) -> tuple[PartitionIndex, int]:
+    return open_restored(path, PART, cast(Restorer, restorer), progress)
+
+
+def seed(path: Path) -> None:
+    """Leave a closed store at ``path`` holding one entry and a changelog position of 50."""
+    idx = PartitionIndex(path, PART)
+    idx.apply(Changes(puts=[Entry(K1, V1)], ids={"order-1": IdState(K1, None)}, changelog=50))
+    idx.close()
+
+
+def test_a_healthy_store_is_caught_up_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer()
+
+    def progress(done: int, total: int) -> None:
+        del done, total
+
+    index, count = restored(path, restorer, progress)
+    try:
+        assert count == 3
+        assert restorer.seen == [([K1], 50)]
+        assert restorer.progress == [progress]
+        assert index.get(K1) == V1
+    finally:
+        index.close()
+
+
+def test_a_stale_store_is_destroyed_and_rebuilt_whole(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer(stale=1)
+    index, count = restored(path, restorer)
+    try:
+        assert count == 3
+        assert restorer.seen == [([K1], 50), ([], None)], "restore ran again on an empty store"
+        assert index.get(K1) is None
+        assert index.id_state("order-1") is None
+        assert index.offset(CHANGELOG) is None
+    finally:
+        index.close()
+
+
+def test_a_store_still_stale_after_a_rebuild_raises_and_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer(stale=2)
+    with pytest.raises(StaleIndex):
+        restored(path, restorer)
+    assert len(restorer.seen) == 2
+    PartitionIndex(path, PART).close()  # not left locked
+
+
+def test_a_restore_error_releases_the_store(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    with pytest.raises(RestoreError):
+        restored(path, FakeRestorer(error=RestoreError("stuck")))
+    again = PartitionIndex(path, PART)
+    try:
+        assert again.get(K1) == V1, "a failed catch-up keeps the store"
+    finally:
+        again.close()
+
+
+def garbage_current(path: Path) -> None:
+    path.mkdir()
+    (path / "CURRENT").write_bytes(b"\xff\xfe not a manifest name")
+
+
+def dangling_manifest(path: Path) -> None:
+    path.mkdir()
+    (path / "CURRENT").write_bytes(b"MANIFEST-000099\n")
+    (path / "000001.sst").write_bytes(b"\x00" * 128)
+
+
+@pytest.mark.parametrize("corrupt", [garbage_current, dangling_manifest])
+def test_a_corrupt_store_is_rebuilt(tmp_path: Path, corrupt: Callable[[Path], None]) -> None:
+    path = tmp_path / "store"
+    corrupt(path)
+    restorer = FakeRestorer()
+    index, count = restored(path, restorer)
+    try:
+        assert count == 3
+        assert restorer.seen == [([], None)]
+        index.apply(Changes(puts=[Entry(K2, V2)]))
+        assert index.get(K2) == V2
+    finally:
+        index.close()
+
+
+def test_a_file_where_the_store_directory_should_be_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    path.write_bytes(b"not a rocksdb directory")
+    restorer = FakeRestorer()
+    index, count = restored(path, restorer)
+    try:
+        assert count == 3
+        assert restorer.seen == [([], None)]
+        assert path.is_dir()
+    finally:
+        index.close()
+
+
+def test_a_store_held_open_elsewhere_raises_index_locked_and_stays_intact(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    seed(path)
+    held = PartitionIndex(path, PART)
+    try:
+        restorer = FakeRestorer()
+        with pytest.raises(IndexLocked):
+            restored(path, restorer)
+        assert restorer.seen == [], "a locked store is never restored into"
+        assert held.get(K1) == V1
+        assert held.id_state("order-1") == IdState(K1, None)
+    finally:
+        held.close()
+    reopened = PartitionIndex(path, PART)
+    try:
+        assert [e.key for e in reopened.entries()] == [K1]
+        assert reopened.offset(CHANGELOG) == 50
+    finally:
+        reopened.close()

@@ -1,0 +1,64 @@
+"""The pending tally: exact counts by due minute and slack, summed into horizons and risk."""
+
+from __future__ import annotations
+
+from kdelay.protocol import codec
+from kdelay.protocol.codec import Fingerprint, IndexValue
+from kdelay.state.tally import MINUTE_MS, Change, Tally, buckets, horizons
+
+NOW = 1_700_000_000_000 // MINUTE_MS * MINUTE_MS + 30_000  # half way through a minute
+
+
+def entry(due_ms: int, record_ms: int, offset: int = 0) -> tuple[bytes, bytes]:
+    key = codec.encode_due_key(due_ms, 0, offset)
+    return key, codec.encode_index_value(IndexValue(Fingerprint(record_ms, 7), None))
+
+
+def test_buckets_are_the_due_minute_and_the_slack_minute() -> None:
+    key, raw = entry(NOW, NOW - 90_000)
+    assert buckets(key, raw) == (NOW // MINUTE_MS, -2)
+
+
+def test_a_tally_counted_from_scratch_and_one_loaded_from_its_rows_agree() -> None:
+    counted = Tally.of([entry(NOW + i * 7_000, NOW - 1_000, i) for i in range(50)])
+    loaded = Tally.load((k, codec.encode_count(n)) for k, n in counted.all_rows())
+    assert counted.total == loaded.total == 50
+    assert (counted.due, counted.slack) == (loaded.due, loaded.slack)
+
+
+def test_a_change_moves_only_the_buckets_it_touches_and_empties_go() -> None:
+    tally = Tally.of([entry(NOW, NOW), entry(NOW + MINUTE_MS, NOW, 1)])
+    change = Change()
+    change.count(*entry(NOW, NOW), -1)
+    change.count(*entry(NOW + 5 * MINUTE_MS, NOW, 2), 1)
+    rows = dict(tally.rows(change))
+    assert rows[codec.encode_tally_key(b"d", NOW // MINUTE_MS)] == 0
+    assert rows[codec.encode_tally_key(b"d", NOW // MINUTE_MS + 5)] == 1
+    tally.commit(change)
+    assert tally.total == 2
+    assert NOW // MINUTE_MS not in tally.due
+
+
+def test_horizons_by_due_minute() -> None:
+    dues = [NOW - 3 * MINUTE_MS, NOW - MINUTE_MS, NOW - 1_000, NOW + 20_000, NOW + 45_000,
+            NOW + 5 * MINUTE_MS, NOW + 30 * MINUTE_MS, NOW + 5 * 3_600_000,
+            NOW + 3 * 86_400_000]
+    tally = Tally.of([entry(due, NOW - 1, i) for i, due in enumerate(dues)])
+    assert tally.by_horizon(NOW) == {
+        "overdue": 2,  # their due minute is over
+        "1m": 3,  # the current minute (one of them already due) and the next one
+        "10m": 1, "1h": 1, "1d": 1, "beyond": 1}
+    assert list(tally.by_horizon(NOW)) == horizons()
+    assert sum(tally.by_horizon(NOW).values()) == tally.total
+
+
+def test_entries_due_after_their_original_expires_are_at_risk() -> None:
+    retention = 3_600_000
+    tally = Tally.of([
+        entry(NOW + 10 * MINUTE_MS, NOW, 0),  # slack -10 min: safe
+        entry(NOW + 50 * MINUTE_MS, NOW, 1),  # -50 min: safe
+        entry(NOW + 2 * 3_600_000, NOW, 2),  # -2 h: the original is gone an hour early
+        entry(NOW + 3_600_000 + 30_000, NOW, 3),  # straddles the limit: counted
+    ])
+    assert tally.at_risk(retention) == 2
+    assert tally.at_risk(None) == 0
