@@ -5,6 +5,10 @@ with the ``kdelay-*`` headers that tell the service where and when to deliver
 it; nothing is sent to the target until then. Records that carry a schedule id
 are placed on the request partition chosen by :func:`id_partition`, so a
 cancel for that id lands on the same partition as the schedule it cancels.
+
+A request the service would dead-letter for its due time (``delay-too-long``:
+later than the requests topic's retention allows, or an unknown level) is
+refused before it is written, with :class:`RequestRefused` and the same code.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import produce
+from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.connection import check_connection
 from kdelay.plumbing.settings import Settings
-from kdelay.plumbing.topics import LayoutError
+from kdelay.plumbing.topics import LayoutError, requests_retention
 from kdelay.protocol import envelope
 from kdelay.protocol.envelope import Headers, HeaderValue
 
@@ -60,6 +65,15 @@ class DeliveryError(Exception):
     def __init__(self, error: KafkaError, topic: str) -> None:
         super().__init__(f"a request to {topic} was not written: {error.str()} ({error.name()})")
         self.error = error
+
+
+class RequestRefused(ValueError):
+    """The service would dead-letter this request; ``code`` is the ``kdelay-error`` it would
+    carry (``delay-too-long``, ``unknown-level``), and nothing was written."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
 
 
 def id_partition(schedule_id: str, partitions: int) -> int:
@@ -213,17 +227,26 @@ class DelayProducer:
         *,
         requests_topic: str | None = None,
         metadata_timeout: float = 10.0,
+        clock: Clock | None = None,
     ) -> None:
         """Configure from :class:`Settings`, or from a librdkafka config dict.
 
         ``requests_topic`` defaults to the settings' (or ``kdelay.requests``
-        for a config dict). ``metadata_timeout`` bounds the one partition-count
-        lookup.
+        for a config dict); the level table and the retention margin are the
+        settings' (the defaults for a config dict), as the service reads them.
+        ``metadata_timeout`` bounds the one partition-count lookup and the one
+        retention lookup. ``clock`` (the system clock by default) is "now" for
+        the retention check.
         """
         base = source.client_config("producer") if isinstance(source, Settings) else dict(source)
-        default_topic = source.requests_topic if isinstance(source, Settings) else None
+        settings = source if isinstance(source, Settings) else Settings()
         self._config = {**base, **_PRODUCER_CONFIG}
-        self._topic = requests_topic or default_topic or Settings().requests_topic
+        self._admin_config = dict(base)
+        self._topic = requests_topic or settings.requests_topic
+        self._levels = settings.levels
+        self._margin_ms = settings.retention_margin_ms
+        self._clock = clock or SystemClock()
+        self._limits: envelope.Limits | None = None
         self._metadata_timeout = metadata_timeout
         self._lock = threading.Lock()
         self._producer: Producer | None = None
@@ -286,6 +309,7 @@ class DelayProducer:
         """
         record_headers = request_headers(target, headers, delay=delay, due=due, level=level,
                                          partition=partition, schedule_id=id)
+        self._check_due(record_headers)
         return self._produce(_encode(value), _encode(key), record_headers, id)
 
     def cancel(self, id: str) -> Coordinates:
@@ -414,6 +438,34 @@ class DelayProducer:
                 check_connection(self._config)
                 self._producer = Producer(self._config)
             return self._producer
+
+    def _check_due(self, headers: Headers) -> None:
+        """Raise :class:`RequestRefused` for a request the service would dead-letter for its
+        due time, parsing it as the service does with "now" as its record time.
+
+        The record's own timestamp is taken when it is produced, a little after
+        "now", so a request this check passes is never refused by the service
+        for its due time; one within milliseconds of the bound may be refused
+        here that the service would still have taken.
+        """
+        self._partition_count(self._ensure_producer())
+        parsed = envelope.parse(headers, self._clock.now_ms(), self._request_limits())
+        if isinstance(parsed, envelope.Rejection):
+            raise RequestRefused(parsed.code, parsed.detail)
+
+    def _request_limits(self) -> envelope.Limits:
+        """The service's limits for this requests topic, from its ``retention.ms`` (read once).
+
+        A producer not allowed to describe the topic's configuration (a
+        least-privilege ACL) gets no retention bound here; the service still
+        enforces it.
+        """
+        if self._limits is None:
+            retention_ms = requests_retention(self._admin_config, self._topic,
+                                              self._metadata_timeout)
+            self._limits = envelope.limits_for_retention(retention_ms, self._margin_ms,
+                                                         self._levels)
+        return self._limits
 
     def _partition_count(self, producer: Producer) -> int:
         """The requests topic's partition count, looked up once.

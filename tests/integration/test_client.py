@@ -21,6 +21,7 @@ from kdelay.client import (
     Coordinates,
     DelayProducer,
     DeliveryError,
+    RequestRefused,
     delay_ms,
     due_ms,
     id_partition,
@@ -36,6 +37,7 @@ from tests.conftest import TopicFactory
 kafka = pytest.mark.kafka
 TIMEOUT_S = 30.0
 DUE_2030_MS = 1_893_456_000_000  # 2030-01-01T00:00:00Z
+WEEK_MS = 7 * 86_400_000
 
 # Kafka's own murmur2 test vectors (Utils.murmur2 in the Java client).
 JAVA_MURMUR2 = {"21": -973_932_308, "foobar": -790_332_482,
@@ -120,7 +122,14 @@ def headers_of(message: Message) -> list[tuple[str, bytes | None]]:
 
 @pytest.fixture
 def requests_topic(topic_factory: TopicFactory) -> str:
-    return topic_factory("req", 3, {"cleanup.policy": "delete"})
+    """A requests topic that keeps records forever, so no due time is too far ahead."""
+    return topic_factory("req", 3, {"cleanup.policy": "delete", "retention.ms": "-1"})
+
+
+@pytest.fixture
+def week_topic(topic_factory: TopicFactory) -> str:
+    """A requests topic as ``kdelay topics create`` makes it by default: 7 days' retention."""
+    return topic_factory("week", 3, {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS)})
 
 
 @pytest.fixture
@@ -246,3 +255,43 @@ def test_send_and_cancel_commands_print_coordinates(bootstrap: str, requests_top
     cancelled = CliRunner().invoke(app, ["cancel", "cli-id", *common])
     assert cancelled.exit_code == 0, cancelled.output
     assert cancelled.stdout.strip().split("/")[:2] == [requests_topic, partition]
+
+
+@kafka
+def test_a_delay_past_retention_is_refused_before_it_is_written(
+    bootstrap: str, week_topic: str
+) -> None:
+    """The service would dead-letter it as delay-too-long: the client says so up front."""
+    settings = Settings(bootstrap_servers=bootstrap, requests_topic=week_topic)
+    with DelayProducer(settings) as made:
+        with pytest.raises(RequestRefused, match="retention allows") as refused:
+            made.send("t", b"v", delay=timedelta(days=30))
+        assert refused.value.code == "delay-too-long"
+        with pytest.raises(RequestRefused):
+            made.send("t", b"v", due=DUE_2030_MS)
+        fits = WEEK_MS - settings.retention_margin_ms - 60_000
+        assert made.send("t", b"v", delay=fits).topic == week_topic
+    assert _end_offsets(bootstrap, week_topic) == 1  # only the request that fits
+
+
+@kafka
+def test_send_command_refuses_a_delay_past_retention(bootstrap: str, week_topic: str) -> None:
+    common = ["--bootstrap-servers", bootstrap, "--requests-topic", week_topic]
+    refused = CliRunner().invoke(app, ["send", "orders", "--delay", "30d", *common])
+    assert refused.exit_code == 2
+    assert refused.stderr.startswith("error[delay-too-long]: due time "), refused.stderr
+    assert refused.stdout == ""
+    accepted = CliRunner().invoke(app, ["send", "orders", "--delay", "1d", *common])
+    assert accepted.exit_code == 0, accepted.output
+    assert _end_offsets(bootstrap, week_topic) == 1
+
+
+def _end_offsets(bootstrap: str, topic: str) -> int:
+    """How many records ``topic`` holds over all its partitions."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in partitions)
+    finally:
+        consumer.close()

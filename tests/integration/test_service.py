@@ -186,8 +186,9 @@ def test_deleted_records_are_dead_lettered_as_expired(
     target = topic_factory("target", 1)
     clock = ManualClock(int(time.time() * 1000))
     now = clock.now_ms()
-    reports = produce(bootstrap, deployment.requests,
-                      [request(target, i, now, 60_000) for i in range(3)])
+    records = [request(target, i, now, 60_000) for i in range(3)]
+    records[0]["headers"].append((envelope.SCHEDULE_ID, b"gone-0"))
+    reports = produce(bootstrap, deployment.requests, records)
     out = collector([target, deployment.settings.dlq_topic])
     running_ = running(deployment, clock)
     service = running_.add()
@@ -200,6 +201,10 @@ def test_deleted_records_are_dead_lettered_as_expired(
     assert sorted(header(m, envelope.ORIGIN) or b"" for m in dead) == sorted(
         f"{deployment.requests}/0/{r.offset()}".encode() for r in reports[:2])
     assert {header(m, envelope.ERROR) for m in dead} == {b"expired"}
+    # No original is left to copy: the DLQ record carries the id the index knows.
+    assert {header(m, envelope.ORIGIN): header(m, envelope.SCHEDULE_ID) for m in dead} == {
+        f"{deployment.requests}/0/{reports[0].offset()}".encode(): b"gone-0",
+        f"{deployment.requests}/0/{reports[1].offset()}".encode(): None}
     assert [m.key() for m in out.on(target)] == [b"k2"]
 
 

@@ -27,7 +27,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from confluent_kafka import KafkaError, KafkaException
 
-from kdelay.client import DeliveryError
+from kdelay.client import DeliveryError, RequestRefused
 from kdelay.plumbing.connection import AUTHENTICATION_FAILED, ConnectionFailure
 from kdelay.plumbing.connection import check_connection as check_connection  # tests replace it
 from kdelay.plumbing.settings import Guarantee, Settings, SettingsError, build_settings
@@ -216,7 +216,7 @@ def reported(*, value_errors: bool = True) -> Iterator[None]:
     """
     try:
         yield
-    except (SettingsError, LayoutError) as exc:
+    except (SettingsError, LayoutError, RequestRefused) as exc:
         fail(exc.code, str(exc), USER_ERROR_EXIT)
     except DeliveryError as exc:
         fail(exc.code, str(exc), KAFKA_ERROR_EXIT)

@@ -516,7 +516,11 @@ class Delivery:
                                    key=original.key(), headers=headers,
                                    on_delivery=self._callback(job.key, Sink.DLQ))
         else:
-            self._internal.produce(self._config.dlq_topic, value=None, key=None, headers=tail,
+            # No original to copy: the DLQ record carries what the index knows of it.
+            sid = job.entry.value.schedule_id
+            known = [] if sid is None else [(envelope.SCHEDULE_ID, sid.encode())]
+            self._internal.produce(self._config.dlq_topic, value=None, key=None,
+                                   headers=[*known, *tail],
                                    on_delivery=self._callback(job.key, Sink.DLQ))
 
     def _callback(self, key: bytes, sink: Sink) -> Callable[[KafkaError | None, Message], None]:

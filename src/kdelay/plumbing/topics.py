@@ -29,6 +29,9 @@ from kdelay.plumbing.settings import Settings
 
 CLEANUP_POLICY = "cleanup.policy"
 RETENTION_MS = "retention.ms"
+# Errors of a client that may not describe a topic's configuration.
+_NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                          KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 TIMESTAMP_TYPE = "message.timestamp.type"
 TARGET = "target"
 CHANGELOG_CONFIG: Mapping[str, str] = {
@@ -339,6 +342,24 @@ def topic_config(admin: AdminClient, topic: str, *, timeout: float = 10) -> dict
     Raises :class:`LayoutError` ``topic-missing`` when the topic does not exist.
     """
     return _configs(admin, [topic], timeout)[topic]
+
+
+def requests_retention(client_config: Mapping[str, str | int | bool], topic: str,
+                       timeout: float) -> int | None:
+    """The requests topic's ``retention.ms`` (None: unlimited) for a producer-side check.
+
+    Also None when the client may not describe the topic's configuration
+    (``TOPIC_AUTHORIZATION_FAILED``, a least-privilege producer): the caller
+    then cannot check, and the service still does. Other Kafka errors propagate.
+    """
+    admin = AdminClient(dict(client_config))
+    try:
+        return _retention(topic_config(admin, topic, timeout=timeout))
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() in _NOT_ALLOWED:
+            return None
+        raise
 
 
 def _retention(config: Mapping[str, str]) -> int | None:

@@ -39,6 +39,7 @@ from kdelay.protocol.envelope import (
     ERROR,
     ERROR_DETAIL,
     ORIGIN,
+    SCHEDULE_ID,
     TARGET,
     Headers,
     HeaderValue,
@@ -433,6 +434,7 @@ def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
     [dead] = world.internal.sent
     assert (dead.topic, dead.key, dead.value) == (DLQ, None, None)
     assert dead.header(ERROR) == [b"expired"]
+    assert dead.header(SCHEDULE_ID) == [b"gone"]
     assert dead.header(ORIGIN) == [origin(0, 7)]
     assert dead.header(DUE_MS) == [str(T0 + 10).encode()]
     [detail] = dead.header(ERROR_DETAIL)
