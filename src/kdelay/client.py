@@ -1,4 +1,4 @@
-"""The client library: send records through kdelay, and cancel them (DESIGN §7).
+"""The client library: send records through kdelay, and cancel them.
 
 A :class:`DelayProducer` writes the real record once, to the requests topic,
 with the ``kdelay-*`` headers that tell the service where and when to deliver

@@ -28,7 +28,7 @@ Start = Callable[..., KdelayProcess]
 Receive = Callable[[list[str]], Receiver]
 
 kafka = pytest.mark.kafka
-# DESIGN §7 and the reliability issue: serving again within 10 s of a restart,
+# What docs/operations.md promises: serving again within 10 s of a restart,
 # and a dead instance's partitions served by a survivor within 15 s.
 RESTART_SERVING_S = 10.0
 FAILOVER_S = 15.0

@@ -52,7 +52,7 @@ class SettingsError(ValueError):
 
 
 class Guarantee(StrEnum):
-    """The delivery guarantee the service runs with (DESIGN §4)."""
+    """The delivery guarantee the service runs with."""
 
     AT_LEAST_ONCE = "at-least-once"
     EXACTLY_ONCE = "exactly-once"

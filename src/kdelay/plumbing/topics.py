@@ -1,4 +1,4 @@
-"""kdelay's three topics: how they are laid out, created and checked (DESIGN §2).
+"""kdelay's three topics: how they are laid out, created and checked.
 
 ``requests`` holds the payloads (``cleanup.policy=delete``; its ``retention.ms``
 bounds the longest delay), ``changelog`` holds the index (compacted, one
