@@ -103,6 +103,8 @@ def test_compose_stack_delivers_on_time_scales_to_two_and_fails_over(compose: Co
         lateness = sorted(r.received_ms - due_first for r in out.received)
         print(f"first batch lateness: median {lateness[len(lateness) // 2]} ms, "
               f"max {lateness[-1]} ms")
+        print("memory: " + podman("stats", "--no-stream", "--format",
+                                  "{{.Name}} {{.MemUsage}}", first, second).replace("\n", "; "))
 
         # 2. One container dies for good: the other takes its partitions.
         doomed, survivor = (first, second) if owned(compose, first) else (second, first)
