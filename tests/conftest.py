@@ -2,8 +2,10 @@
 
 The broker comes from ``KDELAY_BOOTSTRAP_SERVERS`` when set, else from
 ``tools/kafka start`` (Docker where an engine answers, else Kafka's jars run
-with ``java``). Missing infrastructure skips a Kafka test locally and fails it
-when ``CI=true``.
+with ``java``). With ``KDELAY_TEST_BROKER=testcontainers`` it is a container
+started through testcontainers instead (``tools/kafka_container.py``: Docker,
+or podman's Docker-compatible socket). Missing infrastructure skips a Kafka
+test locally and fails it when ``CI=true``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import kafka_broker  # tools/, on pytest's pythonpath
+import kafka_container  # tools/
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -38,6 +41,18 @@ def _unavailable(reason: str) -> NoReturn:
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
     """The bootstrap address of a real broker, started for the session if needed."""
+    source = os.environ.get("KDELAY_TEST_BROKER", "tools")
+    if source == "testcontainers":
+        try:
+            container = kafka_container.start()
+        except kafka_container.Unavailable as exc:
+            _unavailable(str(exc))
+        print(f"\nbroker from testcontainers: {container.image} at {container.bootstrap}")
+        yield container.bootstrap
+        container.stop()
+        return
+    if source != "tools":
+        pytest.fail(f"KDELAY_TEST_BROKER={source!r}: expected tools or testcontainers")
     external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
     if external:
         yield external
