@@ -16,6 +16,12 @@ it a crash between them re-reads the batch: a record may be retried twice,
 never lost. A failed produce stops the consumer with :class:`DeliveryError`;
 nothing of the batch is committed.
 
+A :class:`RetryingShareConsumer` does the same for a share group (KIP-932),
+where a failed record could otherwise only be released for immediate
+redelivery: the retry request (or dead letter) is acknowledged by Kafka first,
+then the record is rejected in the share group, so the group never hands it
+out again and kdelay brings it back after the backoff.
+
 Helper headers use the ``kdelay.`` prefix (a dot): kdelay delivers them like
 any user header, unlike its own ``kdelay-`` request envelope.
 """
@@ -28,7 +34,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeAlias
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    AcknowledgeType,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    ShareConsumer,
+    TopicPartition,
+)
 
 from kdelay import client
 from kdelay.client import DeliveryError
@@ -182,6 +196,48 @@ def failure_record(message: Message, error: BaseException, policy: RetryPolicy,
     return dead_letter(message, error, decision.attempts, policy.dead_letter_topic)
 
 
+def handle_all(messages: Sequence[Message], handler: Handler, policy: RetryPolicy,
+               requests_topic: str) -> tuple[list[Outgoing], set[int]]:
+    """Run ``handler`` on each record, in order.
+
+    Return what the batch produces (the handler's records, then each failure's
+    retry request or dead letter, in record order) and the indexes of the
+    records that failed.
+    """
+    outgoing: list[Outgoing] = []
+    failed: set[int] = set()
+    for index, message in enumerate(messages):
+        try:
+            outgoing.extend(handler(message) or ())
+        except Failed as failure:
+            outgoing.extend(failure.outgoing)
+            outgoing.append(failure_record(message, failure.cause, policy, requests_topic))
+            failed.add(index)
+        except Exception as error:
+            outgoing.append(failure_record(message, error, policy, requests_topic))
+            failed.add(index)
+    return outgoing, failed
+
+
+def send_all(producer: Producer, records: Sequence[Outgoing], timeout_s: float) -> None:
+    """Produce ``records`` and wait until every one is acknowledged.
+
+    Raises :class:`DeliveryError` for the first record Kafka refused, and
+    TimeoutError when records are still unacknowledged after ``timeout_s``.
+    """
+    if not records:
+        return
+    acks = Acks()
+    on_delivery = guarded(acks.on_delivery)
+    for record in records:
+        produce(producer, record.topic, value=record.value, key=record.key,
+                partition=record.partition, headers=record.headers, on_delivery=on_delivery)
+    remaining = producer.flush(timeout_s)
+    acks.check()
+    if remaining:
+        raise TimeoutError(f"{remaining} records not acknowledged in {timeout_s} s")
+
+
 def next_offsets(messages: Sequence[Message]) -> list[TopicPartition]:
     """The offsets to commit after ``messages``: one past the last of each partition."""
     last: dict[tuple[str, int], int] = {}
@@ -304,38 +360,12 @@ class RetryingConsumer:
 
     def _handle_all(self, messages: Sequence[Message]) -> list[Outgoing]:
         """Run the handler on each record; collect what it yields and what failures yield."""
-        outgoing: list[Outgoing] = []
-        for message in messages:
-            try:
-                outgoing.extend(self._handler(message) or ())
-            except Failed as failed:
-                outgoing.extend(failed.outgoing)
-                outgoing.append(self._on_failure(message, failed.cause))
-            except Exception as error:
-                outgoing.append(self._on_failure(message, error))
+        outgoing, _ = handle_all(messages, self._handler, self._policy, self._requests)
         return outgoing
-
-    def _on_failure(self, message: Message, error: Exception) -> Outgoing:
-        """The retry request or dead letter of a failed record."""
-        return failure_record(message, error, self._policy, self._requests)
 
     def _send(self, records: Sequence[Outgoing]) -> None:
         """Produce ``records`` and wait until every one is acknowledged."""
-        if not records:
-            return
-        acks = Acks()
-        on_delivery = guarded(acks.on_delivery)
-        for record in records:
-            self._produce(record, on_delivery)
-        remaining = self._producer.flush(self._flush_timeout_s)
-        acks.check()
-        if remaining:
-            raise TimeoutError(f"{remaining} records not acknowledged in {self._flush_timeout_s} s")
-
-    def _produce(self, record: Outgoing, on_delivery: Callable[..., None]) -> None:
-        """Produce one record, serving delivery reports while the local queue is full."""
-        produce(self._producer, record.topic, value=record.value, key=record.key,
-                partition=record.partition, headers=record.headers, on_delivery=on_delivery)
+        send_all(self._producer, records, self._flush_timeout_s)
 
     def _commit(self, messages: Sequence[Message]) -> None:
         """Commit the batch's offsets: in the transaction, or synchronously after the acks."""
@@ -346,6 +376,101 @@ class RetryingConsumer:
             self._producer.commit_transaction(self._flush_timeout_s)
         else:
             self.consumer.commit(offsets=offsets, asynchronous=False)
+
+
+class RetryingShareConsumer:
+    """Consume ``topics`` in the share group ``group_id``; retry or dead-letter failures.
+
+    ``step`` handles one batch: poll (explicit acknowledgement), run the
+    handler on each record, produce what the batch yields and wait for every
+    acknowledgement, then acknowledge each record in the share group
+    (``ACCEPT`` when handled, ``REJECT`` when it failed: its retry request or
+    dead letter is safely in Kafka, and the group must not hand it out again
+    at once) and commit the acknowledgements.
+
+    At-least-once: a crash before that commit leaves the batch acquired until
+    the group's record lock expires; the group then delivers it again, and a
+    failed record may be retried twice, never lost. When a produce fails the
+    batch is released for redelivery and :class:`DeliveryError` is raised.
+    Share groups have no transactions, so there is no exactly-once form.
+    Not thread-safe: one thread steps it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Sequence[str],
+        handler: Handler,
+        policy: RetryPolicy,
+        *,
+        group_id: str,
+        flush_timeout_s: float = 30.0,
+    ) -> None:
+        """Subscribe at once (the share group starts where its ``share.auto.offset.reset``
+        says: the latest offset unless the group is configured otherwise)."""
+        self._handler = handler
+        self._policy = policy
+        self._requests = settings.requests_topic
+        self._flush_timeout_s = flush_timeout_s
+        share: dict[str, str | int | bool] = {"group.id": group_id,
+                                              "share.acknowledgement.mode": "explicit"}
+        producer: dict[str, str | int | bool] = {"enable.idempotence": True,
+                                                 "partitioner": "murmur2_random"}
+        self.consumer = ShareConsumer(settings.client_config("share-retry", **share))
+        self._producer = Producer(settings.client_config("retry", **producer))
+        self.consumer.subscribe(list(topics))
+
+    def step(self, timeout_s: float = 0.5) -> int:
+        """Handle one batch (waiting up to ``timeout_s`` for it); return how many records.
+
+        Raises :class:`DeliveryError` when a record of the batch was not
+        written (the batch is released for redelivery), and KafkaException
+        when the share group refused the acknowledgements (the batch comes
+        back once its lock expires).
+        """
+        messages = [m for m in self.consumer.poll(timeout_s) if _record(m)]
+        if not messages:
+            return 0
+        outgoing, failed = handle_all(messages, self._handler, self._policy, self._requests)
+        try:
+            send_all(self._producer, outgoing, self._flush_timeout_s)
+        except BaseException:
+            self._acknowledge(messages, lambda _: AcknowledgeType.RELEASE)
+            raise
+        self._acknowledge(messages, lambda index: AcknowledgeType.REJECT if index in failed
+                          else AcknowledgeType.ACCEPT)
+        return len(messages)
+
+    def run(self, stopped: Callable[[], bool], timeout_s: float = 0.5) -> None:
+        """Step until ``stopped()`` is true."""
+        while not stopped():
+            self.step(timeout_s)
+
+    def close(self) -> None:
+        """Leave the share group; TimeoutError if records stay unsent."""
+        self.consumer.close()
+        remaining = self._producer.flush(self._flush_timeout_s)
+        if remaining:
+            raise TimeoutError(f"{remaining} records unsent when the consumer closed")
+
+    def _acknowledge(self, messages: Sequence[Message],
+                     kind: Callable[[int], AcknowledgeType]) -> None:
+        """Acknowledge every record of the batch as ``kind(index)`` says, and commit."""
+        for index, message in enumerate(messages):
+            self.consumer.acknowledge(message, kind(index))
+        refused = [e for e in self.consumer.commit_sync(self._flush_timeout_s).values() if e]
+        if refused:
+            raise refused[0]
+
+
+def _record(message: Message) -> bool:
+    """Whether a polled message is a record; raise a consumer error it carries."""
+    error = message.error()
+    if error is None:
+        return True
+    if error.code() == KafkaError._PARTITION_EOF:
+        return False
+    raise DeliveryError(error, str(message.topic()))
 
 
 def retrying(
