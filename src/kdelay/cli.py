@@ -44,7 +44,7 @@ from rich.progress import (
 
 from kdelay import identity
 from kdelay.backlog import DueQuery, backlog, due
-from kdelay.changelog import RestoreError, Restorer, rebuild
+from kdelay.changelog import RestoreError, Restorer, Staleness, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.clock import SystemClock
 from kdelay.connection import AUTHENTICATION_FAILED, ConnectionFailure, check_connection
@@ -70,7 +70,7 @@ from kdelay.retention import check as check_retention
 from kdelay.retention import set_retention
 from kdelay.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.tail import follow
-from kdelay.topics import LayoutError, admin_client, create_topics
+from kdelay.topics import LayoutError, admin_client, create_topics, tombstones_kept_ms, topic_config
 
 _DEFAULTS = Settings()
 _COMMON_PANEL = "Common options"
@@ -426,7 +426,9 @@ def restore(
 ) -> None:
     """Rebuild the local indexes under --state-dir from the changelog, with progress.
 
-    Run it with the service stopped (it refuses a store the service holds).
+    A store out of step with the changelog for more than half its
+    delete.retention.ms is rebuilt whole. Run it with the service stopped (it
+    refuses a store the service holds).
     """
     with _reported():
         settings = _connected(ctx)
@@ -441,9 +443,12 @@ def restore(
                 bar.update(tasks[p], completed=done, total=total)
 
             stores = functools.partial(store_path, settings.state_dir, settings.requests_topic)
+            kept = tombstones_kept_ms(topic_config(admin_client(settings),
+                                                   settings.changelog_topic))
+            staleness = Staleness(SystemClock().now_ms(), kept)
             with Restorer(settings.client_config("restore"), settings.changelog_topic) as restorer:
                 replayed = rebuild(restorer, stores, partitions=partition, fresh=fresh,
-                                   progress=progress)
+                                   progress=progress, staleness=staleness)
     for p, count in sorted(replayed.items()):
         typer.echo(f"partition {p}: {count} changelog records replayed")
 

@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient
 from kdelay import checkpoint as checkpoints
 from kdelay import envelope, identity
 from kdelay.callbacks import guarded
-from kdelay.changelog import Progress, Restorer, Restoring, open_restored
+from kdelay.changelog import Progress, Restorer, Restoring, Staleness, open_restored
 from kdelay.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
@@ -176,6 +176,7 @@ class Service:
                         "topics --entity-name %s --add-config "
                         "message.timestamp.type=LogAppendTime)",
                         settings.changelog_topic, settings.changelog_topic)
+        self._tombstones_kept_ms = layout.tombstones_kept_ms
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._consumed: dict[int, int] = {}
@@ -439,9 +440,10 @@ class Service:
         clients, _ = self._started()
         path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
         self.metrics.restoring.inc()
+        staleness = Staleness(self._clock.now_ms(), self._tombstones_kept_ms)
         try:
             index, restored = open_restored(path, partition, clients.restorer,
-                                            self._restore_progress(partition))
+                                            self._restore_progress(partition), staleness)
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
@@ -488,7 +490,13 @@ class Service:
 
 
 class Housekeeper:
-    """Every few seconds (service clock): refresh the gauges, drop expired id markers.
+    """Every few seconds (service clock): refresh the gauges, drop expired id markers,
+    and mark every owned store in step with the changelog.
+
+    An owned store lacks only the effects of the changelog writes in flight,
+    so the mark (:meth:`PartitionIndex.mark_synced`) is true; the next
+    assignment of the partition to this state dir trusts the store only while
+    the mark is younger than the changelog keeps tombstones.
 
     Delivered-id markers live as long as a request they answer can be read:
     ``id_ttl_ms`` is the requests topic's retention (None: kept forever).
@@ -509,6 +517,8 @@ class Housekeeper:
         if now < self._next_ms:
             return
         self._next_ms = now + HOUSEKEEPING_EVERY_MS
+        for index in indexes.values():
+            index.mark_synced(now)
         if self._id_ttl_ms is not None:
             for index in indexes.values():
                 self._metrics.ids_expired.inc(

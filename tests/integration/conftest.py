@@ -53,11 +53,13 @@ def deployment_factory(
     """Create requests, changelog and DLQ topics and the settings that name them."""
 
     def create(partitions: int = 3, retention_ms: int = 7 * 86_400_000,
+               changelog_config: dict[str, str] | None = None,
                **overrides: Any) -> Deployment:
         requests = topic_factory("req", partitions,
                                  {"cleanup.policy": "delete", "retention.ms": str(retention_ms)})
         changelog = topic_factory("chg", partitions, {"cleanup.policy": "compact",
-                                                      "message.timestamp.type": "LogAppendTime"})
+                                                      "message.timestamp.type": "LogAppendTime",
+                                                      **(changelog_config or {})})
         dlq = topic_factory("dlq", 1)
         settings = Settings(
             bootstrap_servers=bootstrap, requests_topic=requests, changelog_topic=changelog,
