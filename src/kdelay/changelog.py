@@ -212,6 +212,7 @@ def _apply(index: PartitionIndex, staged: Staged, position: int) -> None:
     """
     changes = Changes(changelog=position)
     marker = staged.pop(codec.CONSUMED_MARKER, None)
+    staged.pop(codec.CLOCK_PROBE, None)
     if marker is not None:
         changes.consumed = codec.decode_offset(marker)
     if set(map(len, staged)) - {codec.DUE_KEY_SIZE}:

@@ -38,14 +38,14 @@ from kdelay.changelog import Progress, Restorer, Restoring, Staleness, open_rest
 from kdelay.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
-from kdelay.delivery import Delivery, DeliveryConfig
+from kdelay.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
 from kdelay.intake import Outcome, Plan, Planner, Topics
 from kdelay.metrics import Metrics, PhaseTimer
 from kdelay.originals import OriginalReader, Reading
 from kdelay.outlook import Outlook
 from kdelay.settings import Settings
-from kdelay.skew import ClockSkew
+from kdelay.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
 from kdelay.topics import Layout, check_layout
 
 log = logging.getLogger(__name__)
@@ -144,11 +144,12 @@ class _Clients:
     """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
 
     def __init__(self, consumer: Consuming, checkpoint: Checkpoint, reader: Reading,
-                 restorer: Restoring) -> None:
+                 restorer: Restoring, guard: BrokerGuard | None) -> None:
         self.consumer = consumer
         self.checkpoint = checkpoint
         self.reader = reader
         self.restorer = restorer
+        self.guard = guard
 
 
 class Service:
@@ -157,11 +158,18 @@ class Service:
     Clients are created by :meth:`start` (from ``clients``, real Kafka clients
     by default), not in ``__init__``. Drive it with :meth:`run` (until
     :meth:`stop`) or, in tests, with :meth:`step`.
+
+    When the changelog is stamped with ``LogAppendTime``, an entry goes out
+    only once ``clock`` and the broker's clock (plus ``broker_tolerance_ms``)
+    both say it is due (:class:`kdelay.skew.BrokerGuard`). None turns that
+    off: for tests that move a manual clock ahead of the broker's.
     """
 
     def __init__(self, settings: Settings, clock: Clock, layout: Layout,
-                 metrics: Metrics | None = None, clients: ClientFactory | None = None) -> None:
+                 metrics: Metrics | None = None, clients: ClientFactory | None = None,
+                 broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS) -> None:
         self.settings = settings
+        self._broker_tolerance_ms = broker_tolerance_ms if layout.broker_time else None
         self.metrics = metrics or Metrics()
         self._clock = clock
         self._factory = clients or KafkaClients(settings)
@@ -198,21 +206,34 @@ class Service:
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
             lambda: self._stopping, skew.observe)
         reader = self._factory.reader()
+        guard = self._guard(skew)
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
                            s.retry_backoff_max_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
-            checkpoint.durability)
+            checkpoint.durability, by_service_clock if guard is None else guard.release_ms)
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         consumer = self._factory.consumer("intake", **group)
-        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer())
+        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer(), guard)
         consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
                            on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
+
+    def _guard(self, skew: ClockSkew) -> BrokerGuard | None:
+        """The broker-clock guard, its first probe on its way; None when it is off."""
+        if self._broker_tolerance_ms is None:
+            return None
+        plain: dict[str, str | int | bool] = {
+            "enable.idempotence": False, "acks": "all", "linger.ms": 0}
+        producer = self._factory.producer("clock", **plain)
+        guard = BrokerGuard(skew, producer, self.settings.changelog_topic, self._clock,
+                            self._broker_tolerance_ms)
+        guard.probe()
+        return guard
 
     def run(self) -> None:
         """Step until :meth:`stop` is called, then finish the work in flight and close."""
@@ -240,6 +261,8 @@ class Service:
             clients.checkpoint.close()
             clients.reader.close()
             clients.restorer.close()
+            if clients.guard is not None:
+                clients.guard.close()
 
     def owned(self) -> list[int]:
         """Return the request partitions this instance serves now."""
@@ -268,6 +291,8 @@ class Service:
         checkpoint = clients.checkpoint
         phases = self._phases
         phases.start()
+        if clients.guard is not None:
+            clients.guard.poll()
         wait_ms = delivery.wait_ms()
         if checkpoint.awaiting():
             wait_ms = min(wait_ms, ACK_WAIT_MS)
@@ -300,7 +325,9 @@ class Service:
     def _housekeeping(self) -> None:
         """Refresh the gauges and drop expired id markers, if it is time."""
         clients, _ = self._started()
-        self._housekeeper.tick(self._indexes, self._consumed, clients.consumer)
+        if self._housekeeper.tick(self._indexes, self._consumed, clients.consumer) \
+                and clients.guard is not None:
+            clients.guard.tick()
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None or self._delivery is None:
@@ -511,11 +538,11 @@ class Housekeeper:
         self._next_ms = 0
 
     def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
-             consumer: Watermarks) -> None:
-        """Do the round if it is time."""
+             consumer: Watermarks) -> bool:
+        """Do the round if it is time; return whether it was."""
         now = self._clock.now_ms()
         if now < self._next_ms:
-            return
+            return False
         self._next_ms = now + HOUSEKEEPING_EVERY_MS
         for index in indexes.values():
             index.mark_synced(now)
@@ -524,6 +551,7 @@ class Housekeeper:
                 self._metrics.ids_expired.inc(
                     index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
         self._outlook.refresh(now, indexes, consumed, consumer)
+        return True
 
 
 def run_service(settings: Settings, *, check: bool) -> int:

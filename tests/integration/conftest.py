@@ -80,10 +80,12 @@ class Running:
         self.clock = clock
         self.services: list[Service] = []
 
-    def add(self, **overrides: Any) -> Service:
+    def add(self, broker_tolerance_ms: int | None = None, **overrides: Any) -> Service:
+        """Start a service; the broker-clock guard is off unless ``broker_tolerance_ms``
+        is given, since the test's manual clock runs ahead of the broker's."""
         settings = replace(self.deployment.settings, **overrides)
         layout = check_layout(self.deployment.admin, settings)
-        service = Service(settings, self.clock, layout)
+        service = Service(settings, self.clock, layout, broker_tolerance_ms=broker_tolerance_ms)
         service.start()
         self.services.append(service)
         return service

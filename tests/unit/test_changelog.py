@@ -7,6 +7,7 @@ stage, and :func:`open_restored` gets a fake restorer.
 from __future__ import annotations
 
 import gc
+import logging
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,6 +106,15 @@ def test_the_consumed_marker_sets_the_consumed_offset(index: PartitionIndex) -> 
     assert index.offset(CONSUMED) == 1234
     assert index.offset(CHANGELOG) == 11
     assert entries(index) == [Entry(K1, V1)], "the marker is not an entry"
+
+
+def test_a_clock_probe_is_passed_over_without_a_warning(
+    index: PartitionIndex, caplog: pytest.LogCaptureFixture,
+) -> None:
+    _apply(index, {codec.CLOCK_PROBE: None, **staged((K1, V1))}, 12)
+    assert entries(index) == [Entry(K1, V1)]
+    assert index.offset(CHANGELOG) == 12
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize("key", [b"", b"short", K1[:-1], K1 + b"\x00", b"x" * 64])
