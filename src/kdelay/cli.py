@@ -47,7 +47,12 @@ from kdelay.backlog import DueQuery, backlog, due
 from kdelay.changelog import RestoreError, Restorer, Staleness, rebuild
 from kdelay.client import DelayProducer, DeliveryError, parse_due, parse_header
 from kdelay.clock import SystemClock
-from kdelay.connection import AUTHENTICATION_FAILED, ConnectionFailure, check_connection
+from kdelay.connection import (
+    AUTHENTICATION_FAILED,
+    TLS_FAILED,
+    ConnectionFailure,
+    check_connection,
+)
 from kdelay.display import (
     backlog_json,
     backlog_tables,
@@ -268,8 +273,8 @@ def _reported(*, value_errors: bool = True) -> Iterator[None]:
     except DeliveryError as exc:
         _fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
     except ConnectionFailure as exc:
-        bad_credentials = exc.code == AUTHENTICATION_FAILED
-        _fail(exc.code, str(exc), USER_ERROR_EXIT if bad_credentials else KAFKA_ERROR_EXIT)
+        bad_config = exc.code in (AUTHENTICATION_FAILED, TLS_FAILED)
+        _fail(exc.code, str(exc), USER_ERROR_EXIT if bad_config else KAFKA_ERROR_EXIT)
     except IndexLocked as exc:
         _fail("state-dir-in-use", f"{exc}; stop the service that uses it first",
               USER_ERROR_EXIT)
