@@ -17,6 +17,15 @@ clients, with the mechanisms SCRAM-SHA-256 and PLAIN and one user,
 ``kdelay`` / ``kdelay-dev-secret`` (development only). ``sasl`` prints its
 address as ``sasl_bootstrap=HOST:PORT`` (exit 1 when there is none).
 
+It also has a SASL_SSL listener for tests of TLS and ACLs: a development CA and
+a certificate for 127.0.0.1 are made with ``openssl`` at the first start into
+``.cache/broker/tls`` (never committed), and KRaft's ``StandardAuthorizer``
+checks ACLs with ``allow.everyone.if.no.acl.found=false``. The super users are
+``ANONYMOUS`` (the PLAINTEXT and controller listeners, so every test on them
+runs as before) and ``kdelay`` (the SASL user, the tests' administrator); any
+other SCRAM user a test creates gets exactly the ACLs it is granted. ``tls``
+prints ``tls_bootstrap=HOST:PORT`` and ``tls_ca=PATH`` (exit 1 when there is none).
+
 ``stop`` ends only the broker this tool started (by its recorded pid, or the
 compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
 ``start`` reuses its log directory.
@@ -236,6 +245,7 @@ def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
         "auto.create.topics.enable": "false",
         "delete.topic.enable": "true",
     }
+    settings.update(secure_settings(settings, tls_port(), plain, scram))
     config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     (RUN / "log4j2.properties").write_text(
         "status = warn\n"
@@ -302,6 +312,7 @@ def start_jars() -> str:
     wait_ready(bootstrap, time.monotonic() + READY_TIMEOUT_S, proc.pid)
     add_scram_user(bootstrap)
     (RUN / "sasl_bootstrap").write_text(f"127.0.0.1:{sasl_port}\n")
+    (RUN / "tls_bootstrap").write_text(f"127.0.0.1:{tls_port()}\n")
     log(f"broker pid {proc.pid} ready on {bootstrap} in {time.monotonic() - started:.1f}s")
     return bootstrap
 
@@ -321,6 +332,80 @@ def add_scram_user(bootstrap: str) -> None:
         SASL_PASSWORD.encode())
     for future in admin.alter_user_scram_credentials([upsert]).values():
         future.result(timeout=30)
+
+
+# -- the SASL_SSL listener and the authorizer (tests of TLS and ACLs) --------------------
+
+TLS = RUN / "tls"
+SUPER_USERS = ("ANONYMOUS", SASL_USER)
+
+
+def tls_port() -> int:
+    """The SASL_SSL listener's port, chosen once and kept in ``RUN/tls_port``."""
+    path = RUN / "tls_port"
+    if not path.exists():
+        RUN.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{free_port()}\n")
+    return int(path.read_text())
+
+
+def make_certificates() -> tuple[Path, Path]:
+    """Make (once) a development CA and the broker's key and certificate for 127.0.0.1.
+
+    Returns the CA certificate and the broker's PEM keystore (PKCS#8 key, then
+    its certificate and the CA's). Valid ten years; development only.
+    """
+    ca, keystore = TLS / "ca.pem", TLS / "broker-keystore.pem"
+    if ca.exists() and keystore.exists():
+        return ca, keystore
+    TLS.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, cwd=TLS, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+            "-subj", "/CN=kdelay development CA", "-keyout", "ca-key.pem", "-out", "ca.pem")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-keyout", "broker-key.pem", "-out", "broker.csr")
+    (TLS / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+            "-CAcreateserial", "-days", "3650", "-extfile", "san.ext", "-out", "broker.pem")
+    openssl("pkcs8", "-topk8", "-nocrypt", "-in", "broker-key.pem", "-out", "broker-key8.pem")
+    keystore.write_text((TLS / "broker-key8.pem").read_text() + (TLS / "broker.pem").read_text()
+                        + ca.read_text())
+    return ca, keystore
+
+
+def secure_settings(settings: dict[str, str], port: int, plain: str, scram: str
+                    ) -> dict[str, str]:
+    """The broker settings that add the SASL_SSL listener and the authorizer."""
+    _, keystore = make_certificates()
+    listener = f"SASL_SSL://127.0.0.1:{port}"
+    return {
+        "listeners": f"{settings['listeners']},{listener}",
+        "advertised.listeners": f"{settings['advertised.listeners']},{listener}",
+        "listener.security.protocol.map": (
+            f"{settings['listener.security.protocol.map']},SASL_SSL:SASL_SSL"),
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+            f'{plain} required user_{SASL_USER}="{SASL_PASSWORD}";'),
+        "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config": f"{scram} required;",
+        "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
+        "listener.name.sasl_ssl.ssl.keystore.location": str(keystore),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": ";".join(f"User:{user}" for user in SUPER_USERS),
+    }
+
+
+def tls() -> int:
+    """Print ``tls_bootstrap=HOST:PORT`` and ``tls_ca=PATH`` of the running jar broker."""
+    address = RUN / "tls_bootstrap"
+    if recorded_pid() is None or not address.exists():
+        log("no broker of this tool with a SASL_SSL listener is running")
+        return 1
+    print(f"tls_bootstrap={address.read_text().strip()}")
+    print(f"tls_ca={TLS / 'ca.pem'}")
+    return 0
 
 
 def start_docker() -> str:
@@ -394,10 +479,11 @@ def sasl() -> int:
 
 
 def main() -> int:
-    """Parse the command line and run one of start, stop, kill, status, reset, sasl."""
+    """Parse the command line and run one of start, stop, kill, status, reset, sasl, tls."""
     parser = argparse.ArgumentParser(prog="tools/kafka", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["start", "stop", "kill", "status", "reset", "sasl"])
+    parser.add_argument("command",
+                        choices=["start", "stop", "kill", "status", "reset", "sasl", "tls"])
     command = parser.parse_args().command
     if command == "start":
         return start()
@@ -412,6 +498,8 @@ def main() -> int:
         return 0
     if command == "sasl":
         return sasl()
+    if command == "tls":
+        return tls()
     return status()
 
 

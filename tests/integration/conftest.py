@@ -53,11 +53,13 @@ def deployment_factory(
     """Create requests, changelog and DLQ topics and the settings that name them."""
 
     def create(partitions: int = 3, retention_ms: int = 7 * 86_400_000,
+               changelog_config: dict[str, str] | None = None,
                **overrides: Any) -> Deployment:
         requests = topic_factory("req", partitions,
                                  {"cleanup.policy": "delete", "retention.ms": str(retention_ms)})
         changelog = topic_factory("chg", partitions, {"cleanup.policy": "compact",
-                                                      "message.timestamp.type": "LogAppendTime"})
+                                                      "message.timestamp.type": "LogAppendTime",
+                                                      **(changelog_config or {})})
         dlq = topic_factory("dlq", 1)
         settings = Settings(
             bootstrap_servers=bootstrap, requests_topic=requests, changelog_topic=changelog,
@@ -78,10 +80,12 @@ class Running:
         self.clock = clock
         self.services: list[Service] = []
 
-    def add(self, **overrides: Any) -> Service:
+    def add(self, broker_tolerance_ms: int | None = None, **overrides: Any) -> Service:
+        """Start a service; the broker-clock guard is off unless ``broker_tolerance_ms``
+        is given, since the test's manual clock runs ahead of the broker's."""
         settings = replace(self.deployment.settings, **overrides)
         layout = check_layout(self.deployment.admin, settings)
-        service = Service(settings, self.clock, layout)
+        service = Service(settings, self.clock, layout, broker_tolerance_ms=broker_tolerance_ms)
         service.start()
         self.services.append(service)
         return service

@@ -7,16 +7,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from typer.testing import CliRunner
 
 from kdelay.cli import app
+from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
 from kdelay.state.changelog import Restorer
 from kdelay.state.index import CHANGELOG, CONSUMED, PartitionIndex, store_path
 from tests.conftest import TopicFactory
-from tests.integration.conftest import Deployment, Running, produce
+from tests.integration.conftest import Collector, Deployment, Running, produce
 
 Make = Callable[..., Deployment]
 Run = Callable[[Deployment, ManualClock], Running]
@@ -27,6 +29,12 @@ def _args(deployment: Deployment) -> list[str]:
     return ["--bootstrap-servers", s.bootstrap_servers, "--requests-topic", s.requests_topic,
             "--changelog-topic", s.changelog_topic, "--dlq-topic", s.dlq_topic,
             "--state-dir", str(s.state_dir)]
+
+
+def _pending_in(service: Service) -> list[bytes]:
+    """The due keys of the service's index of partition 0 (none when it does not own it)."""
+    index = service.indexes.get(0)
+    return [] if index is None else [entry.key for entry in index.entries()]
 
 
 def _pending(deployment: Deployment, partition: int) -> list[bytes]:
@@ -117,3 +125,82 @@ def test_restorer_replays_tombstones_ids_and_offsets_and_catches_up(
     finally:
         index.close()
         restorer.close()
+
+
+# The broker compacts within seconds: a segment per 100 ms, cleaning at any dirt, and
+# tombstones kept for 100 ms (the broker cleans every second, see tools/kafka).
+COMPACT_AT_ONCE = {"delete.retention.ms": "100", "segment.ms": "100",
+                   "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"}
+
+
+def _changelog_keys(bootstrap: str, topic: str) -> set[bytes]:
+    """The keys the changelog's partition 0 still holds (puts and tombstones)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        keys: set[bytes] = set()
+        position = 0
+        deadline = time.monotonic() + 30
+        while position < high and time.monotonic() < deadline:
+            for message in consumer.consume(1_000, timeout=0.5):
+                if message.error() is None:
+                    keys.add(message.key() or b"")
+                    position = int(message.offset() or 0) + 1
+        return keys
+    finally:
+        consumer.close()
+
+
+def _compact_away(bootstrap: str, topic: str, keys: set[bytes]) -> None:
+    """Write unrelated tombstones until compaction has removed every record of ``keys``.
+
+    The filler keeps the log dirty and rolls segments, so the cleaner passes again
+    once the tombstones' retention is over (it removes a tombstone only then).
+    """
+    deadline = time.monotonic() + 90
+    filler = 0
+    while keys & _changelog_keys(bootstrap, topic):
+        if time.monotonic() > deadline:
+            raise AssertionError("the broker did not compact the changelog within 90 s")
+        filler += 1
+        produce(bootstrap, topic, [_tombstone(codec.encode_due_key(0, 0, 10**12 + filler))])
+        time.sleep(0.5)  # the broker's cleaner runs on its own clock
+
+
+def test_a_state_dir_older_than_the_changelogs_tombstones_is_rebuilt_not_resurrected(
+    deployment_factory: Make, running: Run, topic_factory: TopicFactory, bootstrap: str,
+    collector: Callable[[list[str]], Collector], tmp_path: Path,
+) -> None:
+    deployment = deployment_factory(partitions=1, changelog_config=COMPACT_AT_ONCE)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    produce(bootstrap, deployment.requests, [
+        {"key": f"k{i}".encode(), "value": b"v", "timestamp": clock.now_ms(),
+         "headers": [(envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"3600000")]}
+        for i in range(5)])
+    group = running(deployment, clock)
+    first = group.add(state_dir=tmp_path / "first")
+    group.until(lambda: len(_pending_in(first)) == 5)
+    scheduled = set(_pending_in(first))
+    group.close(first)
+
+    # Another instance (another state dir) delivers everything an hour later ...
+    clock.advance(3_600_000)
+    out = collector([target])
+    second = group.add(state_dir=tmp_path / "second")
+    group.until(lambda: out.poll() >= 5)
+    group.close(second)
+    # ... and compaction removes the entries' puts and tombstones.
+    _compact_away(bootstrap, deployment.settings.changelog_topic, scheduled)
+
+    again = group.add(state_dir=tmp_path / "first")
+    group.until(lambda: 0 in again.owned())
+    for _ in range(20):
+        clock.advance(1_000)
+        group.step()
+        out.poll()
+
+    assert len(out.on(target)) == 5, "the first state dir brought delivered entries back"
+    assert _pending_in(again) == []

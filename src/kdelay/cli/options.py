@@ -28,7 +28,7 @@ import typer
 from confluent_kafka import KafkaError, KafkaException
 
 from kdelay.client import DeliveryError, RequestRefused
-from kdelay.plumbing.connection import AUTHENTICATION_FAILED, ConnectionFailure
+from kdelay.plumbing.connection import AUTHENTICATION_FAILED, TLS_FAILED, ConnectionFailure
 from kdelay.plumbing.connection import check_connection as check_connection  # tests replace it
 from kdelay.plumbing.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.plumbing.topics import LayoutError
@@ -221,8 +221,8 @@ def reported(*, value_errors: bool = True) -> Iterator[None]:
     except DeliveryError as exc:
         fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
     except ConnectionFailure as exc:
-        bad_credentials = exc.code == AUTHENTICATION_FAILED
-        fail(exc.code, str(exc), USER_ERROR_EXIT if bad_credentials else KAFKA_ERROR_EXIT)
+        bad_config = exc.code in (AUTHENTICATION_FAILED, TLS_FAILED)
+        fail(exc.code, str(exc), USER_ERROR_EXIT if bad_config else KAFKA_ERROR_EXIT)
     except IndexLocked as exc:
         fail("state-dir-in-use", f"{exc}; stop the service that uses it first",
               USER_ERROR_EXIT)

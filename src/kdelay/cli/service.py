@@ -19,10 +19,11 @@ from rich.progress import (
 from kdelay.cli import options
 from kdelay.cli.options import common_options, connected, envvar, option, reported, settings_of
 from kdelay.plumbing import identity
+from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.logs import LogFormat
 from kdelay.plumbing.logs import configure as configure_logs
-from kdelay.plumbing.topics import admin_client, create_topics
-from kdelay.state.changelog import Restorer, rebuild
+from kdelay.plumbing.topics import admin_client, create_topics, tombstones_kept_ms, topic_config
+from kdelay.state.changelog import Restorer, Staleness, rebuild
 from kdelay.state.index import store_path
 
 _WEEK_MS = 7 * 24 * 3_600_000
@@ -86,7 +87,9 @@ def restore(
 ) -> None:
     """Rebuild the local indexes under --state-dir from the changelog, with progress.
 
-    Run it with the service stopped (it refuses a store the service holds).
+    A store out of step with the changelog for more than half its
+    delete.retention.ms is rebuilt whole. Run it with the service stopped (it
+    refuses a store the service holds).
     """
     with reported():
         settings = connected(ctx)
@@ -101,8 +104,11 @@ def restore(
                 bar.update(tasks[p], completed=done, total=total)
 
             stores = functools.partial(store_path, settings.state_dir, settings.requests_topic)
+            kept = tombstones_kept_ms(topic_config(admin_client(settings),
+                                                   settings.changelog_topic))
+            staleness = Staleness(SystemClock().now_ms(), kept)
             with Restorer(settings.client_config("restore"), settings.changelog_topic) as restorer:
                 replayed = rebuild(restorer, stores, partitions=partition, fresh=fresh,
-                                   progress=progress)
+                                   progress=progress, staleness=staleness)
     for p, count in sorted(replayed.items()):
         typer.echo(f"partition {p}: {count} changelog records replayed")

@@ -44,6 +44,15 @@ from kdelay.state.originals import Missing, Reading
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 100
+
+Release = Callable[[int], int | None]
+"""The latest due time delivery may release when the service clock says ``now``
+(None: release nothing yet); see :class:`kdelay.engine.skew.BrokerGuard`."""
+
+
+def by_service_clock(now_ms: int) -> int | None:
+    """Release what the service clock says is due."""
+    return now_ms
 IN_FLIGHT_WAIT_MS = 1
 # Entries waiting for a retry do not count against a partition's read-ahead
 # room (so a failing target never hides entries behind it), but a partition
@@ -181,8 +190,9 @@ class Delivery:
 
     def __init__(self, config: DeliveryConfig, targets: Producing, internal: Producing,
                  reader: Reading, clock: Clock, metrics: Metrics,
-                 durability: Durability) -> None:
+                 durability: Durability, release: Release = by_service_clock) -> None:
         self._config = config
+        self._release = release
         self._producer = targets
         self._internal = internal
         self._reader = reader
@@ -316,10 +326,16 @@ class Delivery:
         return self._next_wakeup_ms(now) == 0
 
     def dispatch(self) -> None:
-        """Produce every read-ahead entry that is due by the clock, in key order."""
+        """Produce every read-ahead entry that is due by the clock, in key order.
+
+        Due means due by ``release`` too (by default the service clock alone).
+        """
         now = self._clock.now_ms()
+        limit = self._release(now)
+        if limit is None:
+            return
         book = self._book
-        while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= now:
+        while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= limit:
             try:
                 self._send(job, now)
             except BufferError:
@@ -585,6 +601,12 @@ class Delivery:
         wakeup = self._book.next_wakeup_ms()
         if wakeup is None:
             return MAX_WAIT_MS
+        limit = self._release(now)
+        if limit is None:
+            return MAX_WAIT_MS
+        if limit < now and wakeup <= now:
+            # Due by the service clock, held by the release limit: look again soon.
+            return max(0, min(MAX_WAIT_MS, wakeup - limit))
         return max(0, min(MAX_WAIT_MS, wakeup - now))
 
 

@@ -33,11 +33,11 @@ from confluent_kafka.admin import AdminClient
 
 from kdelay.engine import checkpoint as checkpoints
 from kdelay.engine.checkpoint import Batch, Checkpoint, ServiceError
-from kdelay.engine.delivery import Delivery, DeliveryConfig
+from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.intake import Outcome, Plan, Planner, Topics
 from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
-from kdelay.engine.skew import ClockSkew
+from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import Consuming, Transacting, Watermarks, produce, take
@@ -45,7 +45,7 @@ from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout, check_layout
 from kdelay.protocol import envelope
-from kdelay.state.changelog import Progress, Restorer, Restoring, open_restored
+from kdelay.state.changelog import Progress, Restorer, Restoring, Staleness, open_restored
 from kdelay.state.index import CONSUMED, IndexLocked, PartitionIndex, store_path
 from kdelay.state.originals import OriginalReader, Reading
 
@@ -145,11 +145,12 @@ class _Clients:
     """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
 
     def __init__(self, consumer: Consuming, checkpoint: Checkpoint, reader: Reading,
-                 restorer: Restoring) -> None:
+                 restorer: Restoring, guard: BrokerGuard | None) -> None:
         self.consumer = consumer
         self.checkpoint = checkpoint
         self.reader = reader
         self.restorer = restorer
+        self.guard = guard
 
 
 class Service:
@@ -158,11 +159,18 @@ class Service:
     Clients are created by :meth:`start` (from ``clients``, real Kafka clients
     by default), not in ``__init__``. Drive it with :meth:`run` (until
     :meth:`stop`) or, in tests, with :meth:`step`.
+
+    When the changelog is stamped with ``LogAppendTime``, an entry goes out
+    only once ``clock`` and the broker's clock (plus ``broker_tolerance_ms``)
+    both say it is due (:class:`kdelay.engine.skew.BrokerGuard`). None turns that
+    off: for tests that move a manual clock ahead of the broker's.
     """
 
     def __init__(self, settings: Settings, clock: Clock, layout: Layout,
-                 metrics: Metrics | None = None, clients: ClientFactory | None = None) -> None:
+                 metrics: Metrics | None = None, clients: ClientFactory | None = None,
+                 broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS) -> None:
         self.settings = settings
+        self._broker_tolerance_ms = broker_tolerance_ms if layout.broker_time else None
         self.metrics = metrics or Metrics()
         self._clock = clock
         self._factory = clients or KafkaClients(settings)
@@ -177,6 +185,7 @@ class Service:
                         "topics --entity-name %s --add-config "
                         "message.timestamp.type=LogAppendTime)",
                         settings.changelog_topic, settings.changelog_topic)
+        self._tombstones_kept_ms = layout.tombstones_kept_ms
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._consumed: dict[int, int] = {}
@@ -198,21 +207,34 @@ class Service:
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
             lambda: self._stopping, skew.observe)
         reader = self._factory.reader()
+        guard = self._guard(skew)
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
                            s.retry_backoff_max_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
-            checkpoint.durability)
+            checkpoint.durability, by_service_clock if guard is None else guard.release_ms)
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         consumer = self._factory.consumer("intake", **group)
-        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer())
+        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer(), guard)
         consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
                            on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
+
+    def _guard(self, skew: ClockSkew) -> BrokerGuard | None:
+        """The broker-clock guard, its first probe on its way; None when it is off."""
+        if self._broker_tolerance_ms is None:
+            return None
+        plain: dict[str, str | int | bool] = {
+            "enable.idempotence": False, "acks": "all", "linger.ms": 0}
+        producer = self._factory.producer("clock", **plain)
+        guard = BrokerGuard(skew, producer, self.settings.changelog_topic, self._clock,
+                            self._broker_tolerance_ms)
+        guard.probe()
+        return guard
 
     def run(self) -> None:
         """Step until :meth:`stop` is called, then finish the work in flight and close."""
@@ -240,6 +262,8 @@ class Service:
             clients.checkpoint.close()
             clients.reader.close()
             clients.restorer.close()
+            if clients.guard is not None:
+                clients.guard.close()
 
     def owned(self) -> list[int]:
         """Return the request partitions this instance serves now."""
@@ -268,6 +292,8 @@ class Service:
         checkpoint = clients.checkpoint
         phases = self._phases
         phases.start()
+        if clients.guard is not None:
+            clients.guard.poll()
         wait_ms = delivery.wait_ms()
         if checkpoint.awaiting():
             wait_ms = min(wait_ms, ACK_WAIT_MS)
@@ -300,7 +326,9 @@ class Service:
     def _housekeeping(self) -> None:
         """Refresh the gauges and drop expired id markers, if it is time."""
         clients, _ = self._started()
-        self._housekeeper.tick(self._indexes, self._consumed, clients.consumer)
+        if self._housekeeper.tick(self._indexes, self._consumed, clients.consumer) \
+                and clients.guard is not None:
+            clients.guard.tick()
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None or self._delivery is None:
@@ -440,9 +468,10 @@ class Service:
         clients, _ = self._started()
         path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
         self.metrics.restoring.inc()
+        staleness = Staleness(self._clock.now_ms(), self._tombstones_kept_ms)
         try:
             index, restored = open_restored(path, partition, clients.restorer,
-                                            self._restore_progress(partition))
+                                            self._restore_progress(partition), staleness)
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
@@ -489,7 +518,13 @@ class Service:
 
 
 class Housekeeper:
-    """Every few seconds (service clock): refresh the gauges, drop expired id markers.
+    """Every few seconds (service clock): refresh the gauges, drop expired id markers,
+    and mark every owned store in step with the changelog.
+
+    An owned store lacks only the effects of the changelog writes in flight,
+    so the mark (:meth:`PartitionIndex.mark_synced`) is true; the next
+    assignment of the partition to this state dir trusts the store only while
+    the mark is younger than the changelog keeps tombstones.
 
     Delivered-id markers live as long as a request they answer can be read:
     ``id_ttl_ms`` is the requests topic's retention (None: kept forever).
@@ -504,17 +539,20 @@ class Housekeeper:
         self._next_ms = 0
 
     def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
-             consumer: Watermarks) -> None:
-        """Do the round if it is time."""
+             consumer: Watermarks) -> bool:
+        """Do the round if it is time; return whether it was."""
         now = self._clock.now_ms()
         if now < self._next_ms:
-            return
+            return False
         self._next_ms = now + HOUSEKEEPING_EVERY_MS
+        for index in indexes.values():
+            index.mark_synced(now)
         if self._id_ttl_ms is not None:
             for index in indexes.values():
                 self._metrics.ids_expired.inc(
                     index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
         self._outlook.refresh(now, indexes, consumed, consumer)
+        return True
 
 
 def run_service(settings: Settings, *, check: bool) -> int:

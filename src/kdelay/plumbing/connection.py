@@ -20,6 +20,7 @@ from kdelay.plumbing.clientconfig import REDACTED, secret_values
 
 BROKER_UNREACHABLE = "broker-unreachable"
 AUTHENTICATION_FAILED = "authentication-failed"
+TLS_FAILED = "tls-failed"
 DEFAULT_TIMEOUT_S = 5.0
 _AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION,
                                    KafkaError.SASL_AUTHENTICATION_FAILED})
@@ -28,7 +29,9 @@ _AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION,
 class ConnectionFailure(Exception):
     """No broker answered, or the cluster refused the credentials.
 
-    ``code`` is :data:`BROKER_UNREACHABLE` or :data:`AUTHENTICATION_FAILED`;
+    ``code`` is :data:`BROKER_UNREACHABLE`, :data:`AUTHENTICATION_FAILED` or
+    :data:`TLS_FAILED` (the TLS handshake failed: the broker's certificate is not
+    trusted, or its name does not match);
     the message names the bootstrap servers and librdkafka's reason, never a
     secret of the configuration.
     """
@@ -49,7 +52,8 @@ def check_connection(config: Mapping[str, Any], timeout_s: float = DEFAULT_TIMEO
     """Return once a broker of ``config`` (a client configuration) answers a metadata request.
 
     Raises :class:`ConnectionFailure` ``authentication-failed`` as soon as a
-    broker refuses the SASL credentials, and ``broker-unreachable`` as soon as
+    broker refuses the SASL credentials, ``tls-failed`` as soon as a TLS
+    handshake fails, and ``broker-unreachable`` as soon as
     librdkafka reports every bootstrap broker down (a closed port, an unknown
     host), else when ``timeout_s`` passes without an answer. The probe's own
     librdkafka log lines are dropped: the error carries the reason.
@@ -81,6 +85,13 @@ def _failure(
             f"the brokers at {servers} refused the credentials: "
             f"{_scrubbed(refused.str(), config)}; check sasl.username, sasl.password and "
             "sasl.mechanism (or sasl.jaas.config) in --kafka-config"))
+    handshake = next((e for e in errors if e.code() == KafkaError._SSL), None)
+    if handshake is not None:
+        return ConnectionFailure(TLS_FAILED, (
+            f"the TLS handshake with the brokers at {servers} failed: "
+            f"{_scrubbed(handshake.str(), config)}; trust the CA that signs the brokers' "
+            "certificates with ssl.truststore.type=PEM and ssl.truststore.location (or "
+            "ssl.ca.location) in --kafka-config"))
     down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
     if not down and time.monotonic() < deadline:
         return None

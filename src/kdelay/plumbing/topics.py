@@ -34,6 +34,9 @@ _NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
                           KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 TIMESTAMP_TYPE = "message.timestamp.type"
 TARGET = "target"
+DELETE_RETENTION_MS = "delete.retention.ms"
+# The broker's default delete.retention.ms: how long compaction keeps a tombstone.
+DEFAULT_DELETE_RETENTION_MS = 86_400_000
 CHANGELOG_CONFIG: Mapping[str, str] = {
     CLEANUP_POLICY: "compact",
     # The broker stamps every changelog record with its own clock, so each
@@ -67,11 +70,15 @@ class Layout:
     ``retention_ms`` is the requests topic's ``retention.ms``, ``None`` when
     unlimited. ``broker_time`` tells whether the changelog topic uses
     ``LogAppendTime``, which is what the clock-skew measurement needs.
+    ``tombstones_kept_ms`` is the changelog's ``delete.retention.ms``: a local
+    store out of step with the changelog for longer may have missed
+    tombstones (see :class:`kdelay.state.changelog.Staleness`).
     """
 
     partitions: int
     retention_ms: int | None
     broker_time: bool = False
+    tombstones_kept_ms: int = DEFAULT_DELETE_RETENTION_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +299,13 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
             f"before they are due: {_alter_hint(settings.requests_topic, 'delete')}",
         )
     broker_time = changelog.config.get(TIMESTAMP_TYPE) == "LogAppendTime"
-    return Layout(requests.partitions, _retention(requests.config), broker_time)
+    return Layout(requests.partitions, _retention(requests.config), broker_time,
+                  tombstones_kept_ms(changelog.config))
+
+
+def tombstones_kept_ms(config: Mapping[str, str]) -> int:
+    """The changelog's ``delete.retention.ms`` from its described configuration."""
+    return int(config.get(DELETE_RETENTION_MS, DEFAULT_DELETE_RETENTION_MS))
 
 
 def _required(

@@ -30,6 +30,9 @@ INDEX_HEAD_SIZE = _INDEX_HEAD.size
 # The changelog key under which intake records its consumed offset; any length
 # but DUE_KEY_SIZE keeps it apart from due keys.
 CONSUMED_MARKER = b"kdelay/consumed"
+# The changelog key of the tombstones the service writes to read the broker's
+# clock (see :mod:`kdelay.engine.skew`); replay ignores it.
+CLOCK_PROBE = b"kdelay/clock"
 
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1

@@ -19,6 +19,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -211,6 +212,7 @@ def _apply(index: PartitionIndex, staged: Staged, position: int) -> None:
     """
     changes = Changes(changelog=position)
     marker = staged.pop(codec.CONSUMED_MARKER, None)
+    staged.pop(codec.CLOCK_PROBE, None)
     if marker is not None:
         changes.consumed = codec.decode_offset(marker)
     if set(map(len, staged)) - {codec.DUE_KEY_SIZE}:
@@ -261,42 +263,102 @@ def _note_ids(changes: Changes) -> None:
             changes.ids[schedule_id] = IdState(key, None)
 
 
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """When a store is too old to catch up: ``now_ms`` against the changelog's
+    ``delete.retention.ms`` (``kept_ms``).
+
+    Compaction removes a tombstone no sooner than ``kept_ms`` after it was
+    appended. A store last in step with the changelog longer ago than that may
+    hold entries whose tombstones are gone, and replaying from its changelog
+    offset would bring them back as pending: delivered twice. Such a store is
+    rebuilt whole. Half of ``kept_ms`` is the limit, so that a clock step of
+    less than that between two runs cannot hide the age.
+    """
+
+    now_ms: int
+    kept_ms: int
+
+    @property
+    def limit_ms(self) -> int:
+        """The longest a store may have been out of step and still be caught up."""
+        return self.kept_ms // 2
+
+    def reason(self, index: PartitionIndex) -> str | None:
+        """Why ``index`` must be rebuilt whole, or None when it may be caught up."""
+        if index.offset(CHANGELOG) is None and not index.tally.due:
+            return None  # a new store: replayed whole anyway
+        synced = index.synced_ms()
+        if synced is None:
+            return "it does not record when it was last in step with the changelog"
+        age = self.now_ms - synced
+        if age < self.limit_ms:
+            return None
+        return (f"it was last in step with the changelog {age} ms ago, longer than "
+                f"{self.limit_ms} ms (half the changelog's delete.retention.ms): "
+                "compaction may have removed tombstones it has not seen")
+
+
 def open_restored(path: Path, partition: int, restorer: Restoring,
-                  progress: Progress | None = None) -> tuple[PartitionIndex, int]:
+                  progress: Progress | None = None,
+                  staleness: Staleness | None = None) -> tuple[PartitionIndex, int]:
     """Open the index at ``path`` and catch it up from the changelog; return it and the count.
 
-    A corrupt store, or one past the changelog's end (the topic was
-    recreated), is destroyed and rebuilt whole. :class:`IndexLocked` (another
-    process holds the store) propagates: such a store is never touched.
+    A corrupt store, one past the changelog's end (the topic was recreated),
+    and, given ``staleness``, one out of step with the changelog for too long
+    (:class:`Staleness`) are destroyed and rebuilt whole; with ``staleness``
+    the restored store is then marked in step as of ``staleness.now_ms``.
+    :class:`IndexLocked` (another process holds the store) propagates: such a
+    store is never touched.
     """
     for attempt in range(2):
+        index = _open_fresh_enough(path, partition, staleness)
         try:
-            index = PartitionIndex(path, partition)
-        except IndexCorrupt as exc:
-            log.warning("%s; rebuilding it from the changelog", exc)
-            PartitionIndex.destroy(path)
-            index = PartitionIndex(path, partition)
-        try:
-            return index, restorer.restore(index, progress)
+            restored = restorer.restore(index, progress)
         except StaleIndex as exc:
             log.warning("partition %d: %s; rebuilding it whole", partition, exc)
             index.close()
             PartitionIndex.destroy(path)
             if attempt:
                 raise
+            continue
         except BaseException:
             index.close()
             raise
+        if staleness is not None:
+            index.mark_synced(staleness.now_ms)
+        return index, restored
     raise AssertionError("unreachable")
+
+
+def _open_fresh_enough(path: Path, partition: int,
+                       staleness: Staleness | None) -> PartitionIndex:
+    """Open the store at ``path``, first destroying it if it is corrupt or too old."""
+    try:
+        index = PartitionIndex(path, partition)
+    except IndexCorrupt as exc:
+        log.warning("%s; rebuilding it from the changelog", exc)
+        PartitionIndex.destroy(path)
+        return PartitionIndex(path, partition)
+    reason = None if staleness is None else staleness.reason(index)
+    if reason is None:
+        return index
+    log.warning("partition %d: rebuilding the local store %s from the changelog: %s",
+                partition, path, reason)
+    index.close()
+    PartitionIndex.destroy(path)
+    return PartitionIndex(path, partition)
 
 
 def rebuild(restorer: Restorer, paths: Callable[[int], Path], *,
             partitions: Sequence[int] | None = None, fresh: bool = False,
-            progress: PartitionProgress | None = None) -> dict[int, int]:
+            progress: PartitionProgress | None = None,
+            staleness: Staleness | None = None) -> dict[int, int]:
     """Rebuild or catch up the local indexes of ``partitions`` (all when None) from the changelog.
 
     ``paths`` gives the store of a partition. With ``fresh`` the local stores
-    are deleted first and rebuilt whole. Returns the records replayed per
+    are deleted first and rebuilt whole; ``staleness`` rebuilds whole the
+    stores too old to catch up (:class:`Staleness`). Returns the records replayed per
     partition. Raises :class:`IndexLocked` when a running service holds a
     store, and :class:`RestoreError` when the changelog topic does not exist.
     The caller closes ``restorer``.
@@ -309,6 +371,6 @@ def rebuild(restorer: Restorer, paths: Callable[[int], Path], *,
             PartitionIndex(path, partition).close()  # raises IndexLocked if in use
             PartitionIndex.destroy(path)
         step = None if progress is None else functools.partial(progress, partition)
-        index, replayed[partition] = open_restored(path, partition, restorer, step)
+        index, replayed[partition] = open_restored(path, partition, restorer, step, staleness)
         index.close()
     return replayed

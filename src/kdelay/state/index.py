@@ -8,8 +8,10 @@ One store (rocksdict, raw mode) per request partition, three column families:
   older than the requests topic's retention can be dropped (:meth:`prune_ids`)
   without a scan of every id;
 - ``meta``: the offsets the index covers (``consumed``: the next requests offset
-  to read; ``changelog``: the next changelog offset to replay), and the exact
-  tally of pending entries (:mod:`kdelay.state.tally`), written with every batch.
+  to read; ``changelog``: the next changelog offset to replay), when the store
+  was last known in step with the changelog (``synced``, see :meth:`mark_synced`),
+  and the exact tally of pending entries (:mod:`kdelay.state.tally`), written with
+  every batch.
 
 Every change, with the offsets it covers, is written in one ``WriteBatch``, so
 the store is never ahead of or behind its own offsets. Scans are bounded by an
@@ -39,6 +41,7 @@ META_CF = "meta"
 EXPIRY_CF = "expiry"
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
+SYNCED = b"synced"
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 
@@ -167,6 +170,21 @@ class PartitionIndex:
         """Return a covered offset (``CONSUMED`` or ``CHANGELOG``), or None if never set."""
         raw = self._meta.get(name)
         return None if raw is None else codec.decode_offset(raw)
+
+    def synced_ms(self) -> int | None:
+        """Return when the store was last known in step with the changelog, or None if never."""
+        return self.offset(SYNCED)
+
+    def mark_synced(self, now_ms: int) -> None:
+        """Record that at ``now_ms`` the store holds every changelog record's effect but
+        those of records appended since (the writes in flight).
+
+        Compaction removes a tombstone no sooner than the changelog's
+        ``delete.retention.ms`` after it was appended, so a store last in step
+        within that time can still be caught up from its changelog offset; an
+        older one may miss deletions and must be rebuilt whole.
+        """
+        self._meta[SYNCED] = codec.encode_offset(now_ms)
 
     def id_state(self, schedule_id: str) -> IdState | None:
         """Return what the index knows of a schedule id, or None."""

@@ -27,8 +27,10 @@ from kdelay.engine.delivery import (
     MAX_WAIT_MS,
     Delivery,
     DeliveryConfig,
+    Release,
     TopicCheck,
     backoff_ms,
+    by_service_clock,
 )
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import ChangelogWriter
@@ -159,7 +161,7 @@ class World:
     """A Delivery wired to fakes, a manual clock and real indexes of three partitions."""
 
     def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG, *,
-                 transactional: bool = False) -> None:
+                 transactional: bool = False, release: Release = by_service_clock) -> None:
         self.clock = ManualClock(T0)
         self.targets = FakeProducer()
         self.internal = FakeProducer()
@@ -169,7 +171,7 @@ class World:
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
         durability = (TransactedTombstones if transactional else ReportedTombstones)(self.writer)
         self.delivery = Delivery(config, self.targets, self.internal, self.reader,
-                                 self.clock, self.metrics, durability)
+                                 self.clock, self.metrics, durability, release)
 
     def close(self) -> None:
         for index in self.indexes.values():
@@ -256,6 +258,26 @@ def test_nothing_is_produced_before_its_due_time(world: World) -> None:
     [sent] = world.targets.sent
     assert sent.timestamp == T0 + 5_000
     assert sent.origin == origin(0, 7)
+
+
+def test_a_release_limit_holds_entries_the_service_clock_sees_due(tmp_path: Path) -> None:
+    limit: list[int | None] = [None]
+    w = World(tmp_path, release=lambda now: limit[0] if limit[0] is None else min(now,
+                                                                                  limit[0]))
+    try:
+        w.request(0, 1, T0 + 1_000)
+        w.request(0, 2, T0 + 3_000)
+        assert w.at(T0 + 5_000) == MAX_WAIT_MS, "nothing to release yet: look again soon"
+        assert w.targets.sent == []
+        limit[0] = T0 + 2_000
+        w.at(T0 + 5_000)
+        assert [s.origin for s in w.targets.sent] == [origin(0, 1)]
+        assert w.targets.sent[0].timestamp == T0 + 5_000, "stamped by the service clock"
+        limit[0] = T0 + 3_000
+        w.at(T0 + 5_001)
+        assert [s.origin for s in w.targets.sent] == [origin(0, 1), origin(0, 2)]
+    finally:
+        w.close()
 
 
 def test_a_far_entry_is_not_produced_early_after_a_clock_jump(world: World) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import cast
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
 
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.skew import WARN_EVERY_MS, ClockSkew
+from kdelay.engine.skew import PROBE_EVERY_MS, WARN_EVERY_MS, BrokerGuard, ClockSkew
+from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import ManualClock
+from kdelay.protocol import codec
 
 NOW = 1_700_000_000_000
 
@@ -58,3 +62,97 @@ def test_a_small_skew_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> N
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         ClockSkew(clock, metrics.clock_skew).observe(acknowledged(NOW - 3))
     assert caplog.records == []
+
+
+class ProbeProducer:
+    """Keeps produced probes; ``poll`` acknowledges them with a broker stamp or an error."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.pending: list[Callable[[KafkaError | None, Message], None]] = []
+        self.answer: int | KafkaError = NOW
+
+    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
+                on_delivery: Callable[[KafkaError | None, Message], None], **_: object) -> None:
+        self.sent.append((topic, key, value))
+        self.pending.append(on_delivery)
+
+    def poll(self, timeout: float = 0) -> int:
+        del timeout
+        reports, self.pending = self.pending, []
+        for report in reports:
+            if isinstance(self.answer, KafkaError):
+                report(self.answer, acknowledged(0))
+            else:
+                report(None, acknowledged(self.answer))
+        return len(reports)
+
+    def flush(self, timeout: float = 0) -> int:
+        return self.poll(timeout) and 0
+
+
+def guard_on(clock: ManualClock) -> tuple[BrokerGuard, ProbeProducer]:
+    producer = ProbeProducer()
+    skew = ClockSkew(clock, Metrics().clock_skew)
+    return BrokerGuard(skew, cast(Producing, producer), "chg", clock, tolerance_ms=1_000), \
+        producer
+
+
+def test_the_guard_holds_everything_until_the_broker_clock_is_read() -> None:
+    clock = ManualClock(NOW)
+    guard, producer = guard_on(clock)
+    assert guard.release_ms(NOW) is None
+    guard.probe()
+    guard.probe()  # one probe at a time
+    assert producer.sent == [("chg", codec.CLOCK_PROBE, None)], "a tombstone, no data"
+    assert guard.release_ms(NOW) is None, "not acknowledged yet"
+    guard.poll()
+    assert guard.release_ms(NOW) == NOW
+
+
+def test_a_service_clock_ahead_of_the_broker_releases_by_the_broker_plus_tolerance() -> None:
+    clock = ManualClock(NOW + 3_600_000)  # the wall clock stepped an hour forward
+    guard, _ = guard_on(clock)
+    guard.probe()
+    guard.poll()
+    assert guard.release_ms(clock.now_ms()) == NOW + 1_000
+    clock.advance(60_000)  # a minute passes for both clocks
+    assert guard.release_ms(clock.now_ms()) == NOW + 61_000
+
+
+def test_a_service_clock_behind_the_broker_releases_by_the_service_clock() -> None:
+    clock = ManualClock(NOW - 3_600_000)
+    guard, _ = guard_on(clock)
+    guard.probe()
+    guard.poll()
+    assert guard.release_ms(clock.now_ms()) == NOW - 3_600_000
+
+
+def test_a_failed_probe_is_said_once_and_tried_again(caplog: pytest.LogCaptureFixture) -> None:
+    clock = ManualClock(NOW)
+    guard, producer = guard_on(clock)
+    producer.answer = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
+        for _ in range(3):
+            guard.tick()
+            guard.poll()
+    assert len(producer.sent) == 3
+    assert len([r for r in caplog.records if "cannot read the broker" in r.getMessage()]) == 1
+    assert guard.release_ms(NOW) is None
+    producer.answer = NOW
+    guard.tick()
+    guard.poll()
+    assert guard.release_ms(NOW) == NOW
+
+
+def test_the_broker_clock_is_read_again_only_after_a_minute() -> None:
+    clock = ManualClock(NOW)
+    guard, producer = guard_on(clock)
+    guard.tick()
+    guard.poll()
+    clock.advance(PROBE_EVERY_MS - 1)
+    guard.tick()
+    assert len(producer.sent) == 1
+    clock.advance(1)
+    guard.tick()
+    assert len(producer.sent) == 2

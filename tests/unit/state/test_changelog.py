@@ -7,6 +7,7 @@ stage, and :func:`open_restored` gets a fake restorer.
 from __future__ import annotations
 
 import gc
+import logging
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from kdelay.state.changelog import (
     RestoreError,
     Restorer,
     StaleIndex,
+    Staleness,
     _apply,
     _collector_paused,
     _stage,
@@ -104,6 +106,15 @@ def test_the_consumed_marker_sets_the_consumed_offset(index: PartitionIndex) -> 
     assert index.offset(CONSUMED) == 1234
     assert index.offset(CHANGELOG) == 11
     assert entries(index) == [Entry(K1, V1)], "the marker is not an entry"
+
+
+def test_a_clock_probe_is_passed_over_without_a_warning(
+    index: PartitionIndex, caplog: pytest.LogCaptureFixture,
+) -> None:
+    _apply(index, {codec.CLOCK_PROBE: None, **staged((K1, V1))}, 12)
+    assert entries(index) == [Entry(K1, V1)]
+    assert index.offset(CHANGELOG) == 12
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize("key", [b"", b"short", K1[:-1], K1 + b"\x00", b"x" * 64])
@@ -327,16 +338,69 @@ class FakeRestorer:
         return 3
 
 
-def restored(path: Path, restorer: FakeRestorer,
-             progress: Progress | None = None) -> tuple[PartitionIndex, int]:
-    return open_restored(path, PART, cast(Restorer, restorer), progress)
+def restored(path: Path, restorer: FakeRestorer, progress: Progress | None = None,
+             staleness: Staleness | None = None) -> tuple[PartitionIndex, int]:
+    return open_restored(path, PART, cast(Restorer, restorer), progress, staleness)
 
 
-def seed(path: Path) -> None:
-    """Leave a closed store at ``path`` holding one entry and a changelog position of 50."""
+def seed(path: Path, synced_ms: int | None = None) -> None:
+    """Leave a closed store at ``path`` holding one entry and a changelog position of 50,
+    marked in step with the changelog at ``synced_ms``."""
     idx = PartitionIndex(path, PART)
     idx.apply(Changes(puts=[Entry(K1, V1)], ids={"order-1": IdState(K1, None)}, changelog=50))
+    if synced_ms is not None:
+        idx.mark_synced(synced_ms)
     idx.close()
+
+
+DAY_MS = 86_400_000
+
+
+@pytest.mark.parametrize("age_ms", [0, DAY_MS // 2 - 1])
+def test_a_store_in_step_within_half_the_tombstone_retention_is_caught_up(
+    tmp_path: Path, age_ms: int,
+) -> None:
+    path = tmp_path / "store"
+    seed(path, synced_ms=T0)
+    restorer = FakeRestorer()
+    index, _ = restored(path, restorer, staleness=Staleness(T0 + age_ms, DAY_MS))
+    try:
+        assert restorer.seen == [([K1], 50)]
+        assert index.synced_ms() == T0 + age_ms, "marked in step as of the restore"
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("synced_ms", [T0 - DAY_MS // 2, None])
+def test_a_store_out_of_step_too_long_or_never_marked_is_rebuilt_whole(
+    tmp_path: Path, synced_ms: int | None,
+) -> None:
+    path = tmp_path / "store"
+    seed(path, synced_ms=synced_ms)
+    restorer = FakeRestorer()
+    index, count = restored(path, restorer, staleness=Staleness(T0, DAY_MS))
+    try:
+        assert count == 3
+        assert restorer.seen == [([], None)], "replayed whole into an empty store"
+        assert index.get(K1) is None
+        assert index.id_state("order-1") is None
+        assert index.synced_ms() == T0
+    finally:
+        index.close()
+
+
+def test_a_new_store_needs_no_mark_and_without_staleness_none_is_checked(tmp_path: Path) -> None:
+    fresh, _ = restored(tmp_path / "new", FakeRestorer(), staleness=Staleness(T0, DAY_MS))
+    fresh.close()
+    path = tmp_path / "store"
+    seed(path)
+    restorer = FakeRestorer()
+    index, _ = restored(path, restorer)
+    try:
+        assert restorer.seen == [([K1], 50)]
+        assert index.synced_ms() is None
+    finally:
+        index.close()
 
 
 def test_a_healthy_store_is_caught_up_in_place(tmp_path: Path) -> None:
