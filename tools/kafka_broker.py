@@ -12,6 +12,12 @@ order of preference:
    ``--bootstrap-servers`` finds it; ``KDELAY_BROKER_PORT`` picks another, 0
    any free one), else a free port.
 
+The jar broker's version is ``KDELAY_KAFKA_VERSION`` (default 4.1.1, the one
+the README names; 3.9.0 or later). Its jars are cached per version in
+``.cache/kafka-libs-<version>/`` and a broker of another version than the
+default keeps its data in ``.cache/broker-<version>/``, so brokers of two
+versions can run side by side; every command acts on the version set.
+
 The jar broker also has a SASL_PLAINTEXT listener for tests of authenticated
 clients, with the mechanisms SCRAM-SHA-256 and PLAIN and one user,
 ``kdelay`` / ``kdelay-dev-secret`` (development only). ``sasl`` prints its
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,8 +44,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KDELAY_CACHE_DIR", ROOT / ".cache"))
-LIBS = CACHE / "kafka-libs"
-RUN = CACHE / "broker"
+DEFAULT_VERSION = "4.1.1"
+OLDEST_VERSION = (3, 9)
+VERSION = os.environ.get("KDELAY_KAFKA_VERSION") or DEFAULT_VERSION
+LIBS = CACHE / f"kafka-libs-{VERSION}"
+RUN = CACHE / ("broker" if VERSION == DEFAULT_VERSION else f"broker-{VERSION}")
 POM = ROOT / "tools" / "maven" / "kafka-broker.pom.xml"
 COMPOSE = ROOT / "compose.yml"
 DOCKER_BOOTSTRAP = "127.0.0.1:9092"
@@ -151,6 +161,35 @@ def docker_available() -> bool:
     return probe.returncode == 0
 
 
+def version_parts(version: str = VERSION) -> tuple[int, int]:
+    """Return ``(major, minor)`` of a Kafka release number; exit on one kdelay cannot run."""
+    found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
+    if found is None:
+        sys.exit(f"tools/kafka: KDELAY_KAFKA_VERSION={version!r} is not a Kafka release "
+                 f"number such as {DEFAULT_VERSION}")
+    parts = int(found[1]), int(found[2])
+    if parts < OLDEST_VERSION:
+        sys.exit(f"tools/kafka: Kafka {version} is older than {OLDEST_VERSION[0]}."
+                 f"{OLDEST_VERSION[1]}, the oldest kdelay supports")
+    return parts
+
+
+def maven_properties(version: str = VERSION) -> list[str]:
+    """The pom's properties for Kafka ``version``: its log4j2 backend and bridges.
+
+    Kafka keeps log4j2 compile-only, so the backend is named here at the
+    version each line was built with: 2.24 up to 4.1, 2.25 from 4.2. Kafka 3.x
+    still logs through log4j 1's API, which ``log4j-1.2-api`` (the ``log4j1``
+    profile) bridges to the same log4j2 backend and configuration.
+    """
+    parts = version_parts(version)
+    log4j = "2.24.3" if parts < (4, 2) else "2.25.3"
+    found = [f"-Dkafka.version={version}", f"-Dlog4j.version={log4j}"]
+    if parts < (4, 0):
+        found.append("-Dkafka.log4j1=true")
+    return found
+
+
 def fetch_jars() -> None:
     """Download the broker's jars with Maven once; later calls find them cached."""
     marker = LIBS / ".complete"
@@ -158,17 +197,20 @@ def fetch_jars() -> None:
         return
     if shutil.which("mvn") is None:
         sys.exit("tools/kafka: Maven (mvn) is needed to fetch Kafka's jars; install it")
-    log(f"fetching Kafka jars with Maven into {LIBS}")
+    log(f"fetching Kafka {VERSION} jars with Maven into {LIBS}")
     started = time.monotonic()
     LIBS.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
+    fetched = subprocess.run(
         [
             "mvn", "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}",
+            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}", *maven_properties(),
         ],
-        check=True,
+        check=False,
         stdout=sys.stderr,
     )
+    if fetched.returncode != 0:
+        sys.exit(f"tools/kafka: Maven could not fetch Kafka {VERSION} "
+                 "(is it a released version?); see its output above")
     size = sum(p.stat().st_size for p in LIBS.glob("*.jar"))
     log(f"fetched {size / 1e6:.1f} MB of jars in {time.monotonic() - started:.1f}s")
     marker.touch()
