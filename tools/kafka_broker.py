@@ -6,7 +6,8 @@ broker it started before and prints the same line. The broker comes from, in
 order of preference:
 
 1. ``KDELAY_BOOTSTRAP_SERVERS``: a broker somebody else runs; nothing starts.
-2. A Docker engine that answers: the ``kafka`` service of ``compose.yml``.
+2. A Docker engine that answers: the ``kafka`` service of ``compose.yml`` (only
+   for the default version; another ``KDELAY_KAFKA_VERSION`` runs from jars).
 3. Kafka's jars from Maven Central (fetched with Maven into ``.cache/``) run
    with ``java`` on 127.0.0.1, port 9092 when it is free (so kdelay's default
    ``--bootstrap-servers`` finds it; ``KDELAY_BROKER_PORT`` picks another, 0
@@ -197,13 +198,14 @@ def fetch_jars() -> None:
         return
     if shutil.which("mvn") is None:
         sys.exit("tools/kafka: Maven (mvn) is needed to fetch Kafka's jars; install it")
+    properties = maven_properties()
     log(f"fetching Kafka {VERSION} jars with Maven into {LIBS}")
     started = time.monotonic()
     LIBS.mkdir(parents=True, exist_ok=True)
     fetched = subprocess.run(
         [
             "mvn", "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}", *maven_properties(),
+            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}", *properties,
         ],
         check=False,
         stdout=sys.stderr,
@@ -383,7 +385,8 @@ def start() -> int:
     if external:
         wait_ready(external.split(",")[0], time.monotonic() + READY_TIMEOUT_S)
         bootstrap = external
-    elif recorded_pid() is None and docker_available():
+    elif recorded_pid() is None and VERSION == DEFAULT_VERSION and docker_available():
+        # compose.yml's broker image is the default version; others run from jars.
         bootstrap = start_docker()
     else:
         bootstrap = start_jars()
