@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient
 from kdelay import callbacks
 from kdelay.callbacks import guarded
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.compat]
 
 TopicFactory = Callable[..., str]  # the conftest fixture topic_factory
 TIMEOUT_S = 30.0
