@@ -6,11 +6,18 @@ broker it started before and prints the same line. The broker comes from, in
 order of preference:
 
 1. ``KDELAY_BOOTSTRAP_SERVERS``: a broker somebody else runs; nothing starts.
-2. A Docker engine that answers: the ``kafka`` service of ``compose.yml``.
+2. A Docker engine that answers: the ``kafka`` service of ``compose.yml`` (only
+   for the default version; another ``KDELAY_KAFKA_VERSION`` runs from jars).
 3. Kafka's jars from Maven Central (fetched with Maven into ``.cache/``) run
    with ``java`` on 127.0.0.1, port 9092 when it is free (so kdelay's default
    ``--bootstrap-servers`` finds it; ``KDELAY_BROKER_PORT`` picks another, 0
    any free one), else a free port.
+
+The jar broker's version is ``KDELAY_KAFKA_VERSION`` (default 4.1.1, the one
+the README names; 3.9.0 or later). Its jars are cached per version in
+``.cache/kafka-libs-<version>/`` and a broker of another version than the
+default keeps its data in ``.cache/broker-<version>/``, so brokers of two
+versions can run side by side; every command acts on the version set.
 
 The jar broker also has a SASL_PLAINTEXT listener for tests of authenticated
 clients, with the mechanisms SCRAM-SHA-256 and PLAIN and one user,
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,8 +54,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KDELAY_CACHE_DIR", ROOT / ".cache"))
-LIBS = CACHE / "kafka-libs"
-RUN = CACHE / "broker"
+DEFAULT_VERSION = "4.1.1"
+OLDEST_VERSION = (3, 9)
+VERSION = os.environ.get("KDELAY_KAFKA_VERSION") or DEFAULT_VERSION
+LIBS = CACHE / f"kafka-libs-{VERSION}"
+RUN = CACHE / ("broker" if VERSION == DEFAULT_VERSION else f"broker-{VERSION}")
 POM = ROOT / "tools" / "maven" / "kafka-broker.pom.xml"
 COMPOSE = ROOT / "compose.yml"
 DOCKER_BOOTSTRAP = "127.0.0.1:9092"
@@ -160,6 +171,35 @@ def docker_available() -> bool:
     return probe.returncode == 0
 
 
+def version_parts(version: str = VERSION) -> tuple[int, int]:
+    """Return ``(major, minor)`` of a Kafka release number; exit on one kdelay cannot run."""
+    found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
+    if found is None:
+        sys.exit(f"tools/kafka: KDELAY_KAFKA_VERSION={version!r} is not a Kafka release "
+                 f"number such as {DEFAULT_VERSION}")
+    parts = int(found[1]), int(found[2])
+    if parts < OLDEST_VERSION:
+        sys.exit(f"tools/kafka: Kafka {version} is older than {OLDEST_VERSION[0]}."
+                 f"{OLDEST_VERSION[1]}, the oldest kdelay supports")
+    return parts
+
+
+def maven_properties(version: str = VERSION) -> list[str]:
+    """The pom's properties for Kafka ``version``: its log4j2 backend and bridges.
+
+    Kafka keeps log4j2 compile-only, so the backend is named here at the
+    version each line was built with: 2.24 up to 4.1, 2.25 from 4.2. Kafka 3.x
+    still logs through log4j 1's API, which ``log4j-1.2-api`` (the ``log4j1``
+    profile) bridges to the same log4j2 backend and configuration.
+    """
+    parts = version_parts(version)
+    log4j = "2.24.3" if parts < (4, 2) else "2.25.3"
+    found = [f"-Dkafka.version={version}", f"-Dlog4j.version={log4j}"]
+    if parts < (4, 0):
+        found.append("-Dkafka.log4j1=true")
+    return found
+
+
 def fetch_jars() -> None:
     """Download the broker's jars with Maven once; later calls find them cached."""
     marker = LIBS / ".complete"
@@ -167,17 +207,21 @@ def fetch_jars() -> None:
         return
     if shutil.which("mvn") is None:
         sys.exit("tools/kafka: Maven (mvn) is needed to fetch Kafka's jars; install it")
-    log(f"fetching Kafka jars with Maven into {LIBS}")
+    properties = maven_properties()
+    log(f"fetching Kafka {VERSION} jars with Maven into {LIBS}")
     started = time.monotonic()
     LIBS.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
+    fetched = subprocess.run(
         [
             "mvn", "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}",
+            "-DincludeScope=runtime", f"-DoutputDirectory={LIBS}", *properties,
         ],
-        check=True,
+        check=False,
         stdout=sys.stderr,
     )
+    if fetched.returncode != 0:
+        sys.exit(f"tools/kafka: Maven could not fetch Kafka {VERSION} "
+                 "(is it a released version?); see its output above")
     size = sum(p.stat().st_size for p in LIBS.glob("*.jar"))
     log(f"fetched {size / 1e6:.1f} MB of jars in {time.monotonic() - started:.1f}s")
     marker.touch()
@@ -426,7 +470,8 @@ def start() -> int:
     if external:
         wait_ready(external.split(",")[0], time.monotonic() + READY_TIMEOUT_S)
         bootstrap = external
-    elif recorded_pid() is None and docker_available():
+    elif recorded_pid() is None and VERSION == DEFAULT_VERSION and docker_available():
+        # compose.yml's broker image is the default version; others run from jars.
         bootstrap = start_docker()
     else:
         bootstrap = start_jars()

@@ -23,6 +23,7 @@ def _harness() -> ModuleType:
     return module
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(("guarantee", "broker_kills"),
                          [("at-least-once", 0), ("exactly-once", 1)])
 def test_ten_kills_lose_nothing_and_stay_within_the_guarantee(

@@ -71,6 +71,7 @@ def wait(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> N
         time.sleep(0.2)
 
 
+@pytest.mark.compat
 @kafka
 def test_listing_spans_instances_and_drops_delivered_and_cancelled(
     deploy: Deploy, start_kdelay: Start, receiver: Receive, topic_factory: TopicFactory,
@@ -130,6 +131,7 @@ def test_listing_spans_instances_and_drops_delivered_and_cancelled(
     assert foreign.stderr.startswith("error[not-a-request]")
 
 
+@pytest.mark.compat
 @kafka
 def test_retention_check_reports_expired_and_late_originals(
     deploy: Deploy, start_kdelay: Start, admin: AdminClient, tmp_path: Path,

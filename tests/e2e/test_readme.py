@@ -66,6 +66,7 @@ def walk_env(bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[dic
         future.result(timeout=30)
 
 
+@pytest.mark.compat
 def test_the_readme_walk_works_as_written(walk_env: dict[str, str], tmp_path: Path) -> None:
     up, send, tail, send_later, cancel = run_it_commands()
     assert up == ["tools/up"]

@@ -212,6 +212,7 @@ def stop(process: KdelayProcess) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.compat
 @kafka
 def test_sigterm_and_restart_mid_stream_lose_nothing(
     deploy: Deploy, start_kdelay: Start, receiver: Receive, topic_factory: TopicFactory,

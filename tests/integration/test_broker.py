@@ -14,8 +14,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import kafka_broker  # tools/, on pytest's pythonpath
 import pytest
 from confluent_kafka import (
     TIMESTAMP_CREATE_TIME,
@@ -32,11 +34,26 @@ from confluent_kafka.admin import AdminClient
 from kdelay.plumbing import callbacks
 from kdelay.plumbing.callbacks import guarded
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.compat]
 
 TopicFactory = Callable[..., str]  # the conftest fixture topic_factory
 TIMEOUT_S = 30.0
 OFFSET_INVALID = -1001
+
+
+def test_the_broker_runs_the_kafka_version_asked_for(bootstrap: str) -> None:
+    """A broker of ``tools/kafka`` runs the jars of ``KDELAY_KAFKA_VERSION`` (default 4.1.1).
+
+    The compatibility runs rely on it: each must test the version it names.
+    """
+    pid = kafka_broker.recorded_pid()
+    address = kafka_broker.RUN / "bootstrap"
+    if pid is None or not address.exists() or address.read_text().strip() != bootstrap:
+        pytest.skip("the broker is not one tools/kafka runs from jars")
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    classpath = Path(command[command.index(b"-cp") + 1].decode().removesuffix("/*"))
+    jars = sorted(jar.name for jar in classpath.glob("kafka_2.13-*.jar"))
+    assert jars == [f"kafka_2.13-{kafka_broker.VERSION}.jar"]
 
 
 class Deliveries:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+import pytest
 from typer.testing import CliRunner
 
 from kdelay.cli import app
@@ -46,6 +46,7 @@ def _pending(deployment: Deployment, partition: int) -> list[bytes]:
         index.close()
 
 
+@pytest.mark.compat
 def test_restore_fresh_rebuilds_what_the_service_indexed(
     deployment_factory: Make, running: Run, topic_factory: TopicFactory, bootstrap: str,
 ) -> None:
