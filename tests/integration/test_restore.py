@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from typer.testing import CliRunner
 
 from kdelay.cli import app
