@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kdelay.view.archive import ArchiveWriter, Entry, Header
@@ -187,3 +187,28 @@ def test_an_entry_already_due_is_delivered_at_once(
     assert (message.key(), message.value()) == (b"k", b"v")
     assert user_headers({"headers": message.headers()}) == [("h", b"1")]
     assert received_headers(message)["kdelay-due-ms"] == str(due_ms).encode()
+
+
+@kafka
+def test_an_import_the_destination_cannot_hold_is_refused_before_sending(
+    deploy: Deploy, tmp_path: Path,
+) -> None:
+    destination = deploy(partitions=1)  # retention.ms 7 days
+    file = tmp_path / "far.jsonl"
+    due_ms = time.time_ns() // 1_000_000 + 30 * 86_400_000
+    writer = ArchiveWriter(file, Header("elsewhere", None, due_ms, 1, due_ms))
+    writer.write(Entry(due_ms, "t", None, "far", None, b"v", [], "elsewhere/0/1", due_ms))
+    writer.finish({})
+    writer.close()
+    env = destination.env(KDELAY_VIEW_DIR=str(tmp_path / "view"))
+    refused = run_cli(env, "import", str(file))
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("error[retention-too-short]: "), refused.stderr
+    assert "kdelay retention set " in refused.stderr
+    consumer = Consumer({"bootstrap.servers": destination.bootstrap, "group.id": "unused"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(destination.requests, 0),
+                                                   timeout=30)
+    finally:
+        consumer.close()
+    assert high == low == 0, "the refused import sent a request"

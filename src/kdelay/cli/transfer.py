@@ -25,7 +25,14 @@ from kdelay.cli.options import (
 from kdelay.cli.view import DEFAULT_VIEW_DIR, ViewDir, operator_view
 from kdelay.client import DelayProducer
 from kdelay.view.archive import ArchiveError, ArchiveReader, ArchiveWriter, Header
-from kdelay.view.export import ExportError, cluster_id, export_pending, import_archive
+from kdelay.view.export import (
+    ExportError,
+    RetentionTooShort,
+    check_room,
+    cluster_id,
+    export_pending,
+    import_archive,
+)
 
 INCOMPLETE_EXIT = 3
 
@@ -79,18 +86,21 @@ def import_command(
 
     Entries whose id is already pending here are skipped, so importing a file
     twice schedules nothing twice; entries already due are delivered at once.
+    Refused (error[retention-too-short]) when the requests topic here would
+    dead-letter the file's latest schedule as too far ahead.
     """
     with _open(file) as reader:
         if check:
             _check(reader)
             return
-        with operator_view(ctx, view_dir) as (settings, view, _, _now), \
+        with operator_view(ctx, view_dir) as (settings, view, _, now_ms), \
                 DelayProducer(settings) as producer:
             try:
+                check_room(settings, reader.header, now_ms)
                 summary = import_archive(
                     reader, producer, lambda sid: view.find_id(sid) is not None,
                     lambda done, total: view.report("importing schedules", done, total))
-            except ArchiveError as exc:
+            except (ArchiveError, RetentionTooShort) as exc:
                 fail(exc.code, str(exc), USER_ERROR_EXIT)
     typer.echo(f"sent {summary.sent}, skipped {summary.skipped} already pending "
                f"({summary.derived} entries without an id got a derived id)")

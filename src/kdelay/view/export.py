@@ -37,16 +37,23 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from kdelay.client import DelayProducer
 from kdelay.plumbing.settings import Settings
-from kdelay.plumbing.topics import admin_client
+from kdelay.plumbing.topics import admin_client, topic_config
 from kdelay.protocol import codec, envelope
 from kdelay.view.archive import ArchiveReader, ArchiveWriter, Entry, Header
 from kdelay.view.pending import QUIET, Original, Originals, OriginalState, Pending, PendingView
+from kdelay.view.retention import recommend
 
 CHUNK = 5_000
 SCRATCH_BATCH = 20_000
 PROGRESS_EVERY = 1_000
 DERIVED_PREFIX = "kdelay-export:"
 _BY_OFFSET = struct.Struct(">IQ")
+
+
+class RetentionTooShort(Exception):
+    """The destination's requests topic would reject a file's schedules; ``code`` is stable."""
+
+    code = "retention-too-short"
 
 
 class ExportError(Exception):
@@ -212,6 +219,28 @@ class _Scratch:
             keys.append(due_key)
         if keys:
             yield view.pending(partition or 0, keys)
+
+
+def check_room(settings: Settings, header: Header, now_ms: int) -> None:
+    """Raise :class:`RetentionTooShort` unless the destination accepts the file's latest due time.
+
+    The service dead-letters (``delay-too-long``) a request due later than its
+    record time + the requests topic's ``retention.ms`` - the retention
+    margin; an import's record time is after ``now_ms``, so a file that
+    passes here is accepted. The message names the ``retention.ms`` to set.
+    """
+    if header.latest_due_ms is None:
+        return
+    config = topic_config(admin_client(settings, log_level=QUIET), settings.requests_topic)
+    retention_ms = int(config.get("retention.ms", "-1"))
+    ahead_ms = header.latest_due_ms - now_ms
+    allowed_ms = retention_ms - settings.retention_margin_ms
+    if retention_ms >= 0 and ahead_ms > allowed_ms:
+        raise RetentionTooShort(
+            f"the file's latest schedule is due in {ahead_ms} ms, but {settings.requests_topic} "
+            f"accepts at most {max(allowed_ms, 0)} ms ahead (retention.ms {retention_ms} minus "
+            f"the {settings.retention_margin_ms} ms margin); first run: kdelay retention set "
+            f"{recommend(ahead_ms, settings)}")
 
 
 def import_archive(reader: ArchiveReader, producer: DelayProducer,
