@@ -45,6 +45,7 @@ from kdelay.view.retention import recommend
 
 CHUNK = 5_000
 SCRATCH_BATCH = 20_000
+SCRATCH_BUFFER = 8 << 20
 PROGRESS_EVERY = 1_000
 DERIVED_PREFIX = "kdelay-export:"
 _BY_OFFSET = struct.Struct(">IQ")
@@ -175,7 +176,10 @@ class _Scratch:
     def __init__(self, parent: Path) -> None:
         parent.mkdir(parents=True, exist_ok=True)
         self._dir = Path(tempfile.mkdtemp(prefix="export-", dir=parent))
-        self._db = Rdict(str(self._dir / "by-offset"), Options(raw_mode=True))
+        options = Options(raw_mode=True)
+        # Small memtables: the sorted keys go to disk as they come, not to memory.
+        options.set_write_buffer_size(SCRATCH_BUFFER)
+        self._db = Rdict(str(self._dir / "by-offset"), options)
 
     def __enter__(self) -> _Scratch:
         return self
