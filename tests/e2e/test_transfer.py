@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.view.archive import ArchiveWriter, Entry, Header
+from kdelay.view.archive import ArchiveReader, ArchiveWriter, Entry, Header, Trailer
 from tests.conftest import TopicFactory
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests, run_cli
 
@@ -216,3 +216,26 @@ def test_an_import_the_destination_cannot_hold_is_refused_before_sending(
     finally:
         consumer.close()
     assert high == low == 0, "the refused import sent a request"
+
+
+@kafka
+def test_an_entry_whose_original_expired_is_counted_not_exported(
+    deploy: Deploy, start_kdelay: Start, topic_factory: TopicFactory, admin: AdminClient,
+    tmp_path: Path,
+) -> None:
+    source = deploy(partitions=1)
+    target = topic_factory("e2e-target", 1)
+    view, file = tmp_path / "view", tmp_path / "pending.jsonl"
+    start_kdelay(source).wait_ready()
+    produce_requests(source, [request(target, 2 * i, HOUR_MS, id=f"r{i}") for i in range(3)])
+    wait_pending(source, view, 3)
+    # Offset 0 is the warm-up cancel; the requests are at 1, 2 and 3.
+    for future in admin.delete_records([TopicPartition(source.requests, 0, 2)]).values():
+        future.result(timeout=30)
+    result = run_cli(source.env(KDELAY_VIEW_DIR=str(view)), "export", "--output", str(file))
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.strip() == (f"exported 2 of 3 pending schedules to {file}; "
+                                     "not exported: 1 expired")
+    with ArchiveReader(file) as reader:
+        assert [entry.schedule_id for entry in reader.entries()] == ["r1", "r2"]
+        assert reader.trailer == Trailer(2, {"expired": 1})
