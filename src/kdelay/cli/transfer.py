@@ -4,7 +4,8 @@ Both read a deployment's pending entries through the operator's view (see
 :mod:`kdelay.cli.view`), with progress on stderr and a summary line on stdout.
 A file that cannot be read gives ``error[export-file-missing]``,
 ``error[bad-export-file]``, ``error[export-version-unknown]`` or
-``error[export-truncated]`` and exit 2.
+``error[export-truncated]`` and exit 2; requests not written in time give
+``error[import-incomplete]`` and exit 1.
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def import_command(
                     lambda done, total: view.report("importing schedules", done, total))
             except (ArchiveError, RetentionTooShort) as exc:
                 fail(exc.code, str(exc), USER_ERROR_EXIT)
+            except TimeoutError as exc:
+                fail("import-incomplete", f"{exc}; importing the same file again is safe: "
+                     "ids still pending are skipped", KAFKA_ERROR_EXIT)
     typer.echo(f"sent {summary.sent}, skipped {summary.skipped} already pending "
                f"({summary.derived} entries without an id got a derived id)")
 
