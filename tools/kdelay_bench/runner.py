@@ -28,6 +28,7 @@ from kdelay_bench.restore import run_restore
 from kdelay_bench.spark_jobs import run_spark
 from kdelay_bench.steady import Plan, hop_p99, run_hop, run_suite
 from kdelay_bench.throughput import Setup, burst, pipe_and_intake
+from kdelay_bench.transfer import run_transfer
 
 
 def _guarded(name: str, scenario: Callable[[], list[Result]]) -> list[Result]:
@@ -93,6 +94,10 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
     if "spark" in chosen:
         results += _guarded("spark-audit", lambda: run_spark(
             setup.topics, setup.work_dir, options.spark_requests, options.partitions))
+    if "transfer" in chosen:
+        results += _guarded("transfer", lambda: [run_transfer(
+            setup.topics, setup.work_dir, options.transfer_pending, options.partitions,
+            options.batch_size)])
 
 
 def _operator(options: BenchOptions, setup: Setup) -> list[Result]:

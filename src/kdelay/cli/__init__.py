@@ -10,6 +10,7 @@ variables and error reporting are defined), and calls a library function.
 - :mod:`~kdelay.cli.retention`: ``retention check``, ``retention set``
 - :mod:`~kdelay.cli.worker`: ``worker``
 - :mod:`~kdelay.cli.spark`: ``audit``, ``forecast`` (the spark extra)
+- :mod:`~kdelay.cli.transfer`: ``export``, ``import``
 
 The CLI is the top of the package: it may import every other room, and none
 imports it.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import typer
 
-from kdelay.cli import requests, retention, service, spark, view, worker
+from kdelay.cli import requests, retention, service, spark, transfer, view, worker
 from kdelay.cli.options import envvar
 
 __all__ = ["app", "envvar", "main"]
@@ -51,6 +52,8 @@ retention_app.command("check")(retention.retention_check)
 retention_app.command("set")(retention.retention_set)
 app.command("worker")(worker.worker)
 app.command("stats")(view.stats)
+app.command("export")(transfer.export_command)
+app.command("import")(transfer.import_command)
 
 
 def main() -> None:

@@ -6,9 +6,12 @@
   :mod:`~kdelay.view.lookup`: ``show``; :mod:`~kdelay.view.retention`: the
   retention check; :mod:`~kdelay.view.display`: their tables and JSON;
 - :mod:`~kdelay.view.stats`: ``kdelay stats`` from running instances' metrics;
-- :mod:`~kdelay.view.tail`: print records as they arrive on a topic.
+- :mod:`~kdelay.view.tail`: print records as they arrive on a topic;
+- :mod:`~kdelay.view.export`: ``export`` and ``import`` of pending schedules,
+  in the file format of :mod:`~kdelay.view.archive`.
 
 May import: :mod:`kdelay.protocol`, :mod:`kdelay.plumbing`, :mod:`kdelay.state`
-and the client helpers (a series' description). Never the engine: the view
+and the client helpers (a series' description; import re-sends through the
+client library). Never the engine: the view
 reads what the engine persists, not how it runs.
 """

@@ -284,6 +284,10 @@ class PendingView:
             raise RuntimeError("the view is not open")
         return self._targets
 
+    def key_stream(self, partition: int) -> Iterator[bytes]:
+        """Every pending due key of ``partition``, in due order, one at a time."""
+        return map(itemgetter(0), self._indexes[partition].raw_items())
+
     def keys(self, partition: int) -> list[bytes]:
         """Every pending due key of ``partition``, in due order."""
         return [key for key, _ in self._indexes[partition].raw_items()]
