@@ -169,6 +169,10 @@ SessionTimeoutMs = Annotated[int | None, _common(
 PartitionerOpt = Annotated[str | None, _common(
     "partitioner", "librdkafka partitioner for keyed records without kdelay-partition; "
     "murmur2_random places keys as a Java producer does.", _DEFAULTS.partitioner)]
+AllowedTargets = Annotated[str | None, _common(
+    "allowed-targets", "Comma-separated topics requests may target: names, fnmatch globs "
+    "(orders.*) or re:REGEX; others go to the DLQ as target-not-allowed. kdelay's own "
+    "topics are never targets. Any topic when not given.")]
 
 
 
@@ -194,6 +198,7 @@ _COMMON_OPTIONS: dict[str, Any] = {
     "transactional_id": TransactionalId,
     "session_timeout_ms": SessionTimeoutMs,
     "partitioner": PartitionerOpt,
+    "allowed_targets": AllowedTargets,
 }
 
 

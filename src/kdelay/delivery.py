@@ -51,6 +51,11 @@ IN_FLIGHT_WAIT_MS = 1
 MAX_HELD_BATCHES = 20
 
 
+# Dead letters that carry the original record, so that it can be sent again as is.
+_WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
+                                 ErrorCode.TARGET_NOT_ALLOWED})
+
+
 class Sink(Enum):
     """Where a produce for an entry went."""
 
@@ -70,6 +75,8 @@ class DeliveryConfig:
     attempts: int = 5
     backoff_ms: int = 500
     backoff_max_ms: int = 30_000
+    targets: envelope.TargetPolicy | None = None
+    """Which targets are allowed; None: any but kdelay's own three topics."""
 
 
 class Durability(Protocol):
@@ -183,6 +190,8 @@ class Delivery:
                  reader: Reading, clock: Clock, metrics: Metrics,
                  durability: Durability) -> None:
         self._config = config
+        self._policy = config.targets or envelope.TargetPolicy(
+            (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._producer = targets
         self._internal = internal
         self._reader = reader
@@ -479,6 +488,11 @@ class Delivery:
         routing = envelope.routing(original.headers())
         if routing is None:
             return ErrorCode.MISMATCH, f"{self._where(job)} no longer carries a valid schedule"
+        # Intake refuses these targets; an entry indexed before the policy
+        # narrowed (a new allow-list, an older kdelay) is refused here.
+        refused = self._policy.refusal(routing.target)
+        if refused is not None:
+            return refused.code, refused.detail
         job.routing = routing
         return None
 
@@ -506,7 +520,7 @@ class Delivery:
         due = job.entry.due
         reason = envelope.rejection_headers(envelope.Rejection(code, detail))
         tail = [*reason, *envelope.delivery_tail(self._where(job), due.due_ms)]
-        if isinstance(job.original, Message) and code is ErrorCode.UNDELIVERABLE:
+        if isinstance(job.original, Message) and code in _WHOLE_DEAD_LETTERS:
             # The original's own kdelay-* headers are replaced by the target and
             # due time, so the DLQ record can be sent back as a request as is.
             original = job.original

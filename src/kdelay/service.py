@@ -176,6 +176,7 @@ class Service:
                         "topics --entity-name %s --add-config "
                         "message.timestamp.type=LogAppendTime)",
                         settings.changelog_topic, settings.changelog_topic)
+        self._policy = settings.target_policy()
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._consumed: dict[int, int] = {}
@@ -200,7 +201,7 @@ class Service:
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
-                           s.retry_backoff_max_ms),
+                           s.retry_backoff_max_ms, self._policy),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability)
         group: dict[str, str | int | bool] = {
@@ -428,7 +429,7 @@ class Service:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(topics, self._limits, index.id_state,
-                                                   delivery.withhold)
+                                                   delivery.withhold, self._policy)
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

@@ -264,3 +264,25 @@ def test_build_settings_bad_levels_is_a_settings_error() -> None:
     with pytest.raises(SettingsError, match="levels '1s 5x'") as raised:
         build_settings(levels="1s 5x")
     assert raised.value.code == "invalid-setting"
+
+
+def test_allowed_targets_from_a_comma_separated_string() -> None:
+    settings = build_settings(allowed_targets=" orders, billing.* ,,re:pay-[0-9]+")
+    assert settings.allowed_targets == ("orders", "billing.*", "re:pay-[0-9]+")
+    assert Settings().allowed_targets == ()
+
+
+def test_allowed_targets_bad_regex_is_an_invalid_setting() -> None:
+    with pytest.raises(SettingsError, match="allowed_targets: re:\\[ is not a regular"):
+        Settings(allowed_targets=("re:[",))
+
+
+def test_reserved_topics_name_kdelay_and_the_worker_topics() -> None:
+    from kdelay import recurring, tasks
+
+    settings = Settings(requests_topic="r", changelog_topic="c", dlq_topic="d")
+    assert set(settings.reserved_topics) == {
+        "r", "c", "d", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
+    refused = settings.target_policy().refusal("c")
+    assert refused is not None
+    assert refused.code == "forbidden-target"
