@@ -143,8 +143,12 @@ RetentionMarginMs = Annotated[int | None, _common(
     "retention-margin-ms", "Safety margin kept below the requests topic's retention.",
     _DEFAULTS.retention_margin_ms)]
 DeliveryAttempts = Annotated[int | None, _common(
-    "delivery-attempts", "Attempts per record before it goes to the DLQ as undeliverable.",
-    _DEFAULTS.delivery_attempts)]
+    "delivery-attempts", "Attempts per record before it goes to the DLQ as undeliverable; "
+    "0: only --delivery-retry-ms limits them.", _DEFAULTS.delivery_attempts)]
+DeliveryRetryMs = Annotated[int | None, _common(
+    "delivery-retry-ms", "How long a record whose target fails (not created yet, refusing) "
+    "is retried after its first failure before it goes to the DLQ as undeliverable.",
+    _DEFAULTS.delivery_retry_ms)]
 RetryBackoffMs = Annotated[int | None, _common(
     "retry-backoff-ms", "First backoff after a failed delivery.", _DEFAULTS.retry_backoff_ms)]
 RetryBackoffMaxMs = Annotated[int | None, _common(
@@ -189,6 +193,7 @@ _COMMON_OPTIONS: dict[str, Any] = {
     "levels": Levels,
     "retention_margin_ms": RetentionMarginMs,
     "delivery_attempts": DeliveryAttempts,
+    "delivery_retry_ms": DeliveryRetryMs,
     "retry_backoff_ms": RetryBackoffMs,
     "retry_backoff_max_ms": RetryBackoffMaxMs,
     "lookahead_ms": LookaheadMs,

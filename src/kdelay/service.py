@@ -201,7 +201,7 @@ class Service:
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
-                           s.retry_backoff_max_ms, self._policy),
+                           s.retry_backoff_max_ms, self._policy, s.delivery_retry_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability)
         group: dict[str, str | int | bool] = {

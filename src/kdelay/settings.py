@@ -85,6 +85,9 @@ class Settings:
     restricts the topics requests may target to these names and patterns (see
     :class:`~kdelay.envelope.TargetPolicy`; a string is split at commas);
     empty allows every topic but kdelay's own (:attr:`reserved_topics`).
+    A record whose target fails (a topic not created yet, a refusal) is
+    retried for ``delivery_retry_ms`` after its first failure, then
+    dead-lettered; ``delivery_attempts`` (0: no limit) can end it sooner.
 
     Raises :class:`SettingsError` (a ``ValueError``, code ``invalid-setting``)
     whose message names every invalid field.
@@ -101,7 +104,8 @@ class Settings:
     kafka_config: Mapping[str, str] = field(default_factory=_empty_config)
     levels: tuple[int, ...] = field(default_factory=_default_levels)
     retention_margin_ms: int = 3_600_000
-    delivery_attempts: int = 5
+    delivery_attempts: int = 0
+    delivery_retry_ms: int = 900_000
     retry_backoff_ms: int = 500
     retry_backoff_max_ms: int = 30_000
     delivery_timeout_ms: int = 30_000
@@ -229,7 +233,8 @@ def _number_problems(settings: Settings) -> Iterator[str]:
     """Bounds on the numeric tuning fields."""
     minimums = {
         "retention_margin_ms": 0,
-        "delivery_attempts": 1,
+        "delivery_attempts": 0,
+        "delivery_retry_ms": 0,
         "retry_backoff_ms": 1,
         "retry_backoff_max_ms": 1,
         "delivery_timeout_ms": 1,

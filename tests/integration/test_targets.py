@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka.cimpl import NewTopic
+
 from kdelay import codec, envelope
 from kdelay.clock import ManualClock
-from kdelay.settings import WORKER_RESERVED_TOPICS
-from tests.conftest import TopicFactory
+from kdelay.settings import WORKER_RESERVED_TOPICS, Settings
+from tests.conftest import TopicFactory, wait_visible
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
 
 Make = Callable[..., Deployment]
@@ -124,3 +127,36 @@ def test_an_entry_indexed_before_the_allow_list_narrowed_is_refused_when_due(
     [dead] = out.on(settings.dlq_topic)
     assert header(dead, envelope.ERROR) == b"target-not-allowed"
     assert (dead.key(), dead.value()) == (b"k", b"payload")
+
+
+def test_a_target_created_after_its_due_time_still_gets_the_record(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    defaults = Settings()
+    # The retry settings are the defaults users run with.
+    deployment = deployment_factory(partitions=1, retry_backoff_ms=defaults.retry_backoff_ms,
+                                    retry_backoff_max_ms=defaults.retry_backoff_max_ms)
+    settings = deployment.settings
+    late = f"late-{uuid.uuid4().hex[:12]}"
+    clock = ManualClock(int(time.time() * 1000))
+    produce(bootstrap, settings.requests_topic, [_request(late, b"k", b"v", clock.now_ms())])
+    out = collector([settings.dlq_topic])
+    service = running(deployment, clock)
+    service.add()
+    # Due 100 ms after its timestamp; the target appears a minute after that.
+    for _ in range(120):
+        clock.advance(500)
+        service.step()
+    assert out.poll(0.2) == 0, "dead-lettered while the target may still appear"
+    assert service.services[0].metrics.retries._value.get() > 0
+    deployment.admin.create_topics([NewTopic(late, 1, 1)])[late].result(timeout=30)
+    try:
+        wait_visible(deployment.admin, late, 1)
+        target = collector([late])
+        service.until(lambda: target.poll() >= 1, advance_ms=1_000)
+        out.poll(0.5)
+        assert [m.key() for m in target.messages] == [b"k"]
+        assert out.messages == []
+    finally:
+        deployment.admin.delete_topics([late])[late].result(timeout=30)
