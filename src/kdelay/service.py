@@ -25,6 +25,7 @@ import logging
 import signal
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType, MappingProxyType
 from typing import Protocol
 
@@ -39,7 +40,7 @@ from kdelay.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
-from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, StateDirFull, free_bytes, store_path
 from kdelay.intake import Outcome, Plan, Planner, Topics
 from kdelay.metrics import Metrics, PhaseTimer
 from kdelay.originals import OriginalReader, Reading
@@ -169,7 +170,7 @@ class Service:
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
                                                                       layout),
-                                        layout.retention_ms)
+                                        layout.retention_ms, settings.state_dir)
         if not layout.broker_time:
             log.warning("clock skew against the broker is not measured: changelog topic %s "
                         "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
@@ -496,7 +497,8 @@ class Housekeeper:
     """
 
     def __init__(self, clock: Clock, metrics: Metrics, outlook: Outlook,
-                 id_ttl_ms: int | None) -> None:
+                 id_ttl_ms: int | None, state_dir: Path | None = None) -> None:
+        self._state_dir = state_dir
         self._clock = clock
         self._metrics = metrics
         self._outlook = outlook
@@ -515,6 +517,8 @@ class Housekeeper:
                 self._metrics.ids_expired.inc(
                     index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
         self._outlook.refresh(now, indexes, consumed, consumer)
+        if self._state_dir is not None:
+            self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))
 
 
 def run_service(settings: Settings, *, check: bool) -> int:
@@ -545,5 +549,8 @@ def run_service(settings: Settings, *, check: bool) -> int:
         service.run()
     except ServiceError as exc:
         log.error("error[%s]: %s", exc.code, exc)
+        return 1
+    except StateDirFull as exc:
+        log.error("error[state-dir-full]: %s", exc)
         return 1
     return 0
