@@ -29,7 +29,14 @@ from pathlib import Path
 from types import FrameType, MappingProxyType
 from typing import Protocol
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kdelay import checkpoint as checkpoints
@@ -37,7 +44,7 @@ from kdelay import envelope, identity
 from kdelay.callbacks import guarded
 from kdelay.changelog import Progress, Restorer, Restoring, open_restored
 from kdelay.checkpoint import Batch, Checkpoint, ServiceError
-from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
+from kdelay.clients import Consuming, Producing, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
 from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, StateDirFull, free_bytes, store_path
@@ -52,6 +59,8 @@ from kdelay.topics import Layout, check_layout
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_EVERY_MS = 5_000
+# How often (service clock) the requests topic's partition count is checked.
+PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
@@ -178,6 +187,9 @@ class Service:
                         "message.timestamp.type=LogAppendTime)",
                         settings.changelog_topic, settings.changelog_topic)
         self._policy = settings.target_policy()
+        self._partitions = layout.partitions
+        self._partitions_seen = layout.partitions
+        self._next_partition_check_ms = 0
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._consumed: dict[int, int] = {}
@@ -302,6 +314,42 @@ class Service:
         """Refresh the gauges and drop expired id markers, if it is time."""
         clients, _ = self._started()
         self._housekeeper.tick(self._indexes, self._consumed, clients.consumer)
+        now = self._clock.now_ms()
+        if now >= self._next_partition_check_ms:
+            self._next_partition_check_ms = now + PARTITION_CHECK_EVERY_MS
+            self._check_partitions(clients.checkpoint.internal)
+
+    def _check_partitions(self, client: Producing) -> None:
+        """Ask the cluster how many partitions the requests topic has; report any added.
+
+        The changelog has the partition count kdelay started with, so a
+        request partition beyond it has no index to serve it. Those requests
+        stay in the requests topic (nothing is dead-lettered or lost) until
+        the operator follows the procedure the error line names.
+        """
+        topic = self.settings.requests_topic
+        try:
+            found = client.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return  # the broker is away: the next round asks again
+        if found is not None and found.error is None:
+            self._partitions_added(len(found.partitions))
+
+    def _partitions_added(self, count: int) -> None:
+        """Report once per new count that the requests topic has ``count`` > served partitions."""
+        if count <= self._partitions_seen:
+            return
+        self._partitions_seen = count
+        s, served = self.settings, self._partitions
+        self.metrics.outlook.partitions.set(count)
+        self.metrics.outlook.unserved.set(count - served)
+        log.error("error[requests-partitions-added]: requests topic %s now has %d partitions "
+                  "but changelog %s has %d: requests written to partitions %d-%d are not "
+                  "served (they wait in %s). Stop every instance, run kafka-topics.sh "
+                  "--alter --topic %s --partitions %d, then start them again (see "
+                  "\"Adding request partitions\" in docs/operations.md)",
+                  s.requests_topic, count, s.changelog_topic, served, served, count - 1,
+                  s.requests_topic, s.changelog_topic, count)
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None or self._delivery is None:
@@ -416,6 +464,11 @@ class Service:
 
     def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         _, delivery = self._started()
+        beyond = [tp.partition for tp in partitions if tp.partition >= self._partitions]
+        if beyond:
+            # Added underneath the running service: no changelog partition backs them.
+            self._partitions_added(max(beyond) + 1)
+            partitions = [tp for tp in partitions if tp.partition < self._partitions]
         committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)}
         topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
                         self.settings.dlq_topic)
