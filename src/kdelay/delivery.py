@@ -53,6 +53,8 @@ MAX_HELD_BATCHES = 20
 # Of those, at most this many wait for a retry: the rest stays free for the
 # entries of targets that work. A failure beyond it is dead-lettered at once.
 MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
+# At most one line per this interval (service clock) about failed deliveries.
+FAILURE_LOG_EVERY_MS = 30_000
 
 
 # Dead letters that carry the original record, so that it can be sent again as is.
@@ -213,6 +215,8 @@ class Delivery:
         self._counts = _Counts()
         self._topics = TopicCheck(targets, clock)
         self._guarded_report = guarded(self._on_report)
+        self._failures_since_log = 0
+        self._next_failure_log_ms = 0
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
@@ -597,11 +601,25 @@ class Delivery:
             wait = backoff_ms(job.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
             # The last attempt falls at the end of the retry window, not after it.
             wait = max(0, min(wait, job.first_failed_ms + self._config.retry_ms - now))
-        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms",
-                    job.entry.due, reason, job.attempts, wait)
+        self._log_failure(job, reason, wait, now)
         self._metrics.retries.inc()
         job.not_before_ms = now + wait
         self._book.move(job, State.BACKING_OFF)
+
+    def _log_failure(self, job: Job, reason: str, wait: int, now: int) -> None:
+        """Log a failed delivery: the first at once, then one summary line per interval.
+
+        A target that stays missing for the retry window fails every record
+        bound for it many times; a line per failure would bury the log.
+        """
+        self._failures_since_log += 1
+        if now < self._next_failure_log_ms:
+            return
+        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms; %d failed "
+                    "deliveries since the last such line (kdelay_delivery_retries_total)",
+                    job.entry.due, reason, job.attempts, wait, self._failures_since_log)
+        self._failures_since_log = 0
+        self._next_failure_log_ms = now + FAILURE_LOG_EVERY_MS
 
     def _given_up(self, job: Job, now: int) -> str | None:
         """Return why a failed record is not retried any more, or None to retry it.

@@ -8,6 +8,7 @@ dict of records. Time moves only through :class:`ManualClock`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -1260,3 +1261,22 @@ def test_records_waiting_for_a_retry_are_bounded_per_partition(tmp_path: Path) -
         assert [s.origin for s in world.targets.sent] == [origin(0, room + 2)]
     finally:
         world.close()
+
+
+def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
+    world: World, caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = dataclasses.replace(CONFIG, attempts=0, retry_ms=900_000)
+    world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
+                              world.metrics, ReportedTombstones(world.writer))
+    world.targets.missing_topics.add("gone")
+    for offset in range(20):
+        world.request(0, offset, T0, target="gone")
+    with caplog.at_level(logging.WARNING, logger="kdelay.delivery"):
+        for now in range(T0, T0 + 120_000, 500):
+            world.at(now)
+            world.settle()
+    failures = world.sample("kdelay_delivery_retries_total")
+    lines = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert failures > 100
+    assert len(lines) == 4, "one line per 30 s of failures"
