@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections import Counter
@@ -9,9 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from confluent_kafka.cimpl import NewPartitions
+
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import envelope
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, wait_visible
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
 
 Make = Callable[..., Deployment]
@@ -116,3 +120,47 @@ def test_failing_target_is_retried_then_dead_lettered_without_blocking_others(
     assert dead.key() == b"lost-target"
     assert dead.value() == b"lost-target-payload"
     assert header(dead, "user") == b"kept"
+
+
+def test_partitions_added_to_the_requests_topic_are_reported_not_served(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A fast metadata refresh makes the group notice the new partition (and
+    # rebalance) within the test; the service's own check runs on its clock.
+    deployment = deployment_factory(
+        partitions=1, kafka_config={"topic.metadata.refresh.interval.ms": "1000"})
+    settings = deployment.settings
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    run = running(deployment, clock)
+    service = run.add()
+    run.until(lambda: service.owned() == [0])
+    deployment.admin.create_partitions(
+        [NewPartitions(settings.requests_topic, 2)])[settings.requests_topic].result(timeout=30)
+    wait_visible(deployment.admin, settings.requests_topic, 2)
+    now = clock.now_ms()
+    headers = [(envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"100")]
+    produce(bootstrap, settings.requests_topic, [
+        {"key": b"p0", "value": b"v", "headers": headers, "timestamp": now, "partition": 0},
+        {"key": b"p1", "value": b"v", "headers": headers, "timestamp": now, "partition": 1}])
+    out = collector([target, settings.dlq_topic])
+    gauges = service.metrics.registry
+
+    def reported() -> bool:
+        out.poll()
+        return (gauges.get_sample_value("kdelay_unserved_request_partitions") == 1
+                and bool(out.on(target)))
+
+    with caplog.at_level(logging.ERROR):
+        run.until(reported, advance_ms=1_000, timeout_s=60)
+        run.step(20)
+    out.poll(1.0)
+    assert [m.key() for m in out.messages] == [b"p0"], "partition 1 is not served, not DLQed"
+    assert service.owned() == [0]
+    assert gauges.get_sample_value("kdelay_request_partitions") == 2
+    errors = [r.getMessage() for r in caplog.records
+              if "error[requests-partitions-added]" in r.getMessage()]
+    assert len(errors) == 1, errors
+    assert settings.changelog_topic in errors[0]
+    assert "--partitions 2" in errors[0]

@@ -96,8 +96,12 @@ RetentionMarginMs = Annotated[int | None, common(
     "retention-margin-ms", "Safety margin kept below the requests topic's retention.",
     _DEFAULTS.retention_margin_ms)]
 DeliveryAttempts = Annotated[int | None, common(
-    "delivery-attempts", "Attempts per record before it goes to the DLQ as undeliverable.",
-    _DEFAULTS.delivery_attempts)]
+    "delivery-attempts", "Attempts per record before it goes to the DLQ as undeliverable; "
+    "0: only --delivery-retry-ms limits them.", _DEFAULTS.delivery_attempts)]
+DeliveryRetryMs = Annotated[int | None, common(
+    "delivery-retry-ms", "How long a record whose target fails (not created yet, refusing) "
+    "is retried after its first failure before it goes to the DLQ as undeliverable.",
+    _DEFAULTS.delivery_retry_ms)]
 RetryBackoffMs = Annotated[int | None, common(
     "retry-backoff-ms", "First backoff after a failed delivery.", _DEFAULTS.retry_backoff_ms)]
 RetryBackoffMaxMs = Annotated[int | None, common(
@@ -122,6 +126,10 @@ SessionTimeoutMs = Annotated[int | None, common(
 PartitionerOpt = Annotated[str | None, common(
     "partitioner", "librdkafka partitioner for keyed records without kdelay-partition; "
     "murmur2_random places keys as a Java producer does.", _DEFAULTS.partitioner)]
+AllowedTargets = Annotated[str | None, common(
+    "allowed-targets", "Comma-separated topics requests may target: names, fnmatch globs "
+    "(orders.*) or re:REGEX; others go to the DLQ as target-not-allowed. kdelay's own "
+    "topics are never targets. Any topic when not given.")]
 
 
 
@@ -138,6 +146,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "levels": Levels,
     "retention_margin_ms": RetentionMarginMs,
     "delivery_attempts": DeliveryAttempts,
+    "delivery_retry_ms": DeliveryRetryMs,
     "retry_backoff_ms": RetryBackoffMs,
     "retry_backoff_max_ms": RetryBackoffMaxMs,
     "lookahead_ms": LookaheadMs,
@@ -147,6 +156,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "transactional_id": TransactionalId,
     "session_timeout_ms": SessionTimeoutMs,
     "partitioner": PartitionerOpt,
+    "allowed_targets": AllowedTargets,
 }
 
 

@@ -54,6 +54,7 @@ class Job:
     state: State = State.READY
     attempts: int = 0
     not_before_ms: int = 0
+    first_failed_ms: int | None = None
     failure: tuple[ErrorCode, str] | None = None
     detail: str = ""
     routing: envelope.Routing | None = None

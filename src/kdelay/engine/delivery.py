@@ -12,7 +12,8 @@ DLQ) and :meth:`Delivery.settle` is called; that is what makes delivery
 at-least-once. When the changelog tombstone of a delivered entry is written is
 not delivery's business: it tells its :class:`Durability` that a record was
 sent and that it was delivered (see :mod:`kdelay.engine.checkpoint`). A target that
-fails is retried with exponential backoff; after ``attempts`` failures the
+fails is retried with exponential backoff for ``retry_ms`` after its first
+failure (minutes by default: a target topic may be created late), then the
 original goes to the DLQ as ``undeliverable``. Entries waiting for a retry sit
 apart, so they never block entries to other targets. Nothing is produced
 before its due time by the injected clock, and the republished record carries
@@ -58,6 +59,16 @@ IN_FLIGHT_WAIT_MS = 1
 # room (so a failing target never hides entries behind it), but a partition
 # holds at most this many batches in memory, whatever their state.
 MAX_HELD_BATCHES = 20
+# Of those, at most this many wait for a retry: the rest stays free for the
+# entries of targets that work. A failure beyond it is dead-lettered at once.
+MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
+# At most one line per this interval (service clock) about failed deliveries.
+FAILURE_LOG_EVERY_MS = 30_000
+
+
+# Dead letters that carry the original record, so that it can be sent again as is.
+_WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
+                                 ErrorCode.TARGET_NOT_ALLOWED})
 
 
 class Sink(Enum):
@@ -76,9 +87,14 @@ class DeliveryConfig:
     dlq_topic: str
     lookahead_ms: int = 2_000
     batch_size: int = 1_000
-    attempts: int = 5
+    attempts: int = 0
+    """Attempts before a failing record is dead-lettered; 0: only ``retry_ms`` ends it."""
     backoff_ms: int = 500
     backoff_max_ms: int = 30_000
+    targets: envelope.TargetPolicy | None = None
+    """Which targets are allowed; None: any but kdelay's own three topics."""
+    retry_ms: int = 900_000
+    """How long after its first failure a record is retried before it is dead-lettered."""
 
 
 class Durability(Protocol):
@@ -193,6 +209,8 @@ class Delivery:
                  durability: Durability, release: Release = by_service_clock) -> None:
         self._config = config
         self._release = release
+        self._policy = config.targets or envelope.TargetPolicy(
+            (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._producer = targets
         self._internal = internal
         self._reader = reader
@@ -207,6 +225,8 @@ class Delivery:
         self._counts = _Counts()
         self._topics = TopicCheck(targets, clock)
         self._guarded_report = guarded(self._on_report)
+        self._failures_since_log = 0
+        self._next_failure_log_ms = 0
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
@@ -495,6 +515,11 @@ class Delivery:
         routing = envelope.routing(original.headers())
         if routing is None:
             return ErrorCode.MISMATCH, f"{self._where(job)} no longer carries a valid schedule"
+        # Intake refuses these targets; an entry indexed before the policy
+        # narrowed (a new allow-list, an older kdelay) is refused here.
+        refused = self._policy.refusal(routing.target)
+        if refused is not None:
+            return refused.code, refused.detail
         job.routing = routing
         return None
 
@@ -522,7 +547,7 @@ class Delivery:
         due = job.entry.due
         reason = envelope.rejection_headers(envelope.Rejection(code, detail))
         tail = [*reason, *envelope.delivery_tail(self._where(job), due.due_ms)]
-        if isinstance(job.original, Message) and code is ErrorCode.UNDELIVERABLE:
+        if isinstance(job.original, Message) and code in _WHOLE_DEAD_LETTERS:
             # The original's own kdelay-* headers are replaced by the target and
             # due time, so the DLQ record can be sent back as a request as is.
             original = job.original
@@ -585,17 +610,56 @@ class Delivery:
             return
         job.attempts += 1
         job.detail = reason
-        if sink is Sink.TARGET and job.attempts >= self._config.attempts:
+        if job.first_failed_ms is None:
+            job.first_failed_ms = now
+        given_up = self._given_up(job, now) if sink is Sink.TARGET else None
+        if given_up is not None:
             job.failure = (ErrorCode.UNDELIVERABLE,
-                           f"{job.attempts} attempts failed; last: {reason}")
+                           f"{job.attempts} attempts {given_up}; last: {reason}")
             wait = 0
         else:
             wait = backoff_ms(job.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
-        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms",
-                    job.entry.due, reason, job.attempts, wait)
+            # The last attempt falls at the end of the retry window, not after it.
+            wait = max(0, min(wait, job.first_failed_ms + self._config.retry_ms - now))
+        self._log_failure(job, reason, wait, now)
         self._metrics.retries.inc()
         job.not_before_ms = now + wait
         self._book.move(job, State.BACKING_OFF)
+
+    def _log_failure(self, job: Job, reason: str, wait: int, now: int) -> None:
+        """Log a failed delivery: the first at once, then one summary line per interval.
+
+        A target that stays missing for the retry window fails every record
+        bound for it many times; a line per failure would bury the log.
+        """
+        self._failures_since_log += 1
+        if now < self._next_failure_log_ms:
+            return
+        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms; %d failed "
+                    "deliveries since the last such line (kdelay_delivery_retries_total)",
+                    job.entry.due, reason, job.attempts, wait, self._failures_since_log)
+        self._failures_since_log = 0
+        self._next_failure_log_ms = now + FAILURE_LOG_EVERY_MS
+
+    def _given_up(self, job: Job, now: int) -> str | None:
+        """Return why a failed record is not retried any more, or None to retry it.
+
+        It is retried for ``retry_ms`` after its first failure (and at most
+        ``attempts`` times, if set), unless its partition already holds
+        ``MAX_RETRYING_BATCHES`` batches of records waiting for a retry:
+        memory stays bounded and entries of working targets keep their room.
+        """
+        config = self._config
+        assert job.first_failed_ms is not None  # noqa: S101 - set by _failed
+        if config.attempts and job.attempts >= config.attempts:
+            return "failed"
+        if now - job.first_failed_ms >= config.retry_ms:
+            return f"failed over {(now - job.first_failed_ms) // 1000} s"
+        waiting = self._book.count(job.partition, State.BACKING_OFF)
+        if waiting >= MAX_RETRYING_BATCHES * config.batch_size:
+            return (f"failed, and {waiting} records of partition {job.partition} already "
+                    "wait for a retry")
+        return None
 
     def _next_wakeup_ms(self, now: int) -> int:
         wakeup = self._book.next_wakeup_ms()

@@ -21,7 +21,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IdState, IndexValue
-from kdelay.protocol.envelope import Cancel, Headers, Limits, Rejection, Schedule
+from kdelay.protocol.envelope import Cancel, Headers, Limits, Rejection, Schedule, TargetPolicy
 from kdelay.state.index import Changes, Entry
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,10 @@ def dead_letter(message: Message, rejection: Rejection, dlq: str) -> Record:
 class Planner:
     """Plans the batches of one request partition against its index.
 
+    A schedule whose target ``policy`` refuses (kdelay's own topics always,
+    see :class:`~kdelay.protocol.envelope.TargetPolicy`) is dead-lettered here, before
+    anything is indexed.
+
     A plan is applied to the index only once its records are acknowledged,
     and later batches are planned meanwhile: the schedule ids of the plans
     not applied yet are kept here, newest last, so a duplicate or a cancel in
@@ -120,8 +124,9 @@ class Planner:
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
-                 withhold: Withhold) -> None:
+                 withhold: Withhold, policy: TargetPolicy | None = None) -> None:
         self._topics = topics
+        self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
         self._changelog = topics.changelog
         self._limits = limits
         self._lookup = lookup
@@ -131,7 +136,7 @@ class Planner:
     def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order."""
         plan = Plan(partition)
-        parse, limits = envelope.parse, self._limits
+        parse, limits, refusal = envelope.parse, self._limits, self._policy.refusal
         offset = None
         for message in messages:
             offset = message.offset() or 0
@@ -144,6 +149,10 @@ class Planner:
             # would give a different key each time the record is re-read.
             parsed = parse(message.headers(), timestamp if known else -1, limits)
             if isinstance(parsed, Schedule):
+                refused = refusal(parsed.target)
+                if refused is not None:
+                    self._reject(plan, message, refused)
+                    continue
                 self._schedule(plan, message, parsed, offset, timestamp if known else 0)
             elif isinstance(parsed, Cancel):
                 self._cancel(plan, parsed.schedule_id)

@@ -40,6 +40,13 @@ class OutlookGauges:
             "kdelay_retention_at_risk_entries", "Pending entries whose original the requests "
             "topic's retention may delete before they are due, by partition", ["partition"],
             registry=r)
+        self.unserved = Gauge(
+            "kdelay_unserved_request_partitions", "Partitions added to the requests topic "
+            "while kdelay ran, beyond the changelog's: nobody serves their requests",
+            registry=r)
+        self.state_dir_free = Gauge(
+            "kdelay_state_dir_free_bytes", "Bytes free on the volume of --state-dir; the "
+            "service stops with error[state-dir-full] when a write finds none", registry=r)
         self.partitions = Gauge("kdelay_request_partitions",
                                 "Partitions of the requests topic (each must be owned by "
                                 "one instance)", registry=r)

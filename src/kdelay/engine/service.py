@@ -25,10 +25,18 @@ import logging
 import signal
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType, MappingProxyType
 from typing import Protocol
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kdelay.engine import checkpoint as checkpoints
@@ -40,18 +48,27 @@ from kdelay.engine.outlook import Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import guarded
-from kdelay.plumbing.clients import Consuming, Transacting, Watermarks, produce, take
+from kdelay.plumbing.clients import Consuming, Producing, Transacting, Watermarks, produce, take
 from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout, check_layout
 from kdelay.protocol import envelope
 from kdelay.state.changelog import Progress, Restorer, Restoring, Staleness, open_restored
-from kdelay.state.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.state.index import (
+    CONSUMED,
+    IndexLocked,
+    PartitionIndex,
+    StateDirFull,
+    free_bytes,
+    store_path,
+)
 from kdelay.state.originals import OriginalReader, Reading
 
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_EVERY_MS = 5_000
+# How often (service clock) the requests topic's partition count is checked.
+PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
@@ -178,7 +195,7 @@ class Service:
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
                                                                       layout),
-                                        layout.retention_ms)
+                                        layout.retention_ms, settings.state_dir)
         if not layout.broker_time:
             log.warning("clock skew against the broker is not measured: changelog topic %s "
                         "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
@@ -186,6 +203,10 @@ class Service:
                         "message.timestamp.type=LogAppendTime)",
                         settings.changelog_topic, settings.changelog_topic)
         self._tombstones_kept_ms = layout.tombstones_kept_ms
+        self._policy = settings.target_policy()
+        self._partitions = layout.partitions
+        self._partitions_seen = layout.partitions
+        self._next_partition_check_ms = 0
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._consumed: dict[int, int] = {}
@@ -211,7 +232,7 @@ class Service:
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
-                           s.retry_backoff_max_ms),
+                           s.retry_backoff_max_ms, self._policy, s.delivery_retry_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms)
         group: dict[str, str | int | bool] = {
@@ -329,6 +350,42 @@ class Service:
         if self._housekeeper.tick(self._indexes, self._consumed, clients.consumer) \
                 and clients.guard is not None:
             clients.guard.tick()
+        now = self._clock.now_ms()
+        if now >= self._next_partition_check_ms:
+            self._next_partition_check_ms = now + PARTITION_CHECK_EVERY_MS
+            self._check_partitions(clients.checkpoint.internal)
+
+    def _check_partitions(self, client: Producing) -> None:
+        """Ask the cluster how many partitions the requests topic has; report any added.
+
+        The changelog has the partition count kdelay started with, so a
+        request partition beyond it has no index to serve it. Those requests
+        stay in the requests topic (nothing is dead-lettered or lost) until
+        the operator follows the procedure the error line names.
+        """
+        topic = self.settings.requests_topic
+        try:
+            found = client.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return  # the broker is away: the next round asks again
+        if found is not None and found.error is None:
+            self._partitions_added(len(found.partitions))
+
+    def _partitions_added(self, count: int) -> None:
+        """Report once per new count that the requests topic has ``count`` > served partitions."""
+        if count <= self._partitions_seen:
+            return
+        self._partitions_seen = count
+        s, served = self.settings, self._partitions
+        self.metrics.outlook.partitions.set(count)
+        self.metrics.outlook.unserved.set(count - served)
+        log.error("error[requests-partitions-added]: requests topic %s now has %d partitions "
+                  "but changelog %s has %d: requests written to partitions %d-%d are not "
+                  "served (they wait in %s). Stop every instance, run kafka-topics.sh "
+                  "--alter --topic %s --partitions %d, then start them again (see "
+                  "\"Adding request partitions\" in docs/operations.md)",
+                  s.requests_topic, count, s.changelog_topic, served, served, count - 1,
+                  s.requests_topic, s.changelog_topic, count)
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None or self._delivery is None:
@@ -443,6 +500,11 @@ class Service:
 
     def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         _, delivery = self._started()
+        beyond = [tp.partition for tp in partitions if tp.partition >= self._partitions]
+        if beyond:
+            # Added underneath the running service: no changelog partition backs them.
+            self._partitions_added(max(beyond) + 1)
+            partitions = [tp for tp in partitions if tp.partition < self._partitions]
         committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)}
         topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
                         self.settings.dlq_topic)
@@ -457,7 +519,7 @@ class Service:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(topics, self._limits, index.id_state,
-                                                   delivery.withhold)
+                                                   delivery.withhold, self._policy)
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])
@@ -531,7 +593,8 @@ class Housekeeper:
     """
 
     def __init__(self, clock: Clock, metrics: Metrics, outlook: Outlook,
-                 id_ttl_ms: int | None) -> None:
+                 id_ttl_ms: int | None, state_dir: Path | None = None) -> None:
+        self._state_dir = state_dir
         self._clock = clock
         self._metrics = metrics
         self._outlook = outlook
@@ -552,6 +615,8 @@ class Housekeeper:
                 self._metrics.ids_expired.inc(
                     index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
         self._outlook.refresh(now, indexes, consumed, consumer)
+        if self._state_dir is not None:
+            self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))
         return True
 
 
@@ -583,5 +648,8 @@ def run_service(settings: Settings, *, check: bool) -> int:
         service.run()
     except ServiceError as exc:
         log.error("error[%s]: %s", exc.code, exc)
+        return 1
+    except StateDirFull as exc:
+        log.error("error[state-dir-full]: %s", exc)
         return 1
     return 0

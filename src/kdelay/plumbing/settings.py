@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -28,7 +28,7 @@ from kdelay.plumbing.clientconfig import (
     secret_values,
     translate,
 )
-from kdelay.protocol.envelope import DEFAULT_LEVELS, parse_levels
+from kdelay.protocol.envelope import DEFAULT_LEVELS, TargetPolicy, parse_levels
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
@@ -37,6 +37,9 @@ DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 PARTITIONERS = ("murmur2_random", "murmur2", "consistent_random", "consistent", "fnv1a_random",
                 "fnv1a", "random")
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+#: The topics ``kdelay worker`` keeps for itself under their default names: the
+#: series cancel markers and the failed tasks. Never a delivery target.
+WORKER_RESERVED_TOPICS = ("kdelay.series.cancels", "kdelay.tasks.dlq")
 
 
 #: A confluent-kafka client configuration: librdkafka settings plus the ``logger`` object.
@@ -78,7 +81,13 @@ class Settings:
     state dir. ``session_timeout_ms`` bounds how long the partitions of an
     instance that died for good stay unserved. ``partitioner`` places keyed
     records that carry no target partition; librdkafka's ``murmur2_random`` is
-    what a Java producer's default partitioner does.
+    what a Java producer's default partitioner does. ``allowed_targets``
+    restricts the topics requests may target to these names and patterns (see
+    :class:`~kdelay.protocol.envelope.TargetPolicy`; a string is split at commas);
+    empty allows every topic but kdelay's own (:attr:`reserved_topics`).
+    A record whose target fails (a topic not created yet, a refusal) is
+    retried for ``delivery_retry_ms`` after its first failure, then
+    dead-lettered; ``delivery_attempts`` (0: no limit) can end it sooner.
 
     Raises :class:`SettingsError` (a ``ValueError``, code ``invalid-setting``)
     whose message names every invalid field.
@@ -95,7 +104,8 @@ class Settings:
     kafka_config: Mapping[str, str] = field(default_factory=_empty_config)
     levels: tuple[int, ...] = field(default_factory=_default_levels)
     retention_margin_ms: int = 3_600_000
-    delivery_attempts: int = 5
+    delivery_attempts: int = 0
+    delivery_retry_ms: int = 900_000
     retry_backoff_ms: int = 500
     retry_backoff_max_ms: int = 30_000
     delivery_timeout_ms: int = 30_000
@@ -105,6 +115,7 @@ class Settings:
     instance_id: str | None = None
     session_timeout_ms: int = 10_000
     partitioner: str = "murmur2_random"
+    allowed_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Normalise field types, then validate; see the class docstring."""
@@ -112,6 +123,7 @@ class Settings:
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "levels", tuple(self.levels))
         object.__setattr__(self, "kafka_config", ClientProperties(self.kafka_config))
+        object.__setattr__(self, "allowed_targets", split_patterns(self.allowed_targets))
         problems = list(self._problems())
         if problems:
             raise SettingsError("invalid-setting", "; ".join(problems))
@@ -135,6 +147,20 @@ class Settings:
         if self.partitioner not in PARTITIONERS:
             yield (f"partitioner must be one of {', '.join(PARTITIONERS)}, "
                    f"got {self.partitioner!r}")
+        try:
+            TargetPolicy((), self.allowed_targets)
+        except ValueError as exc:
+            yield f"allowed_targets: {exc}"
+
+    @property
+    def reserved_topics(self) -> tuple[str, ...]:
+        """kdelay's own topics, never a delivery target (see :class:`TargetPolicy`)."""
+        return (self.requests_topic, self.changelog_topic, self.dlq_topic,
+                *WORKER_RESERVED_TOPICS)
+
+    def target_policy(self) -> TargetPolicy:
+        """Return the policy that decides which topics requests may target."""
+        return TargetPolicy(self.reserved_topics, self.allowed_targets)
 
     def client_config(
         self, client: str = "client", /, **overrides: str | int | bool
@@ -156,6 +182,12 @@ class Settings:
         config.update(overrides)
         config["logger"] = ClientLogger(client, secret_values(self.kafka_config))
         return config
+
+
+def split_patterns(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Split an allow-list given as one string (``"a, b*"``) at commas; keep a sequence as is."""
+    parts = value.split(",") if isinstance(value, str) else value
+    return tuple(part.strip() for part in parts if part.strip())
 
 
 def _guarantee(value: Guarantee | str) -> Guarantee:
@@ -201,7 +233,8 @@ def _number_problems(settings: Settings) -> Iterator[str]:
     """Bounds on the numeric tuning fields."""
     minimums = {
         "retention_margin_ms": 0,
-        "delivery_attempts": 1,
+        "delivery_attempts": 0,
+        "delivery_retry_ms": 0,
         "retry_backoff_ms": 1,
         "retry_backoff_max_ms": 1,
         "delivery_timeout_ms": 1,

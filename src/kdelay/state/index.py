@@ -54,6 +54,38 @@ class IndexLocked(Exception):
     """Another process (or object) holds the store open; it must not be touched."""
 
 
+class StateDirFull(Exception):
+    """The state dir's volume has no room left for a write; ``path`` and ``free_bytes`` say where.
+
+    Nothing is lost: a write that failed is not applied, and the requests
+    behind it are read again after a restart on a volume with room.
+    """
+
+    def __init__(self, path: Path, detail: str) -> None:
+        self.path = path
+        self.free_bytes = free_bytes(path)
+        super().__init__(f"no space left on the volume of {path} ({self.free_bytes} bytes free): "
+                         f"grow it or free space, then restart; nothing is lost ({detail})")
+
+
+_NO_SPACE = ("no space left on device", "disk full", "enospc")
+
+
+def free_bytes(path: Path) -> int:
+    """Return the bytes free on ``path``'s volume (nearest existing ancestor); -1: unknown."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return -1
+
+
+def _no_space(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(marker in text for marker in _NO_SPACE)
+
+
 def store_path(state_dir: Path, requests_topic: str, partition: int) -> Path:
     """Return where the index of one request partition lives under ``state_dir``."""
     return state_dir / f"{requests_topic}-{partition}"
@@ -138,6 +170,8 @@ class PartitionIndex:
             self._db = Rdict(str(path), _options(), column_families=families,
                              access_type=AccessType.read_write())
         except Exception as exc:
+            if _no_space(exc):
+                raise StateDirFull(path, str(exc)) from None
             if "lock" in str(exc).lower():
                 raise IndexLocked(f"index {path} is in use by another process: {exc}") from exc
             raise IndexCorrupt(f"cannot open index {path}: {exc}") from exc
@@ -148,15 +182,22 @@ class PartitionIndex:
         self._meta_handle = self._db.get_column_family_handle(META_CF)
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._head = b""
+        self._full = False
         self.tally = self._load_tally()
 
     def close(self) -> None:
         """Close the store and release its lock; the object is unusable afterwards."""
-        self._ids.close()
-        self._meta.close()
-        self._expiry.close()
-        del self._ids_handle, self._meta_handle, self._expiry_handle
-        self._db.close()
+        try:
+            self._ids.close()
+            self._meta.close()
+            self._expiry.close()
+            del self._ids_handle, self._meta_handle, self._expiry_handle
+            self._db.close()
+        except Exception:
+            # After a write found no room, closing fails with the writer's
+            # "previous error": StateDirFull already reported it.
+            if not self._full:
+                raise
 
     @staticmethod
     def destroy(path: Path) -> None:
@@ -238,9 +279,19 @@ class PartitionIndex:
         if changes.changelog is not None:
             put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
         lowest = self._note_puts(list(new))
-        self._db.write(batch)
+        self._write(batch)
         self.tally.commit(change)
         return lowest
+
+    def _write(self, batch: WriteBatch) -> None:
+        """Write ``batch`` atomically; :class:`StateDirFull` when the volume has no room."""
+        try:
+            self._db.write(batch)
+        except Exception as exc:
+            if _no_space(exc):
+                self._full = True
+                raise StateDirFull(self.path, str(exc)) from None
+            raise
 
     def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes]) -> Change:
         """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
@@ -274,7 +325,7 @@ class PartitionIndex:
         for key, count in tally.all_rows():
             batch.put(key, codec.encode_count(count), self._meta_handle)
         batch.put(codec.TALLY_COMPLETE, b"", self._meta_handle)
-        self._db.write(batch)
+        self._write(batch)
         return tally
 
     def _note_puts(self, keys: list[bytes]) -> bytes | None:
@@ -420,7 +471,7 @@ class PartitionIndex:
             it.next()
         del it
         if done:
-            self._db.write(batch)
+            self._write(batch)
         return done
 
     def id_count(self) -> int:

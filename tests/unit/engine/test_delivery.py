@@ -7,6 +7,8 @@ dict of records. Time moves only through :class:`ManualClock`.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from confluent_kafka import (
 from kdelay.engine.checkpoint import ReportedTombstones, TransactedTombstones
 from kdelay.engine.delivery import (
     IN_FLIGHT_WAIT_MS,
+    MAX_RETRYING_BATCHES,
     MAX_WAIT_MS,
     Delivery,
     DeliveryConfig,
@@ -35,6 +38,7 @@ from kdelay.engine.delivery import (
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Settings
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue, encode_due_key, fingerprint_of
 from kdelay.protocol.envelope import (
     DUE_MS,
@@ -1216,3 +1220,87 @@ def test_an_entry_not_adopted_is_found_by_a_scan_once_indexed(tmp_path: Path) ->
         assert list(world.indexes[0].entries()) == []
     finally:
         world.close()
+
+
+def test_with_default_settings_a_missing_target_is_retried_for_fifteen_minutes(
+    tmp_path: Path,
+) -> None:
+    defaults = Settings()
+    assert defaults.delivery_retry_ms == 900_000
+    config = DeliveryConfig(REQUESTS, CHANGELOG, DLQ, defaults.lookahead_ms,
+                            defaults.batch_size, defaults.delivery_attempts,
+                            defaults.retry_backoff_ms, defaults.retry_backoff_max_ms,
+                            retry_ms=defaults.delivery_retry_ms)
+    world = World(tmp_path, config)
+    try:
+        world.targets.missing_topics.add("late")
+        world.request(0, 1, T0, target="late")
+        for now in range(T0, T0 + 900_000, 1_000):
+            world.at(now)
+            world.settle()
+        assert world.internal.sent == [], "dead-lettered inside the retry window"
+        assert world.sample("kdelay_delivery_retries_total") > 30
+        world.targets.missing_topics.discard("late")
+        world.at(T0 + 900_000)
+        assert [s.topic for s in world.targets.sent] == ["late"]
+    finally:
+        world.close()
+
+
+def test_a_target_missing_beyond_the_retry_window_ends_undeliverable(world: World) -> None:
+    config = dataclasses.replace(CONFIG, attempts=0, retry_ms=10_000)
+    world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
+                              world.metrics, ReportedTombstones(world.writer))
+    world.targets.missing_topics.add("gone")
+    world.request(0, 1, T0, target="gone")
+    for now in range(T0, T0 + 10_000, 100):
+        world.at(now)
+        world.settle()
+    assert world.internal.sent == []
+    world.at(T0 + 10_000)
+    world.settle()
+    world.at(T0 + 10_000)
+    [dead] = world.internal.sent
+    assert dead.header(ERROR) == [b"undeliverable"]
+    [detail] = dead.header(ERROR_DETAIL)
+    assert isinstance(detail, bytes)
+    assert b"failed over 10 s" in detail
+
+
+def test_records_waiting_for_a_retry_are_bounded_per_partition(tmp_path: Path) -> None:
+    config = dataclasses.replace(CONFIG, batch_size=1, attempts=0, retry_ms=3_600_000)
+    world = World(tmp_path, config)
+    try:
+        world.targets.missing_topics.add("gone")
+        room = MAX_RETRYING_BATCHES
+        for offset in range(room + 2):
+            world.request(0, offset, T0, target="gone")
+        world.request(0, room + 2, T0 + 1, target="orders")
+        for _ in range(room + 3):
+            world.at(T0 + 1)
+            world.settle()
+        dead = [s for s in world.internal.sent if s.topic == DLQ]
+        assert len(dead) == 2, "beyond the room, failures are dead-lettered at once"
+        assert all(b"wait for a retry" in (d.header(ERROR_DETAIL)[0] or b"") for d in dead)
+        assert [s.origin for s in world.targets.sent] == [origin(0, room + 2)]
+    finally:
+        world.close()
+
+
+def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
+    world: World, caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = dataclasses.replace(CONFIG, attempts=0, retry_ms=900_000)
+    world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
+                              world.metrics, ReportedTombstones(world.writer))
+    world.targets.missing_topics.add("gone")
+    for offset in range(20):
+        world.request(0, offset, T0, target="gone")
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.delivery"):
+        for now in range(T0, T0 + 120_000, 500):
+            world.at(now)
+            world.settle()
+    failures = world.sample("kdelay_delivery_retries_total")
+    lines = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert failures > 100
+    assert len(lines) == 4, "one line per 30 s of failures"

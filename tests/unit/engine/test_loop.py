@@ -80,7 +80,7 @@ class FakeProducer:
         return len(self._queued)
 
     def list_topics(self, topic: str, timeout: float = -1) -> SimpleNamespace:
-        return SimpleNamespace(topics={topic: SimpleNamespace(error=None)})
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
 
     def init_transactions(self, timeout: float = -1) -> None:
         self.wire.events.append(("init", self.name))

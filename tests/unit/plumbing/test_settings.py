@@ -147,13 +147,17 @@ def test_defaults() -> None:
     assert settings.metrics_port is None
     assert settings.transactional_id is None
     assert dict(settings.kafka_config) == {}
+    # A target created minutes after its records came due still gets them.
+    assert settings.delivery_retry_ms == 15 * 60_000
+    assert settings.delivery_attempts == 0
 
 
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
         ({"batch_size": 0}, "batch_size must be at least 1"),
-        ({"delivery_attempts": 0}, "delivery_attempts must be at least 1"),
+        ({"delivery_attempts": -1}, "delivery_attempts must be at least 0"),
+        ({"delivery_retry_ms": -1}, "delivery_retry_ms must be at least 0"),
         ({"lookahead_ms": -1}, "lookahead_ms must be at least 0"),
         ({"retention_margin_ms": -5}, "retention_margin_ms must be at least 0"),
         ({"retry_backoff_ms": 0}, "retry_backoff_ms must be at least 1"),
@@ -184,7 +188,7 @@ def test_invalid_settings_raise_a_clear_value_error(
 
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(SettingsError) as raised:
-        Settings(batch_size=0, delivery_attempts=0)
+        Settings(batch_size=0, delivery_attempts=-1)
     assert "batch_size" in str(raised.value)
     assert "delivery_attempts" in str(raised.value)
 
@@ -264,3 +268,25 @@ def test_build_settings_bad_levels_is_a_settings_error() -> None:
     with pytest.raises(SettingsError, match="levels '1s 5x'") as raised:
         build_settings(levels="1s 5x")
     assert raised.value.code == "invalid-setting"
+
+
+def test_allowed_targets_from_a_comma_separated_string() -> None:
+    settings = build_settings(allowed_targets=" orders, billing.* ,,re:pay-[0-9]+")
+    assert settings.allowed_targets == ("orders", "billing.*", "re:pay-[0-9]+")
+    assert Settings().allowed_targets == ()
+
+
+def test_allowed_targets_bad_regex_is_an_invalid_setting() -> None:
+    with pytest.raises(SettingsError, match="allowed_targets: re:\\[ is not a regular"):
+        Settings(allowed_targets=("re:[",))
+
+
+def test_reserved_topics_name_kdelay_and_the_worker_topics() -> None:
+    from kdelay import recurring, tasks
+
+    settings = Settings(requests_topic="r", changelog_topic="c", dlq_topic="d")
+    assert set(settings.reserved_topics) == {
+        "r", "c", "d", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
+    refused = settings.target_policy().refusal("c")
+    assert refused is not None
+    assert refused.code == "forbidden-target"

@@ -30,6 +30,7 @@ from kdelay.protocol.envelope import (
     Limits,
     Rejection,
     Schedule,
+    TargetPolicy,
     cancel_headers,
     delivery_headers,
     limits_for_retention,
@@ -354,6 +355,8 @@ def test_error_codes_are_stable() -> None:
         "mismatch",
         "expired",
         "undeliverable",
+        "forbidden-target",
+        "target-not-allowed",
     }
 
 
@@ -627,3 +630,31 @@ def test_fast_path_leaves_every_malformed_request_to_the_general_path(
 ) -> None:
     with pytest.raises(envelope._Uncommon):
         envelope._parse_common(hdrs(*pairs), TS, UNLIMITED)
+
+
+def test_target_policy_refuses_kdelay_and_kafka_internal_topics() -> None:
+    policy = TargetPolicy(("kdelay.requests", "kdelay.changelog"), ())
+    for topic in ("kdelay.requests", "kdelay.changelog", "__consumer_offsets"):
+        refused = policy.refusal(topic)
+        assert refused is not None
+        assert refused.code is ErrorCode.FORBIDDEN_TARGET
+        assert topic in refused.detail
+    assert policy.refusal("orders") is None
+    assert policy.refusal("kdelay.requests2") is None
+
+
+def test_target_policy_allow_list_of_names_globs_and_regexes() -> None:
+    policy = TargetPolicy(("kdelay.changelog",), ("orders", "billing.*", "re:pay-[0-9]+"))
+    assert [policy.refusal(t) for t in ("orders", "billing.eu", "pay-42")] == [None] * 3
+    for topic in ("orders2", "Billing.eu", "pay-42x", "pay-", "xorders"):
+        refused = policy.refusal(topic)
+        assert refused is not None
+        assert refused.code is ErrorCode.TARGET_NOT_ALLOWED, topic
+    forbidden = TargetPolicy(("kdelay.changelog",), ("kdelay.*",)).refusal("kdelay.changelog")
+    assert forbidden is not None
+    assert forbidden.code is ErrorCode.FORBIDDEN_TARGET
+
+
+def test_target_policy_rejects_a_bad_regex() -> None:
+    with pytest.raises(ValueError, match="not a regular expression"):
+        TargetPolicy((), ("re:(",))

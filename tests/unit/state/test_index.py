@@ -24,6 +24,8 @@ from kdelay.state.index import (
     IndexCorrupt,
     IndexLocked,
     PartitionIndex,
+    StateDirFull,
+    free_bytes,
 )
 
 
@@ -593,3 +595,14 @@ def test_a_store_written_before_the_tally_existed_is_counted_when_opened(
         assert store.tally.total == 26
     finally:
         store.close()
+
+
+def test_free_bytes_of_a_path_not_created_yet_is_its_volumes(tmp_path: Path) -> None:
+    assert free_bytes(tmp_path / "state" / "not-yet") == free_bytes(tmp_path) > 0
+
+
+def test_state_dir_full_names_the_path_and_the_room_left(tmp_path: Path) -> None:
+    error = StateDirFull(tmp_path / "idx", "IO error: No space left on device")
+    assert str(tmp_path / "idx") in str(error)
+    assert f"({error.free_bytes} bytes free)" in str(error)
+    assert "nothing is lost" in str(error)
