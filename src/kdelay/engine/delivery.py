@@ -39,6 +39,7 @@ from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IdState, fingerprint_of
 from kdelay.protocol.envelope import ErrorCode
+from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry, PartitionIndex
 from kdelay.state.originals import Missing, Reading
 
@@ -91,7 +92,7 @@ class DeliveryConfig:
     """Attempts before a failing record is dead-lettered; 0: only ``retry_ms`` ends it."""
     backoff_ms: int = 500
     backoff_max_ms: int = 30_000
-    targets: envelope.TargetPolicy | None = None
+    targets: TargetPolicy | None = None
     """Which targets are allowed; None: any but kdelay's own three topics."""
     retry_ms: int = 900_000
     """How long after its first failure a record is retried before it is dead-lettered."""
@@ -209,7 +210,7 @@ class Delivery:
                  durability: Durability, release: Release = by_service_clock) -> None:
         self._config = config
         self._release = release
-        self._policy = config.targets or envelope.TargetPolicy(
+        self._policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._producer = targets
         self._internal = internal

@@ -21,7 +21,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IdState, IndexValue
-from kdelay.protocol.envelope import Cancel, Headers, Limits, Rejection, Schedule, TargetPolicy
+from kdelay.protocol.envelope import Cancel, Headers, Limits, Rejection, Schedule
+from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class Planner:
     """Plans the batches of one request partition against its index.
 
     A schedule whose target ``policy`` refuses (kdelay's own topics always,
-    see :class:`~kdelay.protocol.envelope.TargetPolicy`) is dead-lettered here, before
+    see :class:`~kdelay.protocol.targets.TargetPolicy`) is dead-lettered here, before
     anything is indexed.
 
     A plan is applied to the index only once its records are acknowledged,

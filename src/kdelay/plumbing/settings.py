@@ -28,7 +28,8 @@ from kdelay.plumbing.clientconfig import (
     secret_values,
     translate,
 )
-from kdelay.protocol.envelope import DEFAULT_LEVELS, TargetPolicy, parse_levels
+from kdelay.protocol.envelope import DEFAULT_LEVELS, parse_levels
+from kdelay.protocol.targets import TargetPolicy
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
@@ -83,7 +84,7 @@ class Settings:
     records that carry no target partition; librdkafka's ``murmur2_random`` is
     what a Java producer's default partitioner does. ``allowed_targets``
     restricts the topics requests may target to these names and patterns (see
-    :class:`~kdelay.protocol.envelope.TargetPolicy`; a string is split at commas);
+    :class:`~kdelay.protocol.targets.TargetPolicy`; a string is split at commas);
     empty allows every topic but kdelay's own (:attr:`reserved_topics`).
     A record whose target fails (a topic not created yet, a refusal) is
     retried for ``delivery_retry_ms`` after its first failure, then

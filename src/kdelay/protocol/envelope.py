@@ -13,7 +13,6 @@ integer milliseconds since the Unix epoch, UTC.
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,7 +48,8 @@ MAX_TIME_MS = 2**63 - 1
 """The latest due time kdelay accepts: Kafka timestamps are signed 64-bit."""
 
 _MAX_PARTITION = 2**31 - 1
-_DETAIL_LIMIT = 200
+DETAIL_LIMIT = 200
+"""The most characters of a kdelay-error-detail header."""
 _SHOWN_BYTES = 60
 _LEVEL_DIGITS = 9
 
@@ -83,63 +83,6 @@ class ErrorCode(StrEnum):
     UNDELIVERABLE = "undeliverable"
     FORBIDDEN_TARGET = "forbidden-target"
     TARGET_NOT_ALLOWED = "target-not-allowed"
-
-
-_POLICY_CACHE = 1_024
-_REGEX_PREFIX = "re:"
-
-
-class TargetPolicy:
-    """Which topics requests may target: never kdelay's own, and only allowed ones if listed.
-
-    ``reserved`` are kdelay's own topics (requests, changelog, DLQ, the
-    worker's): a request targeting one is refused as ``forbidden-target``, as
-    is any Kafka-internal topic (a name starting with ``__``). Otherwise, when
-    ``allowed`` is not empty, the target must match one of its patterns or is
-    refused as ``target-not-allowed``. A pattern is a topic name, an
-    ``fnmatch`` glob (``orders.*``, case-sensitive) or, prefixed with ``re:``,
-    a regular expression the whole name must match. Raises ValueError for a
-    regular expression that does not compile. Answers are cached per target
-    (a deployment has few), so the check costs a dict lookup per request.
-    """
-
-    def __init__(self, reserved: Iterable[str], allowed: Iterable[str]) -> None:
-        self._reserved = frozenset(reserved)
-        self._allowed = tuple(allowed)
-        globs = [p for p in self._allowed if not p.startswith(_REGEX_PREFIX)]
-        regexes = [p[len(_REGEX_PREFIX):] for p in self._allowed if p.startswith(_REGEX_PREFIX)]
-        parts = [fnmatch.translate(glob) for glob in globs]
-        for regex in regexes:
-            try:
-                re.compile(regex)
-            except re.error as exc:
-                raise ValueError(f"{_REGEX_PREFIX}{regex} is not a regular expression: {exc}"
-                                 ) from None
-            parts.append(f"(?:{regex})\\Z")
-        self._pattern = re.compile("|".join(f"(?:{p})" for p in parts)) if parts else None
-        self._known: dict[str, Rejection | None] = {}
-
-    def refusal(self, target: str) -> Rejection | None:
-        """Return why ``target`` is refused, or None when requests may go there."""
-        try:
-            return self._known[target]
-        except KeyError:
-            pass
-        refused = self._decide(target)
-        if len(self._known) < _POLICY_CACHE:
-            self._known[target] = refused
-        return refused
-
-    def _decide(self, target: str) -> Rejection | None:
-        if target in self._reserved or target.startswith("__"):
-            return Rejection(ErrorCode.FORBIDDEN_TARGET,
-                             f"target {target} is one of kdelay's own or Kafka's internal "
-                             "topics; kdelay never delivers there")
-        if self._pattern is not None and self._pattern.match(target) is None:
-            return Rejection(ErrorCode.TARGET_NOT_ALLOWED,
-                             f"target {target} matches none of --allowed-targets "
-                             f"{','.join(self._allowed)}"[:_DETAIL_LIMIT])
-        return None
 
 
 def parse_duration_ms(text: str) -> int:
@@ -248,8 +191,8 @@ class _Rejected(Exception):
 
     def __init__(self, code: ErrorCode, detail: str) -> None:
         super().__init__(detail)
-        if len(detail) > _DETAIL_LIMIT:
-            detail = detail[: _DETAIL_LIMIT - 3] + "..."
+        if len(detail) > DETAIL_LIMIT:
+            detail = detail[: DETAIL_LIMIT - 3] + "..."
         self.rejection = Rejection(code, detail)
 
 

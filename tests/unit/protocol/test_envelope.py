@@ -30,7 +30,6 @@ from kdelay.protocol.envelope import (
     Limits,
     Rejection,
     Schedule,
-    TargetPolicy,
     cancel_headers,
     delivery_headers,
     limits_for_retention,
@@ -41,6 +40,7 @@ from kdelay.protocol.envelope import (
     rejection_headers,
     schedule_headers,
 )
+from kdelay.protocol.targets import TargetPolicy
 
 TS = 1_700_000_000_000
 LEVELS = parse_levels(DEFAULT_LEVELS)
