@@ -28,23 +28,30 @@ from collections.abc import Mapping
 from types import FrameType, MappingProxyType
 from typing import Protocol
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kdelay import checkpoint as checkpoints
 from kdelay import envelope, identity
-from kdelay.callbacks import guarded
+from kdelay.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.changelog import Progress, Restorer, Restoring, open_restored
 from kdelay.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
-from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, StateDirLock, store_path
 from kdelay.intake import Outcome, Plan, Planner, Topics
 from kdelay.metrics import Metrics, PhaseTimer
 from kdelay.originals import OriginalReader, Reading
 from kdelay.outlook import Outlook
-from kdelay.settings import Settings
+from kdelay.settings import ClientConfig, Settings
 from kdelay.skew import ClockSkew
 from kdelay.topics import Layout, check_layout
 
@@ -117,27 +124,36 @@ class ClientFactory(Protocol):
 
 
 class KafkaClients:
-    """The real clients, configured from settings (``--kafka-config`` and all)."""
+    """The real clients, configured from settings (``--kafka-config`` and all).
 
-    def __init__(self, settings: Settings) -> None:
+    Every client reports the errors librdkafka raises outside any call to
+    ``errors`` (its ``error_cb``).
+    """
+
+    def __init__(self, settings: Settings, errors: ClientErrors | None = None) -> None:
         self._settings = settings
+        self._errors = errors or ClientErrors()
 
     def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
         """A confluent-kafka producer."""
-        return Producer(self._settings.client_config(name, **overrides))
+        return Producer(self._config(name, **overrides))
 
     def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
         """A confluent-kafka consumer."""
-        return Consumer(self._settings.client_config(name, **overrides))
+        return Consumer(self._config(name, **overrides))
 
     def reader(self) -> Reading:
         """An :class:`OriginalReader` of the requests topic."""
-        return OriginalReader(self._settings.client_config("originals"),
-                              self._settings.requests_topic)
+        return OriginalReader(self._config("originals"), self._settings.requests_topic)
 
     def restorer(self) -> Restoring:
         """A :class:`Restorer` of the changelog topic."""
-        return Restorer(self._settings.client_config("restore"), self._settings.changelog_topic)
+        return Restorer(self._config("restore"), self._settings.changelog_topic)
+
+    def _config(self, name: str, **overrides: str | int | bool) -> ClientConfig:
+        config = self._settings.client_config(name, **overrides)
+        config["error_cb"] = self._errors.callback(name)
+        return config
 
 
 class _Clients:
@@ -164,7 +180,9 @@ class Service:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._clock = clock
-        self._factory = clients or KafkaClients(settings)
+        self._errors = ClientErrors()
+        self._factory = clients or KafkaClients(settings, self._errors)
+        self._lock: StateDirLock | None = None
         self._limits = envelope.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
@@ -187,8 +205,18 @@ class Service:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the Kafka clients and join the consumer group."""
+        """Lock the state dir, create the Kafka clients and join the consumer group.
+
+        The state dir is locked before any client exists: a second process
+        started on it stops with ``state-dir-in-use`` before it joins the
+        group under the same static member id, which would fence this one.
+        """
         s = self.settings
+        try:
+            self._lock = self._lock or StateDirLock(s.state_dir)
+        except IndexLocked as exc:
+            raise ServiceError("state-dir-in-use",
+                               f"{exc}; give every instance its own --state-dir") from exc
         me = identity.of(s)
         log.info("instance %s (group %s, transactional id %s)", me.member_id, s.group_id,
                  me.transactional_id)
@@ -214,9 +242,13 @@ class Service:
                            on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
 
     def run(self) -> None:
-        """Step until :meth:`stop` is called, then finish the work in flight and close."""
-        self.start()
+        """Step until :meth:`stop` is called, then finish the work in flight and close.
+
+        Raises :class:`ServiceError` when the service cannot go on, among
+        others when a Kafka client reports a fatal error (see :meth:`step`).
+        """
         try:
+            self.start()
             while not self._stopping:
                 self.step()
         finally:
@@ -227,18 +259,23 @@ class Service:
         self._stopping = True
 
     def close(self) -> None:
-        """Finish produces in flight, commit offsets, leave the group, close the stores."""
+        """Finish produces in flight, commit offsets, leave the group, close the stores,
+        release the state dir."""
         clients = self._clients
-        if clients is None:
-            return
         try:
-            clients.consumer.close()  # revokes: the checkpoint finishes the work in flight
+            if clients is not None:
+                try:
+                    clients.consumer.close()  # revokes: the checkpoint finishes the work
+                finally:
+                    self._clients = None
+                    self._close_partitions(list(self._indexes))
+                    clients.checkpoint.close()
+                    clients.reader.close()
+                    clients.restorer.close()
         finally:
-            self._clients = None
-            self._close_partitions(list(self._indexes))
-            clients.checkpoint.close()
-            clients.reader.close()
-            clients.restorer.close()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def owned(self) -> list[int]:
         """Return the request partitions this instance serves now."""
@@ -262,7 +299,13 @@ class Service:
         than ``max_wait_ms`` (for tests that move a manual clock). Rebalance
         callbacks run inside the consume, before any produce of the step, so
         they never meet an open transaction.
+
+        Raises :class:`ServiceError` (``fenced``, ``kafka-fatal``) when a
+        client reported a fatal error: it can never work again, and the
+        process must end rather than run on serving nothing. The end of each
+        step sets ``kdelay_last_step_timestamp_seconds``, the loop's heartbeat.
         """
+        self._check_fatal()
         clients, delivery = self._started()
         checkpoint = clients.checkpoint
         phases = self._phases
@@ -295,6 +338,24 @@ class Service:
         self._housekeeping()
         phases.lap("housekeeping")
         phases.finish()
+        self.metrics.last_step.set(self._clock.now_ms() / 1000)
+
+    def _check_fatal(self) -> None:
+        """Raise :class:`ServiceError` if a client reported a fatal error."""
+        reported = self._errors.take_fatal()
+        if reported is not None:
+            client, error = reported
+            raise self._fatal(error, client)
+
+    def _fatal(self, error: KafkaError, client: str) -> ServiceError:
+        """The error that ends the service after ``client`` reported the fatal ``error``."""
+        code = fatal_code(error)
+        if code == "fenced":
+            return ServiceError(code, (
+                f"{client}: {error.str()}; another process runs with this instance's ids "
+                f"(group {self.settings.group_id}, member {identity.of(self.settings).member_id}):"
+                " give every instance its own --state-dir, or its own --instance-id"))
+        return ServiceError(code, f"{client}: fatal Kafka client error: {error.str()}")
 
     def _housekeeping(self) -> None:
         """Refresh the gauges and drop expired id markers, if it is time."""
@@ -317,6 +378,8 @@ class Service:
         for message in messages:
             error = message.error()
             if error is not None:
+                if error.fatal() or error.code() == KafkaError._FATAL:
+                    raise self._fatal(error, "intake")
                 log.warning("requests consumer: %s", error.str())
                 continue
             by_partition[int(message.partition() or 0)].append(message)

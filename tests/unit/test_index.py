@@ -24,6 +24,7 @@ from kdelay.index import (
     IndexCorrupt,
     IndexLocked,
     PartitionIndex,
+    StateDirLock,
 )
 
 
@@ -593,3 +594,13 @@ def test_a_store_written_before_the_tally_existed_is_counted_when_opened(
         assert store.tally.total == 26
     finally:
         store.close()
+
+
+def test_a_state_dir_is_locked_once_until_released(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    lock = StateDirLock(state)
+    with pytest.raises(IndexLocked, match="in use by another process"):
+        StateDirLock(state)
+    lock.release()
+    lock.release()
+    StateDirLock(state).release()
