@@ -49,6 +49,8 @@ IN_FLIGHT_WAIT_MS = 1
 # room (so a failing target never hides entries behind it), but a partition
 # holds at most this many batches in memory, whatever their state.
 MAX_HELD_BATCHES = 20
+# Failed deliveries are logged together, at most once per this many seconds.
+FAILURE_LOG_EVERY_S = 10.0
 
 
 class Sink(Enum):
@@ -181,8 +183,11 @@ class Delivery:
 
     def __init__(self, config: DeliveryConfig, targets: Producing, internal: Producing,
                  reader: Reading, clock: Clock, metrics: Metrics,
-                 durability: Durability) -> None:
+                 durability: Durability, outage: Callable[[], bool] = lambda: False) -> None:
+        """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt."""
         self._config = config
+        self._outage = outage
+        self._failures = _FailureLog(clock)
         self._producer = targets
         self._internal = internal
         self._reader = reader
@@ -353,6 +358,7 @@ class Delivery:
             self._succeeded(key, sink, now, changes)
         for key, sink, reason in [*reports.failed, *reports.refused]:
             self._failed(key, sink, reason, now)
+        self._failures.flush()
         self._apply(changes, indexes)
 
     def abandon(self) -> None:
@@ -365,6 +371,7 @@ class Delivery:
         now = self._clock.now_ms()
         for key, sink, reason in [*reports.refused, *reports.failed]:
             self._failed(key, sink, reason, now)
+        self._failures.flush()
         for job in self._book.jobs_in(State.IN_FLIGHT):
             self._book.move(job, State.READY)
 
@@ -563,16 +570,18 @@ class Delivery:
         job = self._book.get(key)
         if job is None:
             return
-        job.attempts += 1
+        outage = self._outage()
+        if not outage:  # Kafka away is no fault of the target's: no attempt is spent
+            job.attempts += 1
         job.detail = reason
         if sink is Sink.TARGET and job.attempts >= self._config.attempts:
             job.failure = (ErrorCode.UNDELIVERABLE,
                            f"{job.attempts} attempts failed; last: {reason}")
             wait = 0
         else:
-            wait = backoff_ms(job.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
-        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms",
-                    job.entry.due, reason, job.attempts, wait)
+            wait = backoff_ms(max(1, job.attempts), self._config.backoff_ms,
+                              self._config.backoff_max_ms)
+        self._failures.add(job.entry.due, reason, job.attempts, wait, outage)
         self._metrics.retries.inc()
         job.not_before_ms = now + wait
         self._book.move(job, State.BACKING_OFF)
@@ -582,6 +591,46 @@ class Delivery:
         if wakeup is None:
             return MAX_WAIT_MS
         return max(0, min(MAX_WAIT_MS, wakeup - now))
+
+
+class _FailureLog:
+    """Failed deliveries, logged together: one line per :data:`FAILURE_LOG_EVERY_S` at most.
+
+    A broker outage fails every record in flight at once; one line per record
+    would bury the one line that says what happened. The first failure of a
+    quiet period is logged at once; those that follow are counted and logged
+    as one line, with the last one's reason, when the period is over.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._count = 0
+        self._outages = 0
+        self._last = ""
+        self._next_s = 0.0
+
+    def add(self, due: codec.DueKey, reason: str, attempts: int, wait_ms: int,
+            outage: bool) -> None:
+        """Count one failure (``outage``: while Kafka was unreachable, no attempt spent)."""
+        self._count += 1
+        self._outages += outage
+        spent = "Kafka unreachable, no attempt spent" if outage else f"attempt {attempts}"
+        self._last = f"{due} failed ({reason}, {spent}); retry in {wait_ms} ms"
+
+    def flush(self) -> None:
+        """Log what was counted, if the last line is old enough."""
+        if not self._count:
+            return
+        now = self._clock.monotonic()
+        if now < self._next_s:
+            return
+        self._next_s = now + FAILURE_LOG_EVERY_S
+        if self._count == 1:
+            log.warning("delivery of %s", self._last)
+        else:
+            log.warning("%d deliveries failed (%d while Kafka was unreachable); last: %s",
+                        self._count, self._outages, self._last)
+        self._count = self._outages = 0
 
 
 def _rewind(window: Window, key: bytes) -> None:

@@ -32,6 +32,7 @@ from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
+    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -43,7 +44,7 @@ from kdelay import envelope, identity
 from kdelay.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.changelog import Progress, Restorer, Restoring, open_restored
 from kdelay.checkpoint import Batch, Checkpoint, ServiceError
-from kdelay.clients import Consuming, Transacting, Watermarks, produce, take
+from kdelay.clients import Consuming, Producing, Transacting, Watermarks, produce, take
 from kdelay.clock import Clock, SystemClock
 from kdelay.delivery import Delivery, DeliveryConfig
 from kdelay.index import CONSUMED, IndexLocked, PartitionIndex, StateDirLock, store_path
@@ -64,6 +65,10 @@ ACK_WAIT_MS = 1
 # Most delivered-id markers one partition drops per housekeeping round, so a
 # backlog of them never stalls a step.
 PRUNE_LIMIT = 10_000
+# While Kafka is unreachable: how often the service asks whether a broker answers
+# again, and how long it waits for the answer.
+PROBE_EVERY_S = 1.0
+PROBE_TIMEOUT_S = 1.0
 # Collect the youngest generation every 50 000 container allocations instead of
 # 700, and the older ones far more rarely. See :func:`tune_gc`.
 GC_THRESHOLDS = (50_000, 50, 100)
@@ -136,23 +141,28 @@ class KafkaClients:
 
     def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
         """A confluent-kafka producer."""
-        return Producer(self._config(name, **overrides))
+        return Producer(self._config(name, overrides))
 
     def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
         """A confluent-kafka consumer."""
-        return Consumer(self._config(name, **overrides))
+        return Consumer(self._config(name, overrides))
 
     def reader(self) -> Reading:
         """An :class:`OriginalReader` of the requests topic."""
-        return OriginalReader(self._config("originals"), self._settings.requests_topic)
+        return OriginalReader(self._config("originals", {}, watch=False),
+                              self._settings.requests_topic)
 
     def restorer(self) -> Restoring:
         """A :class:`Restorer` of the changelog topic."""
-        return Restorer(self._config("restore"), self._settings.changelog_topic)
+        return Restorer(self._config("restore", {}, watch=False), self._settings.changelog_topic)
 
-    def _config(self, name: str, **overrides: str | int | bool) -> ClientConfig:
+    def _config(self, name: str, overrides: Mapping[str, str | int | bool], *,
+                watch: bool = True) -> ClientConfig:
+        """``name``'s configuration; ``watch``: its reports of every broker down count."""
         config = self._settings.client_config(name, **overrides)
-        config["error_cb"] = self._errors.callback(name)
+        config["error_cb"] = self._errors.callback(
+            name, watch=watch, renewable="transactional.id" in overrides)
+        config["logger"] = self._errors.quiet(config["logger"])
         return config
 
 
@@ -183,6 +193,8 @@ class Service:
         self._errors = ClientErrors()
         self._factory = clients or KafkaClients(settings, self._errors)
         self._lock: StateDirLock | None = None
+        self._down_since: float | None = None
+        self._next_probe = 0.0
         self._limits = envelope.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
@@ -223,14 +235,15 @@ class Service:
         skew = ClockSkew(self._clock, self.metrics.clock_skew)
         checkpoint = checkpoints.for_settings(
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
-            lambda: self._stopping, skew.observe)
+            lambda: self._stopping, skew.observe, self._waiting,
+            lambda: self._errors.unreachable() is not None)
         reader = self._factory.reader()
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
                            s.retry_backoff_max_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
-            checkpoint.durability)
+            checkpoint.durability, outage=lambda: self._errors.unreachable() is not None)
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
@@ -308,6 +321,7 @@ class Service:
         self._check_fatal()
         clients, delivery = self._started()
         checkpoint = clients.checkpoint
+        reachable = self._kafka_reachable(checkpoint.internal)
         phases = self._phases
         phases.start()
         wait_ms = delivery.wait_ms()
@@ -317,9 +331,9 @@ class Service:
             wait_ms = min(wait_ms, max_wait_ms)
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000))
         phases.lap("consume")
-        due = delivery.prepare(self._indexes)
+        due = reachable and delivery.prepare(self._indexes)
         phases.lap("read-ahead")
-        if checkpoint.begin(bool(plans) or due):
+        if reachable and checkpoint.begin(bool(plans) or due):
             delivery.dispatch()
             phases.lap("dispatch")
             batch = self._write(plans, checkpoint, delivery)
@@ -333,12 +347,58 @@ class Service:
                 else:
                     self._give_back(done, clients.consumer, delivery)
             phases.lap("apply")
+        elif plans:  # nothing may be produced (Kafka away): read the requests again later
+            self._give_back(Batch(plans, {}, checkpoint.writer.acks()), clients.consumer,
+                            delivery)
         checkpoint.settle(delivery, self._indexes)
         phases.lap("settle")
         self._housekeeping()
         phases.lap("housekeeping")
         phases.finish()
         self.metrics.last_step.set(self._clock.now_ms() / 1000)
+
+    def _kafka_reachable(self, probe: Producing) -> bool:
+        """Return whether Kafka answers; while it does not, say so once and probe it.
+
+        Kafka counts as unreachable from a client's ``_ALL_BROKERS_DOWN``
+        report on. Then the step neither reads ahead nor produces (records
+        already queued wait in the clients, and failures meanwhile cost no
+        delivery attempt), and every :data:`PROBE_EVERY_S` a metadata request
+        (bounded by :data:`PROBE_TIMEOUT_S`) asks whether a broker is back.
+        The loop keeps stepping, so the process neither exits nor hangs.
+        """
+        why = self._errors.unreachable()
+        if why is None:
+            return True
+        now = self._clock.monotonic()
+        self._note_down(why)
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_EVERY_S
+        try:
+            probe.list_topics(self.settings.requests_topic, timeout=PROBE_TIMEOUT_S)
+        except KafkaException:
+            return False
+        self._errors.reachable()
+        log.warning("Kafka answers again after %.1f s unreachable: serving",
+                    now - (self._down_since or now))
+        self._down_since = None
+        self.metrics.kafka_available.set(1)
+        return True
+
+    def _waiting(self, why: str) -> None:
+        """A call waits for Kafka (a transaction commit that timed out): say so, once."""
+        self._errors.unreachable_now(why)
+        self._note_down(why)
+
+    def _note_down(self, why: str) -> None:
+        """Set the gauge and log the one line of an outage, at its start."""
+        if self._down_since is not None:
+            return
+        self._down_since = self._clock.monotonic()
+        self.metrics.kafka_available.set(0)
+        log.warning("Kafka is unreachable (%s): waiting for it, nothing is lost meanwhile; "
+                    "kdelay_kafka_available is 0 until a broker answers", why)
 
     def _check_fatal(self) -> None:
         """Raise :class:`ServiceError` if a client reported a fatal error."""

@@ -24,3 +24,46 @@ def test_a_fenced_member_or_producer_is_fenced_anything_else_fatal() -> None:
     assert fatal_code(static) == "fenced"
     assert fatal_code(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "x",
                                  fatal=True)) == "kafka-fatal"
+
+
+class Lines:
+    """A librdkafka ``logger`` that keeps what it is handed."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[object, ...]] = []
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        self.lines.append(args)
+
+
+def test_every_broker_down_makes_kafka_unreachable_until_it_answers() -> None:
+    errors = ClientErrors()
+    errors.callback("restore", watch=False)(KafkaError(KafkaError._ALL_BROKERS_DOWN, "old"))
+    assert errors.unreachable() is None
+    errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    errors.callback("targets")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "later"))
+    assert errors.unreachable() == "intake: 1/1 brokers are down"
+    errors.reachable()
+    assert errors.unreachable() is None
+
+
+def test_connection_failures_are_dropped_during_an_outage_and_rare_otherwise() -> None:
+    errors = ClientErrors()
+    lines = Lines()
+    logger = errors.quiet(lines)
+    logger.log(40, "%s [%s] %s", "FAIL", "c", "refused")
+    logger.log(40, "%s [%s] %s", "FAIL", "c", "refused again, within the minute")
+    errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    logger.log(40, "%s [%s] %s", "FAIL", "c", "during the outage")
+    logger.log(30, "%s [%s] %s", "SESSTMOUT", "c", "other lines pass")
+    assert lines.lines == [("FAIL", "c", "refused"), ("SESSTMOUT", "c", "other lines pass")]
+
+
+def test_a_renewable_client_latches_only_a_fence() -> None:
+    errors = ClientErrors()
+    on_error = errors.callback("transactions", renewable=True)
+    on_error(KafkaError(KafkaError.INVALID_TXN_STATE, "after an outage", fatal=True))
+    assert errors.take_fatal() is None
+    fenced = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
+    on_error(fenced)
+    assert errors.take_fatal() == ("transactions", fenced)

@@ -7,6 +7,7 @@ dict of records. Time moves only through :class:`ManualClock`.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -167,8 +168,10 @@ class World:
         self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
         durability = (TransactedTombstones if transactional else ReportedTombstones)(self.writer)
+        self.outage = False
         self.delivery = Delivery(config, self.targets, self.internal, self.reader,
-                                 self.clock, self.metrics, durability)
+                                 self.clock, self.metrics, durability,
+                                 outage=lambda: self.outage)
 
     def close(self) -> None:
         for index in self.indexes.values():
@@ -1192,3 +1195,47 @@ def test_an_entry_not_adopted_is_found_by_a_scan_once_indexed(tmp_path: Path) ->
         assert list(world.indexes[0].entries()) == []
     finally:
         world.close()
+
+
+# -- a broker outage -----------------------------------------------------------------
+
+
+def test_failures_while_kafka_is_unreachable_spend_no_attempt(world: World) -> None:
+    key = world.request(0, 7, T0)
+    world.at(T0)
+    world.outage = True
+    now = T0
+    for _ in range(10):  # far more than the 3 attempts of CONFIG
+        world.targets.report(timed_out())
+        world.settle()
+        now += 4_000  # past the longest backoff
+        world.at(now)
+    assert world.internal.sent == [], "an outage dead-letters nothing"
+    assert len(world.targets.sent) == 11
+    world.outage = False
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert key not in world.pending()
+    assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def test_many_failures_at_once_are_logged_as_one_line(
+    world: World, caplog: pytest.LogCaptureFixture,
+) -> None:
+    for offset in range(50):
+        world.request(offset % 3, offset, T0)
+    world.at(T0)
+    caplog.set_level(logging.WARNING, logger="kdelay.delivery")
+    assert len(world.targets.report(timed_out())) == 50
+    world.settle()
+    assert len(caplog.records) == 1
+    assert "50 deliveries failed" in caplog.text
+    world.at(T0 + 4_000)  # the retries fail too, within the same ten seconds
+    assert len(world.targets.report(timed_out())) == 50
+    world.settle()
+    assert len(caplog.records) == 1, "one line per period, whatever the failures"
+    world.clock.set(T0 + 10_000)
+    world.settle()
+    assert len(caplog.records) == 2
+    assert world.sample("kdelay_delivery_retries_total") == 100
