@@ -41,7 +41,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -49,9 +49,11 @@ from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import Acks, ChangelogWriter, Failure
-from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
+from kdelay.plumbing.callbacks import fatal_code
+from kdelay.plumbing.clients import Consuming, Producing, Report, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
+from kdelay.protocol.envelope import Headers
 from kdelay.state.index import PartitionIndex
 
 log = logging.getLogger(__name__)
@@ -59,10 +61,20 @@ log = logging.getLogger(__name__)
 TXN_MARGIN_MS = 10_000
 ACK_POLL_S = 0.001
 CLOSE_FLUSH_S = 10.0
-TXN_CALL_S = 30.0
+# The longest one transactional call waits. A call that times out is retried
+# (commit) or ends the transaction (the others), so this bounds how long the
+# loop is held when Kafka goes away, not how long Kafka may take.
+TXN_CALL_S = 10.0
+# How long a step waits for an abort left unfinished (Kafka away) before it gives
+# the loop back; the next step tries again.
+ABORT_RETRY_S = 1.0
 # At-least-once: how many intake records may await their acknowledgements
 # before a step waits for them (memory, and how much a crash re-reads).
 MAX_UNACKED_RECORDS = 20_000
+
+def _nothing(_: str) -> None:
+    """Hear nothing."""
+
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
@@ -282,14 +294,95 @@ class AtLeastOnce:
         self.internal.flush(CLOSE_FLUSH_S)
 
 
+class Renewable:
+    """A transactional producer that can be replaced by a fresh one with the same id.
+
+    A broker outage longer than ``transaction.timeout.ms`` leaves an open
+    transaction that the coordinator aborts on its own once it is back, and
+    the producer's next transactional call fails for good (librdkafka: a
+    fatal error such as ``INVALID_TXN_STATE``). Nothing is wrong with the
+    instance: a new producer with the same transactional id
+    (``init_transactions``) takes over, and the service goes on. Everything
+    that produces holds this object, so all of them use the new producer.
+    """
+
+    def __init__(self, build: Callable[[], Transacting]) -> None:
+        self._build = build
+        self._producer = build()
+        self._starting = False
+
+    def renew(self, timeout_s: float) -> None:
+        """Drop the producer (its transaction is aborted) and start a new one.
+
+        Raises ``KafkaException`` when the new one's ``init_transactions``
+        fails; a retriable failure (Kafka away) is retried by the next call,
+        with the same new producer.
+        """
+        if not self._starting:
+            self._producer = self._build()
+            self._starting = True
+        self._producer.init_transactions(timeout_s)
+        self._starting = False
+
+    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
+                headers: Headers | None = None) -> None:
+        """Produce with the current producer."""
+        self._producer.produce(topic, value=value, key=key, partition=partition,
+                               on_delivery=on_delivery, timestamp=timestamp, headers=headers)
+
+    def poll(self, timeout: float = -1) -> int:
+        """Serve the current producer's reports."""
+        return self._producer.poll(timeout)
+
+    def flush(self, timeout: float = -1) -> int:
+        """Flush the current producer."""
+        return self._producer.flush(timeout)
+
+    def __len__(self) -> int:
+        """Records the current producer holds."""
+        return len(self._producer)
+
+    def list_topics(self, topic: str, timeout: float = -1) -> Any:
+        """Metadata, through the current producer."""
+        return self._producer.list_topics(topic, timeout=timeout)
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        """Register the transactional id (see :class:`Transacting`)."""
+        self._producer.init_transactions(timeout)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction."""
+        self._producer.begin_transaction()
+
+    def send_offsets_to_transaction(self, positions: list[TopicPartition],
+                                    group_metadata: Any, timeout: float = -1) -> None:
+        """Add consumer positions to the open transaction."""
+        self._producer.send_offsets_to_transaction(positions, group_metadata, timeout)
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        """Commit the open transaction."""
+        self._producer.commit_transaction(timeout)
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        """Abort the open transaction."""
+        self._producer.abort_transaction(timeout)
+
+
 class ExactlyOnce:
     """Each step that has work is one transaction: intake writes, deliveries, offsets."""
 
     auto_commit = False
 
-    def __init__(self, settings: Settings, producer: Transacting, writer: ChangelogWriter,
-                 clock: Clock, metrics: Metrics, stopping: Callable[[], bool]) -> None:
+    def __init__(self, settings: Settings, producer: Renewable, writer: ChangelogWriter,
+                 clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
+                 waiting: Callable[[str], None] = _nothing,
+                 unreachable: Callable[[], bool] = lambda: False) -> None:
+        """``waiting`` is told, on every retry, why a commit waits for Kafka;
+        ``unreachable`` tells whether Kafka is known to be away (no flush waits then)."""
         self.producer = producer
+        self._waiting = waiting
+        self._unreachable = unreachable
         self.targets: Producing = producer
         self.internal: Producing = producer
         self.writer = writer
@@ -298,9 +391,18 @@ class ExactlyOnce:
         self._clock = clock
         self._metrics = metrics
         self._stopping = stopping
+        self._ending = False
+        self._renewing = False
+        self._retrying_commit = False
 
     def begin(self, work: bool) -> bool:
-        """Open a transaction when the step has work; a step without produces nothing."""
+        """Open a transaction when the step has work; a step without produces nothing.
+
+        An abort that could not finish (Kafka away) is finished first; until it
+        is, no step produces.
+        """
+        if self._ending and not self._end(ABORT_RETRY_S, renew=False):
+            return False
         if work:
             self.producer.begin_transaction()
         return work
@@ -338,24 +440,110 @@ class ExactlyOnce:
                 consumer: Consuming, delivery: Delivery) -> bool:
         producer = self.producer
         try:
-            flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic)
+            flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic,
+                        self._unreachable)
             failed = [*failures, *self.writer.take_failures()]
-            if failed or delivery.has_failures() or len(producer) or self._stopping():
-                producer.abort_transaction(TXN_CALL_S)
+            if failed or delivery.has_failures() or len(producer):
+                # Records still queued or timed out mean Kafka is away, most
+                # likely: the producer's sequence numbers may be off, so a new
+                # producer ends the transaction rather than an abort; while Kafka
+                # is away that is left to the steps that follow (see begin).
+                timed_out = any(f.error.code() == KafkaError._MSG_TIMED_OUT for f in failed)
+                renew = timed_out or bool(len(producer)) or self._unreachable()
+                self._end(ABORT_RETRY_S if renew else TXN_CALL_S, renew=renew)
+                return False
+            if self._stopping():
+                self._end(TXN_CALL_S, renew=False)
                 return False
             if offsets:
                 producer.send_offsets_to_transaction(
                     offsets, consumer.consumer_group_metadata(), TXN_CALL_S)
-            with self._metrics.commit_duration.time():
-                producer.commit_transaction(TXN_CALL_S)
+        except KafkaException as exc:
+            self._failed(exc)
+            return False
+        return self._commit_transaction()
+
+    def _failed(self, exc: KafkaException) -> None:
+        """End a transaction whose call raised ``exc``, with a new producer.
+
+        Raises :class:`ServiceError` ``fenced`` when another process took this
+        instance's transactional id.
+        """
+        error = exc.args[0]
+        if fatal_code(error) == "fenced":
+            raise ServiceError("fenced", (
+                f"transactions: {error.str()}; another process runs with this instance's "
+                "transactional id: give every instance its own --state-dir, or its own "
+                "--instance-id")) from exc
+        log.warning("transaction aborted: %s", error.str())
+        if error.retriable():
+            self._waiting(f"transactions: {error.str()}")
+        self._end(ABORT_RETRY_S, renew=True)
+
+    def _commit_transaction(self) -> bool:
+        """Commit the open transaction; return False if it had to be aborted.
+
+        A commit that timed out (Kafka away) is retried until Kafka answers,
+        each call bounded by :data:`TXN_CALL_S`: its outcome decides what the
+        step applies, so it must be known. Raises :class:`ServiceError` when
+        fenced by a newer instance.
+        """
+        while True:
+            try:
+                with self._metrics.commit_duration.time():
+                    self.producer.commit_transaction(TXN_CALL_S)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not error.retriable() or error.txn_requires_abort():
+                    self._failed(exc)
+                    return False
+                if self._stopping():
+                    raise ServiceError("kafka-unreachable", (
+                        f"stopped while a transaction commit waited for Kafka ({error.str()});"
+                        " the transaction coordinator finishes it")) from exc
+                if not self._retrying_commit:
+                    log.warning("transaction commit waits for Kafka: %s", error.str())
+                    self._retrying_commit = True
+                self._waiting(f"transactions: commit: {error.str()}")
+                continue
+            if self._retrying_commit:
+                log.warning("transaction committed once Kafka answered again")
+                self._retrying_commit = False
             return True
+
+    def _end(self, timeout_s: float, *, renew: bool) -> bool:
+        """End the open transaction without committing it; return whether it is over.
+
+        With ``renew`` (or once an abort failed) a new producer with the same
+        transactional id takes over (``init_transactions`` aborts what the old
+        one left open); else the transaction is aborted. When Kafka does not
+        answer within ``timeout_s``, the end is left for :meth:`begin` to
+        finish, a little at a time: no step produces until it is done.
+        Raises :class:`ServiceError` when fenced, or when a new producer
+        fails for good.
+        """
+        if renew and not self._renewing:
+            log.warning("the transaction is abandoned: a new transactional producer with the "
+                        "same id ends it, once Kafka answers")
+        self._renewing = self._renewing or renew
+        try:
+            if self._renewing:
+                self.producer.renew(timeout_s)
+            else:
+                self.producer.abort_transaction(timeout_s)
         except KafkaException as exc:
             error = exc.args[0]
-            if error.txn_requires_abort():
-                log.warning("transaction aborted: %s", error.str())
-                producer.abort_transaction(TXN_CALL_S)
-                return False
-            raise ServiceError("transaction-failed", f"transaction failed: {error.str()}") from exc
+            if fatal_code(error) == "fenced" or (self._renewing and not error.retriable()):
+                raise ServiceError(fatal_code(error) if error.fatal() else "transaction-failed",
+                                   f"transactions: cannot end the transaction: {error.str()}"
+                                   ) from exc
+            self._renewing = True
+            self._ending = True
+            return False
+        if self._renewing:
+            log.warning("a new transactional producer took over")
+        self._ending = self._renewing = False
+        return True
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Nothing: the offsets went with the transaction."""
@@ -374,20 +562,24 @@ class ExactlyOnce:
 
 def for_settings(settings: Settings, producers: ProducerFactory, transactional_id: str,
                  clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
-                 observe: Callable[[Message], None]) -> Checkpoint:
+                 observe: Callable[[Message], None],
+                 waiting: Callable[[str], None] = _nothing,
+                 unreachable: Callable[[], bool] = lambda: False) -> Checkpoint:
     """Build the checkpoint of ``settings.guarantee``, with its producers and changelog writer.
 
-    ``observe`` sees every acknowledged consumed-offset marker (clock skew).
+    ``observe`` sees every acknowledged consumed-offset marker (clock skew);
+    ``waiting`` learns why a transaction commit waits for Kafka, and
+    ``unreachable`` tells whether Kafka is known to be away (exactly-once).
     """
     s = settings
     if s.guarantee is Guarantee.EXACTLY_ONCE:
-        producer = producers("transactions", **{
+        producer = Renewable(lambda: producers("transactions", **{
             "transactional.id": transactional_id, "linger.ms": 2,
             "partitioner": s.partitioner, "message.timeout.ms": s.delivery_timeout_ms,
-            "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS})
+            "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS}))
         producer.init_transactions(TXN_CALL_S)
         writer = ChangelogWriter(producer, s.changelog_topic, metrics, observe)
-        return ExactlyOnce(s, producer, writer, clock, metrics, stopping)
+        return ExactlyOnce(s, producer, writer, clock, metrics, stopping, waiting, unreachable)
     targets = producers("targets", **{
         "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
         "message.timeout.ms": s.delivery_timeout_ms})

@@ -63,8 +63,8 @@ MAX_HELD_BATCHES = 20
 # Of those, at most this many wait for a retry: the rest stays free for the
 # entries of targets that work. A failure beyond it is dead-lettered at once.
 MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
-# At most one line per this interval (service clock) about failed deliveries.
-FAILURE_LOG_EVERY_MS = 30_000
+# Failed deliveries are logged together, at most once per this many seconds.
+FAILURE_LOG_EVERY_S = 30.0
 
 
 # Dead letters that carry the original record, so that it can be sent again as is.
@@ -207,9 +207,13 @@ class Delivery:
 
     def __init__(self, config: DeliveryConfig, targets: Producing, internal: Producing,
                  reader: Reading, clock: Clock, metrics: Metrics,
-                 durability: Durability, release: Release = by_service_clock) -> None:
+                 durability: Durability, release: Release = by_service_clock,
+                 outage: Callable[[], bool] = lambda: False) -> None:
+        """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt."""
         self._config = config
         self._release = release
+        self._outage = outage
+        self._failures = _FailureLog(clock)
         self._policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._producer = targets
@@ -226,8 +230,6 @@ class Delivery:
         self._counts = _Counts()
         self._topics = TopicCheck(targets, clock)
         self._guarded_report = guarded(self._on_report)
-        self._failures_since_log = 0
-        self._next_failure_log_ms = 0
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
@@ -390,6 +392,7 @@ class Delivery:
             self._succeeded(key, sink, now, changes)
         for key, sink, reason in [*reports.failed, *reports.refused]:
             self._failed(key, sink, reason, now)
+        self._failures.flush()
         self._apply(changes, indexes)
 
     def abandon(self) -> None:
@@ -402,6 +405,7 @@ class Delivery:
         now = self._clock.now_ms()
         for key, sink, reason in [*reports.refused, *reports.failed]:
             self._failed(key, sink, reason, now)
+        self._failures.flush()
         for job in self._book.jobs_in(State.IN_FLIGHT):
             self._book.move(job, State.READY)
 
@@ -609,7 +613,9 @@ class Delivery:
         job = self._book.get(key)
         if job is None:
             return
-        job.attempts += 1
+        outage = self._outage()
+        if not outage:  # Kafka away is no fault of the target's: no attempt is spent
+            job.attempts += 1
         job.detail = reason
         if job.first_failed_ms is None:
             job.first_failed_ms = now
@@ -619,28 +625,14 @@ class Delivery:
                            f"{job.attempts} attempts {given_up}; last: {reason}")
             wait = 0
         else:
-            wait = backoff_ms(job.attempts, self._config.backoff_ms, self._config.backoff_max_ms)
+            wait = backoff_ms(max(1, job.attempts), self._config.backoff_ms,
+                              self._config.backoff_max_ms)
             # The last attempt falls at the end of the retry window, not after it.
             wait = max(0, min(wait, job.first_failed_ms + self._config.retry_ms - now))
-        self._log_failure(job, reason, wait, now)
+        self._failures.add(job.entry.due, reason, job.attempts, wait, outage)
         self._metrics.retries.inc()
         job.not_before_ms = now + wait
         self._book.move(job, State.BACKING_OFF)
-
-    def _log_failure(self, job: Job, reason: str, wait: int, now: int) -> None:
-        """Log a failed delivery: the first at once, then one summary line per interval.
-
-        A target that stays missing for the retry window fails every record
-        bound for it many times; a line per failure would bury the log.
-        """
-        self._failures_since_log += 1
-        if now < self._next_failure_log_ms:
-            return
-        log.warning("delivery of %s failed (%s, attempt %d); retry in %d ms; %d failed "
-                    "deliveries since the last such line (kdelay_delivery_retries_total)",
-                    job.entry.due, reason, job.attempts, wait, self._failures_since_log)
-        self._failures_since_log = 0
-        self._next_failure_log_ms = now + FAILURE_LOG_EVERY_MS
 
     def _given_up(self, job: Job, now: int) -> str | None:
         """Return why a failed record is not retried any more, or None to retry it.
@@ -673,6 +665,46 @@ class Delivery:
             # Due by the service clock, held by the release limit: look again soon.
             return max(0, min(MAX_WAIT_MS, wakeup - limit))
         return max(0, min(MAX_WAIT_MS, wakeup - now))
+
+
+class _FailureLog:
+    """Failed deliveries, logged together: one line per :data:`FAILURE_LOG_EVERY_S` at most.
+
+    A broker outage fails every record in flight at once; one line per record
+    would bury the one line that says what happened. The first failure of a
+    quiet period is logged at once; those that follow are counted and logged
+    as one line, with the last one's reason, when the period is over.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._count = 0
+        self._outages = 0
+        self._last = ""
+        self._next_s = 0.0
+
+    def add(self, due: codec.DueKey, reason: str, attempts: int, wait_ms: int,
+            outage: bool) -> None:
+        """Count one failure (``outage``: while Kafka was unreachable, no attempt spent)."""
+        self._count += 1
+        self._outages += outage
+        spent = "Kafka unreachable, no attempt spent" if outage else f"attempt {attempts}"
+        self._last = f"{due} failed ({reason}, {spent}); retry in {wait_ms} ms"
+
+    def flush(self) -> None:
+        """Log what was counted, if the last line is old enough."""
+        if not self._count:
+            return
+        now = self._clock.monotonic()
+        if now < self._next_s:
+            return
+        self._next_s = now + FAILURE_LOG_EVERY_S
+        if self._count == 1:
+            log.warning("delivery of %s", self._last)
+        else:
+            log.warning("%d deliveries failed (%d while Kafka was unreachable); last: %s",
+                        self._count, self._outages, self._last)
+        self._count = self._outages = 0
 
 
 def _rewind(window: Window, key: bytes) -> None:

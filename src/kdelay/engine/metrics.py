@@ -165,6 +165,16 @@ class Metrics:
             "LogAppendTime of changelog acknowledgements", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",
                                "Partitions being restored from the changelog", registry=r)
+        self.last_step = Gauge(
+            "kdelay_last_step_timestamp_seconds",
+            "Unix time the service loop last finished a step; it steps at least every "
+            "100 ms while it runs, with or without traffic, so a loop stuck in a call "
+            "stops it", registry=r)
+        self.kafka_available = Gauge(
+            "kdelay_kafka_available",
+            "1 while Kafka answers, 0 from the moment every broker is down until one "
+            "answers again; meanwhile the service waits", registry=r)
+        self.kafka_available.set(1)
         self.owned = Gauge("kdelay_owned_partitions",
                            "Request partitions this instance serves", registry=r)
         self.rebalances = Counter(

@@ -32,6 +32,7 @@ from typing import Protocol
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     Producer,
@@ -47,10 +48,10 @@ from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
 from kdelay.plumbing import identity
-from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, Watermarks, produce, take
 from kdelay.plumbing.clock import Clock, SystemClock
-from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.settings import ClientConfig, Settings
 from kdelay.plumbing.topics import Layout, check_layout
 from kdelay.protocol import envelope
 from kdelay.state.changelog import Progress, Restorer, Restoring, Staleness, open_restored
@@ -59,6 +60,7 @@ from kdelay.state.index import (
     IndexLocked,
     PartitionIndex,
     StateDirFull,
+    StateDirLock,
     free_bytes,
     store_path,
 )
@@ -75,6 +77,10 @@ ACK_WAIT_MS = 1
 # Most delivered-id markers one partition drops per housekeeping round, so a
 # backlog of them never stalls a step.
 PRUNE_LIMIT = 10_000
+# While Kafka is unreachable: how often the service asks whether a broker answers
+# again, and how long it waits for the answer.
+PROBE_EVERY_S = 1.0
+PROBE_TIMEOUT_S = 1.0
 # Collect the youngest generation every 50 000 container allocations instead of
 # 700, and the older ones far more rarely. See :func:`tune_gc`.
 GC_THRESHOLDS = (50_000, 50, 100)
@@ -135,27 +141,41 @@ class ClientFactory(Protocol):
 
 
 class KafkaClients:
-    """The real clients, configured from settings (``--kafka-config`` and all)."""
+    """The real clients, configured from settings (``--kafka-config`` and all).
 
-    def __init__(self, settings: Settings) -> None:
+    Every client reports the errors librdkafka raises outside any call to
+    ``errors`` (its ``error_cb``).
+    """
+
+    def __init__(self, settings: Settings, errors: ClientErrors | None = None) -> None:
         self._settings = settings
+        self._errors = errors or ClientErrors()
 
     def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
         """A confluent-kafka producer."""
-        return Producer(self._settings.client_config(name, **overrides))
+        return Producer(self._config(name, overrides))
 
     def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
         """A confluent-kafka consumer."""
-        return Consumer(self._settings.client_config(name, **overrides))
+        return Consumer(self._config(name, overrides))
 
     def reader(self) -> Reading:
         """An :class:`OriginalReader` of the requests topic."""
-        return OriginalReader(self._settings.client_config("originals"),
+        return OriginalReader(self._config("originals", {}, watch=False),
                               self._settings.requests_topic)
 
     def restorer(self) -> Restoring:
         """A :class:`Restorer` of the changelog topic."""
-        return Restorer(self._settings.client_config("restore"), self._settings.changelog_topic)
+        return Restorer(self._config("restore", {}, watch=False), self._settings.changelog_topic)
+
+    def _config(self, name: str, overrides: Mapping[str, str | int | bool], *,
+                watch: bool = True) -> ClientConfig:
+        """``name``'s configuration; ``watch``: its reports of every broker down count."""
+        config = self._settings.client_config(name, **overrides)
+        config["error_cb"] = self._errors.callback(
+            name, watch=watch, renewable="transactional.id" in overrides)
+        config["logger"] = self._errors.quiet(config["logger"])
+        return config
 
 
 class _Clients:
@@ -190,7 +210,11 @@ class Service:
         self._broker_tolerance_ms = broker_tolerance_ms if layout.broker_time else None
         self.metrics = metrics or Metrics()
         self._clock = clock
-        self._factory = clients or KafkaClients(settings)
+        self._errors = ClientErrors()
+        self._factory = clients or KafkaClients(settings, self._errors)
+        self._lock: StateDirLock | None = None
+        self._down_since: float | None = None
+        self._next_probe = 0.0
         self._limits = envelope.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
@@ -218,15 +242,26 @@ class Service:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the Kafka clients and join the consumer group."""
+        """Lock the state dir, create the Kafka clients and join the consumer group.
+
+        The state dir is locked before any client exists: a second process
+        started on it stops with ``state-dir-in-use`` before it joins the
+        group under the same static member id, which would fence this one.
+        """
         s = self.settings
+        try:
+            self._lock = self._lock or StateDirLock(s.state_dir)
+        except IndexLocked as exc:
+            raise ServiceError("state-dir-in-use",
+                               f"{exc}; give every instance its own --state-dir") from exc
         me = identity.of(s)
         log.info("instance %s (group %s, transactional id %s)", me.member_id, s.group_id,
                  me.transactional_id)
         skew = ClockSkew(self._clock, self.metrics.clock_skew)
         checkpoint = checkpoints.for_settings(
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
-            lambda: self._stopping, skew.observe)
+            lambda: self._stopping, skew.observe, self._waiting,
+            lambda: self._errors.unreachable() is not None)
         reader = self._factory.reader()
         guard = self._guard(skew)
         self._delivery = Delivery(
@@ -234,7 +269,8 @@ class Service:
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
                            s.retry_backoff_max_ms, self._policy, s.delivery_retry_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
-            checkpoint.durability, by_service_clock if guard is None else guard.release_ms)
+            checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
+            outage=lambda: self._errors.unreachable() is not None)
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
@@ -258,9 +294,13 @@ class Service:
         return guard
 
     def run(self) -> None:
-        """Step until :meth:`stop` is called, then finish the work in flight and close."""
-        self.start()
+        """Step until :meth:`stop` is called, then finish the work in flight and close.
+
+        Raises :class:`ServiceError` when the service cannot go on, among
+        others when a Kafka client reports a fatal error (see :meth:`step`).
+        """
         try:
+            self.start()
             while not self._stopping:
                 self.step()
         finally:
@@ -271,20 +311,25 @@ class Service:
         self._stopping = True
 
     def close(self) -> None:
-        """Finish produces in flight, commit offsets, leave the group, close the stores."""
+        """Finish produces in flight, commit offsets, leave the group, close the stores,
+        release the state dir."""
         clients = self._clients
-        if clients is None:
-            return
         try:
-            clients.consumer.close()  # revokes: the checkpoint finishes the work in flight
+            if clients is not None:
+                try:
+                    clients.consumer.close()  # revokes: the checkpoint finishes the work
+                finally:
+                    self._clients = None
+                    self._close_partitions(list(self._indexes))
+                    clients.checkpoint.close()
+                    clients.reader.close()
+                    clients.restorer.close()
+                    if clients.guard is not None:
+                        clients.guard.close()
         finally:
-            self._clients = None
-            self._close_partitions(list(self._indexes))
-            clients.checkpoint.close()
-            clients.reader.close()
-            clients.restorer.close()
-            if clients.guard is not None:
-                clients.guard.close()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def owned(self) -> list[int]:
         """Return the request partitions this instance serves now."""
@@ -308,9 +353,16 @@ class Service:
         than ``max_wait_ms`` (for tests that move a manual clock). Rebalance
         callbacks run inside the consume, before any produce of the step, so
         they never meet an open transaction.
+
+        Raises :class:`ServiceError` (``fenced``, ``kafka-fatal``) when a
+        client reported a fatal error: it can never work again, and the
+        process must end rather than run on serving nothing. The end of each
+        step sets ``kdelay_last_step_timestamp_seconds``, the loop's heartbeat.
         """
+        self._check_fatal()
         clients, delivery = self._started()
         checkpoint = clients.checkpoint
+        reachable = self._kafka_reachable(checkpoint.internal)
         phases = self._phases
         phases.start()
         if clients.guard is not None:
@@ -322,9 +374,9 @@ class Service:
             wait_ms = min(wait_ms, max_wait_ms)
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000))
         phases.lap("consume")
-        due = delivery.prepare(self._indexes)
+        due = reachable and delivery.prepare(self._indexes)
         phases.lap("read-ahead")
-        if checkpoint.begin(bool(plans) or due):
+        if reachable and checkpoint.begin(bool(plans) or due):
             delivery.dispatch()
             phases.lap("dispatch")
             batch = self._write(plans, checkpoint, delivery)
@@ -338,11 +390,75 @@ class Service:
                 else:
                     self._give_back(done, clients.consumer, delivery)
             phases.lap("apply")
+        elif plans:  # nothing may be produced (Kafka away): read the requests again later
+            self._give_back(Batch(plans, {}, checkpoint.writer.acks()), clients.consumer,
+                            delivery)
         checkpoint.settle(delivery, self._indexes)
         phases.lap("settle")
         self._housekeeping()
         phases.lap("housekeeping")
         phases.finish()
+        self.metrics.last_step.set(self._clock.now_ms() / 1000)
+
+    def _kafka_reachable(self, probe: Producing) -> bool:
+        """Return whether Kafka answers; while it does not, say so once and probe it.
+
+        Kafka counts as unreachable from a client's ``_ALL_BROKERS_DOWN``
+        report on. Then the step neither reads ahead nor produces (records
+        already queued wait in the clients, and failures meanwhile cost no
+        delivery attempt), and every :data:`PROBE_EVERY_S` a metadata request
+        (bounded by :data:`PROBE_TIMEOUT_S`) asks whether a broker is back.
+        The loop keeps stepping, so the process neither exits nor hangs.
+        """
+        why = self._errors.unreachable()
+        if why is None:
+            return True
+        now = self._clock.monotonic()
+        self._note_down(why)
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_EVERY_S
+        try:
+            probe.list_topics(self.settings.requests_topic, timeout=PROBE_TIMEOUT_S)
+        except KafkaException:
+            return False
+        self._errors.reachable()
+        log.warning("Kafka answers again after %.1f s unreachable: serving",
+                    now - (self._down_since or now))
+        self._down_since = None
+        self.metrics.kafka_available.set(1)
+        return True
+
+    def _waiting(self, why: str) -> None:
+        """A call waits for Kafka (a transaction commit that timed out): say so, once."""
+        self._errors.unreachable_now(why)
+        self._note_down(why)
+
+    def _note_down(self, why: str) -> None:
+        """Set the gauge and log the one line of an outage, at its start."""
+        if self._down_since is not None:
+            return
+        self._down_since = self._clock.monotonic()
+        self.metrics.kafka_available.set(0)
+        log.warning("Kafka is unreachable (%s): waiting for it, nothing is lost meanwhile; "
+                    "kdelay_kafka_available is 0 until a broker answers", why)
+
+    def _check_fatal(self) -> None:
+        """Raise :class:`ServiceError` if a client reported a fatal error."""
+        reported = self._errors.take_fatal()
+        if reported is not None:
+            client, error = reported
+            raise self._fatal(error, client)
+
+    def _fatal(self, error: KafkaError, client: str) -> ServiceError:
+        """The error that ends the service after ``client`` reported the fatal ``error``."""
+        code = fatal_code(error)
+        if code == "fenced":
+            return ServiceError(code, (
+                f"{client}: {error.str()}; another process runs with this instance's ids "
+                f"(group {self.settings.group_id}, member {identity.of(self.settings).member_id}):"
+                " give every instance its own --state-dir, or its own --instance-id"))
+        return ServiceError(code, f"{client}: fatal Kafka client error: {error.str()}")
 
     def _housekeeping(self) -> None:
         """Refresh the gauges and drop expired id markers, if it is time."""
@@ -403,6 +519,8 @@ class Service:
         for message in messages:
             error = message.error()
             if error is not None:
+                if error.fatal() or error.code() == KafkaError._FATAL:
+                    raise self._fatal(error, "intake")
                 log.warning("requests consumer: %s", error.str())
                 continue
             by_partition[int(message.partition() or 0)].append(message)

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
+
+from confluent_kafka import KafkaError
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# Most connection-failure lines one client logs, one per this many seconds.
+FAIL_LINE_EVERY_S = 60.0
 
 _lock = threading.Lock()
 _errors: list[BaseException] = []
@@ -42,3 +48,114 @@ def drain_errors() -> list[BaseException]:
         errors = list(_errors)
         _errors.clear()
     return errors
+
+
+# Fatal errors that mean another process took this one's place in Kafka.
+_FENCED = frozenset({KafkaError.FENCED_INSTANCE_ID, KafkaError._FENCED,
+                     KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+def fatal_code(error: KafkaError) -> str:
+    """The stable code of a fatal client error: ``fenced`` when another process with this
+    instance's ids took its place, else ``kafka-fatal``.
+
+    A consumer's fatal error reaches ``consume`` as ``_FATAL``, naming the
+    cause only in its text.
+    """
+    if error.code() in _FENCED or "fenced" in error.str().lower():
+        return "fenced"
+    return "kafka-fatal"
+
+
+class ClientErrors:
+    """The errors librdkafka reports outside any call, through each client's ``error_cb``.
+
+    A fatal error means the client can never work again (a static group
+    member fenced by another with the same ``group.instance.id``, an
+    idempotent or transactional producer fenced or out of sequence): it is
+    kept, with the name of the client that reported it, until
+    :meth:`take_fatal`. The service ends on it, so that a supervisor starts
+    it again, instead of running on and serving nothing. Other errors are
+    librdkafka telling of trouble it retries by itself; they are dropped here
+    (its logger says what it does about them), except ``_ALL_BROKERS_DOWN``:
+    from it on, Kafka counts as unreachable (:meth:`unreachable`) until the
+    service, probing, finds it back (:meth:`reachable`). Meanwhile the clients'
+    connection failures are not logged (see :meth:`quiet`): the service says
+    once that it waits.
+    """
+
+    def __init__(self) -> None:
+        self._fatal: tuple[str, KafkaError] | None = None
+        self._down: str | None = None
+
+    def callback(self, client: str, *, watch: bool = True,
+                 renewable: bool = False) -> Callable[[KafkaError], None]:
+        """Return the ``error_cb`` of the client named ``client``.
+
+        Without ``watch``, the client's ``_ALL_BROKERS_DOWN`` reports are
+        ignored: a client polled only now and then (the restorer) serves
+        reports of an outage long over. A ``renewable`` client's fatal errors
+        are kept only when it was fenced: its own calls raise the others, and
+        its owner replaces it (the transactional producer).
+        """
+
+        def on_error(error: KafkaError) -> None:
+            if renewable and fatal_code(error) != "fenced":
+                return
+            if error.fatal() and self._fatal is None:
+                self._fatal = (client, error)
+            elif (watch and error.code() == KafkaError._ALL_BROKERS_DOWN
+                  and self._down is None):
+                self._down = f"{client}: {error.str()}"
+
+        return guarded(on_error)
+
+    def take_fatal(self) -> tuple[str, KafkaError] | None:
+        """Return the first fatal error reported (and which client reported it), if any."""
+        return self._fatal
+
+    def unreachable(self) -> str | None:
+        """Return why Kafka counts as unreachable (a client's report), or None if it does not."""
+        return self._down
+
+    def unreachable_now(self, why: str) -> None:
+        """Learn from a call that timed out that Kafka is unreachable (unless known already)."""
+        if self._down is None:
+            self._down = why
+
+    def reachable(self) -> None:
+        """Learn that a broker answers again."""
+        self._down = None
+
+    def quiet(self, logger: Any) -> Any:
+        """Wrap a client's ``logger`` so that it drops connection failures while Kafka is away.
+
+        librdkafka logs every failed connection attempt of every client, about
+        one line a second each (facility ``FAIL``); during an outage that is
+        thousands of lines saying the same thing. The wrapper drops them while
+        Kafka is unreachable, and passes at most one a minute otherwise (a
+        client polled rarely serves the lines of a whole outage at once).
+        """
+        return _QuietLogger(logger, self)
+
+
+class _QuietLogger:
+    """A librdkafka ``logger`` that drops ``FAIL`` lines while :class:`ClientErrors` says
+    Kafka is unreachable, and passes every other line to the logger it wraps."""
+
+    def __init__(self, logger: Any, errors: ClientErrors,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self._errors = errors
+        self._monotonic = monotonic
+        self._next_fail_s = 0.0
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        """Pass the line on, unless it is a connection failure during an outage or
+        within a minute of the last one passed."""
+        if args and args[0] == "FAIL":
+            now = self._monotonic()
+            if self._errors.unreachable() is not None or now < self._next_fail_s:
+                return
+            self._next_fail_s = now + FAIL_LINE_EVERY_S
+        self._logger.log(level, message, *args)

@@ -182,14 +182,16 @@ def produce(producer: Producing, topic: str, *, value: bytes | None, key: bytes 
 
 
 def flush_until(producer: Producing, deadline: float,
-                monotonic: Callable[[], float] = time.monotonic) -> int:
+                monotonic: Callable[[], float] = time.monotonic,
+                hopeless: Callable[[], bool] = lambda: False) -> int:
     """Flush until nothing is queued or ``monotonic()`` passes ``deadline``; return what remains.
 
-    Flushes a second at a time, so reports are served while it waits.
+    Flushes a second at a time, so reports are served while it waits, and
+    stops early once ``hopeless()`` (Kafka is known to be unreachable).
     """
     while True:
         left = producer.flush(1.0)
-        if left == 0 or monotonic() >= deadline:
+        if left == 0 or monotonic() >= deadline or hopeless():
             return left
 
 

@@ -23,7 +23,9 @@ lives.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
+import os
 import shutil
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ EXPIRY_CF = "expiry"
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
+STATE_DIR_LOCK = "kdelay.lock"
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 
@@ -84,6 +87,36 @@ def free_bytes(path: Path) -> int:
 def _no_space(exc: Exception) -> bool:
     text = str(exc).lower()
     return any(marker in text for marker in _NO_SPACE)
+class StateDirLock:
+    """The lock one process holds on a whole state dir, from before it meets Kafka to its exit.
+
+    Every partition's store is locked by RocksDB too, but only once it is
+    opened, after the consumer group assigned the partition: by then a second
+    process started on the same state dir has joined the group under the same
+    static member id (derived from the state dir, see :mod:`kdelay.plumbing.identity`)
+    and fenced the first. This lock (``flock`` on ``<state dir>/kdelay.lock``,
+    released by the kernel when the process dies, however it dies) is taken
+    first. Raises :class:`IndexLocked` when another process (or another lock
+    object) holds it.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / STATE_DIR_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise IndexLocked(f"state dir {state_dir} is in use by another process "
+                              f"({path} is locked)") from exc
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Release the lock (once; later calls do nothing)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def store_path(state_dir: Path, requests_topic: str, partition: int) -> Path:

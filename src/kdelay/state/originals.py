@@ -12,7 +12,8 @@ Every wanted offset ends in exactly one of three states:
   record, a recreated topic): the record there is not the one indexed.
 
 Offsets the reader could not resolve before its deadline (broker down, slow
-fetch) are left out of the result; the caller asks again later.
+fetch, a watermark query that failed with a retriable error) are left out of
+the result; the caller asks again later.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.plumbing.clients import reader_config, take, watermarks
+from kdelay.plumbing.clients import TRANSIENT, reader_config, take, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +150,20 @@ class OriginalReader:
 
     def _classify_by_watermarks(self, consumer: Consumer, partition: int,
                                 queue: list[_Run], result: dict[tuple[int, int], Found]) -> None:
-        """Resolve offsets below the log start or at/after the log end without fetching."""
-        low, high = watermarks(consumer, TopicPartition(self._topic, partition),
-                               self._timeout_s)
+        """Resolve offsets below the log start or at/after the log end without fetching.
+
+        When the watermarks cannot be had (Kafka away), nothing of the
+        partition is read: its offsets stay unresolved, for a later read.
+        """
+        try:
+            low, high = watermarks(consumer, TopicPartition(self._topic, partition),
+                                   self._timeout_s)
+        except KafkaException as exc:
+            if not _passing(exc):
+                raise
+            log.debug("watermarks of %s[%d]: %s", self._topic, partition, exc)
+            queue.clear()
+            return
         for run in queue:
             for offset in list(run.pending):
                 if offset < low:
@@ -224,8 +236,20 @@ class OriginalReader:
     def _expire_below_start(self, consumer: Consumer, run: _Run,
                             result: dict[tuple[int, int], Found]) -> None:
         """Mark the run's offsets below the (moved) log start offset ``EXPIRED``."""
-        low, _ = watermarks(consumer, TopicPartition(self._topic, run.partition),
-                            self._timeout_s)
+        try:
+            low, _ = watermarks(consumer, TopicPartition(self._topic, run.partition),
+                                self._timeout_s)
+        except KafkaException as exc:
+            if not _passing(exc):
+                raise
+            return
         for offset in [o for o in run.pending if o < low]:
             result[(run.partition, offset)] = Missing.EXPIRED
             run.pending.discard(offset)
+
+
+def _passing(exc: KafkaException) -> bool:
+    """Whether a watermark query's error can pass with time: retriable, or a partition
+    unknown while metadata is missing (every broker down)."""
+    error = exc.args[0]
+    return bool(error.retriable()) or error.code() in TRANSIENT | {KafkaError._UNKNOWN_PARTITION}

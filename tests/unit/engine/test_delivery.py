@@ -174,8 +174,10 @@ class World:
         self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
         durability = (TransactedTombstones if transactional else ReportedTombstones)(self.writer)
+        self.outage = False
         self.delivery = Delivery(config, self.targets, self.internal, self.reader,
-                                 self.clock, self.metrics, durability, release)
+                                 self.clock, self.metrics, durability, release,
+                                 outage=lambda: self.outage)
 
     def close(self) -> None:
         for index in self.indexes.values():
@@ -1304,3 +1306,45 @@ def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
     lines = [r for r in caplog.records if "failed" in r.getMessage()]
     assert failures > 100
     assert len(lines) == 4, "one line per 30 s of failures"
+# -- a broker outage -----------------------------------------------------------------
+
+
+def test_failures_while_kafka_is_unreachable_spend_no_attempt(world: World) -> None:
+    key = world.request(0, 7, T0)
+    world.at(T0)
+    world.outage = True
+    now = T0
+    for _ in range(10):  # far more than the 3 attempts of CONFIG
+        world.targets.report(timed_out())
+        world.settle()
+        now += 4_000  # past the longest backoff
+        world.at(now)
+    assert world.internal.sent == [], "an outage dead-letters nothing"
+    assert len(world.targets.sent) == 11
+    world.outage = False
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert key not in world.pending()
+    assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def test_many_failures_at_once_are_logged_as_one_line(
+    world: World, caplog: pytest.LogCaptureFixture,
+) -> None:
+    for offset in range(50):
+        world.request(offset % 3, offset, T0)
+    world.at(T0)
+    caplog.set_level(logging.WARNING, logger="kdelay.engine.delivery")
+    assert len(world.targets.report(timed_out())) == 50
+    world.settle()
+    assert len(caplog.records) == 1
+    assert "50 deliveries failed" in caplog.text
+    world.at(T0 + 4_000)  # the retries fail too, within the same thirty seconds
+    assert len(world.targets.report(timed_out())) == 50
+    world.settle()
+    assert len(caplog.records) == 1, "one line per period, whatever the failures"
+    world.clock.set(T0 + 30_000)
+    world.settle()
+    assert len(caplog.records) == 2
+    assert world.sample("kdelay_delivery_retries_total") == 100

@@ -21,7 +21,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from kdelay.engine.service import Service
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
@@ -414,6 +420,40 @@ def test_an_aborted_transaction_is_read_again_from_the_batchs_first_record(eos: 
         "begin", "offsets", "commit"]
     assert ("offsets", [(0, 2)]) in events
     assert eos.pending() == [first, second]
+
+
+def test_a_transaction_kafka_cannot_end_is_ended_by_a_new_producer_once_it_answers(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    away = KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True)
+    answers = [False]
+
+    def send_offsets(*_: Any, **__: Any) -> None:
+        raise KafkaException(away)
+
+    def init_transactions(producer: FakeProducer, timeout: float = -1) -> None:
+        if not answers[0]:
+            raise KafkaException(away)
+        producer.wire.events.append(("init", producer.name))
+
+    old = eos.clients.producers["transactions"]
+    monkeypatch.setattr(old, "send_offsets_to_transaction", send_offsets)
+    monkeypatch.setattr(FakeProducer, "init_transactions", init_transactions)
+    first = eos.request(T0 + 60_000, key=b"a")
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "abort", "commit", "seek")] == [
+        "begin", "seek"], "neither committed nor aborted: Kafka does not answer"
+    new = eos.clients.producers["transactions"]
+    assert new is not old
+    assert [e for e in eos.step() if e[0] in ("begin", "commit", "init")] == [], (
+        "no step produces until the new producer started")
+
+    answers[0] = True
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("init", "begin", "offsets", "commit")] == [
+        "init", "begin", "offsets", "commit"]
+    assert all(e[1] == "transactions" for e in events if e[0] == "produce")
+    assert eos.pending() == [first]
 
 
 def test_a_cancel_in_an_aborted_transaction_gives_its_entry_back(eos: Loop) -> None:

@@ -25,6 +25,7 @@ from kdelay.state.index import (
     IndexLocked,
     PartitionIndex,
     StateDirFull,
+    StateDirLock,
     free_bytes,
 )
 
@@ -606,3 +607,11 @@ def test_state_dir_full_names_the_path_and_the_room_left(tmp_path: Path) -> None
     assert str(tmp_path / "idx") in str(error)
     assert f"({error.free_bytes} bytes free)" in str(error)
     assert "nothing is lost" in str(error)
+def test_a_state_dir_is_locked_once_until_released(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    lock = StateDirLock(state)
+    with pytest.raises(IndexLocked, match="in use by another process"):
+        StateDirLock(state)
+    lock.release()
+    lock.release()
+    StateDirLock(state).release()

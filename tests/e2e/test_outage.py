@@ -1,0 +1,193 @@
+"""A broker outage longer than every client timeout is waited out, under both guarantees.
+
+The test runs its own broker (``tools/kafka`` with a cache dir of its own, so
+its data and pid are the test's), because it SIGKILLs it: never the broker
+other tests share. A steady load of requests runs through ``kdelay run``;
+the broker is killed for longer than every client timeout (message, session,
+transaction calls) and started again on its data. kdelay must neither exit
+nor hang: it says once that Kafka is unreachable, exports
+``kdelay_kafka_available 0`` meanwhile, and once the broker is back delivers
+every request (none early; under exactly-once none twice), with a bounded
+number of log lines whatever the number of records in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from kdelay.protocol import envelope
+from tests.conftest import ROOT
+from tests.e2e.conftest import Deployment, KdelayProcess, clean_environment, run_cli
+from tests.e2e.prometheus_server import free_port
+
+kafka = pytest.mark.kafka
+KAFKA = ROOT / "tools" / "kafka"
+# Longer than the produce timeout (30 s), the transaction calls' (30 s) and the
+# session timeout (10 s): every client gives up on something meanwhile.
+OUTAGE_S = 35.0
+RATE_PER_S = 50
+DELAY_MS = 2_000
+AVAILABLE = re.compile(r"^kdelay_kafka_available (\S+)$", re.MULTILINE)
+# Log lines (WARNING and above) the outage may cost, whatever the load.
+MAX_OUTAGE_LINES = 25
+
+
+class OwnBroker:
+    """A broker of ``tools/kafka`` that only this test uses, in ``cache``."""
+
+    def __init__(self, cache: Path) -> None:
+        self.env = {**clean_environment(), "KDELAY_CACHE_DIR": str(cache),
+                    "KDELAY_BROKER_PORT": "0", "KDELAY_BROKER_HEAP": "512m"}
+        self.bootstrap = ""
+
+    def start(self) -> None:
+        done = subprocess.run([str(KAFKA), "start"], env=self.env, capture_output=True,
+                              text=True, check=True, timeout=180)
+        self.bootstrap = done.stdout.strip().removeprefix("bootstrap=")
+
+    def kill(self) -> None:
+        subprocess.run([str(KAFKA), "kill"], env=self.env, capture_output=True, check=True)
+
+    def stop(self) -> None:
+        subprocess.run([str(KAFKA), "stop"], env=self.env, capture_output=True, check=False)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    """A fresh jar broker in the test's tmp dir, sharing only the downloaded jars."""
+    libs = Path(os.environ.get("KDELAY_CACHE_DIR", ROOT / ".cache")) / "kafka-libs"
+    if not (libs / ".complete").exists():
+        pytest.skip("the broker jars are not fetched (tools/kafka start fetches them)")
+    cache = tmp_path / "broker-cache"
+    cache.mkdir()
+    (cache / "kafka-libs").symlink_to(libs)
+    broker = OwnBroker(cache)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+class Load:
+    """Requests at a steady rate, each delayed ``DELAY_MS``, keyed by their number."""
+
+    def __init__(self, bootstrap: str, requests: str, target: str) -> None:
+        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                                   "linger.ms": 5, "message.timeout.ms": 600_000})
+        self._requests = requests
+        self._headers: list[tuple[str, str | bytes | None]] = [
+            (envelope.TARGET, target.encode()),
+                         (envelope.DELAY_MS, str(DELAY_MS).encode())]
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._producer.produce(self._requests, key=str(self.sent).encode(), value=b"v",
+                                   headers=self._headers)
+            self.sent += 1
+            self._producer.poll(0)
+            time.sleep(1 / RATE_PER_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        assert self._producer.flush(120) == 0
+
+
+def available(port: int) -> float | None:
+    """The service's ``kdelay_kafka_available`` (None: not exported)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        found = AVAILABLE.search(response.read().decode())
+    return None if found is None else float(found.group(1))
+
+
+def delivered(bootstrap: str, target: str, count: int, timeout_s: float) -> Counter[bytes]:
+    """Read the target (read_committed) until ``count`` distinct keys arrived; check none
+    came before its due time. Return how often each key arrived."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"o-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(target, p, OFFSET_BEGINNING) for p in range(3)])
+    seen: Counter[bytes] = Counter()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(seen) < count and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 1.0):
+                assert message.error() is None, message.error()
+                headers = dict(message.headers() or [])
+                due = headers[envelope.DUE_MS]
+                assert isinstance(due, bytes)
+                assert message.timestamp()[1] >= int(due), "early"
+                seen[message.key() or b""] += 1
+        consumer.consume(1000, 3.0)  # late duplicates
+    finally:
+        consumer.close()
+    return seen
+
+
+@kafka
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_broker_outage_longer_than_every_timeout_is_waited_out(
+    own_broker: OwnBroker, tmp_path: Path, guarantee: str,
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    deployment = Deployment(
+        bootstrap=own_broker.bootstrap, requests=f"out-req-{suffix}",
+        changelog=f"out-chg-{suffix}", dlq=f"out-dlq-{suffix}", group_id=f"out-g-{suffix}",
+        state_dir=tmp_path / "state", partitions=3)
+    target = f"out-target-{suffix}"
+    created = run_cli(deployment.env(), "topics", "create", "--partitions", "3",
+                      "--target", target)
+    assert created.returncode == 0, created.stderr
+    port = free_port()
+    service = KdelayProcess("kdelay-run", deployment.env(
+        KDELAY_GUARANTEE=guarantee, KDELAY_METRICS_PORT=str(port)), tmp_path / "run.log")
+    try:
+        service.wait_ready()
+        load = Load(deployment.bootstrap, deployment.requests, target)
+        load.start()
+        time.sleep(5)
+        own_broker.kill()
+        killed = time.monotonic()
+        down = False
+        while time.monotonic() - killed < OUTAGE_S:
+            assert service.popen.poll() is None, f"kdelay exited:\n{service.tail()}"
+            down = down or available(port) == 0
+            time.sleep(1)
+        assert down, "kdelay_kafka_available never showed the outage"
+        own_broker.start()
+        time.sleep(10)
+        load.stop()
+        seen = delivered(deployment.bootstrap, target, load.sent, 90)
+        assert service.popen.poll() is None, f"kdelay exited:\n{service.tail()}"
+        assert available(port) == 1
+        assert len(seen) == load.sent, f"{load.sent - len(seen)} of {load.sent} not delivered"
+        if guarantee == "exactly-once":
+            assert max(seen.values()) == 1, [k for k, n in seen.items() if n > 1][:10]
+        log = service.log()
+        assert log.count("Kafka is unreachable") == 1, service.tail()
+        assert log.count("Kafka answers again") == 1, service.tail()
+        loud = [line for line in log.splitlines()
+                if " WARNING " in line or " ERROR " in line or " CRITICAL " in line]
+        assert len(loud) <= MAX_OUTAGE_LINES, "\n".join(loud[:60])
+        assert "Traceback" not in log
+        assert service.terminate() == 0
+    finally:
+        service.kill()

@@ -1,0 +1,69 @@
+"""Errors librdkafka reports outside any call: which are fatal, and how they are named."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError
+
+from kdelay.plumbing.callbacks import ClientErrors, fatal_code
+
+
+def test_only_the_first_fatal_error_is_kept_with_its_client() -> None:
+    errors = ClientErrors()
+    errors.callback("targets")(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    assert errors.take_fatal() is None
+    fenced = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
+    errors.callback("transactions")(fenced)
+    errors.callback("intake")(KafkaError(KafkaError._FATAL, "later", fatal=True))
+    assert errors.take_fatal() == ("transactions", fenced)
+
+
+def test_a_fenced_member_or_producer_is_fenced_anything_else_fatal() -> None:
+    assert fatal_code(KafkaError(KafkaError.FENCED_INSTANCE_ID, "x", fatal=True)) == "fenced"
+    static = KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by "
+                        "other consumer with same group.instance.id", fatal=True)
+    assert fatal_code(static) == "fenced"
+    assert fatal_code(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "x",
+                                 fatal=True)) == "kafka-fatal"
+
+
+class Lines:
+    """A librdkafka ``logger`` that keeps what it is handed."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[object, ...]] = []
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        self.lines.append(args)
+
+
+def test_every_broker_down_makes_kafka_unreachable_until_it_answers() -> None:
+    errors = ClientErrors()
+    errors.callback("restore", watch=False)(KafkaError(KafkaError._ALL_BROKERS_DOWN, "old"))
+    assert errors.unreachable() is None
+    errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    errors.callback("targets")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "later"))
+    assert errors.unreachable() == "intake: 1/1 brokers are down"
+    errors.reachable()
+    assert errors.unreachable() is None
+
+
+def test_connection_failures_are_dropped_during_an_outage_and_rare_otherwise() -> None:
+    errors = ClientErrors()
+    lines = Lines()
+    logger = errors.quiet(lines)
+    logger.log(40, "%s [%s] %s", "FAIL", "c", "refused")
+    logger.log(40, "%s [%s] %s", "FAIL", "c", "refused again, within the minute")
+    errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    logger.log(40, "%s [%s] %s", "FAIL", "c", "during the outage")
+    logger.log(30, "%s [%s] %s", "SESSTMOUT", "c", "other lines pass")
+    assert lines.lines == [("FAIL", "c", "refused"), ("SESSTMOUT", "c", "other lines pass")]
+
+
+def test_a_renewable_client_latches_only_a_fence() -> None:
+    errors = ClientErrors()
+    on_error = errors.callback("transactions", renewable=True)
+    on_error(KafkaError(KafkaError.INVALID_TXN_STATE, "after an outage", fatal=True))
+    assert errors.take_fatal() is None
+    fenced = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
+    on_error(fenced)
+    assert errors.take_fatal() == ("transactions", fenced)
