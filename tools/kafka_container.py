@@ -28,6 +28,9 @@ PODMAN_SOCKET = Path("/run/podman/podman.sock")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 READY_TIMEOUT_S = 120.0
 CLUSTER_ID = "cMS-bWRyTIODmPRUg-Aezg"
+# podman's API service outlives the caller on purpose (it exits when idle); the
+# handle is kept so that it is never collected, with a ResourceWarning, mid-test.
+_SERVICES: list[subprocess.Popen[bytes]] = []
 
 
 class Unavailable(Exception):
@@ -60,10 +63,10 @@ def docker_url() -> str:
             raise Unavailable("no Docker API answers (DOCKER_HOST unset, no Docker socket) "
                               "and podman is not installed")
         PODMAN_SOCKET.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.Popen(
+        _SERVICES.append(subprocess.Popen(
             ["podman", "system", "service", "--time=300", f"unix://{PODMAN_SOCKET}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True))
         deadline = time.monotonic() + 30
         while not _answers(PODMAN_SOCKET):
             if time.monotonic() > deadline:
