@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kdelay.engine.service import HOUSEKEEPING_EVERY_MS, Service
+from kdelay.engine.housekeeping import HOUSEKEEPING_EVERY_MS
+from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import envelope
 from tests.conftest import TopicFactory

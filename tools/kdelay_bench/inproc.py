@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
-from kdelay.engine.service import Service, tune_gc
+from kdelay.engine.runner import tune_gc
+from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout

@@ -45,7 +45,7 @@ def run(
         settings = settings_of(ctx)
         configure_logs(log_level, log_format, identity.of(settings).member_id)
         options.check_connection(settings.client_config("probe"))
-    from kdelay.engine.service import run_service
+    from kdelay.engine.runner import run_service
 
     with reported(value_errors=False):
         exit_code = run_service(settings, check=check)

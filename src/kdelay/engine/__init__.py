@@ -1,12 +1,16 @@
 """The delay service's engine: the loop that takes requests in and delivers them when due.
 
 - :mod:`~kdelay.engine.service`: the loop, one step in one order for both
-  guarantees, and partition assignment (:func:`~kdelay.engine.service.run_service`);
+  guarantees, and partition assignment (:func:`~kdelay.engine.runner.run_service` runs it);
+  :mod:`~kdelay.engine.factory` hands it its Kafka clients;
+  :mod:`~kdelay.engine.housekeeping` its periodic round;
 - :mod:`~kdelay.engine.checkpoint`: how a step becomes durable, the only module
   that reads the guarantee;
 - :mod:`~kdelay.engine.intake`: requests to plans (index puts, cancels, DLQ records);
 - :mod:`~kdelay.engine.delivery`: read-ahead, produce what is due, settle outcomes;
-  :mod:`~kdelay.engine.book` keeps delivery's jobs and their states;
+  :mod:`~kdelay.engine.book` keeps delivery's jobs and their states,
+  :mod:`~kdelay.engine.window` how far each index was read ahead, and
+  :mod:`~kdelay.engine.failures` what happens when a target fails;
 - :mod:`~kdelay.engine.writer`: the one changelog writer and its positions;
 - :mod:`~kdelay.engine.outlook`, :mod:`~kdelay.engine.skew`,
   :mod:`~kdelay.engine.metrics`: forward-looking gauges, the broker's clock,

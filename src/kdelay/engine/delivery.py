@@ -32,11 +32,13 @@ from typing import Protocol
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from kdelay.engine.book import Book, Job, State
+from kdelay.engine.failures import FailureLog, TopicCheck, backoff_ms
 from kdelay.engine.metrics import Metrics
+from kdelay.engine.window import Window
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import envelope
 from kdelay.protocol.codec import IdState, fingerprint_of
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
@@ -55,6 +57,8 @@ Release = Callable[[int], int | None]
 def by_service_clock(now_ms: int) -> int | None:
     """Release what the service clock says is due."""
     return now_ms
+
+
 IN_FLIGHT_WAIT_MS = 1
 # Entries waiting for a retry do not count against a partition's read-ahead
 # room (so a failing target never hides entries behind it), but a partition
@@ -63,8 +67,6 @@ MAX_HELD_BATCHES = 20
 # Of those, at most this many wait for a retry: the rest stays free for the
 # entries of targets that work. A failure beyond it is dead-lettered at once.
 MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
-# Failed deliveries are logged together, at most once per this many seconds.
-FAILURE_LOG_EVERY_S = 30.0
 
 
 # Dead letters that carry the original record, so that it can be sent again as is.
@@ -124,20 +126,6 @@ class Durability(Protocol):
 
 
 @dataclass(slots=True)
-class Window:
-    """How far delivery has read one partition's index ahead."""
-
-    covered: int | None = None
-    """Every entry due at or before this time is held or gone; None: scan again."""
-    cursor: bytes | None = None
-    """Where the next scan resumes: every key below it is held or gone."""
-    truncated: bool = False
-    """The last scan stopped at its limit: there may be more below ``covered``."""
-    lowest_put: bytes | None = None
-    """The smallest key put since the last scan, that delivery was not handed."""
-
-
-@dataclass(slots=True)
 class _Reports:
     """Delivery reports collected by callbacks, applied by :meth:`Delivery.settle`."""
 
@@ -166,42 +154,6 @@ def _routing(routing: envelope.Routing | None) -> envelope.Headers:
     return headers
 
 
-def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
-    """Return the wait before retry number ``attempt`` (1-based): doubling, capped."""
-    return int(min(cap_ms, base_ms * 2 ** max(0, attempt - 1)))
-
-
-class TopicCheck:
-    """Asks the cluster whether a target topic exists, and remembers the answer a while.
-
-    A produce to a missing topic would only fail after librdkafka gives up on
-    its metadata; checking first turns that into an immediate, retryable
-    failure, and keeps a transaction from being aborted for it.
-    """
-
-    def __init__(self, producer: Producing, clock: Clock, ttl_s: float = 30.0) -> None:
-        self._producer = producer
-        self._clock = clock
-        self._ttl_s = ttl_s
-        self._known: dict[str, tuple[float, KafkaError | None]] = {}
-
-    def missing(self, topic: str) -> KafkaError | None:
-        """Return the error that says ``topic`` cannot be produced to, or None."""
-        now = self._clock.monotonic()
-        cached = self._known.get(topic)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            metadata = self._producer.list_topics(topic, timeout=5)
-            error: KafkaError | None = metadata.topics[topic].error
-        except KafkaException as exc:
-            return KafkaError(exc.args[0].code(), f"metadata for {topic}: {exc.args[0].str()}")
-        if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return None
-        self._known[topic] = (now + (self._ttl_s if error is None else 1.0), error)
-        return error
-
-
 class Delivery:
     """Reads due entries ahead, produces them when due, and settles the outcomes."""
 
@@ -213,7 +165,7 @@ class Delivery:
         self._config = config
         self._release = release
         self._outage = outage
-        self._failures = _FailureLog(clock)
+        self._failures = FailureLog(clock)
         self._policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._producer = targets
@@ -429,7 +381,7 @@ class Delivery:
         wanted: dict[int, list[Entry]] = {}
         for partition, index in indexes.items():
             window = self._window(partition)
-            if self._needs_scan(window, now):
+            if window.needs_scan(now, self._config.lookahead_ms):
                 room = self._room(partition)
                 if room <= 0:
                     continue
@@ -462,17 +414,6 @@ class Delivery:
         """Return how many more entries ``partition`` may hold in memory, whatever their state."""
         return MAX_HELD_BATCHES * self._config.batch_size - self._book.held(partition)
 
-    def _needs_scan(self, window: Window, now: int) -> bool:
-        lowest, window.lowest_put = window.lowest_put, None
-        if lowest is not None:
-            _rewind(window, lowest)
-        covered = window.covered
-        if covered is None or window.truncated:
-            return True
-        if lowest is not None and codec.decode_due_key(lowest).due_ms <= covered:
-            return True
-        return now + self._config.lookahead_ms // 2 >= covered
-
     def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
         originals = self._reader.read({p: [e.due.offset for e in es] for p, es in wanted.items()})
         for partition, entries in wanted.items():
@@ -481,7 +422,7 @@ class Delivery:
                 found = originals.get((partition, entry.due.offset))
                 if found is None:
                     window.covered = None
-                    _rewind(window, entry.key)
+                    window.rewind(entry.key)
                     continue
                 self._book.hold(Job(entry, found, partition))
 
@@ -665,49 +606,3 @@ class Delivery:
             # Due by the service clock, held by the release limit: look again soon.
             return max(0, min(MAX_WAIT_MS, wakeup - limit))
         return max(0, min(MAX_WAIT_MS, wakeup - now))
-
-
-class _FailureLog:
-    """Failed deliveries, logged together: one line per :data:`FAILURE_LOG_EVERY_S` at most.
-
-    A broker outage fails every record in flight at once; one line per record
-    would bury the one line that says what happened. The first failure of a
-    quiet period is logged at once; those that follow are counted and logged
-    as one line, with the last one's reason, when the period is over.
-    """
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._count = 0
-        self._outages = 0
-        self._last = ""
-        self._next_s = 0.0
-
-    def add(self, due: codec.DueKey, reason: str, attempts: int, wait_ms: int,
-            outage: bool) -> None:
-        """Count one failure (``outage``: while Kafka was unreachable, no attempt spent)."""
-        self._count += 1
-        self._outages += outage
-        spent = "Kafka unreachable, no attempt spent" if outage else f"attempt {attempts}"
-        self._last = f"{due} failed ({reason}, {spent}); retry in {wait_ms} ms"
-
-    def flush(self) -> None:
-        """Log what was counted, if the last line is old enough."""
-        if not self._count:
-            return
-        now = self._clock.monotonic()
-        if now < self._next_s:
-            return
-        self._next_s = now + FAILURE_LOG_EVERY_S
-        if self._count == 1:
-            log.warning("delivery of %s", self._last)
-        else:
-            log.warning("%d deliveries failed (%d while Kafka was unreachable); last: %s",
-                        self._count, self._outages, self._last)
-        self._count = self._outages = 0
-
-
-def _rewind(window: Window, key: bytes) -> None:
-    """Move the window's scan cursor back to ``key`` (an entry not held yet)."""
-    if window.cursor is not None and key < window.cursor:
-        window.cursor = key

@@ -11,7 +11,9 @@ reads the guarantee. Partitions come and go through an ordinary consumer
 group; on assignment a partition's index is opened and caught up from the
 changelog before it serves, on revocation the work in flight is finished
 (and, at-least-once, offsets committed), and the index is closed in
-``finally``. The Kafka clients come from a :class:`ClientFactory`.
+``finally``. The Kafka clients come from a
+:class:`~kdelay.engine.factory.ClientFactory`; :mod:`kdelay.engine.runner` runs it
+as ``kdelay run``.
 
 Intake stores a request offset only after the changelog and DLQ records
 derived from it are durable and the index batch is written, so a crash at
@@ -20,162 +22,56 @@ any point re-reads the request and re-derives the same index keys.
 
 from __future__ import annotations
 
-import gc
 import logging
-import signal
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from pathlib import Path
-from types import FrameType, MappingProxyType
-from typing import Protocol
+from types import MappingProxyType
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
-    Consumer,
     KafkaError,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
 from kdelay.engine import checkpoint as checkpoints
 from kdelay.engine.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
+from kdelay.engine.factory import ClientFactory, KafkaClients, membership
+from kdelay.engine.housekeeping import Housekeeper
 from kdelay.engine.intake import Outcome, Plan, Planner, Topics
 from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
-from kdelay.plumbing.clients import Consuming, Producing, Transacting, Watermarks, produce, take
-from kdelay.plumbing.clock import Clock, SystemClock
-from kdelay.plumbing.settings import ClientConfig, Settings
-from kdelay.plumbing.topics import Layout, check_layout
+from kdelay.plumbing.clients import Consuming, Producing, produce, take
+from kdelay.plumbing.clock import Clock
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import Layout
 from kdelay.protocol import envelope
-from kdelay.state.changelog import Progress, Restorer, Restoring, Staleness, open_restored
+from kdelay.state.changelog import Progress, Restoring, Staleness, open_restored
 from kdelay.state.index import (
     CONSUMED,
     IndexLocked,
     PartitionIndex,
-    StateDirFull,
     StateDirLock,
-    free_bytes,
     store_path,
 )
-from kdelay.state.originals import OriginalReader, Reading
+from kdelay.state.originals import Reading
 
 log = logging.getLogger(__name__)
 
-HOUSEKEEPING_EVERY_MS = 5_000
 # How often (service clock) the requests topic's partition count is checked.
 PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
-# Most delivered-id markers one partition drops per housekeeping round, so a
-# backlog of them never stalls a step.
-PRUNE_LIMIT = 10_000
 # While Kafka is unreachable: how often the service asks whether a broker answers
 # again, and how long it waits for the answer.
 PROBE_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 1.0
-# Collect the youngest generation every 50 000 container allocations instead of
-# 700, and the older ones far more rarely. See :func:`tune_gc`.
-GC_THRESHOLDS = (50_000, 50, 100)
-
-
-def tune_gc() -> None:
-    """Keep the cyclic garbage collector from pausing delivery.
-
-    Every request and delivery allocates a few containers that live for the
-    length of a delay, so with CPython's default thresholds full collections
-    walk tens of thousands of live objects: 19 full collections of up to
-    170 ms in 20 s at 5 k/s (docs/benchmarks.md). The hot path creates no
-    reference cycles; objects alive at start-up are frozen out of every
-    collection, and the thresholds make collections rare.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-def membership(me: identity.Identity, session_timeout_ms: int,
-               given: Mapping[str, str]) -> dict[str, str | int | bool]:
-    """Return the consumer settings that make an instance a static group member.
-
-    A restarted instance rejoins under the same ``group.instance.id`` and gets
-    its partitions back without a rebalance; an instance that died for good
-    holds its partitions until ``session_timeout_ms`` passes, then the group
-    hands them to the survivors. Heartbeats go every second (a tenth of the
-    session timeout when that is shorter): a survivor learns of the rebalance
-    from its next heartbeat, so librdkafka's 3 s would add up to 3 s to every
-    failover. A key the user set in ``--kafka-config`` (``given``) is left to
-    that setting.
-    """
-    wanted: dict[str, str | int | bool] = {
-        "group.instance.id": me.member_id, "session.timeout.ms": session_timeout_ms,
-        "heartbeat.interval.ms": max(1, min(1_000, session_timeout_ms // 10))}
-    return {key: value for key, value in wanted.items() if key not in given}
-
-
-class ClientFactory(Protocol):
-    """Builds the service's Kafka clients; the service never constructs one itself."""
-
-    def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
-        """Return a producer named ``name`` (in logs) with librdkafka ``overrides``."""
-        ...
-
-    def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
-        """Return a consumer named ``name`` with librdkafka ``overrides``."""
-        ...
-
-    def reader(self) -> Reading:
-        """Return the reader of originals in the requests topic."""
-        ...
-
-    def restorer(self) -> Restoring:
-        """Return the restorer that replays the changelog into indexes."""
-        ...
-
-
-class KafkaClients:
-    """The real clients, configured from settings (``--kafka-config`` and all).
-
-    Every client reports the errors librdkafka raises outside any call to
-    ``errors`` (its ``error_cb``).
-    """
-
-    def __init__(self, settings: Settings, errors: ClientErrors | None = None) -> None:
-        self._settings = settings
-        self._errors = errors or ClientErrors()
-
-    def producer(self, name: str, **overrides: str | int | bool) -> Transacting:
-        """A confluent-kafka producer."""
-        return Producer(self._config(name, overrides))
-
-    def consumer(self, name: str, **overrides: str | int | bool) -> Consuming:
-        """A confluent-kafka consumer."""
-        return Consumer(self._config(name, overrides))
-
-    def reader(self) -> Reading:
-        """An :class:`OriginalReader` of the requests topic."""
-        return OriginalReader(self._config("originals", {}, watch=False),
-                              self._settings.requests_topic)
-
-    def restorer(self) -> Restoring:
-        """A :class:`Restorer` of the changelog topic."""
-        return Restorer(self._config("restore", {}, watch=False), self._settings.changelog_topic)
-
-    def _config(self, name: str, overrides: Mapping[str, str | int | bool], *,
-                watch: bool = True) -> ClientConfig:
-        """``name``'s configuration; ``watch``: its reports of every broker down count."""
-        config = self._settings.client_config(name, **overrides)
-        config["error_cb"] = self._errors.callback(
-            name, watch=watch, renewable="transactional.id" in overrides)
-        config["logger"] = self._errors.quiet(config["logger"])
-        return config
 
 
 class _Clients:
@@ -695,79 +591,3 @@ class Service:
             if index is not None:
                 index.close()
         self.metrics.owned.set(len(self._indexes))
-
-
-class Housekeeper:
-    """Every few seconds (service clock): refresh the gauges, drop expired id markers,
-    and mark every owned store in step with the changelog.
-
-    An owned store lacks only the effects of the changelog writes in flight,
-    so the mark (:meth:`PartitionIndex.mark_synced`) is true; the next
-    assignment of the partition to this state dir trusts the store only while
-    the mark is younger than the changelog keeps tombstones.
-
-    Delivered-id markers live as long as a request they answer can be read:
-    ``id_ttl_ms`` is the requests topic's retention (None: kept forever).
-    """
-
-    def __init__(self, clock: Clock, metrics: Metrics, outlook: Outlook,
-                 id_ttl_ms: int | None, state_dir: Path | None = None) -> None:
-        self._state_dir = state_dir
-        self._clock = clock
-        self._metrics = metrics
-        self._outlook = outlook
-        self._id_ttl_ms = id_ttl_ms
-        self._next_ms = 0
-
-    def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
-             consumer: Watermarks) -> bool:
-        """Do the round if it is time; return whether it was."""
-        now = self._clock.now_ms()
-        if now < self._next_ms:
-            return False
-        self._next_ms = now + HOUSEKEEPING_EVERY_MS
-        for index in indexes.values():
-            index.mark_synced(now)
-        if self._id_ttl_ms is not None:
-            for index in indexes.values():
-                self._metrics.ids_expired.inc(
-                    index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
-        self._outlook.refresh(now, indexes, consumed, consumer)
-        if self._state_dir is not None:
-            self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))
-        return True
-
-
-def run_service(settings: Settings, *, check: bool) -> int:
-    """Run the service until SIGTERM or SIGINT; with ``check``, only verify and exit.
-
-    Raises :class:`kdelay.plumbing.topics.LayoutError` when the topics are missing or
-    not co-partitioned, with a message that says how to fix it.
-    """
-    admin = AdminClient(settings.client_config("admin"))
-    layout = check_layout(admin, settings)
-    if check:
-        print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic}, "
-              f"{settings.changelog_topic} ({layout.partitions} partitions, co-partitioned) "
-              f"and {settings.dlq_topic} are in place")
-        return 0
-    service = Service(settings, SystemClock(), layout)
-    if settings.metrics_port is not None:
-        service.metrics.serve(settings.metrics_port)
-
-    def on_signal(signum: int, _: FrameType | None) -> None:
-        log.info("signal %d: finishing the batch in flight", signum)
-        service.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    tune_gc()
-    try:
-        service.run()
-    except ServiceError as exc:
-        log.error("error[%s]: %s", exc.code, exc)
-        return 1
-    except StateDirFull as exc:
-        log.error("error[state-dir-full]: %s", exc)
-        return 1
-    return 0

@@ -19,7 +19,7 @@ import typer
 from typer.testing import CliRunner, Result
 
 from kdelay.cli import app, envvar, options
-from kdelay.engine import service
+from kdelay.engine import runner as engine_runner
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import LayoutError
 
@@ -45,7 +45,7 @@ def _no_connection_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class FakeService:
-    """Stands in for ``kdelay.engine.service.run_service``: records calls, returns or raises."""
+    """Stands in for ``kdelay.engine.runner.run_service``: records calls, returns or raises."""
 
     def __init__(self, result: int | Exception = 0) -> None:
         self.result = result
@@ -66,7 +66,7 @@ class FakeService:
 @pytest.fixture
 def fake_service(monkeypatch: pytest.MonkeyPatch) -> FakeService:
     fake = FakeService()
-    monkeypatch.setattr(service, "run_service", fake)
+    monkeypatch.setattr(engine_runner, "run_service", fake)
     return fake
 
 
@@ -163,7 +163,7 @@ def test_defaults_come_from_settings(fake_service: FakeService) -> None:
 
 
 def test_service_exit_code_is_the_command_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "run_service", FakeService(3))
+    monkeypatch.setattr(engine_runner, "run_service", FakeService(3))
     assert invoke(["run"]).exit_code == 3
 
 
@@ -215,7 +215,7 @@ def test_invalid_setting_is_one_error_line(fake_service: FakeService) -> None:
 
 def test_layout_error_from_the_service_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
     error = LayoutError("changelog-missing", "changelog topic c does not exist: run ...")
-    monkeypatch.setattr(service, "run_service", FakeService(error))
+    monkeypatch.setattr(engine_runner, "run_service", FakeService(error))
     line = assert_error_line(invoke(["run", "--check"]), "changelog-missing")
     assert line.endswith("does not exist: run ...")
 
@@ -223,7 +223,7 @@ def test_layout_error_from_the_service_is_one_error_line(monkeypatch: pytest.Mon
 def test_value_error_inside_the_service_keeps_its_traceback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(service, "run_service", FakeService(ValueError("a bug")))
+    monkeypatch.setattr(engine_runner, "run_service", FakeService(ValueError("a bug")))
     result = invoke(["run"])
     assert result.exit_code == 1
     assert isinstance(result.exception, ValueError)
@@ -233,12 +233,12 @@ _CRASHING_RUN = """
 import sys
 from kdelay import cli
 from kdelay.cli import options
-from kdelay.engine import service
+from kdelay.engine import runner as engine_runner
 
 def crash(settings, *, check):
     raise RuntimeError("a bug, with the settings at hand: " + settings.bootstrap_servers)
 
-service.run_service = crash
+engine_runner.run_service = crash
 options.check_connection = lambda config: None
 sys.argv = ["kdelay", "run", "--kafka-config", sys.argv[1]]
 cli.main()

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kdelay.cli import app, options
-from kdelay.engine import service
+from kdelay.engine import runner as engine_runner
 from kdelay.plumbing import identity
 from kdelay.plumbing.logs import JsonFormatter
 from kdelay.plumbing.settings import Settings
@@ -62,7 +62,7 @@ def test_json_formatter_writes_one_object_per_record() -> None:
 
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_run_logs_json_lines(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    monkeypatch.setattr(service, "run_service", logging_service)
+    monkeypatch.setattr(engine_runner, "run_service", logging_service)
     args, env = (["run", "--log-format", "json"], {}) if how == "option" else (
         ["run"], {"KDELAY_LOG_FORMAT": "json"})
     result = runner.invoke(app, args, env=env)
@@ -78,7 +78,7 @@ def test_run_logs_json_lines(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
 
 
 def test_run_logs_text_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "run_service", logging_service)
+    monkeypatch.setattr(engine_runner, "run_service", logging_service)
     result = runner.invoke(app, ["run"])
     assert result.exit_code == 0, result.output
     first = result.stderr.splitlines()[0]
@@ -89,7 +89,7 @@ def test_run_logs_text_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_an_unknown_log_format_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "run_service", logging_service)
+    monkeypatch.setattr(engine_runner, "run_service", logging_service)
     result = runner.invoke(app, ["run", "--log-format", "yaml"])
     assert result.exit_code == 2
     assert "yaml" in result.stderr

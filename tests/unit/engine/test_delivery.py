@@ -31,10 +31,9 @@ from kdelay.engine.delivery import (
     Delivery,
     DeliveryConfig,
     Release,
-    TopicCheck,
-    backoff_ms,
     by_service_clock,
 )
+from kdelay.engine.failures import TopicCheck, backoff_ms
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
@@ -1298,7 +1297,7 @@ def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
     world.targets.missing_topics.add("gone")
     for offset in range(20):
         world.request(0, offset, T0, target="gone")
-    with caplog.at_level(logging.WARNING, logger="kdelay.engine.delivery"):
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.failures"):
         for now in range(T0, T0 + 120_000, 500):
             world.at(now)
             world.settle()
@@ -1335,7 +1334,7 @@ def test_many_failures_at_once_are_logged_as_one_line(
     for offset in range(50):
         world.request(offset % 3, offset, T0)
     world.at(T0)
-    caplog.set_level(logging.WARNING, logger="kdelay.engine.delivery")
+    caplog.set_level(logging.WARNING, logger="kdelay.engine.failures")
     assert len(world.targets.report(timed_out())) == 50
     world.settle()
     assert len(caplog.records) == 1

@@ -1,4 +1,4 @@
-"""The service's garbage-collector policy (``kdelay.engine.service.tune_gc``)."""
+"""The service's garbage-collector policy (``kdelay.engine.runner.tune_gc``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kdelay.engine.service import GC_THRESHOLDS, tune_gc
+from kdelay.engine.runner import GC_THRESHOLDS, tune_gc
 
 
 @pytest.fixture

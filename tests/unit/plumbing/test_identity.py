@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdelay.engine.service import membership
+from kdelay.engine.factory import membership
 from kdelay.plumbing.identity import derive
 from kdelay.plumbing.settings import Settings
 

@@ -1,0 +1,99 @@
+"""What delivery does with a target that fails: back off, check the topic, log once a while.
+
+A target may fail for minutes (a topic created late, a broker away): every
+record bound for it fails again and again. The waits double up to a cap
+(:func:`backoff_ms`), a missing topic is found by one cached metadata
+request instead of a produce that times out (:class:`TopicCheck`), and the
+failures are logged together (:class:`FailureLog`), never a line each.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaError, KafkaException
+
+from kdelay.plumbing.clients import Producing
+from kdelay.plumbing.clock import Clock
+from kdelay.protocol import codec
+
+log = logging.getLogger(__name__)
+
+# Failed deliveries are logged together, at most once per this many seconds.
+FAILURE_LOG_EVERY_S = 30.0
+
+
+def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
+    """Return the wait before retry number ``attempt`` (1-based): doubling, capped."""
+    return int(min(cap_ms, base_ms * 2 ** max(0, attempt - 1)))
+
+
+class TopicCheck:
+    """Asks the cluster whether a target topic exists, and remembers the answer a while.
+
+    A produce to a missing topic would only fail after librdkafka gives up on
+    its metadata; checking first turns that into an immediate, retryable
+    failure, and keeps a transaction from being aborted for it.
+    """
+
+    def __init__(self, producer: Producing, clock: Clock, ttl_s: float = 30.0) -> None:
+        self._producer = producer
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._known: dict[str, tuple[float, KafkaError | None]] = {}
+
+    def missing(self, topic: str) -> KafkaError | None:
+        """Return the error that says ``topic`` cannot be produced to, or None."""
+        now = self._clock.monotonic()
+        cached = self._known.get(topic)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            metadata = self._producer.list_topics(topic, timeout=5)
+            error: KafkaError | None = metadata.topics[topic].error
+        except KafkaException as exc:
+            return KafkaError(exc.args[0].code(), f"metadata for {topic}: {exc.args[0].str()}")
+        if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        self._known[topic] = (now + (self._ttl_s if error is None else 1.0), error)
+        return error
+
+
+class FailureLog:
+    """Failed deliveries, logged together: one line per :data:`FAILURE_LOG_EVERY_S` at most.
+
+    A broker outage fails every record in flight at once; one line per record
+    would bury the one line that says what happened. The first failure of a
+    quiet period is logged at once; those that follow are counted and logged
+    as one line, with the last one's reason, when the period is over.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._count = 0
+        self._outages = 0
+        self._last = ""
+        self._next_s = 0.0
+
+    def add(self, due: codec.DueKey, reason: str, attempts: int, wait_ms: int,
+            outage: bool) -> None:
+        """Count one failure (``outage``: while Kafka was unreachable, no attempt spent)."""
+        self._count += 1
+        self._outages += outage
+        spent = "Kafka unreachable, no attempt spent" if outage else f"attempt {attempts}"
+        self._last = f"{due} failed ({reason}, {spent}); retry in {wait_ms} ms"
+
+    def flush(self) -> None:
+        """Log what was counted, if the last line is old enough."""
+        if not self._count:
+            return
+        now = self._clock.monotonic()
+        if now < self._next_s:
+            return
+        self._next_s = now + FAILURE_LOG_EVERY_S
+        if self._count == 1:
+            log.warning("delivery of %s", self._last)
+        else:
+            log.warning("%d deliveries failed (%d while Kafka was unreachable); last: %s",
+                        self._count, self._outages, self._last)
+        self._count = self._outages = 0
