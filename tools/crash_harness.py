@@ -55,7 +55,7 @@ from kdelay.plumbing.clients import produce
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
 IN_FLIGHT_WINDOW_MS = 5_000
-ASSIGNED_AT = re.compile(r"^(\S+ \S+) (?:\[\S+\] )?INFO kdelay\.service: assigned \[\d",
+ASSIGNED_AT = re.compile(r"^(\S+ \S+) (?:\[\S+\] )?INFO kdelay\.engine\.service: assigned \[\d",
                          re.MULTILINE)
 
 
