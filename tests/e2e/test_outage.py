@@ -13,7 +13,6 @@ number of log lines whatever the number of records in flight.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import threading
@@ -24,11 +23,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import kafka_broker
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kdelay.protocol import envelope
-from tests.conftest import ROOT
+from tests.conftest import ROOT, _unavailable
 from tests.e2e.conftest import Deployment, KdelayProcess, clean_environment, run_cli
 from tests.e2e.prometheus_server import free_port
 
@@ -67,12 +67,12 @@ class OwnBroker:
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
     """A fresh jar broker in the test's tmp dir, sharing only the downloaded jars."""
-    libs = Path(os.environ.get("KDELAY_CACHE_DIR", ROOT / ".cache")) / "kafka-libs"
+    libs = kafka_broker.LIBS
     if not (libs / ".complete").exists():
-        pytest.skip("the broker jars are not fetched (tools/kafka start fetches them)")
+        _unavailable(f"the broker jars are not fetched into {libs} (tools/kafka start does)")
     cache = tmp_path / "broker-cache"
     cache.mkdir()
-    (cache / "kafka-libs").symlink_to(libs)
+    (cache / libs.name).symlink_to(libs)
     broker = OwnBroker(cache)
     broker.start()
     try:
