@@ -310,19 +310,22 @@ class Service:
         if why is None:
             return True
         now = self._clock.monotonic()
-        self._note_down(why)
-        if now < self._next_probe:
+        if self._down_since is not None and now < self._next_probe:
             return False
+        # A report is confirmed by a probe before an outage is declared: a client
+        # that reconnects after an outage may still report the brokers it saw down.
         self._next_probe = now + PROBE_EVERY_S
         try:
             probe.list_topics(self.settings.requests_topic, timeout=PROBE_TIMEOUT_S)
         except KafkaException:
+            self._note_down(why)
             return False
         self._errors.reachable()
-        log.warning("Kafka answers again after %.1f s unreachable: serving",
-                    now - (self._down_since or now))
-        self._down_since = None
-        self.metrics.kafka_available.set(1)
+        if self._down_since is not None:
+            log.warning("Kafka answers again after %.1f s unreachable: serving",
+                        now - self._down_since)
+            self._down_since = None
+            self.metrics.kafka_available.set(1)
         return True
 
     def _waiting(self, why: str) -> None:

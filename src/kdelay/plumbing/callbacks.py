@@ -100,7 +100,7 @@ class ClientErrors:
         """
 
         def on_error(error: KafkaError) -> None:
-            if renewable and fatal_code(error) != "fenced":
+            if renewable and error.fatal() and fatal_code(error) != "fenced":
                 return
             if error.fatal() and self._fatal is None:
                 self._fatal = (client, error)
