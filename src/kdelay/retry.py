@@ -316,7 +316,7 @@ class RetryingConsumer:
         written; the batch is then not committed (and its transaction aborted).
         """
         messages = [m for m in take(self.consumer, self._batch_size, timeout_s)
-                    if self._usable(m)]
+                    if _record(m)]
         if not messages:
             return 0
         if self._transactional:
@@ -347,16 +347,6 @@ class RetryingConsumer:
         remaining = self._producer.flush(self._flush_timeout_s)
         if remaining:
             raise TimeoutError(f"{remaining} records unsent when the consumer closed")
-
-    @staticmethod
-    def _usable(message: Message) -> bool:
-        """Skip partition-EOF events; raise any other consumer error."""
-        error = message.error()
-        if error is None:
-            return True
-        if error.code() == KafkaError._PARTITION_EOF:
-            return False
-        raise DeliveryError(error, str(message.topic()))
 
     def _handle_all(self, messages: Sequence[Message]) -> list[Outgoing]:
         """Run the handler on each record; collect what it yields and what failures yield."""
@@ -464,7 +454,8 @@ class RetryingShareConsumer:
 
 
 def _record(message: Message) -> bool:
-    """Whether a polled message is a record; raise a consumer error it carries."""
+    """Whether a polled message is a record: skip partition-EOF events, raise any other
+    consumer error (as :class:`DeliveryError`)."""
     error = message.error()
     if error is None:
         return True
