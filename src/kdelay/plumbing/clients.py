@@ -27,10 +27,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from kdelay.protocol.envelope import Headers
 
 # Errors of a watermark query that a leader election or a reconnect clears.
+# ``_DESTROY_BROKER``: the broker the query went to dropped out of the
+# metadata (it died) and librdkafka destroyed its handle mid-request.
 TRANSIENT = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.BROKER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT,
     KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._DESTROY_BROKER,
 })
 RETRY_PAUSE_S = 0.2
 # How long :func:`produce` polls between tries while librdkafka's queue is full.

@@ -114,6 +114,13 @@ def test_watermarks_wait_out_a_leader_change() -> None:
     assert leader.asked == 4
 
 
+def test_watermarks_wait_out_a_broker_handle_destroyed_when_the_broker_died() -> None:
+    # librdkafka drops a dead broker's handle mid-request (seen in a broker outage)
+    leader = FlakyLeader(KafkaError._DESTROY_BROKER, KafkaError._ALL_BROKERS_DOWN)
+    assert ask(leader, 30) == (3, 9)
+    assert leader.asked == 3
+
+
 def test_watermarks_raise_other_errors_at_once() -> None:
     leader = FlakyLeader(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(KafkaException) as raised:
