@@ -15,6 +15,8 @@ topics in ``failing``.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +31,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from kdelay.engine import checkpoint
 from kdelay.engine.service import Service
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
 from kdelay.plumbing.clock import ManualClock
@@ -454,6 +457,121 @@ def test_a_transaction_kafka_cannot_end_is_ended_by_a_new_producer_once_it_answe
         "init", "begin", "offsets", "commit"]
     assert all(e[1] == "transactions" for e in events if e[0] == "produce")
     assert eos.pending() == [first]
+
+
+def test_offsets_whose_call_ignores_its_timeout_say_kafka_is_away_and_are_waited_for(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # librdkafka's send_offsets_to_transaction can block past its timeout while the
+    # group coordinator is down: the step must say so, then use the late answer.
+    monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
+    available = eos.service.metrics.kafka_available
+    seen_away: list[float] = []
+    old = eos.clients.producers["transactions"]
+    real = old.send_offsets_to_transaction
+
+    def send_offsets(positions: list[TopicPartition], metadata: Any,
+                     timeout: float = -1) -> None:
+        eos.clock.advance(int((checkpoint.TXN_CALL_S + 1) * 1000))
+        deadline = time.monotonic() + 5
+        while available._value.get() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen_away.append(available._value.get())
+        real(positions, metadata, timeout)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", send_offsets)
+    first = eos.request(T0 + 60_000, key=b"a")
+    events = eos.step()
+    assert seen_away == [0], "the late call was not reported as Kafka unreachable"
+    assert [e[0] for e in events if e[0] in ("begin", "offsets", "commit", "abort")] == [
+        "begin", "offsets", "commit"], "the late answer decides: committed"
+    assert eos.pending() == [first]
+    eos.step()
+    assert available._value.get() == 1, "Kafka answers again after the late call"
+
+
+def test_a_stop_while_offsets_wait_for_kafka_ends_the_service_with_a_code(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
+    release = threading.Event()
+    old = eos.clients.producers["transactions"]
+
+    def send_offsets(*_: Any, **__: Any) -> None:
+        eos.clock.advance(int((checkpoint.TXN_CALL_S + 1) * 1000))
+        eos.service.stop()
+        release.wait(5)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", send_offsets)
+    eos.request(T0 + 60_000, key=b"a")
+    try:
+        with pytest.raises(checkpoint.ServiceError) as raised:
+            eos.step()
+    finally:
+        release.set()
+    assert raised.value.code == "kafka-unreachable"
+
+
+FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+
+
+def test_a_fence_after_an_outage_is_the_coordinators_timeout_and_a_new_producer_goes_on(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The coordinator aborts a transaction that outlived transaction.timeout.ms while
+    # Kafka was away and bumps the epoch: the waiting producer is fenced, by no one else.
+    monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
+    available = eos.service.metrics.kafka_available
+    old = eos.clients.producers["transactions"]
+
+    def late_offsets(*_: Any, **__: Any) -> None:
+        eos.clock.advance(int((checkpoint.TXN_CALL_S + 1) * 1000))
+        deadline = time.monotonic() + 5
+        while available._value.get() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def fenced_commit(*_: Any, **__: Any) -> None:
+        raise KafkaException(FENCED)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", late_offsets)
+    monkeypatch.setattr(old, "commit_transaction", fenced_commit)
+    first = eos.request(T0 + 60_000, key=b"a")
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "commit", "seek")] == ["begin", "seek"]
+    new = eos.clients.producers["transactions"]
+    assert new is not old, "a new transactional producer took over"
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "offsets", "commit")] == [
+        "begin", "offsets", "commit"]
+    assert eos.pending() == [first]
+
+
+def test_a_fence_with_kafka_answering_all_along_ends_the_service(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fenced_commit(*_: Any, **__: Any) -> None:
+        raise KafkaException(FENCED)
+
+    monkeypatch.setattr(eos.clients.producers["transactions"], "commit_transaction",
+                        fenced_commit)
+    eos.request(T0 + 60_000, key=b"a")
+    with pytest.raises(checkpoint.ServiceError) as raised:
+        eos.step()
+    assert raised.value.code == "fenced"
+
+
+def test_a_fenced_begin_ends_the_service_with_its_code_not_a_raw_kafka_error(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fenced_begin(*_: Any, **__: Any) -> None:
+        raise KafkaException(FENCED)
+
+    monkeypatch.setattr(eos.clients.producers["transactions"], "begin_transaction",
+                        fenced_begin)
+    eos.request(T0 + 60_000, key=b"a")
+    with pytest.raises(checkpoint.ServiceError) as raised:
+        eos.step()
+    assert raised.value.code == "fenced"
 
 
 def test_a_cancel_in_an_aborted_transaction_gives_its_entry_back(eos: Loop) -> None:
