@@ -143,6 +143,10 @@ class Metrics:
                               ["outcome"], registry=r)
         self.delivered = Counter("kdelay_delivered_records",
                                  "Records republished to their target", registry=r)
+        self.lane_delivered = Counter(
+            "kdelay_lane_delivered_records", "Records republished to their target, by the lane "
+            "their request named (only configured lanes; lane-less records are not counted "
+            "here)", ["lane"], registry=r)
         self.dead_lettered = Counter("kdelay_dead_lettered_records",
                                      "Records sent to the DLQ, by reason", ["reason"], registry=r)
         self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",

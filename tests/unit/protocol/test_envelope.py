@@ -357,6 +357,9 @@ def test_error_codes_are_stable() -> None:
         "undeliverable",
         "forbidden-target",
         "target-not-allowed",
+        "unknown-lane",
+        "wrong-lane",
+        "missing-lane",
     }
 
 
