@@ -46,10 +46,10 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _schedule(partition: int, target: str, **when: int | str) -> dict[str, object]:
-    sid = when.pop("schedule_id", None)
-    headers = envelope.schedule_headers(target, schedule_id=sid if isinstance(sid, str) else None,
-                                        **{k: int(v) for k, v in when.items()})
+def _schedule(partition: int, target: str, *, schedule_id: str | None = None,
+              lane: str | None = None, **when: int) -> dict[str, object]:
+    headers = envelope.schedule_headers(target, schedule_id=schedule_id, lane=lane,
+                                        due_ms=when.get("due_ms"), delay_ms=when.get("delay_ms"))
     return {"partition": partition, "value": b"payload", "headers": headers}
 
 
