@@ -71,7 +71,8 @@ MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
 
 # Dead letters that carry the original record, so that it can be sent again as is.
 _WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
-                                 ErrorCode.TARGET_NOT_ALLOWED})
+                                 ErrorCode.TARGET_NOT_ALLOWED, ErrorCode.WRONG_LANE,
+                                 ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
 
 
 class Sink(Enum):
