@@ -286,6 +286,7 @@ class DelayProducer:
         level: int | None = None,
         partition: int | None = None,
         id: str | None = None,
+        lane: str | None = None,
     ) -> Coordinates:
         """Send ``value`` to ``target`` later; wait for the write and return its coordinates.
 
@@ -293,13 +294,14 @@ class DelayProducer:
         is an aware datetime or epoch ms, ``level`` a 1-based delay level:
         exactly one. ``partition`` is the target partition (else the target's
         partitioner places ``key``). ``id`` names the schedule, for dedupe and
-        :meth:`cancel`. Raises ValueError/TypeError for bad arguments (before
+        :meth:`cancel`. ``lane`` is the request's lane, the producer's when
+        None. Raises ValueError/TypeError for bad arguments (before
         any network), :class:`LayoutError` ``requests-missing`` when the
         requests topic does not exist, :class:`DeliveryError` when the write
         fails. Waits as long as librdkafka's ``delivery.timeout.ms``.
         """
         future = self.send_async(target, value, key=key, headers=headers, delay=delay, due=due,
-                                 level=level, partition=partition, id=id)
+                                 level=level, partition=partition, id=id, lane=lane)
         return self._wait(future)
 
     def send_async(
@@ -314,6 +316,7 @@ class DelayProducer:
         level: int | None = None,
         partition: int | None = None,
         id: str | None = None,
+        lane: str | None = None,
     ) -> Future[Coordinates]:
         """Like :meth:`send`, but return a future of the coordinates at once.
 
@@ -323,7 +326,8 @@ class DelayProducer:
         future.
         """
         record_headers = request_headers(target, headers, delay=delay, due=due, level=level,
-                                         partition=partition, schedule_id=id, lane=self._lane)
+                                         partition=partition, schedule_id=id,
+                                         lane=lane or self._lane)
         self._check_due(record_headers)
         return self._produce(_encode(value), _encode(key), record_headers, id)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,8 @@ def test_lanes_keep_two_environments_apart_and_due_lists_one_lane(
     cached = _json(run_cli(env, "backlog", "--lane", "dev2", "--bucket", "1d", "--json"))
     assert (cached["pending"], cached["by_target"]) == (1, {two: 1})
 
+    _moved_with_their_lanes(deploy, start_kdelay, env, lanes, tmp_path)
+
     series = run_cli(env, "send", one, "--lane", "dev1", "--every", "5m")
     assert series.returncode == 2
     assert series.stderr.startswith("error[invalid-argument]")
@@ -82,3 +85,30 @@ def test_lanes_keep_two_environments_apart_and_due_lists_one_lane(
     assert bad.returncode == 2
     assert "not a lane name" in bad.stderr
     assert kdelay.terminate() == 0
+
+
+def _moved_with_their_lanes(deploy: Callable[..., Deployment],
+                            start_kdelay: Callable[..., KdelayProcess], env: dict[str, str],
+                            lanes: str, tmp_path: Path) -> None:
+    """Export the two pending schedules and import them into a second laned deployment."""
+    file = tmp_path / "pending.jsonl"
+    exported = run_cli(env, "export", "--output", str(file))
+    assert exported.returncode == 0, exported.stderr
+    entries = [json.loads(line) for line in file.read_text().splitlines()[1:-1]]
+    assert {entry["id"]: entry["lane"] for entry in entries} == {"far-1": "dev1", "far-2": "dev2"}
+    destination = deploy(partitions=1)
+    there = destination.env(KDELAY_LANES=lanes, KDELAY_VIEW_DIR=str(tmp_path / "view-2"))
+    imported = run_cli(there, "import", str(file))
+    assert imported.returncode == 0, imported.stderr
+    start_kdelay(destination, KDELAY_LANES=lanes).wait_ready()
+    deadline = time.monotonic() + 60
+
+    def due(*args: str) -> list[tuple[str, str]]:
+        result = run_cli(there, "due", "--within", "3h", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return [(row["id"], row["lane"]) for row in map(json.loads, result.stdout.splitlines())]
+
+    while len(due()) < len(entries) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert due("--lane", "dev1") == [("far-1", "dev1")]
+    assert due("--lane", "dev2") == [("far-2", "dev2")]
