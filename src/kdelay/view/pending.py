@@ -48,6 +48,7 @@ READ_CHUNK = 20_000
 # The cache of (target, lane) by due key; the name changed when the lane joined
 # the target, so a cache of targets alone is never read as one without lanes.
 TARGETS_DIR = "routes"
+_OLD_TARGETS_DIR = "targets"
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 # librdkafka log level for short-lived admin clients: their teardown logs at 6 (info).
@@ -218,6 +219,7 @@ class PendingView:
         finally:
             restorer.close()
         self._dir.mkdir(parents=True, exist_ok=True)
+        PartitionIndex.destroy(self._dir / _OLD_TARGETS_DIR)
         self._targets = Targets(self._dir / TARGETS_DIR)
         (self._dir / SYNCED_FILE).write_text(str(self._now_ms))
         return replayed
