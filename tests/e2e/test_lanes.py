@@ -67,6 +67,11 @@ def test_lanes_keep_two_environments_apart_and_due_lists_one_lane(
     assert due("--lane", "dev2") == {"far-2": "dev2"}
     assert due("--lane", "staging") == {}
 
+    shown = _json(run_cli(env, "show", "far-2", "--json"))
+    assert (shown["pending"], shown["target"], shown["lane"]) == (True, two, "dev2")
+    text = run_cli(env, "show", "far-2")
+    assert f"goes to {two} (lane dev2)" in text.stdout
+
     backlog = _json(run_cli(env, "backlog", "--lane", "dev1", "--bucket", "1d", "--json"))
     assert (backlog["lane"], backlog["pending"], backlog["overdue"]) == ("dev1", 1, 0)
     assert backlog["by_target"] == {one: 1}

@@ -205,7 +205,8 @@ def show_renderable(found: Lookup, topic: str, now_ms: int) -> RenderableType:
         lines.append(f"schedule id {entry.schedule_id or '-'}")
     original = found.original
     if original is not None and original.target is not None and entry is not None:
-        lines.append(f"goes to {original.target}")
+        lane = "" if original.lane is None else f" (lane {original.lane})"
+        lines.append(f"goes to {original.target}{lane}")
     if found.series is not None:
         lines.extend(series_lines(found.series, now_ms))
     parts: list[RenderableType] = [Text("\n".join(lines))]
@@ -241,6 +242,7 @@ def show_json(found: Lookup, topic: str) -> str:
         "id": None if entry is None else entry.schedule_id,
         "original": None if original is None else original.state.value,
         "target": None if original is None else original.target,
+        "lane": None if original is None else original.lane,
         "headers": None if record is None else [
             [name, text_of(value)] for name, value in headers_of(record)],
         "key": None if record is None else text_of(record.key()),
