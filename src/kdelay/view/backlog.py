@@ -150,7 +150,8 @@ def _lane_backlog(view: PendingView, originals: Originals, now_ms: int, bucket_m
                   lane: str) -> Backlog:
     """:func:`backlog` of the entries whose request names ``lane``, by target too."""
     buckets: Counter[int] = Counter()
-    by_partition: dict[int, int] = {}
+    # By the request partition in the due key: where the request lies.
+    by_partition: Counter[int] = Counter(dict.fromkeys(view.partitions, 0))
     by_target: Counter[str] = Counter()
     dues: list[int] = []
     lowest: list[bytes] = []
@@ -159,17 +160,18 @@ def _lane_backlog(view: PendingView, originals: Originals, now_ms: int, bucket_m
         keys = view.keys(partition)
         lowest += keys[:1]
         routes = _routes(view, originals, partition, keys)
-        mine = [(key, target) for key, (target, of) in zip(keys, routes, strict=True)
-                if of == lane]
-        by_partition[partition] = len(mine)
-        partition_dues = [codec.decode_due_key(key).due_ms for key, _ in mine]
+        mine = [(codec.decode_due_key(key), target)
+                for key, (target, of) in zip(keys, routes, strict=True) if of == lane]
+        partition_dues = [due.due_ms for due, _ in mine]
         buckets.update(dict(bucket_counts(partition_dues, bucket_ms)))
+        by_partition.update(due.partition for due, _ in mine)
         by_target.update(target for _, target in mine)
         dues += partition_dues
     view.targets.prune(min(lowest, default=None))
     return Backlog(now_ms, len(dues), sum(1 for due in dues if due <= now_ms),
                    min(dues, default=None), max(dues, default=None), bucket_ms,
-                   sorted(buckets.items()), by_partition, dict(by_target.most_common()), lane)
+                   sorted(buckets.items()), dict(sorted(by_partition.items())),
+                   dict(by_target.most_common()), lane)
 
 
 def _routes(view: PendingView, originals: Originals, partition: int,
