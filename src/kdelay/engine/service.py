@@ -473,6 +473,9 @@ class Service:
                 self._consumed[partition] = consumed
                 checkpoint.consumed(consumer, partition, consumed)
             self._count(plan.outcomes)
+            if plan.dead_letters and self.settings.lanes:
+                self.metrics.count_lane_refusals((r.headers for r in plan.dead_letters),
+                                                 self.settings.lanes)
 
     def _give_back(self, batch: Batch, consumer: Consuming, delivery: Delivery) -> None:
         """Undo plans that were not made durable: release their cancels, read them again.
