@@ -72,6 +72,9 @@ ACK_WAIT_MS = 1
 # again, and how long it waits for the answer.
 PROBE_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 1.0
+# A fence reported this soon after an outage is the client's own doing, not a
+# second process with this instance's ids (see Service._check_fatal).
+FENCE_AFTER_OUTAGE_S = 60.0
 
 
 class _Clients:
@@ -110,6 +113,8 @@ class Service:
         self._factory = clients or KafkaClients(settings, self._errors)
         self._lock: StateDirLock | None = None
         self._down_since: float | None = None
+        self._back_at: float | None = None
+        self._group: dict[str, str | int | bool] = {}
         self._next_probe = 0.0
         self._limits = envelope.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
@@ -167,15 +172,20 @@ class Service:
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
             outage=lambda: self._errors.unreachable() is not None)
-        group: dict[str, str | int | bool] = {
+        self._group = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
-        consumer = self._factory.consumer("intake", **group)
-        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer(), guard)
-        consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
+        self._clients = _Clients(self._join(), checkpoint, reader, self._factory.restorer(),
+                                 guard)
+
+    def _join(self) -> Consuming:
+        """A new group consumer, subscribed to the requests topic."""
+        consumer = self._factory.consumer("intake", **self._group)
+        consumer.subscribe([self.settings.requests_topic], on_assign=guarded(self._on_assign),
                            on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
+        return consumer
 
     def _guard(self, skew: ClockSkew) -> BrokerGuard | None:
         """The broker-clock guard, its first probe on its way; None when it is off."""
@@ -325,6 +335,7 @@ class Service:
             log.warning("Kafka answers again after %.1f s unreachable: serving",
                         now - self._down_since)
             self._down_since = None
+            self._back_at = now
             self.metrics.kafka_available.set(1)
         return True
 
@@ -343,11 +354,44 @@ class Service:
                     "kdelay_kafka_available is 0 until a broker answers", why)
 
     def _check_fatal(self) -> None:
-        """Raise :class:`ServiceError` if a client reported a fatal error."""
+        """Raise :class:`ServiceError` if a client reported a fatal error.
+
+        A fence during or right after an outage is the clients' own doing:
+        the group consumer whose session timed out while the coordinator was
+        away rejoins under the same static id and is fenced by that rejoin
+        (librdkafka issue 3437), and the coordinator fences the
+        transactional producer whose transaction it timed out. Then the
+        consumer is replaced (the checkpoint replaces the producer) instead
+        of ending the service.
+        """
         reported = self._errors.take_fatal()
-        if reported is not None:
-            client, error = reported
+        if reported is None:
+            return
+        client, error = reported
+        if fatal_code(error) != "fenced" or not self._just_away():
             raise self._fatal(error, client)
+        self._errors.forgive()
+        if client == "intake":
+            self._rejoin(error)
+
+    def _just_away(self) -> bool:
+        """Whether Kafka is unreachable, or answered again less than a minute ago."""
+        if self._down_since is not None or self._errors.unreachable() is not None:
+            return True
+        return (self._back_at is not None
+                and self._clock.monotonic() - self._back_at < FENCE_AFTER_OUTAGE_S)
+
+    def _rejoin(self, error: KafkaError) -> None:
+        """Replace the group consumer its own rejoin fenced after an outage."""
+        clients, _ = self._started()
+        log.warning("intake: %s, right after Kafka was unreachable: the consumer's own rejoin "
+                    "fenced it; a new consumer joins the group", error.str())
+        try:
+            clients.consumer.close()
+        except Exception as exc:  # a fenced consumer's close may fail in any way: it is dropped
+            log.debug("closing the fenced consumer: %s", exc)
+        self._close_partitions(list(self._indexes))
+        clients.consumer = self._join()
 
     def _fatal(self, error: KafkaError, client: str) -> ServiceError:
         """The error that ends the service after ``client`` reported the fatal ``error``."""

@@ -574,6 +574,62 @@ def test_a_fenced_begin_ends_the_service_with_its_code_not_a_raw_kafka_error(
     assert raised.value.code == "fenced"
 
 
+INSTANCE_FENCED = KafkaError(
+    KafkaError.FENCED_INSTANCE_ID,
+    "Static consumer fenced by other consumer with same group.instance.id", fatal=True)
+
+
+def outage_then_back(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka goes away (a client reports it, a probe confirms it), then answers again."""
+    answers = [False]
+
+    def list_topics(self: FakeProducer, topic: str, timeout: float = -1) -> SimpleNamespace:
+        if not answers[0]:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
+
+    monkeypatch.setattr(FakeProducer, "list_topics", list_topics)
+    loop.service._errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    loop.step()
+    assert loop.service.metrics.kafka_available._value.get() == 0
+    answers[0] = True
+    loop.clock.advance(2_000)
+    loop.step()
+    assert loop.service.metrics.kafka_available._value.get() == 1
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+def test_a_consumer_fenced_by_its_own_rejoin_after_an_outage_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarantee: Guarantee,
+) -> None:
+    # librdkafka: a static member whose session timed out while the coordinator was
+    # away rejoins and is fenced by that rejoin: no second process is involved.
+    loop = Loop(tmp_path, guarantee)
+    try:
+        first = loop.request(T0 + 60_000, key=b"a")
+        loop.step()
+        outage_then_back(loop, monkeypatch)
+        loop.service._errors.callback("intake")(INSTANCE_FENCED)
+        loop.clients.group.assign_next.append(0)
+        events = loop.step()
+        assert ("close",) in events, "the fenced consumer is closed"
+        assert loop.service.owned() == [0], "the new consumer was assigned the partition"
+        second = loop.request(T0 + 60_000, key=b"b")
+        loop.step()
+        loop.step()
+        assert loop.pending() == [first, second]
+    finally:
+        loop.service.close()
+
+
+def test_a_consumer_fenced_with_kafka_answering_all_along_ends_the_service(alo: Loop) -> None:
+    alo.step()
+    alo.service._errors.callback("intake")(INSTANCE_FENCED)
+    with pytest.raises(checkpoint.ServiceError) as raised:
+        alo.step()
+    assert raised.value.code == "fenced"
+
+
 def test_a_cancel_in_an_aborted_transaction_gives_its_entry_back(eos: Loop) -> None:
     key = eos.request(T0 + 1_000, key=b"a", sid="order-1")
     eos.step()
