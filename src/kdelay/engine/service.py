@@ -368,11 +368,17 @@ class Service:
         if reported is None:
             return
         client, error = reported
-        if fatal_code(error) != "fenced" or not self._just_away():
+        if not self._own_fence(error, client):
             raise self._fatal(error, client)
-        self._errors.forgive()
+
+    def _own_fence(self, error: KafkaError, client: str) -> bool:
+        """Whether ``error`` is a fence an outage caused; if so, replace the consumer."""
+        if fatal_code(error) != "fenced" or not self._just_away():
+            return False
         if client == "intake":
             self._rejoin(error)
+        self._errors.forgive()  # also what the old consumer reported while it closed
+        return True
 
     def _just_away(self) -> bool:
         """Whether Kafka is unreachable, or answered again less than a minute ago."""
@@ -463,6 +469,8 @@ class Service:
             error = message.error()
             if error is not None:
                 if error.fatal() or error.code() == KafkaError._FATAL:
+                    if self._own_fence(error, "intake"):
+                        return []  # the old consumer's batch: the new one reads it again
                     raise self._fatal(error, "intake")
                 log.warning("requests consumer: %s", error.str())
                 continue

@@ -599,8 +599,9 @@ def outage_then_back(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+@pytest.mark.parametrize("reported", ["error_cb", "consume"])
 def test_a_consumer_fenced_by_its_own_rejoin_after_an_outage_is_replaced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarantee: Guarantee,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarantee: Guarantee, reported: str,
 ) -> None:
     # librdkafka: a static member whose session timed out while the coordinator was
     # away rejoins and is fenced by that rejoin: no second process is involved.
@@ -609,10 +610,15 @@ def test_a_consumer_fenced_by_its_own_rejoin_after_an_outage_is_replaced(
         first = loop.request(T0 + 60_000, key=b"a")
         loop.step()
         outage_then_back(loop, monkeypatch)
-        loop.service._errors.callback("intake")(INSTANCE_FENCED)
-        loop.clients.group.assign_next.append(0)
+        if reported == "error_cb":
+            loop.service._errors.callback("intake")(INSTANCE_FENCED)
+        else:  # the consumer's own batch ends with the fatal error
+            loop.clients.group.log.append(Message(topic=REQUESTS, error=INSTANCE_FENCED))
         events = loop.step()
         assert ("close",) in events, "the fenced consumer is closed"
+        assert loop.service.owned() == [], "its partitions went with it"
+        loop.clients.group.assign_next.append(0)
+        loop.step()
         assert loop.service.owned() == [0], "the new consumer was assigned the partition"
         second = loop.request(T0 + 60_000, key=b"b")
         loop.step()
