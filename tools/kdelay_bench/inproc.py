@@ -18,7 +18,9 @@ from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
+from kdelay_bench.cputime import own_cpu_s
 from kdelay_bench.progress import Progress
+from kdelay_bench.report import per_record_us
 
 Sample = tuple[str, dict[str, str]]
 SCHEDULED: Sample = ("kdelay_intake_records_total", {"outcome": "scheduled"})
@@ -52,18 +54,18 @@ class FollowingClock(ManualClock):
 @dataclass(frozen=True, slots=True)
 class Cpu:
     """CPU seconds used: by the thread that steps the service, and by the whole process
-    (the service's loop plus librdkafka's threads; the bench's producer and collector
-    run in processes of their own)."""
+    (user + system: the service's loop plus librdkafka's threads; the bench's producer
+    and collector run in processes of their own, so this is the service's CPU)."""
 
     loop_s: float
     process_s: float
 
-    def per_record_us(self, since: Cpu, records: int) -> dict[str, float]:
-        """The CPU microseconds per record from ``since`` to this reading."""
-        n = max(records, 1)
-        return {"loop_cpu_us_per_record": round((self.loop_s - since.loop_s) * 1e6 / n, 1),
-                "process_cpu_us_per_record": round((self.process_s - since.process_s) * 1e6 / n,
-                                                   1)}
+    def per_record_us(self, since: Cpu, records: int) -> dict[str, float | None]:
+        """The CPU microseconds per record from ``since`` to this reading:
+        ``service_cpu_us_per_record`` (the process) and ``loop_cpu_us_per_record``."""
+        return {"service_cpu_us_per_record": per_record_us(self.process_s - since.process_s,
+                                                           records),
+                "loop_cpu_us_per_record": per_record_us(self.loop_s - since.loop_s, records)}
 
 
 class Stalled(Exception):
@@ -101,7 +103,7 @@ class InProcess:
 
     def cpu(self) -> Cpu:
         """Return the CPU time used so far by this thread (the service's loop) and process."""
-        return Cpu(time.thread_time(), time.process_time())
+        return Cpu(time.thread_time(), own_cpu_s())
 
     def step_until(self, done: Callable[[], bool], timeout_s: float) -> None:
         """Step the service until ``done()``; raise :class:`Stalled` after ``timeout_s``."""

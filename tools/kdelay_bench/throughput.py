@@ -27,7 +27,7 @@ from kdelay_bench.inproc import FollowingClock, InProcess
 from kdelay_bench.load import produce_requests
 from kdelay_bench.pipe import run_pipe
 from kdelay_bench.progress import say
-from kdelay_bench.report import Result, as_int
+from kdelay_bench.report import Result, as_int, ratio_to
 from kdelay_bench.stats import rss_bytes
 
 HOUR_MS = 3_600_000
@@ -35,6 +35,8 @@ BURST_LEAD_MS = 600_000
 DAY_MS = 86_400_000
 MB = 1 << 20
 WITHIN_S = (1.0, 5.0)
+# Issue 27: service CPU per burst record at most this times the pipe's CPU per record.
+BURST_CPU_TO_PIPE = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
                          target, total, setup.batch_size, tombstones=changelog)
         rate = floor.figures["records_per_s"]
         floor.figures["ratio_to_pipe"] = ratio(rate, pipe) if isinstance(rate, int) else None
+        for line in floor.headlines:
+            line.rate_ratio_to_pipe = ratio(rate, pipe) if isinstance(rate, int) else None
         results.append(floor)
     if run_intake:
         results.append(intake(settings, total, pipe))
@@ -101,6 +105,8 @@ def median_run(runs: list[Result]) -> Result:
     ranked = sorted(runs, key=lambda r: float(r.figures.get("records_per_s") or 0))
     median = ranked[len(ranked) // 2]
     median.figures["runs_per_s"] = "/".join(str(r.figures.get("records_per_s")) for r in runs)
+    median.figures["runs_cpu_us_per_record"] = "/".join(
+        str(r.figures.get("cpu_us_per_record")) for r in runs)
     failed = next((r for r in runs if r.skipped), None)
     if failed is not None:
         median.skipped = failed.skipped
@@ -119,11 +125,20 @@ def intake(settings: Settings, total: int, pipe: Result | None) -> Result:
         service.close()
     result = Result("intake", {"records": total, "seconds": round(seconds, 3),
                                "requests_per_s": round(rate), "ratio_to_pipe": ratio(rate, pipe),
-                               **cpu, "rss_mb": round(rss_bytes() / MB)})
+                               **cpu, "cpu_ratio_to_pipe": cpu_ratio(cpu, pipe),
+                               "rss_mb": round(rss_bytes() / MB)})
+    result.headline("intake (service)", round(rate), cpu["service_cpu_us_per_record"],
+                    result.figures["ratio_to_pipe"])
     measured = result.figures["ratio_to_pipe"]
     result.check("intake >= 0.9x pipe", measured,
                  None if measured is None else float(measured) >= 0.9)
     return result
+
+
+def cpu_ratio(cpu: dict[str, float | None], pipe: Result | None) -> float | None:
+    """Return the service's CPU per record over the pipe's, None without both."""
+    return ratio_to(cpu.get("service_cpu_us_per_record"),
+                    pipe.figures.get("cpu_us_per_record") if pipe else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +153,8 @@ class DueRun:
     rss_after_intake: int
     rss_after: int
     within: dict[str, int]
-    deliver_cpu: dict[str, float]
+    deliver_cpu: dict[str, float | None]
+    intake_cpu: dict[str, float | None]
 
 
 def within(received_s: Sequence[float], stamp_ms: Sequence[float], due_wall_s: float,
@@ -179,7 +195,9 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
                                  out=out, raw=raw)
     service = InProcess(settings, clock)
     try:
+        intake_before = service.cpu()
         intake_rate, _ = service.intake(total, timeout_s=max(120.0, total / 1_000))
+        intake_cpu = service.cpu().per_record_us(intake_before, total)
         rss_after_intake = rss_bytes()
         say(f"{role}: {total:,} indexed; read-ahead window, then the due instant")
         clock.set(due - settings.lookahead_ms)
@@ -197,7 +215,7 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
     deliver_s = float(last) - start if isinstance(last, int | float) else None
     received_s, stamp_ms = read_raw(raw)
     return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes(),
-                  within(received_s, stamp_ms, start), deliver_cpu)
+                  within(received_s, stamp_ms, start), deliver_cpu, intake_cpu)
 
 
 def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
@@ -212,10 +230,18 @@ def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
         "acked_seconds": round(run.acked_s, 3), "received": received,
         "lost": total - (received - duplicates), "early": as_int(run.seen.get("early")),
         "duplicates": duplicates, **run.within, **run.deliver_cpu,
+        "cpu_ratio_to_pipe": cpu_ratio(run.deliver_cpu, pipe),
         "intake_per_s": round(run.intake_per_s), "rss_mb": round(run.rss_after / MB)})
+    result.headline("burst delivery (service)", round(rate),
+                    run.deliver_cpu["service_cpu_us_per_record"], result.figures["ratio_to_pipe"])
+    result.headline("burst: its intake (service)", round(run.intake_per_s),
+                    run.intake_cpu["service_cpu_us_per_record"])
     measured = result.figures["ratio_to_pipe"]
     result.check("burst >= 0.7x pipe", measured,
                  None if measured is None else float(measured) >= 0.7)
+    cpu = result.figures["cpu_ratio_to_pipe"]
+    result.check(f"burst service CPU per record <= {BURST_CPU_TO_PIPE}x pipe's", cpu,
+                 None if cpu is None else float(cpu) <= BURST_CPU_TO_PIPE)
     result.check("0 early", result.figures["early"], result.figures["early"] == 0)
     result.check("0 lost", result.figures["lost"], result.figures["lost"] == 0)
     return result
