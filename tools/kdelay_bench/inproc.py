@@ -2,7 +2,9 @@
 
 The bench steps it exactly as ``Service.run`` does (``step()`` with no wait
 cap) on a :class:`~kdelay.plumbing.clock.ManualClock`, and reads progress from the
-service's own Prometheus counters: requests scheduled, records delivered.
+service's own Prometheus counters: requests scheduled, records delivered. The
+loop's phases (``kdelay_loop_phase_seconds``) are timed by the stepping
+thread's CPU clock, so :meth:`InProcess.phases` splits the loop's CPU by phase.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
+from prometheus_client import generate_latest
 
 from kdelay.engine.runner import tune_gc
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
+from kdelay_bench import phases
 from kdelay_bench.cputime import own_cpu_s
 from kdelay_bench.progress import Progress
 from kdelay_bench.report import per_record_us
@@ -81,7 +85,7 @@ class InProcess:
         # The bench jumps its clock to due instants ahead of the broker's clock, so the
         # broker-clock guard (which would hold those deliveries) is off.
         self.service = Service(settings, clock, check_layout(admin, settings),
-                               broker_tolerance_ms=None)
+                               broker_tolerance_ms=None, phase_clock=time.thread_time)
         self.service.start()
         tune_gc()  # as `kdelay run` does
 
@@ -100,6 +104,11 @@ class InProcess:
     def delivered(self) -> int:
         """Return how many records the service has delivered (acknowledged by targets)."""
         return self._count(DELIVERED)
+
+    def phase_cpu(self) -> phases.Phases:
+        """Return the loop's phase histograms so far (CPU seconds of the stepping
+        thread); empty before the first step."""
+        return phases.parse(generate_latest(self.service.metrics.registry).decode()) or {}
 
     def cpu(self) -> Cpu:
         """Return the CPU time used so far by this thread (the service's loop) and process."""

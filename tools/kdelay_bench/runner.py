@@ -76,8 +76,8 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
             setup, options.intake_records, options.pipe_repeats, "intake" in chosen,
             run_floor="burst" in chosen))
     if "burst" in chosen:
-        results += _guarded("burst", lambda: [burst(setup, options.burst_records,
-                                                     _pipe(results))])
+        results += _guarded("burst", lambda: burst(setup, options.burst_records,
+                                                   _pipe(results)))
     if "lateness" in chosen:
         results += _lateness(options, setup)
     if "footprint" in chosen:

@@ -21,13 +21,14 @@ from pathlib import Path
 
 from kdelay.plumbing.clock import ManualClock, SystemClock
 from kdelay.plumbing.settings import Settings
+from kdelay_bench import phases
 from kdelay_bench.broker import Topics
 from kdelay_bench.collector import CollectorProcess, read_raw
 from kdelay_bench.inproc import FollowingClock, InProcess
 from kdelay_bench.load import produce_requests
 from kdelay_bench.pipe import run_pipe
 from kdelay_bench.progress import say
-from kdelay_bench.report import Result, as_int, ratio_to
+from kdelay_bench.report import Figure, Result, as_int, ratio_to
 from kdelay_bench.stats import rss_bytes
 
 HOUR_MS = 3_600_000
@@ -72,8 +73,8 @@ def ratio(rate: float, baseline: Result | None) -> float | None:
 def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
                     run_floor: bool = False) -> list[Result]:
     """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``floor`` (the pipe
-    plus a changelog tombstone per record) and ``intake`` over the same ``total``
-    requests."""
+    plus a changelog tombstone per record) and ``intake`` (and its ``intake-phases``
+    row) over the same ``total`` requests."""
     settings = setup.deployment("intake")
     target = setup.topics.create("pipe-target", setup.partitions)
     setup.requests(settings, target, total, SystemClock().now_ms() + HOUR_MS)
@@ -96,7 +97,7 @@ def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
             line.rate_ratio_to_pipe = ratio(rate, pipe) if isinstance(rate, int) else None
         results.append(floor)
     if run_intake:
-        results.append(intake(settings, total, pipe))
+        results += intake(settings, total, pipe)
     return results
 
 
@@ -113,14 +114,18 @@ def median_run(runs: list[Result]) -> Result:
     return median
 
 
-def intake(settings: Settings, total: int, pipe: Result | None) -> Result:
-    """Index ``total`` requests with an in-process service; compare with the pipe."""
+def intake(settings: Settings, total: int, pipe: Result | None) -> list[Result]:
+    """Index ``total`` requests with an in-process service; compare with the pipe.
+    Return the ``intake`` row and the ``intake-phases`` row: the loop's CPU per
+    request by phase."""
     say("intake: kdelay indexes the same requests")
     service = InProcess(settings, ManualClock(SystemClock().now_ms()))
     try:
-        before = service.cpu()
+        before, phases_before = service.cpu(), service.phase_cpu()
         rate, seconds = service.intake(total, timeout_s=max(120.0, total / 1_000))
         cpu = service.cpu().per_record_us(before, total)
+        by_phase = phases.cpu_per_record(phases.since(service.phase_cpu(), phases_before),
+                                         total)
     finally:
         service.close()
     result = Result("intake", {"records": total, "seconds": round(seconds, 3),
@@ -132,7 +137,7 @@ def intake(settings: Settings, total: int, pipe: Result | None) -> Result:
     measured = result.figures["ratio_to_pipe"]
     result.check("intake >= 0.9x pipe", measured,
                  None if measured is None else float(measured) >= 0.9)
-    return result
+    return [result, Result("intake-phases", by_phase)]
 
 
 def cpu_ratio(cpu: dict[str, float | None], pipe: Result | None) -> float | None:
@@ -155,6 +160,7 @@ class DueRun:
     within: dict[str, int]
     deliver_cpu: dict[str, float | None]
     intake_cpu: dict[str, float | None]
+    deliver_phases: dict[str, Figure]
 
 
 def within(received_s: Sequence[float], stamp_ms: Sequence[float], due_wall_s: float,
@@ -204,9 +210,11 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
         service.step_for(min(settings.lookahead_ms / 1000, 2.0))
         clock.set(due)
         clock.follow()
-        start, before = time.time(), service.cpu()
+        start, before, phases_before = time.time(), service.cpu(), service.phase_cpu()
         acked_s = service.deliver(due_count, timeout_s=max(300.0, due_count / 500))
         deliver_cpu = service.cpu().per_record_us(before, due_count)
+        deliver_phases = phases.cpu_per_record(
+            phases.since(service.phase_cpu(), phases_before), due_count)
         seen = collector.result()
     finally:
         collector.kill()
@@ -215,11 +223,14 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
     deliver_s = float(last) - start if isinstance(last, int | float) else None
     received_s, stamp_ms = read_raw(raw)
     return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes(),
-                  within(received_s, stamp_ms, start), deliver_cpu, intake_cpu)
+                  within(received_s, stamp_ms, start), deliver_cpu, intake_cpu,
+                  deliver_phases)
 
 
-def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
-    """Deliver ``total`` requests due at one instant; time it, count early ones."""
+def burst(setup: Setup, total: int, pipe: Result | None) -> list[Result]:
+    """Deliver ``total`` requests due at one instant; time it, count early ones. Return
+    the ``burst`` row and the ``burst-phases`` row: the loop's CPU per record by phase
+    while it delivered."""
     run = pending_then_due(setup, "burst", total, total)
     rate = total / run.deliver_s if run.deliver_s else 0.0
     received = as_int(run.seen.get("count")) or 0
@@ -244,5 +255,5 @@ def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
                  None if cpu is None else float(cpu) <= BURST_CPU_TO_PIPE)
     result.check("0 early", result.figures["early"], result.figures["early"] == 0)
     result.check("0 lost", result.figures["lost"], result.figures["lost"] == 0)
-    return result
+    return [result, Result("burst-phases", run.deliver_phases)]
 

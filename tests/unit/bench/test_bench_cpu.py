@@ -121,3 +121,11 @@ def test_a_lateness_run_reports_the_service_cpu_per_record_received() -> None:
     assert [(h.rate_per_s, h.cpu_us_per_record) for h in lines] == [(100.0, 150.0),
                                                                     (100.0, None)]
     assert "at-least-once 1/2" in lines[0].label
+
+
+def test_the_loop_cpu_per_record_is_split_by_phase_largest_first() -> None:
+    loop = {"consume": phases.Phase(10, 0.5, ()), "dispatch": phases.Phase(10, 1.5, ()),
+            phases.INTAKE_DELAY_ROW: phases.Phase(5, 99.0, ())}
+    assert list(phases.cpu_per_record(loop, 100_000).items()) == [
+        ("dispatch_us_per_record", 15.0), ("consume_us_per_record", 5.0),
+        ("total_us_per_record", 20.0)]
