@@ -128,4 +128,5 @@ def test_the_loop_cpu_per_record_is_split_by_phase_largest_first() -> None:
             phases.INTAKE_DELAY_ROW: phases.Phase(5, 99.0, ())}
     assert list(phases.cpu_per_record(loop, 100_000).items()) == [
         ("dispatch_us_per_record", 15.0), ("consume_us_per_record", 5.0),
-        ("total_us_per_record", 20.0)]
+        ("total_us_per_record", 20.0), ("steps", 10), ("records_per_step", 10_000.0)]
+    assert phases.cpu_per_record({}, 10)["records_per_step"] is None
