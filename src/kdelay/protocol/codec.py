@@ -213,6 +213,16 @@ def due_ms_of(key: bytes) -> int:
     return due_ms
 
 
+def due_times(keys: Iterable[bytes]) -> list[int]:
+    """The due times of encoded due keys, without decoding the rest.
+
+    For batches (the tally counts every key a write adds or removes); raises
+    struct.error for a key shorter than 8 bytes.
+    """
+    unpack = _U64.unpack_from
+    return [unpack(key)[0] for key in keys]
+
+
 def record_times(values: Iterable[bytes]) -> list[int]:
     """The fingerprint timestamps of encoded index values, without decoding the rest.
 

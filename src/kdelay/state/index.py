@@ -333,14 +333,13 @@ class PartitionIndex:
         keys = [*new, *deletes]
         present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
                    if v is not None}
-        for key, raw in new.items():
-            if key not in present:
-                change.count(key, raw, 1)
-                present[key] = raw
-        for key in dict.fromkeys(deletes):
-            old = present.pop(key, None)
-            if old is not None:
-                change.count(key, old, -1)
+        added = [key for key in new if key not in present]
+        added_values = [new[key] for key in added]
+        change.count_all(added, added_values, 1)
+        present.update(zip(added, added_values, strict=True))
+        pop = present.pop
+        removed = [key for key in dict.fromkeys(deletes) if key in present]
+        change.count_all(removed, [pop(key) for key in removed], -1)
         return change
 
     def _load_tally(self) -> Tally:
