@@ -201,7 +201,9 @@ def decode_index_value(raw: bytes) -> IndexValue:
         schedule_id = tail.decode("utf-8") if tail else None
     except UnicodeDecodeError as exc:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
-    return IndexValue(Fingerprint(timestamp_ms, crc), schedule_id)
+    # Built with tuple.__new__: a NamedTuple's own __new__ is a Python call, and
+    # delivery decodes one value per entry it reads ahead.
+    return _tuple_new(IndexValue, (_tuple_new(Fingerprint, (timestamp_ms, crc)), schedule_id))
 
 
 def due_ms_of(key: bytes) -> int:
