@@ -45,6 +45,9 @@ CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
 STATE_DIR_LOCK = "kdelay.lock"
+# The most scanned entries whose values an index keeps for their deletion (a few
+# MB): delivery holds at most a few batches read ahead, and deletes them soon.
+SCANNED_CAP = 100_000
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 
@@ -216,6 +219,11 @@ class PartitionIndex:
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._head = b""
         self._full = False
+        # The encoded values of entries :meth:`scan` returned, by key, while they are
+        # certainly in the store: every write to the due keys goes through
+        # :meth:`apply`, which drops the keys it deletes or puts. Deleting a scanned
+        # entry (a delivery) then needs no lookup to count it out of the tally.
+        self._scanned: dict[bytes, bytes] = {}
         self.tally = self._load_tally()
 
     def close(self) -> None:
@@ -314,6 +322,10 @@ class PartitionIndex:
         lowest = self._note_puts(list(new))
         self._write(batch)
         self.tally.commit(change)
+        scanned = self._scanned
+        if scanned:
+            for key in (*changes.deletes, *new):
+                scanned.pop(key, None)
         return lowest
 
     def _write(self, batch: WriteBatch) -> None:
@@ -330,9 +342,12 @@ class PartitionIndex:
         """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
         add and really remove."""
         change = Change()
-        keys = [*new, *deletes]
+        scanned = self._scanned
+        known = {key: scanned[key] for key in deletes if key in scanned}
+        keys = [*new, *(key for key in deletes if key not in known)]
         present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
                    if v is not None}
+        present.update(known)
         added = [key for key in new if key not in present]
         added_values = [new[key] for key in added]
         change.count_all(added, added_values, 1)
@@ -381,10 +396,14 @@ class PartitionIndex:
         found: list[Entry] = []
         if limit <= 0:
             return found
+        scanned = self._scanned
+        if len(scanned) > SCANNED_CAP:  # entries read but never written since: start over
+            scanned.clear()
         if start is not None:
             for key, raw in self._iterate(codec.due_upper_bound(upper_ms), start=start):
                 if key not in skip:
                     found.append(Entry(key, codec.decode_index_value(raw)))
+                    scanned[key] = raw
                     if len(found) >= limit:
                         break
             return found
@@ -394,6 +413,7 @@ class PartitionIndex:
             if key in skip:
                 continue
             found.append(Entry(key, codec.decode_index_value(raw)))
+            scanned[key] = raw
             if len(found) >= limit:
                 break
         # Everything below the bound that is not found is deleted: start the next
