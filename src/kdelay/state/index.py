@@ -45,8 +45,10 @@ CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
 STATE_DIR_LOCK = "kdelay.lock"
-# The most scanned entries whose values an index keeps for their deletion (a few
-# MB): delivery holds at most a few batches read ahead, and deletes them soon.
+# The most scanned entries whose values an index keeps for their deletion (about
+# 13 MB): delivery holds at most 20 batches of a partition (20 000 entries with
+# the default batch size) and deletes them as they are delivered. Past the cap
+# the values are dropped and deletes look their keys up again.
 SCANNED_CAP = 100_000
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
