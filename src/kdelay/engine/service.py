@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from confluent_kafka import (
@@ -100,11 +100,16 @@ class Service:
     only once ``clock`` and the broker's clock (plus ``broker_tolerance_ms``)
     both say it is due (:class:`kdelay.engine.skew.BrokerGuard`). None turns that
     off: for tests that move a manual clock ahead of the broker's.
+
+    ``phase_clock`` times the loop's phases (``kdelay_loop_phase_seconds``);
+    by default ``clock.monotonic``. A benchmark passes ``time.thread_time``,
+    so that the histogram splits the loop's CPU time by phase.
     """
 
     def __init__(self, settings: Settings, clock: Clock, layout: Layout,
                  metrics: Metrics | None = None, clients: ClientFactory | None = None,
-                 broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS) -> None:
+                 broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS,
+                 phase_clock: Callable[[], float] | None = None) -> None:
         self.settings = settings
         self._broker_tolerance_ms = broker_tolerance_ms if layout.broker_time else None
         self.metrics = metrics or Metrics()
@@ -138,7 +143,7 @@ class Service:
         self._stopping = False
         self._clients: _Clients | None = None
         self._delivery: Delivery | None = None
-        self._phases = PhaseTimer(self.metrics.phases, clock.monotonic)
+        self._phases = PhaseTimer(self.metrics.phases, phase_clock or clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
 
