@@ -59,8 +59,8 @@ class _NoPrecheck(OriginalReader):
     """A reader that skips the watermark pre-check, as if retention ran mid-read."""
 
     def _classify_by_watermarks(self, consumer: Consumer, partition: int, queue: list[_Run],
-                                result: dict[tuple[int, int], Found]) -> None:
-        return None
+                                result: dict[tuple[int, int], Found]) -> bool:
+        return True
 
 
 def test_log_start_moving_under_a_fetch_is_detected_from_the_fetch_error(

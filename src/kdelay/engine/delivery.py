@@ -164,8 +164,11 @@ class Delivery:
     def __init__(self, config: DeliveryConfig, targets: Producing, internal: Producing,
                  reader: Reading, clock: Clock, metrics: Metrics,
                  durability: Durability, release: Release = by_service_clock,
-                 outage: Callable[[], bool] = lambda: False) -> None:
-        """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt."""
+                 outage: Callable[[], bool] = lambda: False,
+                 away: Callable[[str], None] | None = None) -> None:
+        """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt,
+        and nothing more is sent until it answers; ``away`` is told when a metadata
+        request finds the cluster silent."""
         self._config = config
         self._release = release
         self._outage = outage
@@ -184,7 +187,8 @@ class Delivery:
         # Acknowledged entries that are not in their index yet (see adopt).
         self._unindexed: list[tuple[bytes, Sink]] = []
         self._counts = _Counts()
-        self._topics = TopicCheck(targets, clock)
+        self._topics = (TopicCheck(targets, clock) if away is None
+                        else TopicCheck(targets, clock, away=away))
         self._guarded_report = guarded(self._on_report)
 
     def in_flight(self, key: bytes) -> bool:
@@ -315,6 +319,8 @@ class Delivery:
             return
         book = self._book
         while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= limit:
+            if self._outage():  # learnt mid-way (a silent metadata request): wait for Kafka
+                return
             try:
                 self._send(job, now)
             except BufferError:

@@ -81,7 +81,7 @@ class KafkaClients:
     def reader(self) -> Reading:
         """An :class:`OriginalReader` of the requests topic."""
         return OriginalReader(self._config("originals", {}, watch=False),
-                              self._settings.requests_topic)
+                              self._settings.requests_topic, away=self._errors.unreachable_now)
 
     def restorer(self) -> Restoring:
         """A :class:`Restorer` of the changelog topic."""

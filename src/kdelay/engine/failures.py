@@ -10,10 +10,11 @@ failures are logged together (:class:`FailureLog`), never a line each.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kdelay.plumbing.clients import Producing
+from kdelay.plumbing.clients import AWAY, Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec
 
@@ -21,6 +22,12 @@ log = logging.getLogger(__name__)
 
 # Failed deliveries are logged together, at most once per this many seconds.
 FAILURE_LOG_EVERY_S = 30.0
+# How long a metadata request the cluster did not answer is answered from memory.
+AWAY_TTL_S = 1.0
+
+
+def _unheard(_: str) -> None:
+    """Tell no one that the cluster does not answer."""
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -36,10 +43,14 @@ class TopicCheck:
     failure, and keeps a transaction from being aborted for it.
     """
 
-    def __init__(self, producer: Producing, clock: Clock, ttl_s: float = 30.0) -> None:
+    def __init__(self, producer: Producing, clock: Clock, ttl_s: float = 30.0,
+                 away: Callable[[str], None] = _unheard) -> None:
+        """``away`` is told when the cluster does not answer; the answer is then kept
+        for :data:`AWAY_TTL_S`, so a batch of records to one target waits once."""
         self._producer = producer
         self._clock = clock
         self._ttl_s = ttl_s
+        self._away = away
         self._known: dict[str, tuple[float, KafkaError | None]] = {}
 
     def missing(self, topic: str) -> KafkaError | None:
@@ -52,7 +63,11 @@ class TopicCheck:
             metadata = self._producer.list_topics(topic, timeout=5)
             error: KafkaError | None = metadata.topics[topic].error
         except KafkaException as exc:
-            return KafkaError(exc.args[0].code(), f"metadata for {topic}: {exc.args[0].str()}")
+            failed = KafkaError(exc.args[0].code(), f"metadata for {topic}: {exc.args[0].str()}")
+            if failed.code() in AWAY:
+                self._away(f"targets: {failed.str()}")
+                self._known[topic] = (now + AWAY_TTL_S, failed)
+            return failed
         if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
         self._known[topic] = (now + (self._ttl_s if error is None else 1.0), error)

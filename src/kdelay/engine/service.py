@@ -176,7 +176,8 @@ class Service:
                            s.retry_backoff_max_ms, self._policy, s.delivery_retry_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
-            outage=lambda: self._errors.unreachable() is not None)
+            outage=lambda: self._errors.unreachable() is not None,
+            away=self._errors.unreachable_now)
         self._group = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,

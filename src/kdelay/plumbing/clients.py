@@ -35,6 +35,12 @@ TRANSIENT = frozenset({
     KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
     KafkaError._DESTROY_BROKER,
 })
+# Errors that say the cluster does not answer (not that one leader moved):
+# retrying at once is pointless, and the service should learn Kafka is away.
+AWAY = frozenset({
+    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._DESTROY_BROKER,
+})
 RETRY_PAUSE_S = 0.2
 # How long :func:`produce` polls between tries while librdkafka's queue is full.
 ROOM_POLL_S = 0.05
@@ -229,10 +235,11 @@ def take(consumer: Taking, limit: int, timeout_s: float) -> list[Message]:
 
 
 def watermarks(consumer: Watermarks, partition: TopicPartition, timeout_s: float,
-               pause: Callable[[float], None] = time.sleep) -> tuple[int, int]:
+               pause: Callable[[float], None] = time.sleep,
+               retried: frozenset[int] = TRANSIENT) -> tuple[int, int]:
     """Return the partition's ``(low, high)`` offsets, asking the leader.
 
-    Retries the errors in :data:`TRANSIENT` (pausing with ``pause`` between
+    Retries the errors in ``retried`` (pausing with ``pause`` between
     tries) until ``timeout_s`` has passed, then raises the last one; any
     other error is raised at once (as ``KafkaException``).
     """
@@ -243,7 +250,7 @@ def watermarks(consumer: Watermarks, partition: TopicPartition, timeout_s: float
             low, high = consumer.get_watermark_offsets(partition, timeout=left, cached=False)
             return int(low), int(high)
         except KafkaException as exc:
-            if exc.args[0].code() not in TRANSIENT or time.monotonic() >= deadline:
+            if exc.args[0].code() not in retried or time.monotonic() >= deadline:
                 raise
         pause(RETRY_PAUSE_S)
 

@@ -20,20 +20,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.plumbing.clients import TRANSIENT, reader_config, take, watermarks
+from kdelay.plumbing.clients import AWAY, TRANSIENT, reader_config, take, watermarks
 
 log = logging.getLogger(__name__)
 
 MAX_TAKE = 10_000
 PREFETCH_RECORDS = 2_000
 RANGE_ERRORS = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+# The longest a read waits for a partition's watermarks: a read that cannot have
+# them leaves its offsets for a later one, so the loop is never held long.
+WATERMARKS_S = 2.0
+
+
+def _unheard(_: str) -> None:
+    """Tell no one that the cluster does not answer."""
 
 
 class Missing(Enum):
@@ -100,7 +107,10 @@ class OriginalReader:
     """
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
-                 max_gap: int = 1_000, timeout_s: float = 10.0) -> None:
+                 max_gap: int = 1_000, timeout_s: float = 10.0,
+                 away: Callable[[str], None] = _unheard) -> None:
+        """``away`` is told when the cluster does not answer a watermark query, which
+        then waits at most :data:`WATERMARKS_S`: the service confirms and waits it out."""
         tuning: dict[str, str | int | bool] = {
             "auto.offset.reset": "error",
             "fetch.wait.max.ms": 10,
@@ -116,6 +126,7 @@ class OriginalReader:
         self._topic = topic
         self._max_gap = max_gap
         self._timeout_s = timeout_s
+        self._away = away
         self._consumer: Consumer | None = None
 
     def close(self) -> None:
@@ -133,7 +144,10 @@ class OriginalReader:
         result: dict[tuple[int, int], Found] = {}
         queues = {p: runs(p, offsets, self._max_gap) for p, offsets in wanted.items()}
         for partition, queue in queues.items():
-            self._classify_by_watermarks(consumer, partition, queue, result)
+            if not self._classify_by_watermarks(consumer, partition, queue, result):
+                for rest in queues.values():  # Kafka is away: nothing more this time
+                    rest.clear()
+                break
         deadline = time.monotonic() + self._timeout_s
         while any(queues.values()) and time.monotonic() < deadline:
             current = {p: q[0] for p, q in queues.items() if q}
@@ -149,21 +163,26 @@ class OriginalReader:
         return self._consumer
 
     def _classify_by_watermarks(self, consumer: Consumer, partition: int,
-                                queue: list[_Run], result: dict[tuple[int, int], Found]) -> None:
+                                queue: list[_Run], result: dict[tuple[int, int], Found]) -> bool:
         """Resolve offsets below the log start or at/after the log end without fetching.
 
-        When the watermarks cannot be had (Kafka away), nothing of the
-        partition is read: its offsets stay unresolved, for a later read.
+        When the watermarks cannot be had, nothing of the partition is read:
+        its offsets stay unresolved, for a later read. Returns False when the
+        cluster does not answer (``away`` is told).
         """
         try:
             low, high = watermarks(consumer, TopicPartition(self._topic, partition),
-                                   self._timeout_s)
+                                   min(self._timeout_s, WATERMARKS_S), retried=TRANSIENT - AWAY)
         except KafkaException as exc:
             if not _passing(exc):
                 raise
             log.debug("watermarks of %s[%d]: %s", self._topic, partition, exc)
             queue.clear()
-            return
+            if exc.args[0].code() in AWAY:
+                self._away(f"originals: watermarks of {self._topic}[{partition}]: "
+                           f"{exc.args[0].str()}")
+                return False
+            return True
         for run in queue:
             for offset in list(run.pending):
                 if offset < low:
@@ -173,6 +192,7 @@ class OriginalReader:
                     result[(partition, offset)] = Missing.ABSENT
                     run.pending.discard(offset)
         queue[:] = [run for run in queue if run.pending]
+        return True
 
     def _read_runs(self, consumer: Consumer, current: dict[int, _Run],
                    result: dict[tuple[int, int], Found], deadline: float) -> None:
@@ -238,7 +258,7 @@ class OriginalReader:
         """Mark the run's offsets below the (moved) log start offset ``EXPIRED``."""
         try:
             low, _ = watermarks(consumer, TopicPartition(self._topic, run.partition),
-                                self._timeout_s)
+                                min(self._timeout_s, WATERMARKS_S))
         except KafkaException as exc:
             if not _passing(exc):
                 raise

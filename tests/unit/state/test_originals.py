@@ -1,12 +1,14 @@
-"""Cutting wanted offsets into sequential runs, so originals are read by range, not by seek."""
+"""Cutting wanted offsets into sequential runs, so originals are read by range, not by seek;
+and a read that finds the cluster silent gives the loop back at once."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kdelay.state.originals import runs
+from kdelay.state.originals import OriginalReader, runs
 
 
 def shape(partition: int, offsets: list[int], max_gap: int) -> list[list[int]]:
@@ -67,3 +69,29 @@ def test_runs_cover_every_distinct_offset_exactly_once(max_gap: int) -> None:
         assert right[0] - left[-1] > max_gap
     for run in cut:
         assert all(b - a <= max_gap for a, b in itertools.pairwise(run))
+
+
+class SilentCluster:
+    """A reader's consumer whose watermark queries find no broker."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = -1,
+                              cached: bool = False) -> tuple[int, int]:
+        self.asked.append(partition.partition)
+        raise KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "all brokers down"))
+
+    def unassign(self) -> None:
+        pass
+
+
+def test_a_read_that_finds_the_cluster_silent_says_so_and_leaves_everything_for_later() -> None:
+    told: list[str] = []
+    reader = OriginalReader({}, "requests", away=told.append)
+    cluster = SilentCluster()
+    reader._consumer = cluster  # type: ignore[assignment]
+    assert reader.read({0: [5, 6], 1: [7], 2: [9]}) == {}
+    assert cluster.asked == [0], "one silent answer stops the read: no wait per partition"
+    assert len(told) == 1
+    assert "originals" in told[0]
