@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import time
 import urllib.request
 from collections.abc import Callable
 
@@ -63,6 +64,14 @@ def owned(port: int) -> int:
     return int(float(found.group(1)))
 
 
+def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout_s`` naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
+        time.sleep(0.1)
+
+
 def members(admin: AdminClient, group: str) -> dict[str, set[int]]:
     """The group's static member ids and the partitions each is assigned."""
     description = admin.describe_consumer_groups([group])[group].result(timeout=30)
@@ -91,12 +100,16 @@ def test_two_workers_split_the_group_survive_a_kill_and_stop_together(
     process = start_kdelay(deployment, KDELAY_WORKERS="2", KDELAY_METRICS_PORT=str(port))
     process.wait_ready(times=2)
 
+    eventually(lambda: sorted(p for parts in members(admin, deployment.group_id).values()
+                              for p in parts) == [0, 1, 2, 3], "the group's assignment")
     group = members(admin, deployment.group_id)
     assert len(group) == 2, group
     assert all(id_.endswith(("-w0", "-w1")) for id_ in group), group
     assert all(group.values()), f"a worker with no partition: {group}"
     assert sorted(p for parts in group.values() for p in parts) == [0, 1, 2, 3]
-    assert owned(port) + owned(port + 1) == 4
+    shares = {index: len(parts) for index, parts in enumerate(group.values())}
+    eventually(lambda: sorted([owned(port), owned(port + 1)]) == sorted(shares.values()),
+               "each worker's metrics port shows its own partitions")
     assert sorted(path.name for path in deployment.state_dir.iterdir()
                   if path.is_dir()) == ["worker-0", "worker-1"]
 
