@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Annotated
 
 import typer
@@ -22,6 +23,7 @@ from kdelay.plumbing import identity
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.logs import LogFormat
 from kdelay.plumbing.logs import configure as configure_logs
+from kdelay.plumbing.settings import Settings, SettingsError
 from kdelay.plumbing.topics import admin_client, create_topics, tombstones_kept_ms, topic_config
 from kdelay.state.changelog import Restorer, Staleness, rebuild
 from kdelay.state.index import store_path
@@ -34,6 +36,10 @@ def run(
     ctx: typer.Context,
     check: Annotated[bool, option(
         "check", "Check the settings and the topic layout, then exit.")] = False,
+    workers: Annotated[int, option(
+        "workers", "Service processes, one core each, under one supervising parent; each "
+        "serves its share of the partitions from <state-dir>/worker-<i>, with metrics on "
+        "--metrics-port + i. 1: the service runs in this process.", shown=1)] = 1,
     log_level: Annotated[str, option(
         "log-level", "Log level of the service (DEBUG, INFO, WARNING, ERROR).")] = "INFO",
     log_format: Annotated[LogFormat, option(
@@ -43,13 +49,41 @@ def run(
     """Run the delay service: schedule requests and deliver them when due."""
     with reported():
         settings = settings_of(ctx)
+        if workers < 1:
+            raise SettingsError("invalid-setting", f"workers must be at least 1, got {workers}")
         configure_logs(log_level, log_format, identity.of(settings).member_id)
         options.check_connection(settings.client_config("probe"))
-    from kdelay.engine.runner import run_service
+    from kdelay.engine.runner import run_service, run_workers
 
-    with reported(value_errors=False):
-        exit_code = run_service(settings, check=check)
+    if workers == 1:
+        with reported(value_errors=False):
+            exit_code = run_service(settings, check=check)
+        raise typer.Exit(exit_code)
+    with reported():
+        exit_code = run_workers(settings, workers,
+                                functools.partial(serve_worker, log_level, log_format),
+                                check=check)
     raise typer.Exit(exit_code)
+
+
+def serve_worker(log_level: str, log_format: LogFormat, parent: int, settings: Settings) -> None:
+    """Run one worker of ``kdelay run --workers N``: the service, in a fresh interpreter.
+
+    Errors end the worker as they end a single ``kdelay run``: one
+    ``error[...]`` line and the same exit code, which the parent reads.
+    """
+    from kdelay.engine.runner import run_service
+    from kdelay.engine.workers import bind_to_parent
+
+    bind_to_parent(parent)
+    try:
+        with reported():
+            configure_logs(log_level, log_format, identity.of(settings).member_id)
+        with reported(value_errors=False):
+            exit_code = run_service(settings, check=False)
+    except typer.Exit as exc:
+        exit_code = exc.exit_code
+    sys.exit(exit_code)
 
 
 @common_options

@@ -4,6 +4,8 @@
   guarantees, and partition assignment (:func:`~kdelay.engine.runner.run_service` runs it);
   :mod:`~kdelay.engine.factory` hands it its Kafka clients;
   :mod:`~kdelay.engine.housekeeping` its periodic round;
+- :mod:`~kdelay.engine.workers`: ``kdelay run --workers N``, N service processes
+  under a supervising parent (:func:`~kdelay.engine.runner.run_workers` runs them);
 - :mod:`~kdelay.engine.checkpoint`: how a step becomes durable, the only module
   that reads the guarantee;
 - :mod:`~kdelay.engine.intake`: requests to plans (index puts, cancels, DLQ records);

@@ -1,20 +1,31 @@
-"""``kdelay run``: check the topics, start the service, stop it on a signal, exit with a code."""
+"""``kdelay run``: check the topics, start the service, stop it on a signal, exit with a code.
+
+:func:`run_service` runs the service in this process; :func:`run_workers`
+runs N of them as supervised worker processes (:mod:`kdelay.engine.workers`).
+"""
 
 from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing
+import os
 import signal
+import socket
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
 from types import FrameType
 
 from confluent_kafka.admin import AdminClient
 
 from kdelay.engine.checkpoint import ServiceError
 from kdelay.engine.service import Service
+from kdelay.engine.workers import Supervisor, Worker, worker_settings
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
-from kdelay.state.index import StateDirFull
+from kdelay.state.index import StateDirFull, StateDirLock
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +82,53 @@ def run_service(settings: Settings, *, check: bool) -> int:
         log.error("error[state-dir-full]: %s", exc)
         return 1
     return 0
+
+
+WorkerMain = Callable[[int, Settings], None]
+
+
+def run_workers(settings: Settings, workers: int, main: WorkerMain, *, check: bool) -> int:
+    """Run ``workers`` service processes under a supervising parent until SIGTERM or SIGINT.
+
+    See :mod:`kdelay.engine.workers`. The parent checks the topic layout once
+    (raising :class:`~kdelay.plumbing.topics.LayoutError` as
+    :func:`run_service` does), locks the whole state dir (raising
+    :class:`~kdelay.state.index.IndexLocked`), then starts worker ``i`` as a
+    fresh interpreter running ``main(parent_pid, settings_of_worker_i)``.
+    Returns the parent's exit code.
+    """
+    admin = AdminClient(settings.client_config("admin"))
+    layout = check_layout(admin, settings)
+    hostname = socket.gethostname()
+    plans = [worker_settings(settings, i, hostname) for i in range(workers)]
+    if check:
+        print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic} "
+              f"({layout.partitions} partitions) and its topics are in place; "
+              f"{workers} workers under {settings.state_dir}")
+        return 0
+    if workers > layout.partitions:
+        log.warning("%d workers for %d partitions: %d will serve nothing but stand by",
+                    workers, layout.partitions, workers - layout.partitions)
+    lock = StateDirLock(settings.state_dir)
+    context = multiprocessing.get_context("spawn")
+    parent = os.getpid()
+
+    def spawn(index: int) -> Worker:
+        process = context.Process(target=main, args=(parent, plans[index]),
+                                  name=f"kdelay-worker-{index}", daemon=False)
+        process.start()
+        return process
+
+    supervisor = Supervisor(workers, spawn, wait, time.monotonic)
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        log.info("signal %d: stopping the workers", signum)
+        supervisor.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("running %d workers under %s", workers, settings.state_dir)
+    try:
+        return supervisor.run()
+    finally:
+        lock.release()

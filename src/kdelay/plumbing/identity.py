@@ -17,7 +17,8 @@ RocksDB stores are locked), and containers started from one image share the
 path (``/state``) but not the host name, so the pair is unique per instance
 and survives restarts. ``--instance-id`` overrides the derivation (both ids
 then come from it); ``--transactional-id`` overrides the transactional id
-alone.
+alone. The workers of ``kdelay run --workers N`` present the instance's
+member id suffixed ``-w<i>`` (see :mod:`kdelay.engine.workers`).
 """
 
 from __future__ import annotations

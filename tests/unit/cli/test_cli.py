@@ -290,3 +290,51 @@ def test_topics_create_rejects_retention_shorter_than_the_levels() -> None:
     result = invoke(["topics", "create", "--retention-ms", "60000", "--levels", "1s 2h",
                      "--bootstrap-servers", "127.0.0.1:1"])
     assert "shorter than the longest delay level" in assert_error_line(result, "invalid-argument")
+
+
+# --- --workers -------------------------------------------------------------------------
+
+
+class FakeWorkers:
+    """Stands in for ``kdelay.engine.runner.run_workers``: records the worker count."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Settings, int, bool]] = []
+
+    def __call__(self, settings: Settings, workers: int, main: object, *, check: bool) -> int:
+        self.calls.append((settings, workers, check))
+        return 0
+
+
+@pytest.fixture
+def fake_workers(monkeypatch: pytest.MonkeyPatch) -> FakeWorkers:
+    fake = FakeWorkers()
+    monkeypatch.setattr(engine_runner, "run_workers", fake)
+    return fake
+
+
+def test_one_worker_runs_the_service_in_this_process(
+    fake_service: FakeService, fake_workers: FakeWorkers
+) -> None:
+    assert invoke(["run"]).exit_code == 0
+    assert invoke(["run"], env={"KDELAY_WORKERS": "1"}).exit_code == 0
+    assert len(fake_service.calls) == 2
+    assert fake_workers.calls == []
+
+
+def test_workers_from_the_flag_or_the_env_variable(
+    fake_service: FakeService, fake_workers: FakeWorkers
+) -> None:
+    assert invoke(["run", "--workers", "2"]).exit_code == 0
+    assert invoke(["run", "--check"], env={"KDELAY_WORKERS": "3"}).exit_code == 0
+    assert [(w, check) for _, w, check in fake_workers.calls] == [(2, False), (3, True)]
+    assert fake_service.calls == []
+
+
+def test_zero_workers_is_one_error_line(
+    fake_service: FakeService, fake_workers: FakeWorkers
+) -> None:
+    line = assert_error_line(invoke(["run", "--workers", "0"]), "invalid-setting")
+    assert "workers must be at least 1" in line
+    assert fake_service.calls == []
+    assert fake_workers.calls == []
