@@ -30,7 +30,7 @@ from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.connection import check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import LayoutError, requests_retention
-from kdelay.protocol import envelope
+from kdelay.protocol import durations, envelope
 from kdelay.protocol.envelope import Headers, HeaderValue
 
 UserHeaders: TypeAlias = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]]
@@ -256,7 +256,7 @@ class DelayProducer:
         self._levels = settings.levels
         self._margin_ms = settings.retention_margin_ms
         self._clock = clock or SystemClock()
-        self._limits: envelope.Limits | None = None
+        self._limits: durations.Limits | None = None
         self._metadata_timeout = metadata_timeout
         self._lock = threading.Lock()
         self._producer: Producer | None = None
@@ -472,7 +472,7 @@ class DelayProducer:
         if isinstance(parsed, envelope.Rejection):
             raise RequestRefused(parsed.code, parsed.detail)
 
-    def _request_limits(self) -> envelope.Limits:
+    def _request_limits(self) -> durations.Limits:
         """The service's limits for this requests topic, from its ``retention.ms`` (read once).
 
         A producer not allowed to describe the topic's configuration (a
@@ -482,7 +482,7 @@ class DelayProducer:
         if self._limits is None:
             retention_ms = requests_retention(self._admin_config, self._topic,
                                               self._metadata_timeout)
-            self._limits = envelope.limits_for_retention(retention_ms, self._margin_ms,
+            self._limits = durations.limits_for_retention(retention_ms, self._margin_ms,
                                                          self._levels)
         return self._limits
 

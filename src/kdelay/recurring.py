@@ -72,7 +72,8 @@ from kdelay.plumbing.clients import reader_config
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import LayoutError
 from kdelay.protocol import envelope
-from kdelay.protocol.envelope import AnyHeaders, parse_duration_ms
+from kdelay.protocol.durations import parse_duration_ms
+from kdelay.protocol.envelope import AnyHeaders
 from kdelay.retry import SERIES
 
 SERIES_TOPIC = "kdelay.series"

@@ -50,7 +50,8 @@ from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import produce, take
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
-from kdelay.protocol.envelope import Headers, parse_levels
+from kdelay.protocol.durations import parse_levels
+from kdelay.protocol.envelope import Headers
 
 DEFAULT_BACKOFF = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 """RocketMQ's consumer retry steps: 16 retries from 10 s to 2 h."""

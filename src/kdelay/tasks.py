@@ -39,7 +39,7 @@ from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import LayoutError
 from kdelay.protocol import envelope
-from kdelay.protocol.envelope import parse_levels
+from kdelay.protocol.durations import parse_levels
 from kdelay.recurring import Cancels, Series, SeriesError, Spec
 from kdelay.retry import (
     DEFAULT_BACKOFF,

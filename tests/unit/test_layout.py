@@ -11,6 +11,7 @@ count as much as those at the top of a module.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,47 @@ def test_allowed_imports_pass() -> None:
               "from kdelay.engine.intake import Planner\nfrom kdelay import __version__\n")
     assert violations("kdelay.engine.service", source) == []
     assert violations("kdelay.view.lookup", "from kdelay.recurring import describe") == []
+
+
+def _readme_layout() -> dict[str, str]:
+    """The README's layout tree: each room's lines (``src/kdelay/`` for the top), joined."""
+    text = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    rooms: dict[str, str] = {}
+    room = ""
+    for line in block.splitlines():
+        head = line[:14].strip()
+        if head.startswith("src/kdelay/"):
+            room = "."
+        elif head.endswith("/") and line.startswith("  "):
+            room = head.rstrip("/")
+        elif head:
+            room = ""
+        if room:
+            rooms[room] = rooms.get(room, "") + " " + line[14:]
+    return rooms
+
+
+def test_the_readme_layout_names_every_module_in_its_room() -> None:
+    rooms = _readme_layout()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        room = "." if path.parent == PACKAGE else path.parent.name
+        assert room in rooms, f"README's layout has no line for {room}/"
+        if room != "spark":  # described as a whole
+            assert re.search(rf"\b{path.stem}\b", rooms[room]), (
+                f"README's layout misses {room}/{path.stem}")
+
+
+# "About 600 lines" outside the CLI, "about 300" inside it: a module past these caps
+# holds two things and should be split.
+MAX_LINES = 640
+MAX_CLI_LINES = 320
+
+
+def test_no_module_outgrows_its_cap() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        cap = MAX_CLI_LINES if path.parent.name == "cli" else MAX_LINES
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= cap, f"{path.relative_to(PACKAGE)} has {lines} lines (cap {cap})"

@@ -32,7 +32,7 @@ from kdelay.plumbing.connection import AUTHENTICATION_FAILED, TLS_FAILED, Connec
 from kdelay.plumbing.connection import check_connection as check_connection  # tests replace it
 from kdelay.plumbing.settings import Guarantee, Settings, SettingsError, build_settings
 from kdelay.plumbing.topics import LayoutError
-from kdelay.protocol.envelope import DEFAULT_LEVELS
+from kdelay.protocol.durations import DEFAULT_LEVELS
 from kdelay.state.changelog import RestoreError
 from kdelay.state.index import IndexLocked
 

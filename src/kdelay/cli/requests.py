@@ -21,7 +21,7 @@ from kdelay.cli.options import (
 )
 from kdelay.client import DelayProducer, parse_due, parse_header
 from kdelay.plumbing.clock import SystemClock
-from kdelay.protocol.envelope import parse_duration_ms
+from kdelay.protocol.durations import parse_duration_ms
 from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from kdelay.cli.options import common_options, connected, reported
 from kdelay.cli.view import DEFAULT_VIEW_DIR, JsonOutput, ViewDir, operator_view
-from kdelay.protocol.envelope import parse_duration_ms
+from kdelay.protocol.durations import parse_duration_ms
 from kdelay.view.display import retention_json, retention_tables
 from kdelay.view.retention import check as check_retention
 from kdelay.view.retention import set_retention

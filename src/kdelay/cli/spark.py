@@ -28,7 +28,7 @@ from kdelay.cli.options import (
 from kdelay.client import parse_due
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Guarantee
-from kdelay.protocol.envelope import parse_duration_ms
+from kdelay.protocol.durations import parse_duration_ms
 
 SPARK_MODULES = frozenset({"pyspark", "py4j", "matplotlib", "pandas", "pyarrow"})
 AUDIT_FAILED_EXIT = 4

@@ -38,7 +38,7 @@ from kdelay.cli.options import (
 )
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol.envelope import parse_duration_ms
+from kdelay.protocol.durations import parse_duration_ms
 from kdelay.view.backlog import DueQuery, backlog, due
 from kdelay.view.display import (
     backlog_json,

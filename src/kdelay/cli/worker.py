@@ -12,7 +12,7 @@ import typer
 
 from kdelay.cli.options import USER_ERROR_EXIT, common_options, connected, fail, option, reported
 from kdelay.plumbing.topics import admin_client
-from kdelay.protocol.envelope import parse_levels
+from kdelay.protocol.durations import parse_levels
 from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
 
 

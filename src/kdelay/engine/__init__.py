@@ -3,11 +3,13 @@
 - :mod:`~kdelay.engine.service`: the loop, one step in one order for both
   guarantees, and partition assignment (:func:`~kdelay.engine.runner.run_service` runs it);
   :mod:`~kdelay.engine.factory` hands it its Kafka clients;
-  :mod:`~kdelay.engine.housekeeping` its periodic round;
+  :mod:`~kdelay.engine.housekeeping` its periodic round, and
+  :mod:`~kdelay.engine.availability` whether Kafka answers (one line, one gauge per outage);
 - :mod:`~kdelay.engine.workers`: ``kdelay run --workers N``, N service processes
   under a supervising parent (:func:`~kdelay.engine.runner.run_workers` runs them);
 - :mod:`~kdelay.engine.checkpoint`: how a step becomes durable, the only module
-  that reads the guarantee;
+  that reads the guarantee; :mod:`~kdelay.engine.transactional` the renewable
+  transactional producer of exactly-once;
 - :mod:`~kdelay.engine.intake`: requests to plans (index puts, cancels, DLQ records);
 - :mod:`~kdelay.engine.delivery`: read-ahead, produce what is due, settle outcomes;
   :mod:`~kdelay.engine.book` keeps delivery's jobs and their states,

@@ -21,7 +21,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IdState, IndexValue
-from kdelay.protocol.envelope import Cancel, Headers, Limits, Rejection, Schedule
+from kdelay.protocol.durations import Limits
+from kdelay.protocol.envelope import Cancel, Headers, Rejection, Schedule
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry
 

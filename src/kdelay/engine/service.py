@@ -36,6 +36,7 @@ from confluent_kafka import (
 )
 
 from kdelay.engine import checkpoint as checkpoints
+from kdelay.engine.availability import Availability
 from kdelay.engine.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
@@ -50,7 +51,7 @@ from kdelay.plumbing.clients import Consuming, Producing, produce, take
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout
-from kdelay.protocol import envelope
+from kdelay.protocol import durations
 from kdelay.state.changelog import Progress, Restoring, Staleness, open_restored
 from kdelay.state.index import (
     CONSUMED,
@@ -68,14 +69,6 @@ PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
-# While Kafka is unreachable: how often the service asks whether a broker answers
-# again, and how long it waits for the answer.
-PROBE_EVERY_S = 1.0
-PROBE_TIMEOUT_S = 1.0
-# A fence reported this soon after an outage is the client's own doing, not a
-# second process with this instance's ids (see Service._check_fatal).
-FENCE_AFTER_OUTAGE_S = 60.0
-
 
 class _Clients:
     """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
@@ -115,13 +108,11 @@ class Service:
         self.metrics = metrics or Metrics()
         self._clock = clock
         self._errors = ClientErrors()
+        self._availability = Availability(self._errors, clock, self.metrics.kafka_available)
         self._factory = clients or KafkaClients(settings, self._errors)
         self._lock: StateDirLock | None = None
-        self._down_since: float | None = None
-        self._back_at: float | None = None
         self._group: dict[str, str | int | bool] = {}
-        self._next_probe = 0.0
-        self._limits = envelope.limits_for_retention(
+        self._limits = durations.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
                                                                       layout),
@@ -166,7 +157,7 @@ class Service:
         skew = ClockSkew(self._clock, self.metrics.clock_skew)
         checkpoint = checkpoints.for_settings(
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
-            lambda: self._stopping, skew.observe, self._waiting,
+            lambda: self._stopping, skew.observe, self._availability.waiting,
             lambda: self._errors.unreachable() is not None)
         reader = self._factory.reader()
         guard = self._guard(skew)
@@ -274,7 +265,7 @@ class Service:
         self._check_fatal()
         clients, delivery = self._started()
         checkpoint = clients.checkpoint
-        reachable = self._kafka_reachable(checkpoint.internal)
+        reachable = self._availability.reachable(checkpoint.internal, self.settings.requests_topic)
         phases = self._phases
         phases.start()
         if clients.guard is not None:
@@ -312,53 +303,6 @@ class Service:
         phases.finish()
         self.metrics.last_step.set(self._clock.now_ms() / 1000)
 
-    def _kafka_reachable(self, probe: Producing) -> bool:
-        """Return whether Kafka answers; while it does not, say so once and probe it.
-
-        Kafka counts as unreachable from a client's ``_ALL_BROKERS_DOWN``
-        report on. Then the step neither reads ahead nor produces (records
-        already queued wait in the clients, and failures meanwhile cost no
-        delivery attempt), and every :data:`PROBE_EVERY_S` a metadata request
-        (bounded by :data:`PROBE_TIMEOUT_S`) asks whether a broker is back.
-        The loop keeps stepping, so the process neither exits nor hangs.
-        """
-        why = self._errors.unreachable()
-        if why is None:
-            return True
-        now = self._clock.monotonic()
-        if self._down_since is not None and now < self._next_probe:
-            return False
-        # A report is confirmed by a probe before an outage is declared: a client
-        # that reconnects after an outage may still report the brokers it saw down.
-        self._next_probe = now + PROBE_EVERY_S
-        try:
-            probe.list_topics(self.settings.requests_topic, timeout=PROBE_TIMEOUT_S)
-        except KafkaException:
-            self._note_down(why)
-            return False
-        self._errors.reachable()
-        if self._down_since is not None:
-            log.warning("Kafka answers again after %.1f s unreachable: serving",
-                        now - self._down_since)
-            self._down_since = None
-            self._back_at = now
-            self.metrics.kafka_available.set(1)
-        return True
-
-    def _waiting(self, why: str) -> None:
-        """A call waits for Kafka (a transaction commit that timed out): say so, once."""
-        self._errors.unreachable_now(why)
-        self._note_down(why)
-
-    def _note_down(self, why: str) -> None:
-        """Set the gauge and log the one line of an outage, at its start."""
-        if self._down_since is not None:
-            return
-        self._down_since = self._clock.monotonic()
-        self.metrics.kafka_available.set(0)
-        log.warning("Kafka is unreachable (%s): waiting for it, nothing is lost meanwhile; "
-                    "kdelay_kafka_available is 0 until a broker answers", why)
-
     def _check_fatal(self) -> None:
         """Raise :class:`ServiceError` if a client reported a fatal error.
 
@@ -379,19 +323,12 @@ class Service:
 
     def _own_fence(self, error: KafkaError, client: str) -> bool:
         """Whether ``error`` is a fence an outage caused; if so, replace the consumer."""
-        if fatal_code(error) != "fenced" or not self._just_away():
+        if fatal_code(error) != "fenced" or not self._availability.just_away():
             return False
         if client == "intake":
             self._rejoin(error)
         self._errors.forgive()  # also what the old consumer reported while it closed
         return True
-
-    def _just_away(self) -> bool:
-        """Whether Kafka is unreachable, or answered again less than a minute ago."""
-        if self._down_since is not None or self._errors.unreachable() is not None:
-            return True
-        return (self._back_at is not None
-                and self._clock.monotonic() - self._back_at < FENCE_AFTER_OUTAGE_S)
 
     def _rejoin(self, error: KafkaError) -> None:
         """Replace the group consumer its own rejoin fenced after an outage."""

@@ -28,7 +28,7 @@ from kdelay.plumbing.clientconfig import (
     secret_values,
     translate,
 )
-from kdelay.protocol.envelope import DEFAULT_LEVELS, parse_levels
+from kdelay.protocol.durations import DEFAULT_LEVELS, parse_levels
 from kdelay.protocol.targets import Lanes, TargetPolicy
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"

@@ -3,6 +3,8 @@
 - :mod:`~kdelay.protocol.envelope`: the request headers (``kdelay-target``,
   ``kdelay-due-ms`` ...), their parsing into a schedule, a cancel or a rejection
   with a stable error code, and the headers of a delivered record;
+- :mod:`~kdelay.protocol.durations`: durations (``30s``, ``2h``), the delay-level
+  table, and how far ahead a due time may lie (the requests topic's retention);
 - :mod:`~kdelay.protocol.targets`: which topics a request may target;
 - :mod:`~kdelay.protocol.codec`: every byte layout kdelay persists (due keys,
   index values, fingerprints, changelog keys), as encode/decode pairs.

@@ -17,9 +17,9 @@ from kdelay.engine.intake import (
 )
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, fingerprint_of, record_time
+from kdelay.protocol.durations import DEFAULT_LEVELS, Limits, parse_levels
 from kdelay.protocol.envelope import (
     CANCEL,
-    DEFAULT_LEVELS,
     DELAY_MS,
     DUE_MS,
     ERROR,
@@ -29,9 +29,7 @@ from kdelay.protocol.envelope import (
     SCHEDULE_ID,
     TARGET,
     Headers,
-    Limits,
     cancel_headers,
-    parse_levels,
     schedule_headers,
 )
 from kdelay.state.index import Entry

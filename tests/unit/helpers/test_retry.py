@@ -7,7 +7,8 @@ from confluent_kafka import Message
 
 from kdelay import retry
 from kdelay.protocol import envelope
-from kdelay.protocol.envelope import Limits, Schedule
+from kdelay.protocol.durations import Limits
+from kdelay.protocol.envelope import Schedule
 from kdelay.retry import DeadLetter, Retry, RetryPolicy
 
 POLICY = RetryPolicy("orders.dlq", backoff=(100, 200, 400), non_retryable=(KeyError,))

@@ -11,7 +11,8 @@ from confluent_kafka import Message
 from kdelay import client, tasks
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import envelope
-from kdelay.protocol.envelope import Cancel, Limits, Schedule
+from kdelay.protocol.durations import Limits
+from kdelay.protocol.envelope import Cancel, Schedule
 from kdelay.recurring import Every, Series
 from kdelay.retry import Failed
 from kdelay.tasks import Registry, TaskRejected, Worker, WorkerTopics

@@ -18,7 +18,7 @@ from kdelay.plumbing.settings import (
     load_properties,
     resolve_kafka_config,
 )
-from kdelay.protocol.envelope import DEFAULT_LEVELS, parse_levels
+from kdelay.protocol.durations import DEFAULT_LEVELS, parse_levels
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,9 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdelay.protocol import envelope
+from kdelay.protocol.durations import (
+    DEFAULT_LEVELS,
+    Limits,
+    limits_for_retention,
+    parse_duration_ms,
+    parse_levels,
+)
 from kdelay.protocol.envelope import (
     CANCEL,
-    DEFAULT_LEVELS,
     DELAY_MS,
     DUE_MS,
     ERROR,
@@ -27,16 +33,12 @@ from kdelay.protocol.envelope import (
     ErrorCode,
     Headers,
     HeaderValue,
-    Limits,
     Rejection,
     Schedule,
     cancel_headers,
     delivery_headers,
-    limits_for_retention,
     origin_of,
     parse,
-    parse_duration_ms,
-    parse_levels,
     rejection_headers,
     schedule_headers,
 )

@@ -7,7 +7,8 @@ import pytest
 from kdelay.client import DelayProducer, request_headers
 from kdelay.plumbing.settings import Settings, SettingsError, build_settings
 from kdelay.protocol import envelope
-from kdelay.protocol.envelope import ErrorCode, Limits, Rejection, Schedule, parse
+from kdelay.protocol.durations import Limits
+from kdelay.protocol.envelope import ErrorCode, Rejection, Schedule, parse
 from kdelay.protocol.targets import Lanes, TargetPolicy
 
 LIMITS = Limits((1_000,), None)
