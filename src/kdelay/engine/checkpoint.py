@@ -254,6 +254,11 @@ class AtLeastOnce:
         unacked = self._unacked
         durable: list[Batch] = []
         while unacked and unacked[0][0].acks.done:
+            for failure in unacked[0][0].acks.forward_failures:
+                # The batch is not applied: its requests are read again after a restart.
+                raise ServiceError("forward-write-failed", (
+                    f"cannot forward a request to its id's partition of {failure.topic}: "
+                    f"{failure.error.str()}; kdelay needs Write on the requests topic"))
             batch, records = unacked.popleft()
             self._records -= records
             for failure in batch.acks.dead_letter_failures:
@@ -421,7 +426,8 @@ class ExactlyOnce:
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
         """
-        committed = self._commit(batch.acks.dead_letter_failures, offsets, consumer, delivery)
+        committed = self._commit([*batch.acks.dead_letter_failures,
+                                  *batch.acks.forward_failures], offsets, consumer, delivery)
         if committed:
             delivery.settle(indexes)
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -415,11 +416,20 @@ class Delivery:
         return MAX_HELD_BATCHES * self._config.batch_size - self._book.held(partition)
 
     def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
-        originals = self._reader.read({p: [e.due.offset for e in es] for p, es in wanted.items()})
+        """Read the originals of ``wanted`` (entries by index partition) where they lie.
+
+        An entry's original is on the request partition its key names: the
+        index's own, or another one for a schedule forwarded to its id's partition.
+        """
+        offsets: dict[int, list[int]] = defaultdict(list)
+        for entries in wanted.values():
+            for entry in entries:
+                offsets[entry.due.partition].append(entry.due.offset)
+        originals = self._reader.read(offsets)
         for partition, entries in wanted.items():
             window = self._window(partition)
             for entry in entries:
-                found = originals.get((partition, entry.due.offset))
+                found = originals.get((entry.due.partition, entry.due.offset))
                 if found is None:
                     window.covered = None
                     window.rewind(entry.key)

@@ -445,6 +445,10 @@ class Service:
             for record in plan.dead_letters:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
                         headers=record.headers, on_delivery=acks.dead_letter())
+            for record in plan.forwards:
+                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
+                        partition=record.partition, headers=record.headers,
+                        on_delivery=acks.forward())
             if plan.changes.consumed is not None:
                 writer.mark_consumed(plan.partition, plan.changes.consumed, acks)
             delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
@@ -506,7 +510,7 @@ class Service:
             kinds[outcome] += 1
             if outcome is Outcome.REJECTED:
                 reasons[detail.split(":", 1)[0]] += 1
-            elif outcome is not Outcome.SCHEDULED:
+            elif outcome is not Outcome.SCHEDULED and outcome is not Outcome.FORWARDED:
                 log.info("request %s: %s", outcome, detail)
         for outcome, count in kinds.items():
             self.metrics.intake.labels(outcome=str(outcome)).inc(count)
@@ -536,7 +540,8 @@ class Service:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(topics, self._limits, index.id_state,
-                                                   delivery.withhold, self._policy)
+                                                   delivery.withhold, self._policy,
+                                                   self._partitions)
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

@@ -83,6 +83,7 @@ class ErrorCode(StrEnum):
     UNDELIVERABLE = "undeliverable"
     FORBIDDEN_TARGET = "forbidden-target"
     TARGET_NOT_ALLOWED = "target-not-allowed"
+    BAD_FORWARD = "bad-forward"
 
 
 def parse_duration_ms(text: str) -> int:

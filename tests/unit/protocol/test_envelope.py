@@ -357,6 +357,7 @@ def test_error_codes_are_stable() -> None:
         "undeliverable",
         "forbidden-target",
         "target-not-allowed",
+        "bad-forward",
     }
 
 
