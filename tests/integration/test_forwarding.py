@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Message, Producer
@@ -127,3 +128,41 @@ def test_a_duplicate_id_on_another_partition_is_not_scheduled_twice(
     group.step(5)
     out.poll(0.5)
     assert keys_of(out.messages) == [b"first"]
+
+
+@pytest.mark.kafka
+def test_a_forwarded_schedule_moves_with_its_ids_partition(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, tmp_path: Path,
+) -> None:
+    deployment = deployment_factory(partitions=PARTITIONS)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    group = running(deployment, clock)
+    first = group.add(state_dir=tmp_path / "first")
+    sids = [f"move-{n}" for n in range(6)]
+    due = clock.now_ms() + DELAY_MS
+    produce(bootstrap, deployment.requests, [
+        {**request(target, due, sid, sid.encode(), b"v"),
+         "partition": (id_partition(sid, PARTITIONS) + 1) % PARTITIONS} for sid in sids])
+    group.until(lambda: all(pending(first, sid) for sid in sids))
+
+    # The ids' partitions move to another instance (another state dir): it restores
+    # the forwarded entries from the changelog and serves their cancels and deliveries.
+    group.close(first)
+    second = group.add(state_dir=tmp_path / "second")
+    group.until(lambda: len(second.owned()) == PARTITIONS)
+    assert all(pending(second, sid) for sid in sids)
+    with DelayProducer(deployment.settings) as client:
+        for sid in sids[:3]:
+            client.cancel(sid)
+    group.until(lambda: outcomes(second, "cancelled") + outcomes(second, "unknown") >= 3)
+    assert outcomes(second, "cancelled") == 3
+
+    out = collector([target])
+    clock.advance(DELAY_MS)
+    group.until(lambda: out.poll() >= 3)
+    group.step(5)
+    out.poll(0.5)
+    assert sorted(m.key() or b"" for m in out.messages) == [sid.encode() for sid in sids[3:]]
+    assert all(m.timestamp()[1] >= due for m in out.messages)
