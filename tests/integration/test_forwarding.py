@@ -16,12 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message, Producer, TopicPartition
 
 from kdelay.client import DelayProducer, id_partition
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import envelope
+from kdelay.view import retention
+from kdelay.view.pending import PendingView
 from tests.conftest import TopicFactory, produce_all
 from tests.integration.conftest import Collector, Deployment, Running, produce
 
@@ -166,3 +168,39 @@ def test_a_forwarded_schedule_moves_with_its_ids_partition(
     out.poll(0.5)
     assert sorted(m.key() or b"" for m in out.messages) == [sid.encode() for sid in sids[3:]]
     assert all(m.timestamp()[1] >= due for m in out.messages)
+
+
+@pytest.mark.kafka
+def test_retention_counts_a_forwarded_schedule_where_its_original_lies(
+    deployment_factory: Make, running: Run, topic_factory: TopicFactory, bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    deployment = deployment_factory(partitions=PARTITIONS)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    group = running(deployment, clock)
+    service = group.add()
+    sid = "retained-1"
+    home = id_partition(sid, PARTITIONS)
+    lies = (home + 1) % PARTITIONS
+    [written] = produce(bootstrap, deployment.requests, [
+        {**request(target, clock.now_ms() + DELAY_MS, sid, b"k", b"v"), "partition": lies}])
+    group.until(lambda: pending(service, sid))
+    assert service.indexes[home].id_state(sid) is not None, "held by the id's partition"
+    offset = written.offset()
+    assert offset is not None
+
+    with PendingView(deployment.settings, tmp_path / "view", clock.now_ms()) as view:
+        found = view.find(lies, offset)
+        assert found is not None
+        assert (found.partition, found.offset, found.schedule_id) == (lies, offset, sid)
+        assert view.find(home, offset) is None
+    low = TopicPartition(deployment.requests, lies, offset + 1)
+    for future in deployment.admin.delete_records([low]).values():
+        future.result(timeout=30)
+    with PendingView(deployment.settings, tmp_path / "view", clock.now_ms()) as view:
+        report = retention.check(deployment.settings, view, clock.now_ms())
+    figures = {p.partition: p for p in report.partitions}
+    assert (figures[lies].pending, figures[lies].expired, figures[lies].headroom_ms) == (1, 1, 0)
+    assert (figures[home].pending, figures[home].expired) == (0, 0)
+    assert report.expired == 1
