@@ -48,7 +48,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.writer import Acks, ChangelogWriter, Failure
+from kdelay.engine.writer import Acks, ChangelogWriter
 from kdelay.plumbing.callbacks import fatal_code
 from kdelay.plumbing.clients import Consuming, Producing, Report, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
@@ -426,8 +426,7 @@ class ExactlyOnce:
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
         """
-        committed = self._commit([*batch.acks.dead_letter_failures,
-                                  *batch.acks.forward_failures], offsets, consumer, delivery)
+        committed = self._commit(batch.acks, offsets, consumer, delivery)
         if committed:
             delivery.settle(indexes)
         else:
@@ -442,13 +441,15 @@ class ExactlyOnce:
         """Nothing: no transaction is open between steps, where rebalances happen."""
         return []
 
-    def _commit(self, failures: list[Failure], offsets: list[TopicPartition],
+    def _commit(self, acks: Acks, offsets: list[TopicPartition],
                 consumer: Consuming, delivery: Delivery) -> bool:
         producer = self.producer
         try:
             flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic,
                         self._unreachable)
-            failed = [*failures, *self.writer.take_failures()]
+            # Read after the flush: the reports of this step's records arrive in it.
+            failed = [*acks.dead_letter_failures, *acks.forward_failures,
+                      *self.writer.take_failures()]
             if failed or delivery.has_failures() or len(producer):
                 # Records still queued or timed out mean Kafka is away, most
                 # likely: the producer's sequence numbers may be off, so a new
