@@ -3,10 +3,11 @@
 Intake reads headers only, never the value. For each request partition, a batch
 of records in offset order becomes one :class:`Plan`: the index changes (with
 the next offset to consume), the changelog records that mirror them, the
-records to dead-letter, and the outcome of every cancel. Planning is pure; the
-service applies a plan (index write, changelog and DLQ produce) and only then
+records to dead-letter, the forwards of requests whose id lives on another
+partition, and the outcome of every cancel. Planning is pure; the service
+applies a plan (index write, changelog, DLQ and forward produce) and only then
 stores the consumed offset, so a crash at any point re-reads the batch and
-re-derives the same keys: intake is idempotent.
+re-derives the same keys and the same forwards: intake is idempotent.
 """
 
 from __future__ import annotations
