@@ -152,13 +152,14 @@ def request_headers(
     level: int | None = None,
     partition: int | None = None,
     schedule_id: str | None = None,
+    lane: str | None = None,
 ) -> Headers:
     """The headers of a schedule request: the user's, then the ``kdelay-*`` envelope.
 
     Raises ValueError unless exactly one of ``delay``, ``due`` and ``level`` is
     given, for a user header named ``kdelay-*`` (any case: the prefix is
     reserved), and for anything the envelope rejects (bad topic name, level
-    below 1, negative partition, empty id).
+    below 1, negative partition, empty id, a ``lane`` that is not a lane name).
     """
     given = [name for name, value in (("delay", delay), ("due", due), ("level", level))
              if value is not None]
@@ -175,6 +176,7 @@ def request_headers(
         level=level,
         partition=partition,
         schedule_id=schedule_id,
+        lane=lane,
     )
     return [*_user_headers(headers), *envelope_headers]
 
@@ -216,6 +218,7 @@ class DelayProducer:
         requests_topic: str | None = None,
         metadata_timeout: float = 10.0,
         clock: Clock | None = None,
+        lane: str | None = None,
     ) -> None:
         """Configure from :class:`Settings`, or from a librdkafka config dict.
 
@@ -224,8 +227,15 @@ class DelayProducer:
         settings' (the defaults for a config dict), as the service reads them.
         ``metadata_timeout`` bounds the one partition-count lookup and the one
         retention lookup. ``clock`` (the system clock by default) is "now" for
-        the retention check.
+        the retention check. ``lane`` names the lane of every request this
+        producer sends (``kdelay-lane``): a service run with ``--lanes`` then
+        delivers them only to that lane's topics. Raises ValueError for a
+        ``lane`` that is not a lane name.
         """
+        if lane is not None and envelope.LANE_NAME.fullmatch(lane) is None:
+            raise ValueError(f"{lane!r} is not a lane name (a letter or digit, then up to 63 "
+                             "of A-Z a-z 0-9 . _ -)")
+        self._lane = lane
         base = source.client_config("producer") if isinstance(source, Settings) else dict(source)
         settings = source if isinstance(source, Settings) else Settings()
         self._config = {**base, **_PRODUCER_CONFIG}
@@ -247,6 +257,11 @@ class DelayProducer:
         """The topic requests are written to."""
         return self._topic
 
+    @property
+    def lane(self) -> str | None:
+        """The lane every request names, or None."""
+        return self._lane
+
     def send(
         self,
         target: str,
@@ -259,6 +274,7 @@ class DelayProducer:
         level: int | None = None,
         partition: int | None = None,
         id: str | None = None,
+        lane: str | None = None,
     ) -> Coordinates:
         """Send ``value`` to ``target`` later; wait for the write and return its coordinates.
 
@@ -266,13 +282,14 @@ class DelayProducer:
         is an aware datetime or epoch ms, ``level`` a 1-based delay level:
         exactly one. ``partition`` is the target partition (else the target's
         partitioner places ``key``). ``id`` names the schedule, for dedupe and
-        :meth:`cancel`. Raises ValueError/TypeError for bad arguments (before
+        :meth:`cancel`. ``lane`` is the request's lane, the producer's when
+        None. Raises ValueError/TypeError for bad arguments (before
         any network), :class:`LayoutError` ``requests-missing`` when the
         requests topic does not exist, :class:`DeliveryError` when the write
         fails. Waits as long as librdkafka's ``delivery.timeout.ms``.
         """
         future = self.send_async(target, value, key=key, headers=headers, delay=delay, due=due,
-                                 level=level, partition=partition, id=id)
+                                 level=level, partition=partition, id=id, lane=lane)
         return self._wait(future)
 
     def send_async(
@@ -287,6 +304,7 @@ class DelayProducer:
         level: int | None = None,
         partition: int | None = None,
         id: str | None = None,
+        lane: str | None = None,
     ) -> Future[Coordinates]:
         """Like :meth:`send`, but return a future of the coordinates at once.
 
@@ -296,7 +314,8 @@ class DelayProducer:
         future.
         """
         record_headers = request_headers(target, headers, delay=delay, due=due, level=level,
-                                         partition=partition, schedule_id=id)
+                                         partition=partition, schedule_id=id,
+                                         lane=lane or self._lane)
         self._check_due(record_headers)
         return self._produce(_encode(value), _encode(key), record_headers, id)
 

@@ -142,19 +142,8 @@ def delivered(bootstrap: str, target: str, count: int, timeout_s: float) -> Coun
     return seen
 
 
-# Known and open: under exactly-once the service sometimes logs nothing for the
-# whole outage when the broker dies within seconds of the transactional
-# producer's start (2 of 5 runs on a loaded 2-core machine); the cause is not
-# found yet. Not strict: a run that passes shows as XPASS.
-EXACTLY_ONCE_OPEN = pytest.mark.xfail(
-    reason="exactly-once may stay silent through an outage that starts right after its "
-           "transactional producer's start (open, see docs/operations.md 'Broker outages')",
-    strict=False)
-
-
 @kafka
-@pytest.mark.parametrize("guarantee", ["at-least-once",
-                                       pytest.param("exactly-once", marks=EXACTLY_ONCE_OPEN)])
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_a_broker_outage_longer_than_every_timeout_is_waited_out(
     own_broker: OwnBroker, tmp_path: Path, guarantee: str,
 ) -> None:

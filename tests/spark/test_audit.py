@@ -46,10 +46,10 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _schedule(partition: int, target: str, **when: int | str) -> dict[str, object]:
-    sid = when.pop("schedule_id", None)
-    headers = envelope.schedule_headers(target, schedule_id=sid if isinstance(sid, str) else None,
-                                        **{k: int(v) for k, v in when.items()})
+def _schedule(partition: int, target: str, *, schedule_id: str | None = None,
+              lane: str | None = None, **when: int) -> dict[str, object]:
+    headers = envelope.schedule_headers(target, schedule_id=schedule_id, lane=lane,
+                                        due_ms=when.get("due_ms"), delay_ms=when.get("delay_ms"))
     return {"partition": partition, "value": b"payload", "headers": headers}
 
 
@@ -194,3 +194,46 @@ def _check_cli(deployment: Deployment, since_ms: int, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "requests.parquet").is_dir()
     for chart in ("lateness.png", "outcomes.png"):
         assert (tmp_path / "out" / chart).read_bytes().startswith(b"\x89PNG")
+
+
+def test_audit_of_one_lane_counts_only_that_lanes_requests(
+        spark: SparkSession, deploy: Callable[..., Deployment],
+        start_kdelay: Callable[..., KdelayProcess], receiver: Callable[[list[str]], Receiver],
+        topic_factory: TopicFactory) -> None:
+    run = f"{_now()}"
+    first, second = f"adev1-{run}.", f"adev2-{run}."
+    lanes = f"dev1={first},dev2={second}"
+    deployment = deploy(partitions=2)
+    one, two = topic_factory(f"{first}orders"), topic_factory(f"{second}orders")
+    kdelay = start_kdelay(deployment, KDELAY_LANES=lanes)
+    kdelay.wait_ready()
+    far = _now() + HOUR_MS
+    produce_requests(deployment, [
+        _schedule(0, one, delay_ms=500, lane="dev1"), _schedule(1, one, delay_ms=500, lane="dev1"),
+        _schedule(0, one, due_ms=far, lane="dev1"), _schedule(1, two, delay_ms=500, lane="dev1"),
+        _schedule(0, two, delay_ms=500, lane="dev2"), _schedule(1, two, due_ms=far, lane="dev2"),
+        _schedule(0, one, delay_ms=500)])
+    out = receiver([one, two, deployment.dlq])
+    out.until(lambda: len(out.received) >= 5, "three deliveries and two refusals")
+    _wait_indexed(deployment, 1, 3)  # the dev2 entry due in an hour (after the warm-up)
+    settings = Settings(bootstrap_servers=deployment.bootstrap,
+                        requests_topic=deployment.requests,
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+
+    def outcomes(lane: str | None) -> dict[str, object]:
+        window = AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS, lane=lane)
+        report, table = audit(spark, settings, window)
+        table.unpersist()
+        found = report.to_json()
+        return {k: v for k, v in found.items() if v and k in (
+            "requests", "delivered_once", "pending", "dead_lettered", "lost")}
+
+    assert outcomes("dev1") == {"requests": 4, "delivered_once": 2, "pending": 1,
+                                "dead_lettered": {"wrong-lane": 1}}
+    assert outcomes("dev2") == {"requests": 2, "delivered_once": 1, "pending": 1}
+    assert outcomes(None) == {"requests": 7, "delivered_once": 3, "pending": 2,
+                              "dead_lettered": {"missing-lane": 1, "wrong-lane": 1}}
+    result = CliRunner().invoke(app, ["audit", "--json", "--lane", "dev2"], env=deployment.env())
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["requests"] == 2
+    assert kdelay.terminate() == 0

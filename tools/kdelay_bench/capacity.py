@@ -39,6 +39,12 @@ def run_capacity(setup: Setup, base: int, large: int, due_count: int) -> Result:
         "large_rss_after_delivery_mb": round(large_run.rss_after / MB),
         "intake_ratio": intake_ratio, "delivery_ratio": deliver_ratio,
         "early": as_int(large_run.seen.get("early"))})
+    for label, run, rates in (("base", small_run, (small_in, small_out)),
+                              ("large", large_run, (large_in, large_out))):
+        result.headline(f"capacity {label}: intake (service)", round(rates[0]),
+                        run.intake_cpu["service_cpu_us_per_record"])
+        result.headline(f"capacity {label}: delivery (service)", round(rates[1]),
+                        run.deliver_cpu["service_cpu_us_per_record"])
     rss = max(large_run.rss_after_intake, large_run.rss_after)
     result.check(f"{large:,} pending RSS <= 1 GB (MB)", round(rss / MB), rss <= RSS_LIMIT)
     result.check("intake within 10% of base", intake_ratio, intake_ratio >= WITHIN)

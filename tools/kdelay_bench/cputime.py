@@ -16,6 +16,7 @@ simply left out.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,13 @@ def read_process(pid: int) -> Reading | None:
         return None
     threads = {task.name: thread for task in tasks if (thread := _read_thread(task))}
     return Reading(cpu, threads)
+
+
+def own_cpu_s() -> float:
+    """Return the user + system seconds this process has used, all threads: what
+    ``/proc/self/stat`` holds, from the process CPU clock (nanoseconds, where
+    ``os.times`` counts clock ticks)."""
+    return time.process_time()
 
 
 def read_machine() -> Machine:

@@ -2,7 +2,9 @@
 
 The bench steps it exactly as ``Service.run`` does (``step()`` with no wait
 cap) on a :class:`~kdelay.plumbing.clock.ManualClock`, and reads progress from the
-service's own Prometheus counters: requests scheduled, records delivered.
+service's own Prometheus counters: requests scheduled, records delivered. The
+loop's phases (``kdelay_loop_phase_seconds``) are timed by the stepping
+thread's CPU clock, so :meth:`InProcess.phases` splits the loop's CPU by phase.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
+from prometheus_client import generate_latest
 
 from kdelay.engine.runner import tune_gc
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
+from kdelay_bench import phases
+from kdelay_bench.cputime import own_cpu_s
 from kdelay_bench.progress import Progress
+from kdelay_bench.report import per_record_us
 
 Sample = tuple[str, dict[str, str]]
 SCHEDULED: Sample = ("kdelay_intake_records_total", {"outcome": "scheduled"})
@@ -52,18 +58,18 @@ class FollowingClock(ManualClock):
 @dataclass(frozen=True, slots=True)
 class Cpu:
     """CPU seconds used: by the thread that steps the service, and by the whole process
-    (the service's loop plus librdkafka's threads; the bench's producer and collector
-    run in processes of their own)."""
+    (user + system: the service's loop plus librdkafka's threads; the bench's producer
+    and collector run in processes of their own, so this is the service's CPU)."""
 
     loop_s: float
     process_s: float
 
-    def per_record_us(self, since: Cpu, records: int) -> dict[str, float]:
-        """The CPU microseconds per record from ``since`` to this reading."""
-        n = max(records, 1)
-        return {"loop_cpu_us_per_record": round((self.loop_s - since.loop_s) * 1e6 / n, 1),
-                "process_cpu_us_per_record": round((self.process_s - since.process_s) * 1e6 / n,
-                                                   1)}
+    def per_record_us(self, since: Cpu, records: int) -> dict[str, float | None]:
+        """The CPU microseconds per record from ``since`` to this reading:
+        ``service_cpu_us_per_record`` (the process) and ``loop_cpu_us_per_record``."""
+        return {"service_cpu_us_per_record": per_record_us(self.process_s - since.process_s,
+                                                           records),
+                "loop_cpu_us_per_record": per_record_us(self.loop_s - since.loop_s, records)}
 
 
 class Stalled(Exception):
@@ -79,7 +85,7 @@ class InProcess:
         # The bench jumps its clock to due instants ahead of the broker's clock, so the
         # broker-clock guard (which would hold those deliveries) is off.
         self.service = Service(settings, clock, check_layout(admin, settings),
-                               broker_tolerance_ms=None)
+                               broker_tolerance_ms=None, phase_clock=time.thread_time)
         self.service.start()
         tune_gc()  # as `kdelay run` does
 
@@ -99,9 +105,14 @@ class InProcess:
         """Return how many records the service has delivered (acknowledged by targets)."""
         return self._count(DELIVERED)
 
+    def phase_cpu(self) -> phases.Phases:
+        """Return the loop's phase histograms so far (CPU seconds of the stepping
+        thread); empty before the first step."""
+        return phases.parse(generate_latest(self.service.metrics.registry).decode()) or {}
+
     def cpu(self) -> Cpu:
         """Return the CPU time used so far by this thread (the service's loop) and process."""
-        return Cpu(time.thread_time(), time.process_time())
+        return Cpu(time.thread_time(), own_cpu_s())
 
     def step_until(self, done: Callable[[], bool], timeout_s: float) -> None:
         """Step the service until ``done()``; raise :class:`Stalled` after ``timeout_s``."""

@@ -139,3 +139,23 @@ def figures(phases: Phases) -> dict[str, Figure]:
             f"{name}_max_le_s": "+Inf" if highest is not None and math.isinf(highest)
             else highest})
     return out
+
+
+def cpu_per_record(phases: Phases, records: int) -> dict[str, Figure]:
+    """Return ``<phase>_us_per_record`` for every loop phase (the intake-delay row is
+    not one), largest first, and ``total_us_per_record``: the phases' seconds over
+    ``records``, in µs to 0.1; then ``steps`` (the loop's steps, the most
+    observations of any phase) and ``records_per_step``. With the loop's phases
+    timed by its thread's CPU clock (as :class:`kdelay_bench.inproc.InProcess`
+    times them) that is the loop's CPU per record split by phase; with a wall
+    clock, its wall time."""
+    n = max(records, 1)
+    loop = {name: phase for name, phase in phases.items() if name != INTAKE_DELAY_ROW}
+    out: dict[str, Figure] = {
+        f"{name}_us_per_record": round(phase.total_s * 1e6 / n, 1)
+        for name, phase in sorted(loop.items(), key=lambda x: -x[1].total_s)}
+    out["total_us_per_record"] = round(sum(p.total_s for p in loop.values()) * 1e6 / n, 1)
+    steps = round(max((p.count for p in loop.values()), default=0))
+    out["steps"] = steps
+    out["records_per_step"] = round(records / steps, 1) if steps else None
+    return out

@@ -25,8 +25,9 @@ from confluent_kafka import (
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import produce
 from kdelay.protocol.envelope import Headers
+from kdelay_bench.cputime import own_cpu_s
 from kdelay_bench.progress import Progress
-from kdelay_bench.report import Result
+from kdelay_bench.report import Result, per_record_us
 
 TOMBSTONE_KEY = struct.Struct(">QIQ")  # the layout of kdelay's due keys
 
@@ -87,7 +88,10 @@ def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total:
 
     The clock starts when the first batch has been forwarded and stops when the
     last produce is acknowledged, so group joins and connection set-up are not
-    counted.
+    counted. Over the same window the process's CPU (user + system, all
+    threads: the loop and librdkafka's) gives ``cpu_us_per_record``, and the
+    loop thread's alone ``loop_cpu_us_per_record``; the bench process runs
+    nothing else meanwhile.
     """
     consumer = _consumer(bootstrap, requests, partitions)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
@@ -95,20 +99,27 @@ def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total:
     acks = _Acks()
     progress = Progress("pipe", total)
     seen, first, start = 0, 0, 0.0
+    cpu_start = loop_start = 0.0
     try:
         while seen < total:
             batch = [m for m in consumer.consume(batch_size, timeout=1.0) if m.error() is None]
             seen += _forward(producer, target, batch, acks, tombstones)
             if batch and not start:
                 first, start = seen, time.monotonic()
+                cpu_start, loop_start = own_cpu_s(), time.thread_time()
             progress.update(seen)
         remaining = producer.flush(60)
         elapsed = time.monotonic() - start
+        cpu_s, loop_s = own_cpu_s() - cpu_start, time.thread_time() - loop_start
     finally:
         consumer.close()
     scenario = "pipe" if tombstones is None else "floor"
+    rate = round((total - first) / elapsed)
+    cpu_us = per_record_us(cpu_s, total - first)
     result = Result(scenario, {"records": total, "seconds": round(elapsed, 3),
-                               "records_per_s": round((total - first) / elapsed)})
+                               "records_per_s": rate, "cpu_us_per_record": cpu_us,
+                               "loop_cpu_us_per_record": per_record_us(loop_s, total - first)})
+    result.headline(scenario, rate, cpu_us)
     result.figures.update({"produce_errors": acks.errors, "unflushed": remaining})
     if acks.errors or remaining:
         result.skipped = f"{acks.errors} produce errors ({acks.first_error}), {remaining} left"

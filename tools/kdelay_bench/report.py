@@ -2,6 +2,13 @@
 
 Each scenario yields one :class:`Result`: its figures and the targets (issues 5, 15)
 checked against them. A scenario that cannot run says so in ``skipped``.
+
+Beside every rate a scenario reports it names the CPU that rate cost: a
+:class:`Headline`, the rate and the CPU microseconds per record (user + system
+time of the process doing the work, all threads, over the same window). On a
+shared machine rates swing between runs while CPU per record holds, so the
+markdown leads with these lines, each with its CPU relative to the pipe's
+(:func:`relate_to_pipe`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,45 @@ class Check:
 
 
 @dataclass(slots=True)
+class Headline:
+    """One rate and the CPU it cost: ``cpu_us_per_record`` is the user + system time of
+    the process doing the work (the service's, or the pipe's) divided by the records it
+    handled. ``cpu_ratio_to_pipe`` is that over the pipe's own figure (None until
+    :func:`relate_to_pipe`, or when there is no pipe figure); ``rate_ratio_to_pipe`` the
+    rate over the pipe's rate, where a scenario compares the two."""
+
+    label: str
+    rate_per_s: float | None
+    cpu_us_per_record: float | None
+    cpu_ratio_to_pipe: float | None = None
+    rate_ratio_to_pipe: float | None = None
+
+    def as_json(self) -> dict[str, Figure]:
+        """Return the headline as a JSON object."""
+        return {"label": self.label, "rate_per_s": self.rate_per_s,
+                "cpu_us_per_record": self.cpu_us_per_record,
+                "cpu_ratio_to_pipe": self.cpu_ratio_to_pipe,
+                "rate_ratio_to_pipe": self.rate_ratio_to_pipe}
+
+
+def per_record_us(cpu_s: float | None, records: int | None) -> float | None:
+    """Return ``cpu_s`` as microseconds per record, to 0.1 µs; None without records."""
+    if cpu_s is None or not records or records <= 0:
+        return None
+    return round(cpu_s * 1e6 / records, 1)
+
+
+def ratio_to(value: Figure, baseline: Figure) -> float | None:
+    """Return ``value / baseline`` to three places; None unless both are positive
+    numbers."""
+    if isinstance(value, bool) or isinstance(baseline, bool):
+        return None
+    if not isinstance(value, int | float) or not isinstance(baseline, int | float):
+        return None
+    return round(value / baseline, 3) if baseline > 0 and value >= 0 else None
+
+
+@dataclass(slots=True)
 class Result:
     """The outcome of one scenario (one JSON object, one table row)."""
 
@@ -36,6 +82,15 @@ class Result:
     figures: dict[str, Figure] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     skipped: str | None = None
+    headlines: list[Headline] = field(default_factory=list)
+
+    def headline(self, label: str, rate_per_s: Figure, cpu_us_per_record: Figure,
+                 rate_ratio_to_pipe: Figure = None) -> Headline:
+        """Name a rate of this scenario and the CPU per record it cost; return it."""
+        line = Headline(label, _number(rate_per_s), _number(cpu_us_per_record),
+                        rate_ratio_to_pipe=_number(rate_ratio_to_pipe))
+        self.headlines.append(line)
+        return line
 
     def check(self, target: str, measured: Figure, met: bool | None) -> None:
         """Record a target check; ``met`` None means it could not be decided."""
@@ -46,8 +101,31 @@ class Result:
         body: dict[str, object] = {"scenario": self.scenario, **self.figures}
         if self.skipped is not None:
             body["skipped"] = self.skipped
+        if self.headlines:
+            body["cpu_per_record"] = [h.as_json() for h in self.headlines]
         body["targets"] = [c.as_json() for c in self.checks]
         return body
+
+
+def _number(value: Figure) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def pipe_cpu_us(results: Iterable[Result]) -> float | None:
+    """Return the pipe's CPU microseconds per record, None when it did not run."""
+    for result in results:
+        if result.scenario == "pipe" and not result.skipped:
+            return next((h.cpu_us_per_record for h in result.headlines), None)
+    return None
+
+
+def relate_to_pipe(results: list[Result]) -> None:
+    """Fill every headline's ``cpu_ratio_to_pipe`` from the pipe's CPU per record."""
+    baseline = pipe_cpu_us(results)
+    for result in results:
+        for line in result.headlines:
+            line.cpu_ratio_to_pipe = ratio_to(line.cpu_us_per_record, baseline)
 
 
 def as_int(value: object) -> int | None:
@@ -73,9 +151,28 @@ def _verdict(met: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "n/a"}[met]
 
 
+def _cell(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def headlines(results: list[Result]) -> list[str]:
+    """Return the markdown table of every rate beside the CPU per record it cost."""
+    lines = ["| scenario | rate (records/s) | CPU µs per record | CPU / pipe's CPU "
+             "| rate / pipe's rate |", "|---|---|---|---|---|"]
+    for r in results:
+        for h in r.headlines:
+            lines.append(f"| {h.label} | {_cell(h.rate_per_s, ',.0f')} | "
+                         f"{_cell(h.cpu_us_per_record, ',.1f')} | "
+                         f"{_cell(h.cpu_ratio_to_pipe, '.2f', 'x')} | "
+                         f"{_cell(h.rate_ratio_to_pipe, '.2f', 'x')} |")
+    return lines
+
+
 def markdown(results: list[Result]) -> str:
-    """Return two markdown tables: the figures per scenario, then the targets."""
-    lines = ["| scenario | figures |", "|---|---|"]
+    """Return three markdown tables: every rate beside its CPU per record, the figures
+    per scenario, then the targets."""
+    lines = headlines(results)
+    lines = ([*lines, ""] if len(lines) > 2 else []) + ["| scenario | figures |", "|---|---|"]
     for r in results:
         shown = (f"skipped: {r.skipped}" if r.skipped else
                  ", ".join(f"{k}={_show(v)}" for k, v in r.figures.items()))

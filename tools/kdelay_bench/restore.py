@@ -16,9 +16,10 @@ from kdelay.plumbing.clock import SystemClock
 from kdelay.state.changelog import Restorer
 from kdelay.state.index import PartitionIndex
 from kdelay_bench.broker import Topics
+from kdelay_bench.cputime import own_cpu_s
 from kdelay_bench.load import produce_changelog
 from kdelay_bench.progress import Progress, say
-from kdelay_bench.report import Result
+from kdelay_bench.report import Result, per_record_us
 
 TARGET_PER_S = 300_000
 
@@ -33,16 +34,19 @@ def run_restore(topics: Topics, work_dir: Path, count: int) -> Result:
     index = PartitionIndex(path, 0)
     progress = Progress("restore", count)
     try:
-        start = time.monotonic()
+        start, cpu_start = time.monotonic(), own_cpu_s()
         applied = restorer.restore(index, lambda done, _: progress.update(done))
-        seconds = time.monotonic() - start
+        seconds, cpu_s = time.monotonic() - start, own_cpu_s() - cpu_start
         pending = sum(1 for _ in index.entries())
     finally:
         index.close()
         restorer.close()
     rate = applied / max(seconds, 1e-9)
     result = Result("restore", {"entries": count, "applied": applied, "pending_after": pending,
-                                "seconds": round(seconds, 3), "entries_per_s": round(rate)})
+                                "seconds": round(seconds, 3), "entries_per_s": round(rate),
+                                "cpu_us_per_entry": per_record_us(cpu_s, applied)})
+    result.headline("restore (per changelog entry)", round(rate),
+                    result.figures["cpu_us_per_entry"])
     result.check(f"restore >= {TARGET_PER_S:,} entries/s", round(rate),
                  rate >= TARGET_PER_S)
     return result

@@ -23,7 +23,7 @@ from kdelay_bench.machine import finish, machine
 from kdelay_bench.operator_view import run_operator
 from kdelay_bench.options import BenchOptions, parse_options
 from kdelay_bench.progress import say
-from kdelay_bench.report import Result, markdown, write_json
+from kdelay_bench.report import Result, markdown, relate_to_pipe, write_json
 from kdelay_bench.restore import run_restore
 from kdelay_bench.spark_jobs import run_spark
 from kdelay_bench.steady import Plan, hop_p99, run_hop, run_suite
@@ -76,8 +76,8 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
             setup, options.intake_records, options.pipe_repeats, "intake" in chosen,
             run_floor="burst" in chosen))
     if "burst" in chosen:
-        results += _guarded("burst", lambda: [burst(setup, options.burst_records,
-                                                     _pipe(results))])
+        results += _guarded("burst", lambda: burst(setup, options.burst_records,
+                                                   _pipe(results)))
     if "lateness" in chosen:
         results += _lateness(options, setup)
     if "footprint" in chosen:
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if options.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
     finish(record)
+    relate_to_pipe(results)
     _write(options, results)
     hint = left_running(options.bootstrap_servers, bootstrap)
     if hint is not None:

@@ -21,13 +21,14 @@ from pathlib import Path
 
 from kdelay.plumbing.clock import ManualClock, SystemClock
 from kdelay.plumbing.settings import Settings
+from kdelay_bench import phases
 from kdelay_bench.broker import Topics
 from kdelay_bench.collector import CollectorProcess, read_raw
 from kdelay_bench.inproc import FollowingClock, InProcess
 from kdelay_bench.load import produce_requests
 from kdelay_bench.pipe import run_pipe
 from kdelay_bench.progress import say
-from kdelay_bench.report import Result, as_int
+from kdelay_bench.report import Figure, Result, as_int, ratio_to
 from kdelay_bench.stats import rss_bytes
 
 HOUR_MS = 3_600_000
@@ -35,6 +36,8 @@ BURST_LEAD_MS = 600_000
 DAY_MS = 86_400_000
 MB = 1 << 20
 WITHIN_S = (1.0, 5.0)
+# Issue 27: service CPU per burst record at most this times the pipe's CPU per record.
+BURST_CPU_TO_PIPE = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,8 @@ def ratio(rate: float, baseline: Result | None) -> float | None:
 def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
                     run_floor: bool = False) -> list[Result]:
     """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``floor`` (the pipe
-    plus a changelog tombstone per record) and ``intake`` over the same ``total``
-    requests."""
+    plus a changelog tombstone per record) and ``intake`` (and its ``intake-phases``
+    row) over the same ``total`` requests."""
     settings = setup.deployment("intake")
     target = setup.topics.create("pipe-target", setup.partitions)
     setup.requests(settings, target, total, SystemClock().now_ms() + HOUR_MS)
@@ -90,9 +93,11 @@ def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
                          target, total, setup.batch_size, tombstones=changelog)
         rate = floor.figures["records_per_s"]
         floor.figures["ratio_to_pipe"] = ratio(rate, pipe) if isinstance(rate, int) else None
+        for line in floor.headlines:
+            line.rate_ratio_to_pipe = ratio(rate, pipe) if isinstance(rate, int) else None
         results.append(floor)
     if run_intake:
-        results.append(intake(settings, total, pipe))
+        results += intake(settings, total, pipe)
     return results
 
 
@@ -101,29 +106,44 @@ def median_run(runs: list[Result]) -> Result:
     ranked = sorted(runs, key=lambda r: float(r.figures.get("records_per_s") or 0))
     median = ranked[len(ranked) // 2]
     median.figures["runs_per_s"] = "/".join(str(r.figures.get("records_per_s")) for r in runs)
+    median.figures["runs_cpu_us_per_record"] = "/".join(
+        str(r.figures.get("cpu_us_per_record")) for r in runs)
     failed = next((r for r in runs if r.skipped), None)
     if failed is not None:
         median.skipped = failed.skipped
     return median
 
 
-def intake(settings: Settings, total: int, pipe: Result | None) -> Result:
-    """Index ``total`` requests with an in-process service; compare with the pipe."""
+def intake(settings: Settings, total: int, pipe: Result | None) -> list[Result]:
+    """Index ``total`` requests with an in-process service; compare with the pipe.
+    Return the ``intake`` row and the ``intake-phases`` row: the loop's CPU per
+    request by phase."""
     say("intake: kdelay indexes the same requests")
     service = InProcess(settings, ManualClock(SystemClock().now_ms()))
     try:
-        before = service.cpu()
+        before, phases_before = service.cpu(), service.phase_cpu()
         rate, seconds = service.intake(total, timeout_s=max(120.0, total / 1_000))
         cpu = service.cpu().per_record_us(before, total)
+        by_phase = phases.cpu_per_record(phases.since(service.phase_cpu(), phases_before),
+                                         total)
     finally:
         service.close()
     result = Result("intake", {"records": total, "seconds": round(seconds, 3),
                                "requests_per_s": round(rate), "ratio_to_pipe": ratio(rate, pipe),
-                               **cpu, "rss_mb": round(rss_bytes() / MB)})
+                               **cpu, "cpu_ratio_to_pipe": cpu_ratio(cpu, pipe),
+                               "rss_mb": round(rss_bytes() / MB)})
+    result.headline("intake (service)", round(rate), cpu["service_cpu_us_per_record"],
+                    result.figures["ratio_to_pipe"])
     measured = result.figures["ratio_to_pipe"]
     result.check("intake >= 0.9x pipe", measured,
                  None if measured is None else float(measured) >= 0.9)
-    return result
+    return [result, Result("intake-phases", by_phase)]
+
+
+def cpu_ratio(cpu: dict[str, float | None], pipe: Result | None) -> float | None:
+    """Return the service's CPU per record over the pipe's, None without both."""
+    return ratio_to(cpu.get("service_cpu_us_per_record"),
+                    pipe.figures.get("cpu_us_per_record") if pipe else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +158,9 @@ class DueRun:
     rss_after_intake: int
     rss_after: int
     within: dict[str, int]
-    deliver_cpu: dict[str, float]
+    deliver_cpu: dict[str, float | None]
+    intake_cpu: dict[str, float | None]
+    deliver_phases: dict[str, Figure]
 
 
 def within(received_s: Sequence[float], stamp_ms: Sequence[float], due_wall_s: float,
@@ -179,16 +201,20 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
                                  out=out, raw=raw)
     service = InProcess(settings, clock)
     try:
+        intake_before = service.cpu()
         intake_rate, _ = service.intake(total, timeout_s=max(120.0, total / 1_000))
+        intake_cpu = service.cpu().per_record_us(intake_before, total)
         rss_after_intake = rss_bytes()
         say(f"{role}: {total:,} indexed; read-ahead window, then the due instant")
         clock.set(due - settings.lookahead_ms)
         service.step_for(min(settings.lookahead_ms / 1000, 2.0))
         clock.set(due)
         clock.follow()
-        start, before = time.time(), service.cpu()
+        start, before, phases_before = time.time(), service.cpu(), service.phase_cpu()
         acked_s = service.deliver(due_count, timeout_s=max(300.0, due_count / 500))
         deliver_cpu = service.cpu().per_record_us(before, due_count)
+        deliver_phases = phases.cpu_per_record(
+            phases.since(service.phase_cpu(), phases_before), due_count)
         seen = collector.result()
     finally:
         collector.kill()
@@ -197,11 +223,14 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
     deliver_s = float(last) - start if isinstance(last, int | float) else None
     received_s, stamp_ms = read_raw(raw)
     return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes(),
-                  within(received_s, stamp_ms, start), deliver_cpu)
+                  within(received_s, stamp_ms, start), deliver_cpu, intake_cpu,
+                  deliver_phases)
 
 
-def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
-    """Deliver ``total`` requests due at one instant; time it, count early ones."""
+def burst(setup: Setup, total: int, pipe: Result | None) -> list[Result]:
+    """Deliver ``total`` requests due at one instant; time it, count early ones. Return
+    the ``burst`` row and the ``burst-phases`` row: the loop's CPU per record by phase
+    while it delivered."""
     run = pending_then_due(setup, "burst", total, total)
     rate = total / run.deliver_s if run.deliver_s else 0.0
     received = as_int(run.seen.get("count")) or 0
@@ -212,11 +241,19 @@ def burst(setup: Setup, total: int, pipe: Result | None) -> Result:
         "acked_seconds": round(run.acked_s, 3), "received": received,
         "lost": total - (received - duplicates), "early": as_int(run.seen.get("early")),
         "duplicates": duplicates, **run.within, **run.deliver_cpu,
+        "cpu_ratio_to_pipe": cpu_ratio(run.deliver_cpu, pipe),
         "intake_per_s": round(run.intake_per_s), "rss_mb": round(run.rss_after / MB)})
+    result.headline("burst delivery (service)", round(rate),
+                    run.deliver_cpu["service_cpu_us_per_record"], result.figures["ratio_to_pipe"])
+    result.headline("burst: its intake (service)", round(run.intake_per_s),
+                    run.intake_cpu["service_cpu_us_per_record"])
     measured = result.figures["ratio_to_pipe"]
     result.check("burst >= 0.7x pipe", measured,
                  None if measured is None else float(measured) >= 0.7)
+    cpu = result.figures["cpu_ratio_to_pipe"]
+    result.check(f"burst service CPU per record <= {BURST_CPU_TO_PIPE}x pipe's", cpu,
+                 None if cpu is None else float(cpu) <= BURST_CPU_TO_PIPE)
     result.check("0 early", result.figures["early"], result.figures["early"] == 0)
     result.check("0 lost", result.figures["lost"], result.figures["lost"] == 0)
-    return result
+    return [result, Result("burst-phases", run.deliver_phases)]
 

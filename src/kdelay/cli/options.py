@@ -130,6 +130,11 @@ AllowedTargets = Annotated[str | None, common(
     "allowed-targets", "Comma-separated topics requests may target: names, fnmatch globs "
     "(orders.*) or re:REGEX; others go to the DLQ as target-not-allowed. kdelay's own "
     "topics are never targets. Any topic when not given.")]
+LanesOpt = Annotated[str | None, common(
+    "lanes", "Lanes of this deployment, LANE=PREFIX,...: a request whose kdelay-lane header "
+    "names a lane may target only topics starting with its prefix; one without a lane only "
+    "topics of no lane; others go to the DLQ (wrong-lane, missing-lane, unknown-lane). "
+    "No lanes when not given.")]
 
 
 
@@ -157,6 +162,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "session_timeout_ms": SessionTimeoutMs,
     "partitioner": PartitionerOpt,
     "allowed_targets": AllowedTargets,
+    "lanes": LanesOpt,
 }
 
 

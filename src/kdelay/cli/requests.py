@@ -54,6 +54,9 @@ def send(
     schedule_id: Annotated[str | None, option(
         "id", "Schedule id: dedupes, and is the handle for cancel.")] = None,
     partition: Annotated[int | None, option("partition", "Target partition.")] = None,
+    lane: Annotated[str | None, option(
+        "lane", "The request's lane (kdelay-lane): a service run with --lanes delivers it "
+        "only to that lane's topics.")] = None,
     every: Annotated[str | None, option(
         "every", "Recurring: every interval (5m, 1h); needs `kdelay worker`.")] = None,
     cron: Annotated[str | None, option(
@@ -77,12 +80,15 @@ def send(
         if delay is not None or due is not None or level is not None:
             fail("invalid-argument", "--every and --cron exclude --delay, --due and --level",
                  USER_ERROR_EXIT)
+        if lane is not None:
+            fail("invalid-argument", "--lane applies to single records; a recurring series "
+                 "has no lane", USER_ERROR_EXIT)
         _send_series(ctx, target, value, key, header, schedule_id,
                      SeriesOptions(every, cron, tz, until, count, series_topic))
         return
     with reported():
         settings = settings_of(ctx)
-        with DelayProducer(settings) as producer:
+        with DelayProducer(settings, lane=lane) as producer:
             coordinates = producer.send(
                 target, value, key=key, headers=[parse_header(h) for h in header or ()],
                 delay=parse_duration_ms(delay) if delay is not None else None,

@@ -101,6 +101,8 @@ def audit(
         "--targets", envvar=envvar("targets"), show_default=False,
         help="Target topics to read (repeatable); those the requests name when not given.")]
     = None,
+    lane: Annotated[str | None, option(
+        "lane", "Only requests that name this lane (kdelay-lane).")] = None,
     expect: Annotated[Guarantee, option(
         "expect", "With exactly-once, a request delivered more than once fails the audit.",
         shown="at-least-once")] = Guarantee.AT_LEAST_ONCE,
@@ -124,7 +126,7 @@ def audit(
             now_ms=SystemClock().now_ms(), settle_ms=parse_duration_ms(settle),
             since_ms=parse_due(since) if since is not None else None,
             until_ms=parse_due(until) if until is not None else None,
-            targets=tuple(targets) if targets else None)
+            targets=tuple(targets) if targets else None, lane=lane)
         settings = connected(ctx)
         with Console(stderr=True).status("auditing with Spark"):
             report = run_audit(settings, _spark_options(master, conf, cache_dir), window, output)

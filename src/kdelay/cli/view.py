@@ -114,13 +114,16 @@ def due_command(
     target: Annotated[str | None, option("target", "Only entries for this target.")] = None,
     partition: Annotated[int | None, option("partition", "Only this request partition.")]
     = None,
+    lane: Annotated[str | None, option(
+        "lane", "Only entries whose request names this lane (kdelay-lane).")] = None,
     limit: Annotated[int, option("limit", "Most entries listed; 0 for all.", shown=100)] = 100,
     as_json: JsonOutput = False,
     view_dir: ViewDir = DEFAULT_VIEW_DIR,
 ) -> None:
     """List pending entries that are overdue or due within --within, in due order."""
     with reported():
-        query = DueQuery(parse_duration_ms(within), overdue, target, partition, limit or None)
+        query = DueQuery(parse_duration_ms(within), overdue, target, partition, limit or None,
+                         lane)
     with operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
         listed = due(view, originals, query, now_ms)
     if as_json:
@@ -138,6 +141,9 @@ def backlog_command(
     by: Annotated[str, option(
         "by", "Count per partition, or per target (reads every pending original).",
         shown="partition")] = "partition",
+    lane: Annotated[str | None, option(
+        "lane", "Only entries whose request names this lane (kdelay-lane); reads every "
+        "pending original, and counts by target too.")] = None,
     as_json: JsonOutput = False,
     view_dir: ViewDir = DEFAULT_VIEW_DIR,
 ) -> None:
@@ -146,7 +152,8 @@ def backlog_command(
         fail("invalid-argument", "--bucket is one of 1m, 1h, 1d and --by one of "
              "partition, target", USER_ERROR_EXIT)
     with operator_view(ctx, view_dir) as (_, view, originals, now_ms):
-        result = backlog(view, now_ms, _BUCKETS[bucket], originals if by == "target" else None)
+        reads = by == "target" or lane is not None
+        result = backlog(view, now_ms, _BUCKETS[bucket], originals if reads else None, lane)
     if as_json:
         typer.echo(backlog_json(result))
     else:

@@ -4,7 +4,7 @@ A :class:`Job` is an index entry with its original record, in one
 :class:`State`: adopted from intake or read ahead (both wait for their due
 time), in flight (produced, report pending) or backing off (waiting for a
 retry). The :class:`Book` holds the jobs, the per-partition count of each state
-(changed only as jobs are held, moved and dropped, in one counting method), the heap of keys that
+(changed only as jobs are held, moved, sent and dropped), the heap of keys that
 wait to be sent in key order (due time, then request partition, then offset),
 the heap of retries by the time they may go again, and the keys a planned
 cancel withholds.
@@ -127,7 +127,7 @@ class Book:
         heapq.heappush(self._ready, job.key)
 
     def move(self, job: Job, state: State) -> None:
-        """Move a held job to ``state``: the one place the counts change after :meth:`hold`.
+        """Move a held job to ``state``; the counts follow (as in :meth:`sent`, its fast case).
 
         A job moving to ready is queued to be sent; one moving to (or failing
         again while) backing off is queued for its retry at ``job.not_before_ms``.
@@ -148,7 +148,7 @@ class Book:
         return job
 
     def _count(self, job: Job, delta: int) -> None:
-        """Count ``job`` in (+1) or out (-1) of its state: the only writer of the counts."""
+        """Count ``job`` in (+1) or out (-1) of its state (:meth:`sent` counts its own move)."""
         counts = self._counts.get(job.partition)
         if counts is None:
             counts = self._counts[job.partition] = [0] * len(State)
@@ -178,9 +178,20 @@ class Book:
         return None
 
     def sent(self, job: Job) -> None:
-        """Take the job :meth:`next_to_send` returned off the queue and mark it in flight."""
+        """Take the job :meth:`next_to_send` returned off the queue and mark it in flight.
+
+        Once per record delivered, so the move from waiting to in flight is
+        counted here directly rather than through :meth:`move`.
+        """
         heapq.heappop(self._ready)
-        self.move(job, State.IN_FLIGHT)
+        if job.state not in WAITING:  # not from next_to_send: the general move
+            self.move(job, State.IN_FLIGHT)
+            return
+        counts = self._counts[job.partition]
+        counts[job.state] -= 1
+        counts[State.IN_FLIGHT] += 1
+        job.state = State.IN_FLIGHT
+        self._flying += 1
 
     def next_wakeup_ms(self) -> int | None:
         """Return the earliest due time of a waiting job or retry time, or None."""

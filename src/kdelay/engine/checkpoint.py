@@ -38,6 +38,7 @@ What each step means differs by guarantee, and only here:
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -65,6 +66,9 @@ CLOSE_FLUSH_S = 10.0
 # (commit) or ends the transaction (the others), so this bounds how long the
 # loop is held when Kafka goes away, not how long Kafka may take.
 TXN_CALL_S = 10.0
+# How often a call that may ignore its own timeout is looked at while it runs
+# (see :meth:`ExactlyOnce._send_offsets`).
+ANSWER_POLL_S = 0.5
 # How long a step waits for an abort left unfinished (Kafka away) before it gives
 # the loop back; the next step tries again.
 ABORT_RETRY_S = 1.0
@@ -386,8 +390,11 @@ class ExactlyOnce:
         """``waiting`` is told, on every retry, why a commit waits for Kafka;
         ``unreachable`` tells whether Kafka is known to be away (no flush waits then)."""
         self.producer = producer
-        self._waiting = waiting
+        self._tell_waiting = waiting
         self._unreachable = unreachable
+        # Whether Kafka was away since the last transaction ended: the
+        # coordinator may have timed the open one out meanwhile (see _fenced).
+        self._away = False
         self.targets: Producing = producer
         self.internal: Producing = producer
         self.writer = writer
@@ -409,7 +416,11 @@ class ExactlyOnce:
         if self._ending and not self._end(ABORT_RETRY_S, renew=False):
             return False
         if work:
-            self.producer.begin_transaction()
+            try:
+                self.producer.begin_transaction()
+            except KafkaException as exc:
+                self._failed(exc)
+                return False
         return work
 
     def commit(self, batch: Batch, offsets: list[TopicPartition], consumer: Consuming,
@@ -456,19 +467,59 @@ class ExactlyOnce:
                 # producer ends the transaction rather than an abort; while Kafka
                 # is away that is left to the steps that follow (see begin).
                 timed_out = any(f.error.code() == KafkaError._MSG_TIMED_OUT for f in failed)
-                renew = timed_out or bool(len(producer)) or self._unreachable()
+                self._away = self._away or self._unreachable()
+                renew = timed_out or bool(len(producer)) or self._away
                 self._end(ABORT_RETRY_S if renew else TXN_CALL_S, renew=renew)
                 return False
             if self._stopping():
                 self._end(TXN_CALL_S, renew=False)
                 return False
             if offsets:
-                producer.send_offsets_to_transaction(
-                    offsets, consumer.consumer_group_metadata(), TXN_CALL_S)
+                self._send_offsets(offsets, consumer.consumer_group_metadata())
         except KafkaException as exc:
             self._failed(exc)
             return False
         return self._commit_transaction()
+
+    def _send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        """Add the consumed offsets to the transaction; raise ``KafkaException`` as the call does.
+
+        librdkafka can ignore this call's timeout: when the group coordinator
+        dies during the call, it waits until a broker comes back (librdkafka
+        issues 5456 and 5511, open in 2.16). So the call runs on a thread of
+        its own and the step looks at it every :data:`ANSWER_POLL_S`: after
+        :data:`TXN_CALL_S` without an answer Kafka counts as unreachable (one
+        line, ``kdelay_kafka_available`` 0) and the step waits on, keeping the
+        loop's heartbeat, since the answer decides whether the transaction
+        commits. Raises :class:`ServiceError` ``kafka-unreachable`` when asked
+        to stop meanwhile (the coordinator aborts the open transaction).
+        """
+        answer: list[BaseException | None] = []
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                self.producer.send_offsets_to_transaction(offsets, group_metadata, TXN_CALL_S)
+                answer.append(None)
+            except BaseException as exc:  # handed to the step's thread
+                answer.append(exc)
+            finally:
+                done.set()
+
+        late_at = self._clock.monotonic() + TXN_CALL_S
+        threading.Thread(target=call, name="kdelay-send-offsets", daemon=True).start()
+        while not done.wait(ANSWER_POLL_S):
+            if self._clock.monotonic() < late_at:
+                continue
+            if self._stopping():
+                raise ServiceError("kafka-unreachable", (
+                    "stopped while the transaction's offsets waited for Kafka; the transaction "
+                    "coordinator aborts the open transaction"))
+            self._waiting("transactions: send_offsets_to_transaction has no answer after "
+                          f"{TXN_CALL_S:.0f} s")
+            self._metrics.last_step.set(self._clock.now_ms() / 1000)
+        if answer[0] is not None:
+            raise answer[0]
 
     def _failed(self, exc: KafkaException) -> None:
         """End a transaction whose call raised ``exc``, with a new producer.
@@ -477,7 +528,7 @@ class ExactlyOnce:
         instance's transactional id.
         """
         error = exc.args[0]
-        if fatal_code(error) == "fenced":
+        if self._fenced(error):
             raise ServiceError("fenced", (
                 f"transactions: {error.str()}; another process runs with this instance's "
                 "transactional id: give every instance its own --state-dir, or its own "
@@ -516,6 +567,7 @@ class ExactlyOnce:
             if self._retrying_commit:
                 log.warning("transaction committed once Kafka answered again")
                 self._retrying_commit = False
+            self._away = False
             return True
 
     def _end(self, timeout_s: float, *, renew: bool) -> bool:
@@ -540,7 +592,7 @@ class ExactlyOnce:
                 self.producer.abort_transaction(timeout_s)
         except KafkaException as exc:
             error = exc.args[0]
-            if fatal_code(error) == "fenced" or (self._renewing and not error.retriable()):
+            if self._fenced(error) or (self._renewing and not error.retriable()):
                 raise ServiceError(fatal_code(error) if error.fatal() else "transaction-failed",
                                    f"transactions: cannot end the transaction: {error.str()}"
                                    ) from exc
@@ -549,8 +601,25 @@ class ExactlyOnce:
             return False
         if self._renewing:
             log.warning("a new transactional producer took over")
-        self._ending = self._renewing = False
+        self._ending = self._renewing = self._away = False
         return True
+
+    def _waiting(self, why: str) -> None:
+        """A transaction call waits for Kafka: say so (once) and remember it."""
+        self._away = True
+        self._tell_waiting(why)
+
+    def _fenced(self, error: KafkaError) -> bool:
+        """Whether ``error`` means another process took this instance's transactional id.
+
+        A fence that follows an outage is the coordinator's own doing: it
+        aborts a transaction open longer than ``transaction.timeout.ms`` and
+        bumps the producer's epoch, which fences the producer that waited
+        for Kafka. That one is ended by a new producer, like any transaction
+        an outage left open; only a fence with Kafka answering all along
+        means a second process.
+        """
+        return fatal_code(error) == "fenced" and not (self._away or self._unreachable())
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Nothing: the offsets went with the transaction."""

@@ -72,7 +72,8 @@ MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
 
 # Dead letters that carry the original record, so that it can be sent again as is.
 _WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
-                                 ErrorCode.TARGET_NOT_ALLOWED})
+                                 ErrorCode.TARGET_NOT_ALLOWED, ErrorCode.WRONG_LANE,
+                                 ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
 
 
 class Sink(Enum):
@@ -141,10 +142,11 @@ class _Counts:
 
     delivered: int = 0
     lateness_ms: list[int] = field(default_factory=list)
+    by_lane: dict[str, int] = field(default_factory=dict)
 
 
 def _routing(routing: envelope.Routing | None) -> envelope.Headers:
-    """The target, target partition and schedule id headers of a request, if readable."""
+    """The target, target partition, schedule id and lane headers of a request, if readable."""
     if routing is None:
         return []
     headers: envelope.Headers = [(envelope.TARGET, routing.target.encode())]
@@ -152,6 +154,8 @@ def _routing(routing: envelope.Routing | None) -> envelope.Headers:
         headers.append((envelope.PARTITION, str(routing.partition).encode()))
     if routing.schedule_id is not None:
         headers.append((envelope.SCHEDULE_ID, routing.schedule_id.encode()))
+    if routing.lane is not None:
+        headers.append((envelope.LANE, routing.lane.encode()))
     return headers
 
 
@@ -473,7 +477,7 @@ class Delivery:
             return ErrorCode.MISMATCH, f"{self._where(job)} no longer carries a valid schedule"
         # Intake refuses these targets; an entry indexed before the policy
         # narrowed (a new allow-list, an older kdelay) is refused here.
-        refused = self._policy.refusal(routing.target)
+        refused = self._policy.refusal(routing.target, routing.lane)
         if refused is not None:
             return refused.code, refused.detail
         job.routing = routing
@@ -549,6 +553,10 @@ class Delivery:
         self._durability.delivered(key, job.partition)
         if sink is Sink.TARGET:
             self._counts.delivered += 1
+            lane = job.routing.lane if job.routing is not None else None
+            if lane is not None:  # one the policy knows: the label's values are bounded
+                by_lane = self._counts.by_lane
+                by_lane[lane] = by_lane.get(lane, 0) + 1
         else:
             code = job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE
             self._metrics.dead_lettered.labels(reason=str(code)).inc()
@@ -558,6 +566,8 @@ class Delivery:
         counts, self._counts = self._counts, _Counts()
         if counts.delivered:
             self._metrics.delivered.inc(counts.delivered)
+        for lane, count in counts.by_lane.items():
+            self._metrics.lane_delivered.labels(lane=lane).inc(count)
         self._metrics.lateness.observe_ms(counts.lateness_ms)
 
     def _failed(self, key: bytes, sink: Sink, reason: str, now: int) -> None:

@@ -164,7 +164,7 @@ class Planner:
             # would give a different key each time the record is re-read.
             parsed = parse(message.headers(), timestamp if known else -1, limits)
             if isinstance(parsed, Schedule):
-                refused = refusal(parsed.target)
+                refused = refusal(parsed.target, parsed.lane)
                 if refused is not None:
                     self._reject(plan, message, refused)
                     continue

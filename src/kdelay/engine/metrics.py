@@ -9,11 +9,14 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import ErrorCode
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
@@ -24,6 +27,13 @@ SLOW_STEP_S = 1.0
 log = logging.getLogger(__name__)
 # Most overdue keys one partition's housekeeping counts; see kdelay.engine.outlook.
 OVERDUE_CAP = 10_000
+_LANE_REFUSALS = frozenset({ErrorCode.WRONG_LANE.value.encode(),
+                            ErrorCode.MISSING_LANE.value.encode(),
+                            ErrorCode.UNKNOWN_LANE.value.encode()})
+NO_LANE = "(none)"
+"""The ``lane`` label of a refused request that named no lane."""
+OTHER_LANE = "(unknown)"
+"""The ``lane`` label of a refused request that named a lane not configured."""
 
 
 class OutlookGauges:
@@ -143,6 +153,14 @@ class Metrics:
                               ["outcome"], registry=r)
         self.delivered = Counter("kdelay_delivered_records",
                                  "Records republished to their target", registry=r)
+        self.lane_delivered = Counter(
+            "kdelay_lane_delivered_records", "Records republished to their target, by the lane "
+            "their request named (only configured lanes; lane-less records are not counted "
+            "here)", ["lane"], registry=r)
+        self.lane_refused = Counter(
+            "kdelay_lane_refused_records", "Requests refused at intake by the lane check, by "
+            f"the lane they named ({NO_LANE}: none, {OTHER_LANE}: one not configured) and "
+            "reason", ["lane", "reason"], registry=r)
         self.dead_lettered = Counter("kdelay_dead_lettered_records",
                                      "Records sent to the DLQ, by reason", ["reason"], registry=r)
         self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
@@ -189,6 +207,26 @@ class Metrics:
             "read-ahead, dispatch, write, commit, apply, settle, housekeeping)", ["phase"],
             buckets=PHASE_BUCKETS, registry=r)
         self.outlook = OutlookGauges(r)
+
+    def count_lane_refusals(self, dead_letters: Iterable[envelope.Headers | None],
+                            lanes: Container[str]) -> None:
+        """Count the lane refusals among an intake batch's DLQ records (given by headers).
+
+        The ``lane`` label takes only configured lanes and the two markers, so
+        its values are bounded by ``--lanes`` whatever requests name.
+        """
+        for headers in dead_letters:
+            reason = lane = None
+            for name, value in headers or ():  # the reason kdelay appended comes last
+                if name == envelope.ERROR:
+                    reason = value
+                elif name == envelope.LANE:
+                    lane = value
+            if not isinstance(reason, bytes) or reason not in _LANE_REFUSALS:
+                continue
+            named = lane.decode("utf-8", "replace") if isinstance(lane, bytes) else lane
+            label = NO_LANE if named is None else named if named in lanes else OTHER_LANE
+            self.lane_refused.labels(lane=label, reason=reason.decode()).inc()
 
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from confluent_kafka import (
@@ -72,6 +72,9 @@ ACK_WAIT_MS = 1
 # again, and how long it waits for the answer.
 PROBE_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 1.0
+# A fence reported this soon after an outage is the client's own doing, not a
+# second process with this instance's ids (see Service._check_fatal).
+FENCE_AFTER_OUTAGE_S = 60.0
 
 
 class _Clients:
@@ -97,11 +100,16 @@ class Service:
     only once ``clock`` and the broker's clock (plus ``broker_tolerance_ms``)
     both say it is due (:class:`kdelay.engine.skew.BrokerGuard`). None turns that
     off: for tests that move a manual clock ahead of the broker's.
+
+    ``phase_clock`` times the loop's phases (``kdelay_loop_phase_seconds``);
+    by default ``clock.monotonic``. A benchmark passes ``time.thread_time``,
+    so that the histogram splits the loop's CPU time by phase.
     """
 
     def __init__(self, settings: Settings, clock: Clock, layout: Layout,
                  metrics: Metrics | None = None, clients: ClientFactory | None = None,
-                 broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS) -> None:
+                 broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS,
+                 phase_clock: Callable[[], float] | None = None) -> None:
         self.settings = settings
         self._broker_tolerance_ms = broker_tolerance_ms if layout.broker_time else None
         self.metrics = metrics or Metrics()
@@ -110,6 +118,8 @@ class Service:
         self._factory = clients or KafkaClients(settings, self._errors)
         self._lock: StateDirLock | None = None
         self._down_since: float | None = None
+        self._back_at: float | None = None
+        self._group: dict[str, str | int | bool] = {}
         self._next_probe = 0.0
         self._limits = envelope.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
@@ -133,7 +143,7 @@ class Service:
         self._stopping = False
         self._clients: _Clients | None = None
         self._delivery: Delivery | None = None
-        self._phases = PhaseTimer(self.metrics.phases, clock.monotonic)
+        self._phases = PhaseTimer(self.metrics.phases, phase_clock or clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -167,15 +177,20 @@ class Service:
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
             outage=lambda: self._errors.unreachable() is not None)
-        group: dict[str, str | int | bool] = {
+        self._group = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
-        consumer = self._factory.consumer("intake", **group)
-        self._clients = _Clients(consumer, checkpoint, reader, self._factory.restorer(), guard)
-        consumer.subscribe([s.requests_topic], on_assign=guarded(self._on_assign),
+        self._clients = _Clients(self._join(), checkpoint, reader, self._factory.restorer(),
+                                 guard)
+
+    def _join(self) -> Consuming:
+        """A new group consumer, subscribed to the requests topic."""
+        consumer = self._factory.consumer("intake", **self._group)
+        consumer.subscribe([self.settings.requests_topic], on_assign=guarded(self._on_assign),
                            on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
+        return consumer
 
     def _guard(self, skew: ClockSkew) -> BrokerGuard | None:
         """The broker-clock guard, its first probe on its way; None when it is off."""
@@ -325,6 +340,7 @@ class Service:
             log.warning("Kafka answers again after %.1f s unreachable: serving",
                         now - self._down_since)
             self._down_since = None
+            self._back_at = now
             self.metrics.kafka_available.set(1)
         return True
 
@@ -343,11 +359,50 @@ class Service:
                     "kdelay_kafka_available is 0 until a broker answers", why)
 
     def _check_fatal(self) -> None:
-        """Raise :class:`ServiceError` if a client reported a fatal error."""
+        """Raise :class:`ServiceError` if a client reported a fatal error.
+
+        A fence during or right after an outage is the clients' own doing:
+        the group consumer whose session timed out while the coordinator was
+        away rejoins under the same static id and is fenced by that rejoin
+        (librdkafka issue 3437), and the coordinator fences the
+        transactional producer whose transaction it timed out. Then the
+        consumer is replaced (the checkpoint replaces the producer) instead
+        of ending the service.
+        """
         reported = self._errors.take_fatal()
-        if reported is not None:
-            client, error = reported
+        if reported is None:
+            return
+        client, error = reported
+        if not self._own_fence(error, client):
             raise self._fatal(error, client)
+
+    def _own_fence(self, error: KafkaError, client: str) -> bool:
+        """Whether ``error`` is a fence an outage caused; if so, replace the consumer."""
+        if fatal_code(error) != "fenced" or not self._just_away():
+            return False
+        if client == "intake":
+            self._rejoin(error)
+        self._errors.forgive()  # also what the old consumer reported while it closed
+        return True
+
+    def _just_away(self) -> bool:
+        """Whether Kafka is unreachable, or answered again less than a minute ago."""
+        if self._down_since is not None or self._errors.unreachable() is not None:
+            return True
+        return (self._back_at is not None
+                and self._clock.monotonic() - self._back_at < FENCE_AFTER_OUTAGE_S)
+
+    def _rejoin(self, error: KafkaError) -> None:
+        """Replace the group consumer its own rejoin fenced after an outage."""
+        clients, _ = self._started()
+        log.warning("intake: %s, right after Kafka was unreachable: the consumer's own rejoin "
+                    "fenced it; a new consumer joins the group", error.str())
+        try:
+            clients.consumer.close()
+        except Exception as exc:  # a fenced consumer's close may fail in any way: it is dropped
+            log.debug("closing the fenced consumer: %s", exc)
+        self._close_partitions(list(self._indexes))
+        clients.consumer = self._join()
 
     def _fatal(self, error: KafkaError, client: str) -> ServiceError:
         """The error that ends the service after ``client`` reported the fatal ``error``."""
@@ -419,6 +474,8 @@ class Service:
             error = message.error()
             if error is not None:
                 if error.fatal() or error.code() == KafkaError._FATAL:
+                    if self._own_fence(error, "intake"):
+                        return []  # the old consumer's batch: the new one reads it again
                     raise self._fatal(error, "intake")
                 log.warning("requests consumer: %s", error.str())
                 continue
@@ -477,6 +534,9 @@ class Service:
                 self._consumed[partition] = consumed
                 checkpoint.consumed(consumer, partition, consumed)
             self._count(plan.outcomes)
+            if plan.dead_letters and self.settings.lanes:
+                self.metrics.count_lane_refusals((r.headers for r in plan.dead_letters),
+                                                 self.settings.lanes)
 
     def _give_back(self, batch: Batch, consumer: Consuming, delivery: Delivery) -> None:
         """Undo plans that were not made durable: release their cancels, read them again.

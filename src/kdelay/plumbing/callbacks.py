@@ -114,6 +114,10 @@ class ClientErrors:
         """Return the first fatal error reported (and which client reported it), if any."""
         return self._fatal
 
+    def forgive(self) -> None:
+        """Forget the fatal error reported: its client was replaced."""
+        self._fatal = None
+
     def unreachable(self) -> str | None:
         """Return why Kafka counts as unreachable (a client's report), or None if it does not."""
         return self._down

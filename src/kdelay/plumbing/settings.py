@@ -29,7 +29,7 @@ from kdelay.plumbing.clientconfig import (
     translate,
 )
 from kdelay.protocol.envelope import DEFAULT_LEVELS, parse_levels
-from kdelay.protocol.targets import TargetPolicy
+from kdelay.protocol.targets import Lanes, TargetPolicy
 
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
@@ -86,6 +86,9 @@ class Settings:
     restricts the topics requests may target to these names and patterns (see
     :class:`~kdelay.protocol.targets.TargetPolicy`; a string is split at commas);
     empty allows every topic but kdelay's own (:attr:`reserved_topics`).
+    ``lanes`` maps each lane to the prefix of the topics it owns (see
+    :class:`~kdelay.protocol.targets.Lanes`; a string ``"dev1=dev1.,dev2=dev2."``
+    is parsed); empty: no lanes.
     A record whose target fails (a topic not created yet, a refusal) is
     retried for ``delivery_retry_ms`` after its first failure, then
     dead-lettered; ``delivery_attempts`` (0: no limit) can end it sooner.
@@ -117,6 +120,7 @@ class Settings:
     session_timeout_ms: int = 10_000
     partitioner: str = "murmur2_random"
     allowed_targets: tuple[str, ...] = ()
+    lanes: Lanes = field(default_factory=Lanes)
 
     def __post_init__(self) -> None:
         """Normalise field types, then validate; see the class docstring."""
@@ -125,6 +129,7 @@ class Settings:
         object.__setattr__(self, "levels", tuple(self.levels))
         object.__setattr__(self, "kafka_config", ClientProperties(self.kafka_config))
         object.__setattr__(self, "allowed_targets", split_patterns(self.allowed_targets))
+        object.__setattr__(self, "lanes", _lanes(self.lanes))
         problems = list(self._problems())
         if problems:
             raise SettingsError("invalid-setting", "; ".join(problems))
@@ -161,7 +166,7 @@ class Settings:
 
     def target_policy(self) -> TargetPolicy:
         """Return the policy that decides which topics requests may target."""
-        return TargetPolicy(self.reserved_topics, self.allowed_targets)
+        return TargetPolicy(self.reserved_topics, self.allowed_targets, self.lanes)
 
     def client_config(
         self, client: str = "client", /, **overrides: str | int | bool
@@ -200,6 +205,16 @@ def _guarantee(value: Guarantee | str) -> Guarantee:
         raise SettingsError(
             "invalid-setting", f"guarantee must be one of {choices}, got {value!r}"
         ) from None
+
+
+def _lanes(value: Lanes | str) -> Lanes:
+    """Accept lanes given as their ``lane=prefix,...`` spec."""
+    if isinstance(value, Lanes):
+        return value
+    try:
+        return Lanes.parse(value)
+    except ValueError as exc:
+        raise SettingsError("invalid-setting", f"lanes {value!r}: {exc}") from None
 
 
 def _topic_problems(*topics: str) -> Iterator[str]:

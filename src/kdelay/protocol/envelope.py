@@ -28,6 +28,7 @@ LEVEL = "kdelay-level"
 PARTITION = "kdelay-partition"
 SCHEDULE_ID = "kdelay-id"
 CANCEL = "kdelay-cancel"
+LANE = "kdelay-lane"
 ORIGIN = "kdelay-origin"
 ERROR = "kdelay-error"
 ERROR_DETAIL = "kdelay-error-detail"
@@ -53,7 +54,8 @@ DETAIL_LIMIT = 200
 _SHOWN_BYTES = 60
 _LEVEL_DIGITS = 9
 
-_REQUEST_HEADERS = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL})
+_REQUEST_HEADERS = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL,
+                              LANE})
 _TIME_HEADERS = (DUE_MS, DELAY_MS, LEVEL)
 _PARTITION_DIGITS = 10
 _TOPIC_CACHE = 1_024
@@ -62,6 +64,9 @@ _MILLIS_DIGITS = 19
 _MILLIS = re.compile(rb"0*([0-9]{1,19})")
 _POSITIVE = re.compile(rb"0*([1-9][0-9]*)")
 _TOPIC = re.compile(rb"[A-Za-z0-9._-]{1,249}")
+LANE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""What a lane is called: a letter or digit, then up to 63 of ``A-Z a-z 0-9 . _ -``."""
+_LANE_BYTES = re.compile(LANE_NAME.pattern.encode())
 _DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)?")
 _UNIT_MS = {None: 1, "ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -83,6 +88,9 @@ class ErrorCode(StrEnum):
     UNDELIVERABLE = "undeliverable"
     FORBIDDEN_TARGET = "forbidden-target"
     TARGET_NOT_ALLOWED = "target-not-allowed"
+    UNKNOWN_LANE = "unknown-lane"
+    WRONG_LANE = "wrong-lane"
+    MISSING_LANE = "missing-lane"
     BAD_FORWARD = "bad-forward"
 
 
@@ -163,6 +171,8 @@ def limits_for_retention(
 class Schedule(NamedTuple):
     """A valid request: deliver to ``target`` (optionally ``partition``) at ``due_ms``.
 
+    ``lane`` is the lane the request names (``kdelay-lane``), None without one;
+    whether the lane may reach ``target`` is the target policy's question.
     A named tuple rather than a dataclass: intake builds one per request.
     """
 
@@ -170,6 +180,7 @@ class Schedule(NamedTuple):
     due_ms: int
     partition: int | None
     schedule_id: str | None
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +271,7 @@ def _parse_common(
     for everything else (a cancel, a str value, a value the general path
     rejects or reads more leniently), which then goes the general way.
     """
-    target = time_raw = partition = schedule_id = None
+    target = time_raw = partition = schedule_id = lane = None
     time_name = ""
     for name, value in headers:
         if name not in _REQUEST_HEADERS:
@@ -277,13 +288,15 @@ def _parse_common(
             schedule_id = _common_id(value)
         elif name == PARTITION and partition is None:
             partition = _common_partition(value)
+        elif name == LANE and lane is None and _LANE_BYTES.fullmatch(value) is not None:
+            lane = value.decode("ascii")
         else:
             raise _Uncommon
     if target is None or time_raw is None:
         raise _Uncommon
     due_ms = _common_due_ms(time_name, time_raw, timestamp_ms, limits)
     # tuple.__new__ skips the generated Python-level __new__, a third of the cost.
-    return tuple.__new__(Schedule, (target, due_ms, partition, schedule_id))
+    return tuple.__new__(Schedule, (target, due_ms, partition, schedule_id, lane))
 
 
 def _common_due_ms(name: str, raw: bytes, timestamp_ms: int, limits: Limits) -> int:
@@ -391,6 +404,7 @@ def _schedule(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits)
         due_ms=_due_ms(found, timestamp_ms, limits),
         partition=_partition(found.get(PARTITION)) if PARTITION in found else None,
         schedule_id=_schedule_id(found.get(SCHEDULE_ID)) if SCHEDULE_ID in found else None,
+        lane=_lane(found.get(LANE)) if LANE in found else None,
     )
 
 
@@ -498,6 +512,17 @@ def _schedule_id(raw: bytes | None) -> str:
     return schedule_id
 
 
+def _lane(raw: bytes | None) -> str:
+    """Decode a lane name; BAD_HEADER unless it is one (see :data:`LANE_NAME`)."""
+    if raw is None or _LANE_BYTES.fullmatch(raw) is None:
+        raise _Rejected(
+            ErrorCode.BAD_HEADER,
+            f"header {LANE} value {_show(raw)} is not a lane name (a letter or digit, then "
+            "up to 63 of A-Z a-z 0-9 . _ -)",
+        )
+    return raw.decode("ascii")
+
+
 def user_headers(headers: AnyHeaders) -> Headers:
     """Return ``headers`` without any ``kdelay-*`` header, order and duplicates kept."""
     return [(name, value) for name, value in _pairs(headers) if not name.startswith(PREFIX)]
@@ -511,6 +536,7 @@ class Routing:
     partition: int | None
     schedule_id: str | None
     user: Headers
+    lane: str | None = None
 
 
 def routing(headers: AnyHeaders) -> Routing | None:
@@ -518,7 +544,7 @@ def routing(headers: AnyHeaders) -> Routing | None:
 
     For records intake already validated (delivery checks the fingerprint, so it
     is the same record): only the target, target partition and schedule id are
-    read. Returns None when the target is missing or a value is unreadable.
+    read, and the lane. Returns None when the target is missing or a value is unreadable.
     """
     found: dict[str, HeaderValue] = {}
     user: Headers = []
@@ -531,8 +557,10 @@ def routing(headers: AnyHeaders) -> Routing | None:
         target = _text(found.get(TARGET))
         partition = found.get(PARTITION)
         schedule_id = found.get(SCHEDULE_ID)
+        lane = found.get(LANE)
         return Routing(target, None if partition is None else int(partition),
-                       None if schedule_id is None else _text(schedule_id), user)
+                       None if schedule_id is None else _text(schedule_id), user,
+                       None if lane is None else _text(lane))
     except (ValueError, TypeError):
         return None
 
@@ -582,13 +610,15 @@ def schedule_headers(
     level: int | None = None,
     partition: int | None = None,
     schedule_id: str | None = None,
+    lane: str | None = None,
 ) -> Headers:
     """Build the headers of a schedule request, as the client library sends them.
 
     Exactly one of ``due_ms`` (absolute), ``delay_ms`` (after the record's
     timestamp) and ``level`` must be given. Raises ValueError for anything
     :func:`parse` would reject regardless of the service's limits: a bad topic
-    name, a negative time, a level below 1, a negative partition or an empty id.
+    name, a negative time, a level below 1, a negative partition, an empty id or
+    a ``lane`` that is not a lane name.
     The level table and retention bound are the service's and are checked there.
     """
     given = zip(_TIME_HEADERS, (due_ms, delay_ms, level), strict=True)
@@ -600,6 +630,8 @@ def schedule_headers(
         headers.append((PARTITION, str(partition).encode("ascii")))
     if schedule_id is not None:
         headers.append((SCHEDULE_ID, schedule_id.encode("utf-8")))
+    if lane is not None:
+        headers.append((LANE, lane.encode("utf-8")))
     return _validated(headers)
 
 

@@ -27,6 +27,11 @@ retention has deleted) is still counted, its time being its due time. Valid
 cancel requests are not schedule requests; a malformed cancel is dead-lettered
 like any malformed request. A delivery is early when its record time is before
 its due time; lateness is the first delivery's record time minus the due time.
+
+A request's lane is its ``kdelay-lane`` header, read from the request or, when
+retention has deleted it, from its DLQ copy; deliveries carry no lane, so a
+request seen only through its deliveries has none. An audit of one lane keeps
+the requests of that lane.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class AuditWindow:
     ``now_ms`` is the time outcomes are judged at (the snapshot's). ``since_ms``
     and ``until_ms`` bound the requests by record time (``until`` exclusive).
     ``targets`` replaces the target topics named by the requests when given.
+    ``lane`` keeps the requests of that lane only (see the module docstring).
     """
 
     now_ms: int
@@ -74,6 +80,7 @@ class AuditWindow:
     since_ms: int | None = None
     until_ms: int | None = None
     targets: tuple[str, ...] | None = None
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +137,7 @@ def origin_prefix(settings: Settings) -> str:
 
 
 def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
-    """One row per request record: coordinates, time, target, id, cancel, computed due."""
+    """One row per request record: coordinates, time, target, id, cancel, due, lane."""
     ts = F.col("ts_ms")
     levels = F.array(*(F.lit(level) for level in settings.levels))
     level = header(envelope.LEVEL).try_cast("int")
@@ -142,7 +149,8 @@ def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
         F.concat_ws("/", F.lit(settings.requests_topic), "partition", "offset").alias("origin"),
         "partition", "offset", ts.alias("ts_ms"),
         header(envelope.TARGET).alias("target"), header(envelope.SCHEDULE_ID).alias("sid"),
-        header(envelope.CANCEL).alias("cancel"), due.alias("due_ms"))
+        header(envelope.CANCEL).alias("cancel"), due.alias("due_ms"),
+        header(envelope.LANE).alias("lane"))
 
 
 def delivery_traces(settings: Settings, raw: DataFrame) -> DataFrame:
@@ -153,10 +161,11 @@ def delivery_traces(settings: Settings, raw: DataFrame) -> DataFrame:
 
 
 def dead_letter_traces(settings: Settings, raw: DataFrame) -> DataFrame:
-    """One row per DLQ record of this deployment's requests: its reason and recorded due."""
+    """One row per DLQ record of this deployment's requests: reason, recorded due, lane."""
     return raw.select(header(envelope.ORIGIN).alias("origin"),
                       header(envelope.ERROR).alias("reason"),
-                      millis(envelope.DUE_MS).alias("dlq_due")).where(
+                      millis(envelope.DUE_MS).alias("dlq_due"),
+                      header(envelope.LANE).alias("dlq_lane")).where(
         F.col("origin").startswith(origin_prefix(settings)))
 
 
@@ -208,7 +217,8 @@ def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
         F.max("d_due").alias("delivered_due"),
         F.sum(F.when(F.col("d_ts") < F.col("d_due"), 1).otherwise(0)).alias("early_copies"),
         F.min("reason").alias("reason"), F.max("dlq_due").alias("dlq_due"),
-        F.max("pending_due").alias("pending_due"))
+        F.max("pending_due").alias("pending_due"),
+        F.coalesce(F.max("lane"), F.max("dlq_lane")).alias("lane"))
     parts = F.split("origin", "/")
     rejected = F.col("reason").isNotNull() & ~F.col("reason").isin(
         *(code.value for code in DELIVERY_FAILURES))
@@ -269,14 +279,19 @@ def classified(rows: DataFrame, window: AuditWindow) -> DataFrame:
     schedules = _bounded(schedules, window)
     return schedules.select(
         "origin", "partition", "offset", "ts_ms", F.coalesce("target", "delivered_to").alias(
-            "target"), F.col("sid").alias("schedule_id"), F.col("due").alias("due_ms"),
+            "target"), "lane", F.col("sid").alias("schedule_id"), F.col("due").alias("due_ms"),
         outcome.alias("outcome"), "reason", F.coalesce("copies", F.lit(0)).alias("copies"),
         "first_ms", (F.col("first_ms") - F.col("due")).alias("lateness_ms"),
         (F.coalesce("early_copies", F.lit(0)) > 0).alias("early"))
 
 
 def _bounded(rows: DataFrame, window: AuditWindow) -> DataFrame:
-    """Keep the requests whose record time (due time for orphans) is in the window."""
+    """Keep the requests whose record time (due time for orphans) is in the window.
+
+    With a lane, keep only that lane's requests too.
+    """
+    if window.lane is not None:
+        rows = rows.where(F.col("lane") == window.lane)
     if window.since_ms is not None:
         rows = rows.where(F.col("time_ms") >= window.since_ms)
     if window.until_ms is not None:

@@ -45,6 +45,11 @@ CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
 STATE_DIR_LOCK = "kdelay.lock"
+# The most scanned entries whose values an index keeps for their deletion (about
+# 13 MB): delivery holds at most 20 batches of a partition (20 000 entries with
+# the default batch size) and deletes them as they are delivered. Past the cap
+# the values are dropped and deletes look their keys up again.
+SCANNED_CAP = 100_000
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 
@@ -216,6 +221,11 @@ class PartitionIndex:
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._head = b""
         self._full = False
+        # The encoded values of entries :meth:`scan` returned, by key, while they are
+        # certainly in the store: every write to the due keys goes through
+        # :meth:`apply`, which drops the keys it deletes or puts. Deleting a scanned
+        # entry (a delivery) then needs no lookup to count it out of the tally.
+        self._scanned: dict[bytes, bytes] = {}
         self.tally = self._load_tally()
 
     def close(self) -> None:
@@ -314,6 +324,10 @@ class PartitionIndex:
         lowest = self._note_puts(list(new))
         self._write(batch)
         self.tally.commit(change)
+        scanned = self._scanned
+        if scanned:
+            for key in (*changes.deletes, *new):
+                scanned.pop(key, None)
         return lowest
 
     def _write(self, batch: WriteBatch) -> None:
@@ -330,17 +344,19 @@ class PartitionIndex:
         """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
         add and really remove."""
         change = Change()
-        keys = [*new, *deletes]
+        scanned = self._scanned
+        known = {key: scanned[key] for key in deletes if key in scanned}
+        keys = [*new, *(key for key in deletes if key not in known)]
         present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
                    if v is not None}
-        for key, raw in new.items():
-            if key not in present:
-                change.count(key, raw, 1)
-                present[key] = raw
-        for key in dict.fromkeys(deletes):
-            old = present.pop(key, None)
-            if old is not None:
-                change.count(key, old, -1)
+        present.update(known)
+        added = [key for key in new if key not in present]
+        added_values = [new[key] for key in added]
+        change.count_all(added, added_values, 1)
+        present.update(zip(added, added_values, strict=True))
+        pop = present.pop
+        removed = [key for key in dict.fromkeys(deletes) if key in present]
+        change.count_all(removed, [pop(key) for key in removed], -1)
         return change
 
     def _load_tally(self) -> Tally:
@@ -382,10 +398,14 @@ class PartitionIndex:
         found: list[Entry] = []
         if limit <= 0:
             return found
+        scanned = self._scanned
+        if len(scanned) > SCANNED_CAP:  # entries read but never written since: start over
+            scanned.clear()
         if start is not None:
             for key, raw in self._iterate(codec.due_upper_bound(upper_ms), start=start):
                 if key not in skip:
                     found.append(Entry(key, codec.decode_index_value(raw)))
+                    scanned[key] = raw
                     if len(found) >= limit:
                         break
             return found
@@ -395,6 +415,7 @@ class PartitionIndex:
             if key in skip:
                 continue
             found.append(Entry(key, codec.decode_index_value(raw)))
+            scanned[key] = raw
             if len(found) >= limit:
                 break
         # Everything below the bound that is not found is deleted: start the next

@@ -24,7 +24,7 @@ Two histograms, bucketed by whole minutes:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kdelay.protocol import codec
@@ -60,6 +60,26 @@ class Change:
         due, slack = buckets(key, raw)
         self.due[due] = self.due.get(due, 0) + sign
         self.slack[slack] = self.slack.get(slack, 0) + sign
+
+    def count_all(self, keys: Sequence[bytes], values: Sequence[bytes], sign: int) -> None:
+        """Count every entry (``keys[i]`` with encoded value ``values[i]``) as
+        :meth:`count` would: one pass per histogram over the batch, the minutes
+        counted in C. A write batch counts hundreds of entries, and two calls per
+        entry cost more than the counting."""
+        dues = codec.due_times(keys)
+        stamps = codec.record_times(values)
+        if len(dues) != len(stamps):
+            raise ValueError(f"{len(dues)} keys but {len(stamps)} values")
+        _add(self.due, Counter([due_ms // MINUTE_MS for due_ms in dues]), sign)
+        _add(self.slack, Counter([(stamp - due_ms) // MINUTE_MS
+                                  for stamp, due_ms in zip(stamps, dues, strict=True)]),
+             sign)
+
+
+def _add(counts: dict[int, int], found: Counter[int], sign: int) -> None:
+    """Add ``sign`` times each of ``found``'s counts to ``counts``."""
+    for minute, n in found.items():
+        counts[minute] = counts.get(minute, 0) + sign * n
 
 
 class Tally:

@@ -9,7 +9,8 @@ name). Bytes (keys, values, header values) are base64; null stays null.
   how many were pending when the export began;
 - one :class:`Entry` per pending schedule: due time, target, target
   partition, id, key, value, user headers (every header but ``kdelay-*``),
-  the request's coordinates (``origin``) and its timestamp;
+  the request's coordinates (``origin``) and its timestamp, and its ``lane``
+  when it named one (the field is left out otherwise);
 - the last line, the :class:`Trailer`: ``{"end": true, "entries": N, ...}``.
   A file without it was cut short (an export that died, a partial copy).
 
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import orjson
+
+from kdelay.protocol.envelope import LANE_NAME
 
 FORMAT = "kdelay-export"
 VERSION = 1
@@ -74,7 +77,8 @@ class Entry:
     ``headers`` are the user's headers in order (``kdelay-*`` request headers
     are carried by the other fields); ``partition`` is the target partition the
     request asked for (None: the target's partitioner places the key);
-    ``origin`` is ``topic/partition/offset`` of the request in the source.
+    ``origin`` is ``topic/partition/offset`` of the request in the source;
+    ``lane`` the request's ``kdelay-lane``, None without one.
     """
 
     due_ms: int
@@ -86,6 +90,7 @@ class Entry:
     headers: list[tuple[str, bytes | None]]
     origin: str
     timestamp_ms: int
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +116,15 @@ def encode_header(header: Header) -> bytes:
 
 def encode_entry(entry: Entry) -> bytes:
     """One entry's line, newline included."""
-    return orjson.dumps({
+    fields: dict[str, object] = {
         "due_ms": entry.due_ms, "target": entry.target, "partition": entry.partition,
         "id": entry.schedule_id, "key": _b64(entry.key), "value": _b64(entry.value),
         "headers": [[name, _b64(value)] for name, value in entry.headers],
         "origin": entry.origin, "timestamp_ms": entry.timestamp_ms,
-    }, option=orjson.OPT_APPEND_NEWLINE)
+    }
+    if entry.lane is not None:
+        fields["lane"] = entry.lane
+    return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def encode_trailer(trailer: Trailer) -> bytes:
@@ -194,7 +202,17 @@ def decode_entry(obj: dict[str, Any], number: int) -> Entry:
                  _get(obj, "partition", int, number, nullable=True),
                  _get(obj, "id", str, number, nullable=True), _bytes(obj, "key", number),
                  _bytes(obj, "value", number), headers, _get(obj, "origin", str, number),
-                 _get(obj, "timestamp_ms", int, number))
+                 _get(obj, "timestamp_ms", int, number), _lane(obj, number))
+
+
+def _lane(obj: dict[str, Any], number: int) -> str | None:
+    """The entry's optional lane; ArchiveError for one that is not a lane name."""
+    if obj.get("lane") is None:
+        return None
+    lane = _get(obj, "lane", str, number)
+    if LANE_NAME.fullmatch(lane) is None:
+        raise _bad(number, f"field 'lane' is not a lane name, got {lane!r:.60}")
+    return str(lane)
 
 
 def decode_line(line: bytes, number: int) -> Entry | Trailer:

@@ -4,6 +4,9 @@ Both read a synced :class:`~kdelay.view.pending.PendingView`. ``due`` lists the
 entries of a time window in due order with their originals, read a page at a
 time; ``backlog`` counts every pending entry by due-time bucket and partition
 from the keys alone, and by target from the originals (cached in the view).
+Both can keep to one lane: the lane a request names in ``kdelay-lane``, read
+from its original (for ``backlog``, every pending original, cached as the
+targets are).
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kdelay.protocol import codec
-from kdelay.view.pending import Original, Originals, Pending, PendingView
+from kdelay.view.pending import (
+    Original,
+    Originals,
+    Pending,
+    PendingView,
+    decode_route,
+    encode_route,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +32,9 @@ class DueQuery:
     """Which pending entries ``kdelay due`` lists.
 
     Entries due at or before ``now_ms + within_ms`` (only those due at or
-    before ``now_ms`` with ``overdue_only``), of ``partition`` and ``target``
-    when given, at most ``limit`` of them (all when None).
+    before ``now_ms`` with ``overdue_only``), of ``partition``, ``target`` and
+    ``lane`` (the request's ``kdelay-lane``) when given, at most ``limit`` of
+    them (all when None).
     """
 
     within_ms: int = 60_000
@@ -31,6 +42,12 @@ class DueQuery:
     target: str | None = None
     partition: int | None = None
     limit: int | None = 100
+    lane: str | None = None
+
+    def matches(self, original: Original) -> bool:
+        """Whether an entry with this original passes the target and lane filters."""
+        return ((self.target is None or original.target == self.target)
+                and (self.lane is None or original.lane == self.lane))
 
 
 def due(view: PendingView, originals: Originals, query: DueQuery,
@@ -56,7 +73,7 @@ def due(view: PendingView, originals: Originals, query: DueQuery,
         read = originals.read(page)
         for entry in page:
             original = read[(entry.partition, entry.offset)]
-            if query.target is None or original.target == query.target:
+            if query.matches(original):
                 listed.append((entry, original))
     return listed if query.limit is None else listed[:query.limit]
 
@@ -68,7 +85,8 @@ class Backlog:
     ``buckets`` holds ``(start_ms, count)`` for every non-empty bucket of
     ``bucket_ms``, in time order; ``by_target`` is None unless asked for
     (``(expired)``, ``(absent)``, ``(mismatch)`` and ``(unread)`` stand for
-    entries whose original could not be read).
+    entries whose original could not be read). ``lane`` is the lane counted,
+    None for every entry.
     """
 
     now_ms: int
@@ -80,10 +98,11 @@ class Backlog:
     buckets: list[tuple[int, int]]
     by_partition: dict[int, int]
     by_target: dict[str, int] | None = None
+    lane: str | None = None
 
 
 def backlog(view: PendingView, now_ms: int, bucket_ms: int,
-            originals: Originals | None = None) -> Backlog:
+            originals: Originals | None = None, lane: str | None = None) -> Backlog:
     """Count the pending entries of ``view`` by due-time bucket and request partition.
 
     An entry counts under the request partition its original lies on, even
@@ -91,10 +110,16 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
 
     With ``originals``, every pending entry's original is read to count them
     by target too: that reads the whole pending payload once (see the
-    operations guide for its cost). Raises ValueError for a bucket below 1 ms.
+    operations guide for its cost). With ``lane`` (which needs ``originals``)
+    only the entries whose request names that lane are counted, by target too.
+    Raises ValueError for a bucket below 1 ms or a lane without originals.
     """
     if bucket_ms < 1:
         raise ValueError(f"a bucket must be at least 1 ms, got {bucket_ms}")
+    if lane is not None:
+        if originals is None:
+            raise ValueError("counting one lane reads the originals: give them")
+        return _lane_backlog(view, originals, now_ms, bucket_ms, lane)
     buckets: Counter[int] = Counter()
     by_partition: Counter[int] = Counter(dict.fromkeys(view.partitions, 0))
     overdue, earliest, latest = 0, None, None
@@ -129,6 +154,70 @@ def bucket_counts(dues: Sequence[int], bucket_ms: int) -> list[tuple[int, int]]:
     return counts
 
 
+def _lane_backlog(view: PendingView, originals: Originals, now_ms: int, bucket_ms: int,
+                  lane: str) -> Backlog:
+    """:func:`backlog` of the entries whose request names ``lane``, by target too."""
+    buckets: Counter[int] = Counter()
+    # By the request partition in the due key: where the request lies.
+    by_partition: Counter[int] = Counter(dict.fromkeys(view.partitions, 0))
+    by_target: Counter[str] = Counter()
+    dues: list[int] = []
+    lowest: list[bytes] = []
+    for number, partition in enumerate(view.partitions, start=1):
+        view.report("reading lanes (partitions)", number, len(view.partitions))
+        keys = view.keys(partition)
+        lowest += keys[:1]
+        routes = _routes(view, originals, partition, keys)
+        mine = [(codec.decode_due_key(key), target)
+                for key, (target, of) in zip(keys, routes, strict=True) if of == lane]
+        partition_dues = [due.due_ms for due, _ in mine]
+        buckets.update(dict(bucket_counts(partition_dues, bucket_ms)))
+        by_partition.update(due.partition for due, _ in mine)
+        by_target.update(target for _, target in mine)
+        dues += partition_dues
+    view.targets.prune(min(lowest, default=None))
+    return Backlog(now_ms, len(dues), sum(1 for due in dues if due <= now_ms),
+                   min(dues, default=None), max(dues, default=None), bucket_ms,
+                   sorted(buckets.items()), dict(sorted(by_partition.items())),
+                   dict(by_target.most_common()), lane)
+
+
+def _routes(view: PendingView, originals: Originals, partition: int,
+            keys: list[bytes]) -> list[tuple[str, str | None]]:
+    """The ``(target, lane)`` of every entry under ``keys``, from the cache or read and cached.
+
+    An entry whose original cannot be read has the target ``(expired)``,
+    ``(absent)``, ``(mismatch)`` or ``(unread)`` and no lane.
+    """
+    cached = view.targets.get(keys)
+    routes = {key: decode_route(raw) for key, raw in zip(keys, cached, strict=True)
+              if raw is not None}
+    missing = [key for key in keys if key not in routes]
+    if missing:
+        routes.update(_read_routes(view, originals, partition, missing))
+    return [routes.get(key, ("(absent)", None)) for key in keys]
+
+
+def _read_routes(view: PendingView, originals: Originals, partition: int,
+                 keys: list[bytes]) -> dict[bytes, tuple[str, str | None]]:
+    """Read the originals under ``keys``; cache the routes of those found; return all."""
+    entries = view.pending(partition, keys)
+    read = originals.read(entries)
+    routes: dict[bytes, tuple[str, str | None]] = {}
+    found: dict[bytes, bytes] = {}
+    for entry in entries:
+        original = read[(entry.partition, entry.offset)]
+        key = codec.encode_due_key(entry.due_ms, entry.partition, entry.offset)
+        target = original.target
+        if target is None:
+            routes[key] = (f"({original.state.value})", None)
+            continue
+        routes[key] = (target, original.lane)
+        found[key] = encode_route(target, original.lane)
+    view.targets.put(found)
+    return routes
+
+
 def _by_target(view: PendingView, originals: Originals) -> dict[str, int]:
     """Count every pending entry by the target its original names.
 
@@ -141,29 +230,7 @@ def _by_target(view: PendingView, originals: Originals) -> dict[str, int]:
     for partition in view.partitions:
         keys = view.keys(partition)
         lowest += keys[:1]
-        cached = view.targets.get(keys)
-        counts.update(target.decode("utf-8", "replace") for target in cached if target)
-        missing = [key for key, target in zip(keys, cached, strict=True) if target is None]
-        counts.update(_read_targets(view, originals, partition, missing))
+        counts.update(target for target, _ in _routes(view, originals, partition, keys))
     view.targets.prune(min(lowest, default=None))
     return dict(counts.most_common())
 
-
-def _read_targets(view: PendingView, originals: Originals, partition: int,
-                  keys: list[bytes]) -> Counter[str]:
-    """Read the originals under ``keys``, cache the targets found, and count them."""
-    entries = view.pending(partition, keys)
-    read = originals.read(entries)
-    found: dict[bytes, bytes] = {}
-    counts: Counter[str] = Counter()
-    for entry in entries:
-        original = read[(entry.partition, entry.offset)]
-        target = original.target
-        if target is None:
-            counts[f"({original.state.value})"] += 1
-            continue
-        counts[target] += 1
-        found[codec.encode_due_key(entry.due_ms, entry.partition, entry.offset)] = (
-            target.encode())
-    view.targets.put(found)
-    return counts

@@ -86,7 +86,7 @@ def due_json(listed: Sequence[tuple[Pending, Original]], topic: str) -> Iterator
         yield orjson.dumps({
             "due_ms": entry.due_ms, "topic": topic, "partition": entry.partition,
             "offset": entry.offset, "id": entry.schedule_id, "target": original.target,
-            "key": text_of(original.key),
+            "lane": original.lane, "key": text_of(original.key),
             "key_hex": None if original.key is None else original.key.hex(),
             "value_bytes": original.value_bytes, "record_ms": entry.record_ms,
             "original": original.state.value,
@@ -96,14 +96,18 @@ def due_json(listed: Sequence[tuple[Pending, Original]], topic: str) -> Iterator
 def due_table(listed: Sequence[tuple[Pending, Original]], topic: str, now_ms: int) -> Table:
     """The ``kdelay due`` table, in due order."""
     table = Table(title=f"due entries of {topic} ({len(listed)})", title_justify="left")
-    for name in ("due (UTC)", "when", "request", "id", "target", "key", "value bytes"):
+    laned = any(original.lane is not None for _, original in listed)
+    names = ("due (UTC)", "when", "request", "id", "target", *(("lane",) if laned else ()),
+             "key", "value bytes")
+    for name in names:
         table.add_column(name, justify="right" if name == "value bytes" else "left")
     for entry, original in listed:
         target = original.target or f"({original.state.value})"
         size = original.value_bytes
+        lane = (original.lane or "-",) if laned else ()
         table.add_row(utc(entry.due_ms), relative(entry.due_ms, now_ms),
                       f"{topic}/{entry.partition}/{entry.offset}", entry.schedule_id or "-",
-                      target, preview(original.key) if original.record else "-",
+                      target, *lane, preview(original.key) if original.record else "-",
                       "-" if size is None else str(size))
     return table
 
@@ -119,6 +123,8 @@ def backlog_json(backlog: Backlog) -> str:
     }
     if backlog.by_target is not None:
         body["by_target"] = backlog.by_target
+    if backlog.lane is not None:
+        body["lane"] = backlog.lane
     return orjson.dumps(body).decode()
 
 
@@ -134,8 +140,9 @@ def _bar(count: int, most: int) -> str:
 def backlog_tables(backlog: Backlog) -> RenderableType:
     """The ``kdelay backlog`` summary, due-time histogram and per-partition/target counts."""
     now = backlog.now_ms
+    of_lane = "" if backlog.lane is None else f" in lane {backlog.lane}"
     summary = Text(
-        f"pending {backlog.pending}, overdue (ready now) {backlog.overdue}\n"
+        f"pending{of_lane} {backlog.pending}, overdue (ready now) {backlog.overdue}\n"
         f"earliest due {_when(backlog.earliest_due_ms, now)}\n"
         f"latest due   {_when(backlog.latest_due_ms, now)}")
     parts: list[RenderableType] = [summary, _buckets_table(backlog)]
@@ -198,7 +205,8 @@ def show_renderable(found: Lookup, topic: str, now_ms: int) -> RenderableType:
         lines.append(f"schedule id {entry.schedule_id or '-'}")
     original = found.original
     if original is not None and original.target is not None and entry is not None:
-        lines.append(f"goes to {original.target}")
+        lane = "" if original.lane is None else f" (lane {original.lane})"
+        lines.append(f"goes to {original.target}{lane}")
     if found.series is not None:
         lines.extend(series_lines(found.series, now_ms))
     parts: list[RenderableType] = [Text("\n".join(lines))]
@@ -234,6 +242,7 @@ def show_json(found: Lookup, topic: str) -> str:
         "id": None if entry is None else entry.schedule_id,
         "original": None if original is None else original.state.value,
         "target": None if original is None else original.target,
+        "lane": None if original is None else original.lane,
         "headers": None if record is None else [
             [name, text_of(value)] for name, value in headers_of(record)],
         "key": None if record is None else text_of(record.key()),

@@ -8,7 +8,7 @@ size of their payloads. It writes the file of :mod:`kdelay.view.archive`.
 
 :func:`import_archive` sends each entry as a new request through the client
 library: absolute due time (``kdelay-due-ms``), target, target partition, key,
-value and user headers as they were, and the schedule id. An entry without an
+value and user headers as they were, the lane, and the schedule id. An entry without an
 id gets one derived from where it came from (:func:`derived_id`), so every
 entry of a file carries an id and the service's duplicate check makes a
 second import of the same file schedule nothing new while the first import's
@@ -116,7 +116,8 @@ def entry_of(pending: Pending, record: Message, requests_topic: str) -> Entry:
                for name, value in route.user]
     return Entry(pending.due_ms, route.target, route.partition, pending.schedule_id,
                  record.key(), record.value(), headers,
-                 f"{requests_topic}/{pending.partition}/{pending.offset}", pending.record_ms)
+                 f"{requests_topic}/{pending.partition}/{pending.offset}", pending.record_ms,
+                 route.lane)
 
 
 def export_pending(view: PendingView, originals: Originals, writer: Callable[[Header],
@@ -271,7 +272,7 @@ def import_archive(reader: ArchiveReader, producer: DelayProducer,
         else:
             producer.send_async(entry.target, entry.value, key=entry.key,
                                 headers=entry.headers, due=entry.due_ms,
-                                partition=entry.partition, id=schedule_id)
+                                partition=entry.partition, id=schedule_id, lane=entry.lane)
             sent += 1
         if progress is not None and (sent + skipped) % PROGRESS_EVERY == 0:
             progress(sent + skipped, reader.header.pending)

@@ -16,8 +16,8 @@ tombstones that compaction has since removed, so it is rebuilt whole.
 The original records (target, key, value size, headers) are read back by
 offset in sorted ranges with :class:`kdelay.state.originals.OriginalReader`, as
 delivery reads them, and only for the entries a command shows; counting by
-target reads every pending original once and keeps the targets in the view
-(:class:`Targets`), so later counts read only what is new.
+target (or by lane) reads every pending original once and keeps the targets
+and lanes in the view (:class:`Targets`), so later counts read only what is new.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ from kdelay.state.originals import Missing, OriginalReader
 SYNCED_FILE = "synced_ms"
 DEFAULT_DELETE_RETENTION_MS = 86_400_000
 READ_CHUNK = 20_000
-TARGETS_DIR = "targets"
+# The cache of (target, lane) by due key; the name changed when the lane joined
+# the target, so a cache of targets alone is never read as one without lanes.
+TARGETS_DIR = "routes"
+_OLD_TARGETS_DIR = "targets"
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 # librdkafka log level for short-lived admin clients: their teardown logs at 6 (info).
@@ -98,8 +101,22 @@ def view_path(view_dir: Path, settings: Settings) -> Path:
     return view_dir / f"{settings.changelog_topic}-{digest}"
 
 
+def encode_route(target: str, lane: str | None) -> bytes:
+    """The cached form of an original's target and lane: ``target`` or ``target\nlane``.
+
+    Neither a topic nor a lane name can hold a line feed.
+    """
+    return target.encode() if lane is None else f"{target}\n{lane}".encode()
+
+
+def decode_route(raw: bytes) -> tuple[str, str | None]:
+    """The ``(target, lane)`` of a cached route (:func:`encode_route`)."""
+    target, _, lane = raw.decode("utf-8", "replace").partition("\n")
+    return target, lane or None
+
+
 class Targets:
-    """The targets of originals already read, by due key, kept in the view between runs.
+    """The routes (target and lane) of originals already read, by due key, kept between runs.
 
     An original never changes at its offset (the fingerprint was checked
     when it was read), so its target is read from Kafka once. Keys below
@@ -126,13 +143,13 @@ class Targets:
         self._db.close()
 
     def get(self, keys: list[bytes]) -> list[bytes | None]:
-        """The cached targets of ``keys`` (None where not cached), in one lookup."""
+        """The cached routes of ``keys`` (None where not cached), in one lookup."""
         if not keys:
             return []
         return cast(list[bytes | None], self._db.get(cast(list[_RdictKey], keys)))
 
     def put(self, found: dict[bytes, bytes]) -> None:
-        """Remember targets by due key."""
+        """Remember routes (:func:`encode_route`) by due key."""
         batch = WriteBatch(raw_mode=True)
         for key, target in found.items():
             batch.put(key, target)
@@ -202,6 +219,7 @@ class PendingView:
         finally:
             restorer.close()
         self._dir.mkdir(parents=True, exist_ok=True)
+        PartitionIndex.destroy(self._dir / _OLD_TARGETS_DIR)
         self._targets = Targets(self._dir / TARGETS_DIR)
         (self._dir / SYNCED_FILE).write_text(str(self._now_ms))
         return replayed
@@ -363,6 +381,12 @@ class Original:
     def target(self) -> str | None:
         """The ``kdelay-target`` the record is delivered to, or None."""
         value = header(self.record, envelope.TARGET) if self.record is not None else None
+        return None if value is None else value.decode("utf-8", "replace")
+
+    @property
+    def lane(self) -> str | None:
+        """The ``kdelay-lane`` the request names, or None (no lane, or no record)."""
+        value = header(self.record, envelope.LANE) if self.record is not None else None
         return None if value is None else value.decode("utf-8", "replace")
 
     @property

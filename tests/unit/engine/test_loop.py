@@ -15,6 +15,8 @@ topics in ``failing``.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +31,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kdelay.engine.checkpoint import ServiceError
+from kdelay.engine import checkpoint
 from kdelay.engine.service import Service
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
 from kdelay.plumbing.clock import ManualClock
@@ -458,6 +460,183 @@ def test_a_transaction_kafka_cannot_end_is_ended_by_a_new_producer_once_it_answe
     assert eos.pending() == [first]
 
 
+def test_offsets_whose_call_ignores_its_timeout_say_kafka_is_away_and_are_waited_for(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # librdkafka's send_offsets_to_transaction can block past its timeout while the
+    # group coordinator is down: the step must say so, then use the late answer.
+    monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
+    available = eos.service.metrics.kafka_available
+    seen_away: list[float] = []
+    old = eos.clients.producers["transactions"]
+    real = old.send_offsets_to_transaction
+
+    def send_offsets(positions: list[TopicPartition], metadata: Any,
+                     timeout: float = -1) -> None:
+        eos.clock.advance(int((checkpoint.TXN_CALL_S + 1) * 1000))
+        deadline = time.monotonic() + 5
+        while available._value.get() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen_away.append(available._value.get())
+        real(positions, metadata, timeout)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", send_offsets)
+    first = eos.request(T0 + 60_000, key=b"a")
+    events = eos.step()
+    assert seen_away == [0], "the late call was not reported as Kafka unreachable"
+    assert [e[0] for e in events if e[0] in ("begin", "offsets", "commit", "abort")] == [
+        "begin", "offsets", "commit"], "the late answer decides: committed"
+    assert eos.pending() == [first]
+    eos.step()
+    assert available._value.get() == 1, "Kafka answers again after the late call"
+
+
+def test_a_stop_while_offsets_wait_for_kafka_ends_the_service_with_a_code(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
+    release = threading.Event()
+    old = eos.clients.producers["transactions"]
+
+    def send_offsets(*_: Any, **__: Any) -> None:
+        eos.clock.advance(int((checkpoint.TXN_CALL_S + 1) * 1000))
+        eos.service.stop()
+        release.wait(5)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", send_offsets)
+    eos.request(T0 + 60_000, key=b"a")
+    try:
+        with pytest.raises(checkpoint.ServiceError) as raised:
+            eos.step()
+    finally:
+        release.set()
+    assert raised.value.code == "kafka-unreachable"
+
+
+FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+
+
+def test_a_fence_after_an_outage_is_the_coordinators_timeout_and_a_new_producer_goes_on(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The coordinator aborts a transaction that outlived transaction.timeout.ms while
+    # Kafka was away and bumps the epoch: the waiting producer is fenced, by no one else.
+    monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
+    available = eos.service.metrics.kafka_available
+    old = eos.clients.producers["transactions"]
+
+    def late_offsets(*_: Any, **__: Any) -> None:
+        eos.clock.advance(int((checkpoint.TXN_CALL_S + 1) * 1000))
+        deadline = time.monotonic() + 5
+        while available._value.get() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def fenced_commit(*_: Any, **__: Any) -> None:
+        raise KafkaException(FENCED)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", late_offsets)
+    monkeypatch.setattr(old, "commit_transaction", fenced_commit)
+    first = eos.request(T0 + 60_000, key=b"a")
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "commit", "seek")] == ["begin", "seek"]
+    new = eos.clients.producers["transactions"]
+    assert new is not old, "a new transactional producer took over"
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "offsets", "commit")] == [
+        "begin", "offsets", "commit"]
+    assert eos.pending() == [first]
+
+
+def test_a_fence_with_kafka_answering_all_along_ends_the_service(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fenced_commit(*_: Any, **__: Any) -> None:
+        raise KafkaException(FENCED)
+
+    monkeypatch.setattr(eos.clients.producers["transactions"], "commit_transaction",
+                        fenced_commit)
+    eos.request(T0 + 60_000, key=b"a")
+    with pytest.raises(checkpoint.ServiceError) as raised:
+        eos.step()
+    assert raised.value.code == "fenced"
+
+
+def test_a_fenced_begin_ends_the_service_with_its_code_not_a_raw_kafka_error(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fenced_begin(*_: Any, **__: Any) -> None:
+        raise KafkaException(FENCED)
+
+    monkeypatch.setattr(eos.clients.producers["transactions"], "begin_transaction",
+                        fenced_begin)
+    eos.request(T0 + 60_000, key=b"a")
+    with pytest.raises(checkpoint.ServiceError) as raised:
+        eos.step()
+    assert raised.value.code == "fenced"
+
+
+INSTANCE_FENCED = KafkaError(
+    KafkaError.FENCED_INSTANCE_ID,
+    "Static consumer fenced by other consumer with same group.instance.id", fatal=True)
+
+
+def outage_then_back(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka goes away (a client reports it, a probe confirms it), then answers again."""
+    answers = [False]
+
+    def list_topics(self: FakeProducer, topic: str, timeout: float = -1) -> SimpleNamespace:
+        if not answers[0]:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
+
+    monkeypatch.setattr(FakeProducer, "list_topics", list_topics)
+    loop.service._errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    loop.step()
+    assert loop.service.metrics.kafka_available._value.get() == 0
+    answers[0] = True
+    loop.clock.advance(2_000)
+    loop.step()
+    assert loop.service.metrics.kafka_available._value.get() == 1
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+@pytest.mark.parametrize("reported", ["error_cb", "consume"])
+def test_a_consumer_fenced_by_its_own_rejoin_after_an_outage_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarantee: Guarantee, reported: str,
+) -> None:
+    # librdkafka: a static member whose session timed out while the coordinator was
+    # away rejoins and is fenced by that rejoin: no second process is involved.
+    loop = Loop(tmp_path, guarantee)
+    try:
+        first = loop.request(T0 + 60_000, key=b"a")
+        loop.step()
+        outage_then_back(loop, monkeypatch)
+        if reported == "error_cb":
+            loop.service._errors.callback("intake")(INSTANCE_FENCED)
+        else:  # the consumer's own batch ends with the fatal error
+            loop.clients.group.log.append(Message(topic=REQUESTS, error=INSTANCE_FENCED))
+        events = loop.step()
+        assert ("close",) in events, "the fenced consumer is closed"
+        assert loop.service.owned() == [], "its partitions went with it"
+        loop.clients.group.assign_next.append(0)
+        loop.step()
+        assert loop.service.owned() == [0], "the new consumer was assigned the partition"
+        second = loop.request(T0 + 60_000, key=b"b")
+        loop.step()
+        loop.step()
+        assert loop.pending() == [first, second]
+    finally:
+        loop.service.close()
+
+
+def test_a_consumer_fenced_with_kafka_answering_all_along_ends_the_service(alo: Loop) -> None:
+    alo.step()
+    alo.service._errors.callback("intake")(INSTANCE_FENCED)
+    with pytest.raises(checkpoint.ServiceError) as raised:
+        alo.step()
+    assert raised.value.code == "fenced"
+
+
 def test_a_cancel_in_an_aborted_transaction_gives_its_entry_back(eos: Loop) -> None:
     key = eos.request(T0 + 1_000, key=b"a", sid="order-1")
     eos.step()
@@ -622,7 +801,7 @@ def test_a_forward_that_fails_for_good_stops_the_at_least_once_service(tmp_path:
     try:
         alo.wire.failing.add(REQUESTS)
         alo.request(T0 + 60_000, key=b"a", sid=off_partition_id())
-        with pytest.raises(ServiceError, match="forward") as raised:
+        with pytest.raises(checkpoint.ServiceError, match="forward") as raised:
             alo.step()
         assert raised.value.code == "forward-write-failed"
         assert alo.wire.kinds("store") == [], "the request's offset is not stored"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from kdelay.engine.metrics import LATENESS_BUCKETS, BatchHistogram
+from kdelay.engine.metrics import LATENESS_BUCKETS, BatchHistogram, Metrics
+from kdelay.protocol import envelope
+from kdelay.protocol.envelope import ErrorCode
 
 NAME = "kdelay_lateness_seconds"
 HELP = "Produce time minus due time, by the service clock"
@@ -44,3 +46,23 @@ def test_the_name_is_registered() -> None:
     BatchHistogram(NAME, HELP, LATENESS_BUCKETS, registry)
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         Histogram(NAME, HELP, registry=registry)
+
+
+def test_lane_refusals_are_counted_by_a_bounded_lane_label() -> None:
+    metrics = Metrics()
+
+    def refused(code: str, lane: bytes | None) -> list[tuple[str, str | bytes | None]]:
+        named = [] if lane is None else [(envelope.LANE, lane)]
+        return [("trace", b"1"), *named, (envelope.ERROR, b"forged"),
+                *envelope.rejection_headers(envelope.Rejection(ErrorCode(code), "why"))]
+
+    metrics.count_lane_refusals([
+        refused("wrong-lane", b"dev1"), refused("wrong-lane", b"dev1"),
+        refused("missing-lane", None), *(refused("unknown-lane", f"x{n}".encode())
+                                         for n in range(50)),
+        refused("bad-time", b"dev1"), None], {"dev1", "dev2"})  # None: a record without headers
+    counted = {(s.labels["lane"], s.labels["reason"]): s.value
+               for family in metrics.lane_refused.collect() for s in family.samples
+               if s.name.endswith("_total")}
+    assert counted == {("dev1", "wrong-lane"): 2, ("(none)", "missing-lane"): 1,
+                       ("(unknown)", "unknown-lane"): 50}

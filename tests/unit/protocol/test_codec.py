@@ -19,6 +19,7 @@ from kdelay.protocol.codec import (
     decode_id_state,
     decode_index_value,
     decode_offset,
+    due_times,
     due_upper_bound,
     encode_due_key,
     encode_expiry_key,
@@ -27,6 +28,7 @@ from kdelay.protocol.codec import (
     encode_offset,
     expiry_upper_bound,
     fingerprint,
+    record_times,
 )
 
 u32 = st.integers(0, 2**32 - 1)
@@ -48,6 +50,14 @@ def test_due_key_round_trips(key: DueKey) -> None:
 @given(due_keys, due_keys)
 def test_due_key_byte_order_is_tuple_order(a: DueKey, b: DueKey) -> None:
     assert (encode_due_key(*a) < encode_due_key(*b)) == (tuple(a) < tuple(b))
+
+
+@given(st.lists(due_keys, max_size=20), st.lists(fingerprints, max_size=20))
+def test_batch_time_readers_agree_with_the_decoders(keys: list[DueKey],
+                                                    prints: list[Fingerprint]) -> None:
+    assert due_times([encode_due_key(*k) for k in keys]) == [k.due_ms for k in keys]
+    values = [encode_index_value(IndexValue(f, None)) for f in prints]
+    assert record_times(values) == [f.timestamp_ms for f in prints]
 
 
 def test_due_key_layout_is_big_endian() -> None:

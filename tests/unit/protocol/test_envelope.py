@@ -357,6 +357,9 @@ def test_error_codes_are_stable() -> None:
         "undeliverable",
         "forbidden-target",
         "target-not-allowed",
+        "unknown-lane",
+        "wrong-lane",
+        "missing-lane",
         "bad-forward",
     }
 
@@ -577,7 +580,9 @@ near_values = (
     | topics.map(str.encode)
     | st.sampled_from([b".", b"..", b"a b", b"\xff", None, "1", "t"])
 )
-request_names = st.sampled_from([TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL])
+request_names = st.sampled_from([TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL,
+                                 envelope.LANE])
+lanes = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True).map(str.encode)
 
 
 @st.composite
@@ -592,6 +597,8 @@ def near_requests(draw: st.DrawFn) -> Headers:
         headers.append((PARTITION, draw(near_numbers)))
     if draw(st.booleans()):
         headers.append((SCHEDULE_ID, draw(ids.map(lambda s: s and s.encode()) | near_values)))
+    if draw(st.booleans()):
+        headers.append((envelope.LANE, draw(lanes | near_values | st.just(b"a" * 65))))
     headers += draw(st.lists(st.tuples(request_names | header_names, near_values), max_size=2))
     return list(draw(st.permutations(headers)))
 
@@ -618,6 +625,7 @@ def test_fast_path_agrees_with_the_general_path(
         schedule_headers("orders", due_ms=TS),
         schedule_headers("orders", delay_ms=5, partition=2, schedule_id="ordre-é"),
         schedule_headers("orders", level=40),
+        schedule_headers("dev1.orders", delay_ms=5, lane="dev1"),
         [("trace", b"x"), *schedule_headers("orders", due_ms=7), (ORIGIN, b"a/0/1")],
     ],
 )

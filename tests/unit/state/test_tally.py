@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.state.tally import MINUTE_MS, Change, Tally, buckets, horizons
@@ -37,6 +39,29 @@ def test_a_change_moves_only_the_buckets_it_touches_and_empties_go() -> None:
     tally.commit(change)
     assert tally.total == 2
     assert NOW // MINUTE_MS not in tally.due
+
+
+def test_a_batch_counts_exactly_as_one_entry_at_a_time() -> None:
+    added = [entry(NOW + i * 13_000, NOW - i * 29_000, i) for i in range(40)]
+    removed = [entry(NOW - i * 61_000, NOW - 3 * i * MINUTE_MS, 100 + i) for i in range(25)]
+    one, batch = Change(), Change()
+    for key, raw in added:
+        one.count(key, raw, 1)
+    for key, raw in removed:
+        one.count(key, raw, -1)
+    batch.count_all([k for k, _ in added], [v for _, v in added], 1)
+    batch.count_all([k for k, _ in removed], [v for _, v in removed], -1)
+    assert (batch.due, batch.slack) == (one.due, one.slack)
+    assert len(batch.due) > 5  # the entries span many minutes
+    assert len(batch.slack) > 5
+
+
+def test_a_batch_needs_a_value_for_every_key() -> None:
+    key, raw = entry(NOW, NOW)
+    change = Change()
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        change.count_all([key, key], [raw], 1)
+    assert (change.due, change.slack) == ({}, {})
 
 
 def test_horizons_by_due_minute() -> None:

@@ -50,6 +50,7 @@ entries = st.builds(
     headers=st.lists(st.tuples(st.text(), st.none() | st.binary())),
     origin=st.text(min_size=1),
     timestamp_ms=st.integers(0, 2**63 - 1),
+    lane=st.none() | st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True),
 )
 
 
@@ -160,6 +161,17 @@ def test_a_cut_gzip_stream_is_truncated(tmp_path: Path) -> None:
     with ArchiveReader(path) as reader, pytest.raises(ArchiveError) as caught:
         list(reader.entries())
     assert caught.value.code == "export-truncated"
+
+
+def test_an_entry_names_its_lane_only_when_it_has_one() -> None:
+    laned = Entry(5, "dev1.t", None, None, None, None, [], "r/1/0", 4, "dev1")
+    assert orjson.loads(encode_entry(laned))["lane"] == "dev1"
+    assert "lane" not in orjson.loads(encode_entry(BARE))
+    assert decode_entry(orjson.loads(encode_entry(BARE)), 2).lane is None
+    with pytest.raises(ArchiveError, match="line 4: field 'lane' is not a lane name"):
+        decode_entry(orjson.loads(encode_entry(laned)) | {"lane": "dev 1"}, 4)
+    with pytest.raises(ArchiveError, match="field 'lane' must be str"):
+        decode_entry(orjson.loads(encode_entry(laned)) | {"lane": 7}, 4)
 
 
 def test_an_entry_without_a_field_names_it() -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from rich.console import Console
 
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol import codec
-from kdelay.view.backlog import bucket_counts
-from kdelay.view.display import preview, relative, span, utc
+from kdelay.view.backlog import Backlog, bucket_counts
+from kdelay.view.display import backlog_json, backlog_tables, preview, relative, span, utc
 from kdelay.view.lookup import NotARequest, parse_reference
-from kdelay.view.pending import Columns
+from kdelay.view.pending import Columns, decode_route, encode_route
 from kdelay.view.retention import PartitionRetention, count, recommend
 
 HOUR = 3_600_000
@@ -74,3 +76,20 @@ def test_times_and_previews_read_well() -> None:
 def test_buckets_count_sorted_due_times_by_aligned_start() -> None:
     assert bucket_counts([], 10) == []
     assert bucket_counts([3, 9, 10, 10, 35], 10) == [(0, 2), (10, 2), (30, 1)]
+
+
+def test_a_cached_route_keeps_the_target_and_the_lane() -> None:
+    assert decode_route(encode_route("dev1.orders", "dev1")) == ("dev1.orders", "dev1")
+    assert decode_route(encode_route("orders", None)) == ("orders", None)
+    assert encode_route("orders", None) == b"orders"
+
+
+def test_a_lanes_backlog_says_which_lane_it_counts() -> None:
+    laned = Backlog(0, 1, 0, HOUR, HOUR, HOUR, [(HOUR, 1)], {0: 1}, {"dev1.orders": 1}, "dev1")
+    console = Console(width=120, record=True)
+    console.print(backlog_tables(laned))
+    shown = console.export_text()
+    assert "pending in lane dev1 1" in shown
+    assert "dev1.orders" in shown
+    assert orjson.loads(backlog_json(laned))["lane"] == "dev1"
+    assert "lane" not in orjson.loads(backlog_json(Backlog(0, 0, 0, None, None, HOUR, [], {})))

@@ -1,0 +1,97 @@
+"""The index's tally stays exact whatever mix of puts, deletes and scans it sees.
+
+Deleting an entry a scan returned counts it out of the tally from the value
+the scan read, with no lookup; these tests hold that to the tally counted
+from the store itself after every write.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kdelay.protocol.codec import Fingerprint, IndexValue, encode_due_key, encode_index_value
+from kdelay.state import index as index_module
+from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.tally import MINUTE_MS, Tally
+
+NOW = 1_700_000_000_000
+KEYS = 12
+
+
+def entry(slot: int) -> Entry:
+    """The entry of key ``slot``: due and slack minutes differ by slot. A key always
+    has one value (it names one request), as in the service."""
+    value = IndexValue(Fingerprint(NOW - (slot % 3) * 7 * MINUTE_MS, slot), None)
+    return Entry(encode_due_key(NOW + slot * MINUTE_MS, 0, slot), value,
+                 encode_index_value(value))
+
+
+slots = st.lists(st.integers(0, KEYS - 1), max_size=6)
+operations = st.lists(st.one_of(
+    st.tuples(st.just("put"), slots, st.just(0)),
+    st.tuples(st.just("delete"), slots, st.just(0)),
+    st.tuples(st.just("both"), slots, st.just(0)),
+    st.tuples(st.just("scan"), st.just([]), st.integers(0, KEYS)),
+), max_size=25)
+
+
+def apply(index: PartitionIndex, kind: str, chosen: list[int], number: int) -> None:
+    if kind == "scan":
+        index.scan(NOW + KEYS * MINUTE_MS, number)
+        return
+    puts = [entry(s) for s in dict.fromkeys(chosen)] if kind != "delete" else []
+    half = chosen[len(chosen) // 2:] if kind == "both" else chosen
+    deletes = [entry(s).key for s in half] if kind != "put" else []
+    index.apply(Changes(puts=puts, deletes=deletes))
+
+
+def assert_exact(index: PartitionIndex) -> None:
+    counted = Tally.of(index.raw_items())
+    assert (index.tally.due, index.tally.slack) == (counted.due, counted.slack)
+    assert index.tally.total == counted.total
+
+
+@settings(max_examples=60, deadline=None)
+@given(operations, st.booleans())
+def test_the_tally_matches_the_store_after_any_writes_and_scans(
+        ops: list[tuple[str, list[int], int]], tiny_cap: bool) -> None:
+    cap = index_module.SCANNED_CAP
+    index_module.SCANNED_CAP = 2 if tiny_cap else cap
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            index = PartitionIndex(Path(tmp) / "p0", 0)
+            try:
+                for kind, chosen, number in ops:
+                    apply(index, kind, chosen, number)
+                    assert_exact(index)
+            finally:
+                index.close()
+    finally:
+        index_module.SCANNED_CAP = cap
+
+
+def test_deleting_scanned_entries_looks_nothing_up(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        index.apply(Changes(puts=[entry(s) for s in range(4)]))
+        found = index.scan(NOW + KEYS * MINUTE_MS, 3)
+        looked_up: list[bytes] = []
+        lookup = index.raw_values
+
+        def recording(keys: list[bytes]) -> list[bytes | None]:
+            looked_up.extend(keys)
+            return lookup(keys)
+
+        monkeypatch.setattr(index, "raw_values", recording)
+        unscanned = entry(3).key
+        index.apply(Changes(deletes=[*(e.key for e in found), unscanned]))
+        assert looked_up == [unscanned]
+        assert index.tally.total == 0
+    finally:
+        index.close()
