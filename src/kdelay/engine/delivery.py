@@ -23,6 +23,7 @@ that clock's time.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -420,15 +421,10 @@ class Delivery:
         return MAX_HELD_BATCHES * self._config.batch_size - self._book.held(partition)
 
     def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
-        """Read the originals of ``wanted`` (entries by index partition) where they lie.
-
-        An entry's original is on the request partition its key names: the
-        index's own, or another one for a schedule forwarded to its id's partition.
-        """
+        # An original lies on the partition its key names (another for a forwarded id).
         offsets: dict[int, list[int]] = defaultdict(list)
-        for entries in wanted.values():
-            for entry in entries:
-                offsets[entry.due.partition].append(entry.due.offset)
+        for entry in itertools.chain.from_iterable(wanted.values()):
+            offsets[entry.due.partition].append(entry.due.offset)
         originals = self._reader.read(offsets)
         for partition, entries in wanted.items():
             window = self._window(partition)
