@@ -177,6 +177,10 @@ class Checkpoint(Protocol):
         """Wait (bounded) for the batches in flight; return those now durable, oldest first."""
         ...
 
+    def mark(self, partition: int, offset: int, acks: Acks) -> None:
+        """A plan of ``partition`` that reads up to ``offset`` is being written with ``acks``."""
+        ...
+
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Record that intake applied ``partition`` up to ``offset``."""
         ...
@@ -229,7 +233,7 @@ class AtLeastOnce:
         good; a dead letter that failed for good is logged (the request stays
         readable at its origin).
         """
-        if batch.acks.waiting:
+        if batch.plans:  # even without records (markers come later): applied in order
             self._unacked.append((batch, batch.acks.waiting))
             self._records += batch.acks.waiting
         self.internal.poll(0)
@@ -273,9 +277,17 @@ class AtLeastOnce:
             durable.append(batch)
         return durable
 
+    def mark(self, partition: int, offset: int, acks: Acks) -> None:
+        """Nothing yet: the marker is written once the batch is durable (:meth:`consumed`)."""
+
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
-        """Store the offset; the consumer's auto-commit commits it."""
+        """Store the offset (the consumer's auto-commit commits it) and write the marker.
+
+        Only now is every record of the batch acknowledged, its forwards to
+        other request partitions included (see :meth:`ChangelogWriter.mark_applied`).
+        """
         consumer.store_offsets(offsets=[TopicPartition(self._requests_topic, partition, offset)])
+        self.writer.mark_applied(partition, offset)
 
     def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
         """Produce what intake adopted and came due, then apply the reports that arrived."""
@@ -620,6 +632,10 @@ class ExactlyOnce:
         means a second process.
         """
         return fatal_code(error) == "fenced" and not (self._away or self._unreachable())
+
+    def mark(self, partition: int, offset: int, acks: Acks) -> None:
+        """Write the marker in the open transaction, with the plan's records and offsets."""
+        self.writer.mark_consumed(partition, offset, acks)
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Nothing: the offsets went with the transaction."""

@@ -290,15 +290,15 @@ def test_what_is_due_goes_out_before_the_intake_batch_is_written_and_awaited(alo
     alo.clock.set(T0 + 1_000)
     later = alo.request(T0 + 5_000, key=b"later")
     events = alo.step()
-    assert produced(events)[:3] == [
+    assert produced(events)[:2] == [
         ("orders", b"early"),
         (CHANGELOG, later),
-        (CHANGELOG, codec.CONSUMED_MARKER),
     ], "the due record before the batch's changelog records"
-    acks = [e for e in events if e[0] == "ack" and e[2] == CHANGELOG]
     stored = events.index(("store", [(0, 2)]))
-    assert all(events.index(ack) < stored for ack in acks), (
+    assert events.index(("ack", "internal", CHANGELOG, later, True)) < stored, (
         "the offset is stored only once the batch's records are acknowledged")
+    marker = events.index(("produce", "internal", CHANGELOG, codec.CONSUMED_MARKER))
+    assert marker > stored, "the consumed marker is written once the batch is durable"
 
 
 def test_an_adopted_entry_already_due_goes_out_in_the_step_that_took_it_in(alo: Loop) -> None:
@@ -805,5 +805,25 @@ def test_a_forward_that_fails_for_good_stops_the_at_least_once_service(tmp_path:
             alo.step()
         assert raised.value.code == "forward-write-failed"
         assert alo.wire.kinds("store") == [], "the request's offset is not stored"
+    finally:
+        alo.service.close()
+
+
+def test_at_least_once_writes_the_consumed_marker_only_after_the_forward_is_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """A marker acknowledged before the forward would let a restore skip the request."""
+    alo = Loop(tmp_path, Guarantee.AT_LEAST_ONCE, partitions=2)
+    try:
+        alo.clients.producers["internal"].hold = True
+        alo.request(T0 + 60_000, key=b"a", sid=off_partition_id())
+        events = alo.step()
+        assert ("produce", "internal", REQUESTS, None) in events
+        assert ("produce", "internal", CHANGELOG, codec.CONSUMED_MARKER) not in events
+        alo.clients.producers["internal"].hold = False
+        events = alo.step()
+        forwarded = events.index(("ack", "internal", REQUESTS, None, True))
+        marker = events.index(("produce", "internal", CHANGELOG, codec.CONSUMED_MARKER))
+        assert forwarded < marker
     finally:
         alo.service.close()
