@@ -177,8 +177,8 @@ class Checkpoint(Protocol):
         """Wait (bounded) for the batches in flight; return those now durable, oldest first."""
         ...
 
-    def mark(self, partition: int, offset: int, acks: Acks) -> None:
-        """A plan of ``partition`` that reads up to ``offset`` is being written with ``acks``."""
+    def mark(self, plan: Plan, acks: Acks) -> None:
+        """Write the consumed-offset marker of ``plan``, being written with ``acks``."""
         ...
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
@@ -233,7 +233,7 @@ class AtLeastOnce:
         good; a dead letter that failed for good is logged (the request stays
         readable at its origin).
         """
-        if batch.plans:  # even without records (markers come later): applied in order
+        if batch.acks.waiting:
             self._unacked.append((batch, batch.acks.waiting))
             self._records += batch.acks.waiting
         self.internal.poll(0)
@@ -277,17 +277,25 @@ class AtLeastOnce:
             durable.append(batch)
         return durable
 
-    def mark(self, partition: int, offset: int, acks: Acks) -> None:
-        """Nothing yet: the marker is written once the batch is durable (:meth:`consumed`)."""
+    def mark(self, plan: Plan, acks: Acks) -> None:
+        """Write the plan's marker, never past a request whose forward is not acknowledged.
+
+        The marker may be acknowledged before a forward (another partition of
+        the requests topic), and a restore from it after a crash would skip
+        the request: it names instead the first request of this plan, or of a
+        plan still awaiting its acknowledgements, that was forwarded (read
+        again, it is forwarded again: the same schedule at the id's partition).
+        """
+        assert plan.changes.consumed is not None  # noqa: S101 - the service checks
+        floors = [p.first_forward for batch, _ in self._unacked for p in batch.plans
+                  if p.partition == plan.partition and p.first_forward is not None]
+        if plan.first_forward is not None:
+            floors.append(plan.first_forward)
+        self.writer.mark_consumed(plan.partition, min([plan.changes.consumed, *floors]), acks)
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
-        """Store the offset (the consumer's auto-commit commits it) and write the marker.
-
-        Only now is every record of the batch acknowledged, its forwards to
-        other request partitions included (see :meth:`ChangelogWriter.mark_applied`).
-        """
+        """Store the offset; the consumer's auto-commit commits it."""
         consumer.store_offsets(offsets=[TopicPartition(self._requests_topic, partition, offset)])
-        self.writer.mark_applied(partition, offset)
 
     def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
         """Produce what intake adopted and came due, then apply the reports that arrived."""
@@ -633,9 +641,10 @@ class ExactlyOnce:
         """
         return fatal_code(error) == "fenced" and not (self._away or self._unreachable())
 
-    def mark(self, partition: int, offset: int, acks: Acks) -> None:
+    def mark(self, plan: Plan, acks: Acks) -> None:
         """Write the marker in the open transaction, with the plan's records and offsets."""
-        self.writer.mark_consumed(partition, offset, acks)
+        assert plan.changes.consumed is not None  # noqa: S101 - the service checks
+        self.writer.mark_consumed(plan.partition, plan.changes.consumed, acks)
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Nothing: the offsets went with the transaction."""

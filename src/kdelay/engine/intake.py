@@ -65,8 +65,10 @@ class Plan:
     changes: Changes = field(default_factory=Changes)
     changelog: list[Record] = field(default_factory=list)
     dead_letters: list[Record] = field(default_factory=list)
-    # Forward records to the partitions of ids that live elsewhere (requests topic).
+    # Forward records to the partitions of ids that live elsewhere (requests topic),
+    # and the offset of the first request forwarded.
     forwards: list[Record] = field(default_factory=list)
+    first_forward: int | None = None
     outcomes: list[tuple[Outcome, str]] = field(default_factory=list)
     # The request records behind ``changes.puts``, so delivery can take the
     # ones due soon without reading them back from Kafka.
@@ -205,8 +207,10 @@ class Planner:
         state = self._id_state(plan, schedule_id)
         return home if state is None or state.pending_key is None else None
 
-    def _forward(self, plan: Plan, home: int, sid: str, headers: Headers,
+    def _forward(self, plan: Plan, offset: int, home: int, sid: str, headers: Headers,
                  value: bytes | None = None) -> None:
+        if plan.first_forward is None:
+            plan.first_forward = offset
         plan.forwards.append(Record(self._topics.requests, home, None, value, headers))
         plan.outcomes.append((Outcome.FORWARDED, sid))
 
@@ -239,7 +243,7 @@ class Planner:
         if home is not None:
             assert sid is not None  # noqa: S101 - home is None without an id
             found = Forward(sid, schedule.due_ms, plan.partition, offset, fingerprint)
-            self._forward(plan, home, sid, forward.schedule_headers(found))
+            self._forward(plan, offset, home, sid, forward.schedule_headers(found))
             return
         key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
         self._index(plan, key, sid, fingerprint, message)
@@ -265,7 +269,7 @@ class Planner:
         home = (None if forward.is_forward(message.headers())
                 else self._elsewhere(plan, schedule_id))
         if home is not None:
-            self._forward(plan, home, schedule_id,
+            self._forward(plan, offset, home, schedule_id,
                           forward.cancel_headers(schedule_id, plan.partition, offset),
                           schedule_id.encode("utf-8"))
             return

@@ -488,10 +488,11 @@ class Service:
                 if p in self._planners]
 
     def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
-        """Produce the plans' changelog records, dead letters and forwards, and (as the
-        checkpoint decides: in the transaction, or once the batch is durable) their
-        consumed markers. Delivery adopts the new entries due soon, so they go out
-        when due whenever the batch is acknowledged.
+        """Produce the plans' changelog records, dead letters, forwards and consumed markers.
+
+        A plan's marker follows its own records on the same partition, so its
+        acknowledgement confirms them all. Delivery adopts the new entries due
+        soon, so they go out when due whenever the batch is acknowledged.
         """
         writer = checkpoint.writer
         acks = writer.acks()
@@ -506,7 +507,7 @@ class Service:
                         partition=record.partition, headers=record.headers,
                         on_delivery=acks.forward())
             if plan.changes.consumed is not None:
-                checkpoint.mark(plan.partition, plan.changes.consumed, acks)
+                checkpoint.mark(plan, acks)
             delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
         return Batch(plans, {plan.partition: self._indexes[plan.partition] for plan in plans},
                      acks)

@@ -10,10 +10,9 @@ Every changelog record this instance writes reflects a change already made
 (or, for intake, made right after the flush that confirms it) to the local
 index, so the position after the latest confirmed record is a safe place for
 the next restore to start from. Puts do not confirm: the marker that follows
-a plan's puts on the same partition does (in the transaction under
-exactly-once, once the batch is acknowledged under at-least-once), and that
-keeps each put's report as cheap as possible (the producer is idempotent, so
-the marker's offset is higher than the plan's puts).
+a plan's puts on the same partition does, and that keeps each put's report as
+cheap as possible (the producer is idempotent, so the marker's offset is the
+highest of the plan's).
 
 Intake's records are written on behalf of one step's :class:`Acks`, which
 counts the acknowledgements they still wait for: a step's plans reach the
@@ -151,7 +150,6 @@ class ChangelogWriter:
         self._next: dict[int, int] = {}
         self._failures: list[Failure] = []
         self._on_confirming = guarded(self._confirming_reported)
-        self._on_marker = guarded(self._marker_reported)
 
     @property
     def topic(self) -> str:
@@ -185,18 +183,6 @@ class ChangelogWriter:
                 value=codec.encode_offset(offset), partition=partition,
                 on_delivery=acks.on_marker)
 
-    def mark_applied(self, partition: int, offset: int) -> None:
-        """Write how far intake has read ``partition``, once the batch that got there is durable.
-
-        At-least-once writes its markers here: a marker written with its batch
-        could be acknowledged before the batch's forwards (other partitions of
-        the requests topic), and a restore from it after a crash would skip a
-        request whose forward was never written.
-        """
-        produce(self._producer, self._topic, key=codec.CONSUMED_MARKER,
-                value=codec.encode_offset(offset), partition=partition,
-                on_delivery=self._on_marker)
-
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
         return self._next.get(partition)
@@ -222,12 +208,6 @@ class ChangelogWriter:
     def _confirming_reported(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
             self._confirm(message)
-        else:
-            self._failed(error, message)
-
-    def _marker_reported(self, error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            self._marker_written(message)
         else:
             self._failed(error, message)
 
