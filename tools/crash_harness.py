@@ -1,11 +1,16 @@
 """Crash harness: SIGKILL ``kdelay run`` under load and prove nothing is lost.
 
 A load thread writes requests continuously with mixed delays (already due,
-sub-second, a few seconds). ``kdelay run`` runs as a subprocess and is killed
-with SIGKILL at random moments and restarted, sometimes with its state
-directory deleted (the index is then rebuilt from the changelog); optionally
-the broker is killed and restarted too. When the kills are done the load stops,
-a last instance drains what is pending, and the target topic is read back with
+sub-second, a few seconds), a share of them with a ``kdelay-id`` (one per
+request, so none is a duplicate). Every request is placed by its key with the
+producer's default partitioner, as a producer keyed by a business key would,
+so most requests with an id land off their id's partition and kdelay forwards
+them there: kills also fall between a forward and its indexing. ``kdelay run``
+runs as a subprocess and is killed with SIGKILL at random moments and
+restarted, sometimes with its state directory deleted (the index is then
+rebuilt from the changelog); optionally the broker is killed and restarted
+too. When the kills are done the load stops, a last instance drains what is
+pending, and the target topic is read back with
 a ``read_committed`` consumer:
 
 - lost: a request never delivered (nor dead-lettered);
@@ -74,6 +79,7 @@ class Options:
     max_up_s: float = 4.0
     drain_timeout_s: float = 180.0
     seed: int = 1
+    ids: float = 0.3
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kdelay-crash-")))
 
 
@@ -118,13 +124,15 @@ def log(message: str) -> None:
 class Load(threading.Thread):
     """Writes requests at a steady rate until stopped; remembers every due time."""
 
-    def __init__(self, bootstrap: str, topic: str, target: str, rate: int, seed: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, target: str, rate: int, seed: int,
+                 ids: float = 0.0) -> None:
         super().__init__(daemon=True)
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                    "linger.ms": 5, "message.timeout.ms": 0})
         self._topic = topic
         self._target = target
         self._rate = rate
+        self._ids = ids
         self._rng = random.Random(seed)
         self._halt = threading.Event()
         self.due: dict[str, int] = {}
@@ -153,6 +161,8 @@ class Load(threading.Thread):
         self.due[rid] = due
         headers: list[tuple[str, str | bytes | None]] = [
             ("kdelay-target", self._target.encode()), ("kdelay-due-ms", str(due).encode())]
+        if self._rng.random() < self._ids:
+            headers.append(("kdelay-id", f"id-{rid}".encode()))
 
         def report(error: KafkaError | None, _: Message) -> None:
             if error is not None:
@@ -310,7 +320,7 @@ def run(options: Options) -> Report:
            "KDELAY_STATE_DIR": str(options.workdir / "state"),
            "KDELAY_GUARANTEE": options.guarantee}
     started = time.monotonic()
-    load = Load(options.bootstrap, requests, target, options.rate, options.seed)
+    load = Load(options.bootstrap, requests, target, options.rate, options.seed, options.ids)
     load.start()
     instance = Instance(options, env)
     instance.start()
@@ -390,6 +400,8 @@ def main() -> int:
     parser.add_argument("--broker-kills", type=int, default=0,
                         help="how many of the kills also SIGKILL the broker")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ids", type=float, default=0.3,
+                        help="share of requests with a kdelay-id (placed by key, not by id)")
     parser.add_argument("--min-up", type=float, default=1.0,
                         help="shortest time an instance runs before it is killed (s)")
     parser.add_argument("--max-up", type=float, default=4.0,
@@ -401,7 +413,8 @@ def main() -> int:
     bootstrap = kafka_broker.address()
     reports = [run(Options(bootstrap, g, args.kills, args.rate, state_loss=args.state_loss,
                            broker_kills=args.broker_kills, min_up_s=args.min_up,
-                           max_up_s=args.max_up, seed=args.seed)) for g in guarantees]
+                           max_up_s=args.max_up, seed=args.seed, ids=args.ids))
+               for g in guarantees]
     for report in reports:
         print(report.table())
     if args.json:

@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import NamedTuple, Self, TypeAlias
 
-import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kdelay.plumbing.callbacks import guarded
@@ -32,6 +31,7 @@ from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import LayoutError, requests_retention
 from kdelay.protocol import durations, envelope
 from kdelay.protocol.envelope import Headers, HeaderValue
+from kdelay.protocol.forward import id_partition as id_partition
 
 UserHeaders: TypeAlias = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]]
 """User headers, as a mapping or as (name, value) pairs; str values are UTF-8 encoded."""
@@ -74,18 +74,6 @@ class RequestRefused(ValueError):
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
         self.code = code
-
-
-def id_partition(schedule_id: str, partitions: int) -> int:
-    """The request partition of every record that carries ``schedule_id``.
-
-    Kafka's murmur2 partitioner applied to the UTF-8 id, as the Java client's
-    default partitioner computes it for a key: a Java producer gets the same
-    partition with ``Utils.toPositive(Utils.murmur2(id.getBytes(UTF_8))) % n``.
-    """
-    if partitions < 1:
-        raise ValueError(f"a topic has at least one partition, got {partitions}")
-    return confluent_kafka.murmur2(schedule_id.encode("utf-8"), partitions)
 
 
 def delay_ms(delay: timedelta | int) -> int:

@@ -44,6 +44,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     UserScramCredentialUpsertion,
 )
 
+from kdelay.client import id_partition
 from kdelay.protocol import envelope
 from tests.conftest import ROOT, _unavailable, produce_all
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, clean_environment, run_cli
@@ -218,9 +219,12 @@ def test_the_service_serves_over_sasl_ssl_with_exactly_the_documented_acls(
     # The producer may write the requests topic, and nothing else.
     assert refusal(principals, target) == KafkaError.TOPIC_AUTHORIZATION_FAILED
     due = str(time.time_ns() // 1_000_000).encode()
+    # Ids on other partitions than their own: kdelay forwards them (Write on requests).
+    assert any(id_partition(f"acl-{i}", 3) != i % 3 for i in range(6))
     reports = send_as(principals, deployment.requests, [
         *({"value": f"ok-{i}".encode(), "partition": i % 3,
-           "headers": [(envelope.TARGET, target.encode()), (envelope.DUE_MS, due)]}
+           "headers": [(envelope.TARGET, target.encode()), (envelope.DUE_MS, due),
+                       (envelope.SCHEDULE_ID, f"acl-{i}".encode())]}
           for i in range(6)),
         {"value": b"smuggled", "partition": 0,
          "headers": [(envelope.TARGET, forbidden.encode()), (envelope.DUE_MS, due)]}])

@@ -50,7 +50,7 @@ from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.transactional import Renewable
-from kdelay.engine.writer import Acks, ChangelogWriter, Failure
+from kdelay.engine.writer import Acks, ChangelogWriter
 from kdelay.plumbing.callbacks import fatal_code
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
@@ -177,6 +177,10 @@ class Checkpoint(Protocol):
         """Wait (bounded) for the batches in flight; return those now durable, oldest first."""
         ...
 
+    def mark(self, plan: Plan, acks: Acks) -> None:
+        """Write the consumed-offset marker of ``plan``, being written with ``acks``."""
+        ...
+
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Record that intake applied ``partition`` up to ``offset``."""
         ...
@@ -258,6 +262,11 @@ class AtLeastOnce:
         unacked = self._unacked
         durable: list[Batch] = []
         while unacked and unacked[0][0].acks.done:
+            for failure in unacked[0][0].acks.forward_failures:
+                # The batch is not applied: its requests are read again after a restart.
+                raise ServiceError("forward-write-failed", (
+                    f"cannot forward a request to its id's partition of {failure.topic}: "
+                    f"{failure.error.str()}; kdelay needs Write on the requests topic"))
             batch, records = unacked.popleft()
             self._records -= records
             for failure in batch.acks.dead_letter_failures:
@@ -267,6 +276,22 @@ class AtLeastOnce:
                 self._metrics.changelog_errors.inc()
             durable.append(batch)
         return durable
+
+    def mark(self, plan: Plan, acks: Acks) -> None:
+        """Write the plan's marker, never past a request whose forward is not acknowledged.
+
+        The marker may be acknowledged before a forward (another partition of
+        the requests topic), and a restore from it after a crash would skip
+        the request: it names instead the first request of this plan, or of a
+        plan still awaiting its acknowledgements, that was forwarded (read
+        again, it is forwarded again: the same schedule at the id's partition).
+        """
+        assert plan.changes.consumed is not None  # noqa: S101 - the service checks
+        floors = [p.first_forward for batch, _ in self._unacked for p in batch.plans
+                  if p.partition == plan.partition and p.first_forward is not None]
+        if plan.first_forward is not None:
+            floors.append(plan.first_forward)
+        self.writer.mark_consumed(plan.partition, min([plan.changes.consumed, *floors]), acks)
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Store the offset; the consumer's auto-commit commits it."""
@@ -357,7 +382,7 @@ class ExactlyOnce:
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
         """
-        committed = self._commit(batch.acks.dead_letter_failures, offsets, consumer, delivery)
+        committed = self._commit(batch.acks, offsets, consumer, delivery)
         if committed:
             delivery.settle(indexes)
         else:
@@ -372,13 +397,15 @@ class ExactlyOnce:
         """Nothing: no transaction is open between steps, where rebalances happen."""
         return []
 
-    def _commit(self, failures: list[Failure], offsets: list[TopicPartition],
+    def _commit(self, acks: Acks, offsets: list[TopicPartition],
                 consumer: Consuming, delivery: Delivery) -> bool:
         producer = self.producer
         try:
             flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic,
                         self._unreachable)
-            failed = [*failures, *self.writer.take_failures()]
+            # Read after the flush: the reports of this step's records arrive in it.
+            failed = [*acks.dead_letter_failures, *acks.forward_failures,
+                      *self.writer.take_failures()]
             if failed or delivery.has_failures() or len(producer):
                 # Records still queued or timed out mean Kafka is away, most
                 # likely: the producer's sequence numbers may be off, so a new
@@ -538,6 +565,11 @@ class ExactlyOnce:
         means a second process.
         """
         return fatal_code(error) == "fenced" and not (self._away or self._unreachable())
+
+    def mark(self, plan: Plan, acks: Acks) -> None:
+        """Write the marker in the open transaction, with the plan's records and offsets."""
+        assert plan.changes.consumed is not None  # noqa: S101 - the service checks
+        self.writer.mark_consumed(plan.partition, plan.changes.consumed, acks)
 
     def consumed(self, consumer: Consuming, partition: int, offset: int) -> None:
         """Nothing: the offsets went with the transaction."""

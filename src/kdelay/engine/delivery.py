@@ -23,7 +23,9 @@ that clock's time.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -425,11 +427,15 @@ class Delivery:
         return MAX_HELD_BATCHES * self._config.batch_size - self._book.held(partition)
 
     def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
-        originals = self._reader.read({p: [e.due.offset for e in es] for p, es in wanted.items()})
+        # An original lies on the partition its key names (another for a forwarded id).
+        offsets: dict[int, list[int]] = defaultdict(list)
+        for entry in itertools.chain.from_iterable(wanted.values()):
+            offsets[entry.due.partition].append(entry.due.offset)
+        originals = self._reader.read(offsets)
         for partition, entries in wanted.items():
             window = self._window(partition)
             for entry in entries:
-                found = originals.get((partition, entry.due.offset))
+                found = originals.get((entry.due.partition, entry.due.offset))
                 if found is None:
                     window.covered = None
                     window.rewind(entry.key)

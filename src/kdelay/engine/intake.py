@@ -3,10 +3,11 @@
 Intake reads headers only, never the value. For each request partition, a batch
 of records in offset order becomes one :class:`Plan`: the index changes (with
 the next offset to consume), the changelog records that mirror them, the
-records to dead-letter, and the outcome of every cancel. Planning is pure; the
-service applies a plan (index write, changelog and DLQ produce) and only then
+records to dead-letter, the forwards of requests whose id lives on another
+partition, and the outcome of every cancel. Planning is pure; the service
+applies a plan (index write, changelog, DLQ and forward produce) and only then
 stores the consumed offset, so a crash at any point re-reads the batch and
-re-derives the same keys: intake is idempotent.
+re-derives the same keys and the same forwards: intake is idempotent.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import NamedTuple
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from kdelay.protocol import codec, envelope
-from kdelay.protocol.codec import IdState, IndexValue
+from kdelay.protocol import codec, envelope, forward
+from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
 from kdelay.protocol.durations import Limits
-from kdelay.protocol.envelope import Cancel, Headers, Rejection, Schedule
+from kdelay.protocol.envelope import Cancel, ErrorCode, Headers, Rejection, Schedule
+from kdelay.protocol.forward import Forward, id_partition
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry
 
@@ -38,6 +40,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
     ALREADY_DELIVERED = "already-delivered"
+    FORWARDED = "forwarded"
 
 
 class Record(NamedTuple):
@@ -63,6 +66,10 @@ class Plan:
     changes: Changes = field(default_factory=Changes)
     changelog: list[Record] = field(default_factory=list)
     dead_letters: list[Record] = field(default_factory=list)
+    # Forward records to the partitions of ids that live elsewhere (requests topic),
+    # and the offset of the first request forwarded.
+    forwards: list[Record] = field(default_factory=list)
+    first_forward: int | None = None
     outcomes: list[tuple[Outcome, str]] = field(default_factory=list)
     # The request records behind ``changes.puts``, so delivery can take the
     # ones due soon without reading them back from Kafka.
@@ -119,6 +126,13 @@ class Planner:
     see :class:`~kdelay.protocol.targets.TargetPolicy`) is dead-lettered here, before
     anything is indexed.
 
+    A request or cancel with an id whose partition (:func:`id_partition` of
+    ``partitions``) is another is not indexed here: a forward record goes to
+    the id's partition (see :mod:`kdelay.protocol.forward`), whose planner
+    indexes the original where it lies. The exception is an id this partition
+    holds pending already (written before ids were forwarded): it is handled
+    here. ``partitions`` None keeps every id where it was written.
+
     A plan is applied to the index only once its records are acknowledged,
     and later batches are planned meanwhile: the schedule ids of the plans
     not applied yet are kept here, newest last, so a duplicate or a cancel in
@@ -126,8 +140,10 @@ class Planner:
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
-                 withhold: Withhold, policy: TargetPolicy | None = None) -> None:
+                 withhold: Withhold, policy: TargetPolicy | None = None,
+                 partitions: int | None = None) -> None:
         self._topics = topics
+        self._partitions = partitions
         self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
         self._changelog = topics.changelog
         self._limits = limits
@@ -157,9 +173,9 @@ class Planner:
                     continue
                 self._schedule(plan, message, parsed, offset, timestamp if known else 0)
             elif isinstance(parsed, Cancel):
-                self._cancel(plan, parsed.schedule_id)
+                self._cancel(plan, message, parsed.schedule_id, offset)
             else:
-                self._reject(plan, message, parsed)
+                self._other(plan, message, parsed)
         if offset is not None:
             plan.changes.consumed = offset + 1
         for sid, state in plan.changes.ids.items():
@@ -182,6 +198,39 @@ class Planner:
             return held[1]
         return self._lookup(schedule_id)
 
+    def _elsewhere(self, plan: Plan, schedule_id: str) -> int | None:
+        """The id's partition when it is another and the id is not pending here; else None."""
+        if self._partitions is None:
+            return None
+        home = id_partition(schedule_id, self._partitions)
+        if home == plan.partition:
+            return None
+        state = self._id_state(plan, schedule_id)
+        return home if state is None or state.pending_key is None else None
+
+    def _forward(self, plan: Plan, offset: int, home: int, sid: str, headers: Headers,
+                 value: bytes | None = None) -> None:
+        if plan.first_forward is None:
+            plan.first_forward = offset
+        plan.forwards.append(Record(self._topics.requests, home, None, value, headers))
+        plan.outcomes.append((Outcome.FORWARDED, sid))
+
+    def _other(self, plan: Plan, message: Message, rejection: Rejection) -> None:
+        """A record that is no request: a forward to index, else a rejection."""
+        found = (forward.parse(message.headers())
+                 if rejection.code is ErrorCode.MISSING_TARGET else None)
+        if found is None:
+            self._reject(plan, message, rejection)
+        elif isinstance(found, Rejection):
+            self._reject(plan, message, found)
+        else:
+            self._take(plan, found)
+
+    def _take(self, plan: Plan, found: Forward) -> None:
+        """Index a schedule forwarded here: its key names the original where it lies."""
+        key = codec.encode_due_key(found.due_ms, found.partition, found.offset)
+        self._index(plan, key, found.schedule_id, found.fingerprint, None)
+
     def _reject(self, plan: Plan, message: Message, rejection: Rejection) -> None:
         plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
         plan.outcomes.append((Outcome.REJECTED, f"{rejection.code}: {rejection.detail}"))
@@ -189,23 +238,42 @@ class Planner:
     def _schedule(self, plan: Plan, message: Message, schedule: Schedule, offset: int,
                   timestamp: int) -> None:
         """Index a valid request; ``timestamp`` is as :func:`fingerprint_of` reads it."""
-        key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
         sid = schedule.schedule_id
+        fingerprint = codec.fingerprint(message.key(), message.value(), timestamp)
+        home = None if sid is None else self._elsewhere(plan, sid)
+        if home is not None:
+            assert sid is not None  # noqa: S101 - home is None without an id
+            found = Forward(sid, schedule.due_ms, plan.partition, offset, fingerprint)
+            self._forward(plan, offset, home, sid, forward.schedule_headers(found))
+            return
+        key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
+        self._index(plan, key, sid, fingerprint, message)
+
+    def _index(self, plan: Plan, key: bytes, sid: str | None, fingerprint: Fingerprint,
+               message: Message | None) -> None:
+        """Put an entry under ``key``, unless its id is pending under another key."""
         if sid is not None:
             state = self._id_state(plan, sid)
             if state is not None and state.pending_key not in (None, key):
                 plan.outcomes.append((Outcome.DUPLICATE, sid))
                 return
             plan.changes.ids[sid] = IdState(key, None)
-        fingerprint = codec.fingerprint(message.key(), message.value(), timestamp)
         value = _new(IndexValue, (fingerprint, sid))
         raw = codec.encode_index_value(value)
         plan.changes.puts.append(Entry(key, value, raw))
-        plan.originals[key] = message
+        if message is not None:
+            plan.originals[key] = message
         plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
         plan.outcomes.append(_SCHEDULED if sid is None else (Outcome.SCHEDULED, sid))
 
-    def _cancel(self, plan: Plan, schedule_id: str) -> None:
+    def _cancel(self, plan: Plan, message: Message, schedule_id: str, offset: int) -> None:
+        home = (None if forward.is_forward(message.headers())
+                else self._elsewhere(plan, schedule_id))
+        if home is not None:
+            self._forward(plan, offset, home, schedule_id,
+                          forward.cancel_headers(schedule_id, plan.partition, offset),
+                          schedule_id.encode("utf-8"))
+            return
         state = self._id_state(plan, schedule_id)
         if state is None:
             plan.outcomes.append((Outcome.UNKNOWN, schedule_id))

@@ -426,7 +426,7 @@ class Service:
                 if p in self._planners]
 
     def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
-        """Produce the plans' changelog records, consumed markers and dead letters.
+        """Produce the plans' changelog records, dead letters, forwards and consumed markers.
 
         A plan's marker follows its own records on the same partition, so its
         acknowledgement confirms them all. Delivery adopts the new entries due
@@ -440,8 +440,12 @@ class Service:
             for record in plan.dead_letters:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
                         headers=record.headers, on_delivery=acks.dead_letter())
+            for record in plan.forwards:
+                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
+                        partition=record.partition, headers=record.headers,
+                        on_delivery=acks.forward())
             if plan.changes.consumed is not None:
-                writer.mark_consumed(plan.partition, plan.changes.consumed, acks)
+                checkpoint.mark(plan, acks)
             delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
         return Batch(plans, {plan.partition: self._indexes[plan.partition] for plan in plans},
                      acks)
@@ -504,7 +508,7 @@ class Service:
             kinds[outcome] += 1
             if outcome is Outcome.REJECTED:
                 reasons[detail.split(":", 1)[0]] += 1
-            elif outcome is not Outcome.SCHEDULED:
+            elif outcome is not Outcome.SCHEDULED and outcome is not Outcome.FORWARDED:
                 log.info("request %s: %s", outcome, detail)
         for outcome, count in kinds.items():
             self.metrics.intake.labels(outcome=str(outcome)).inc(count)
@@ -534,7 +538,8 @@ class Service:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             self._planners[tp.partition] = Planner(topics, self._limits, index.id_state,
-                                                   delivery.withhold, self._policy)
+                                                   delivery.withhold, self._policy,
+                                                   self._partitions)
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

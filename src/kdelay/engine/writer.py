@@ -60,7 +60,10 @@ class Acks:
 
     Changelog records count here and fail in the writer (which collects and
     counts them; a marker's acknowledgement confirms its position there);
-    dead letters count here and fail here, in :attr:`dead_letter_failures`.
+    dead letters count here and fail here, in :attr:`dead_letter_failures`;
+    forwards (to the requests topic) count here and fail here, in
+    :attr:`forward_failures`: unlike a dead letter, a lost forward loses its
+    schedule, so its failure must keep the step from becoming durable.
     One callback per kind serves every record of the step, built on first use
     (most steps write nothing).
     """
@@ -69,6 +72,7 @@ class Acks:
                  marker_written: Callable[[Message], None]) -> None:
         self.waiting = 0
         self.dead_letter_failures: list[Failure] = []
+        self.forward_failures: list[Failure] = []
         self._changelog_failed = changelog_failed
         self._marker_written = marker_written
 
@@ -92,6 +96,16 @@ class Acks:
         """The delivery callback of the step's dead letters."""
         return guarded(self._dead_letter_reported)
 
+    @functools.cached_property
+    def on_forward(self) -> Callable[[KafkaError | None, Message], None]:
+        """The delivery callback of the step's forward records."""
+        return guarded(self._forward_reported)
+
+    def forward(self) -> Callable[[KafkaError | None, Message], None]:
+        """Count a forward record about to be produced; return its delivery callback."""
+        self.waiting += 1
+        return self.on_forward
+
     def dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
         """Count a dead letter about to be produced; return its delivery callback."""
         self.waiting += 1
@@ -108,6 +122,11 @@ class Acks:
             self._marker_written(message)
         else:
             self._changelog_failed(error, message)
+
+    def _forward_reported(self, error: KafkaError | None, message: Message) -> None:
+        self.waiting -= 1
+        if error is not None:
+            self.forward_failures.append(Failure(str(message.topic()), message.key(), error))
 
     def _dead_letter_reported(self, error: KafkaError | None, message: Message) -> None:
         self.waiting -= 1

@@ -6,6 +6,8 @@
 - :mod:`~kdelay.protocol.durations`: durations (``30s``, ``2h``), the delay-level
   table, and how far ahead a due time may lie (the requests topic's retention);
 - :mod:`~kdelay.protocol.targets`: which topics a request may target;
+- :mod:`~kdelay.protocol.forward`: the record that sends a request with an id on
+  to the id's partition, and that partition (:func:`~kdelay.protocol.forward.id_partition`);
 - :mod:`~kdelay.protocol.codec`: every byte layout kdelay persists (due keys,
   index values, fingerprints, changelog keys), as encode/decode pairs.
 

@@ -87,6 +87,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_LANE = "unknown-lane"
     WRONG_LANE = "wrong-lane"
     MISSING_LANE = "missing-lane"
+    BAD_FORWARD = "bad-forward"
 
 
 class Schedule(NamedTuple):

@@ -58,8 +58,12 @@ def due(view: PendingView, originals: Originals, query: DueQuery,
     match, so a small listing of a large backlog reads few records.
     """
     upper = now_ms if query.overdue_only else now_ms + query.within_ms
-    partitions = None if query.partition is None else [query.partition]
-    candidates = view.entries(upper, partitions)
+    candidates = view.entries(upper)
+    if query.partition is not None:
+        # By the partition the request lies on: a request whose id belongs to
+        # another partition is held by that partition's index.
+        wanted = query.partition
+        candidates = (entry for entry in candidates if entry.partition == wanted)
     listed: list[tuple[Pending, Original]] = []
     page_size = 1_000 if query.limit is None else max(query.limit, 100)
     while query.limit is None or len(listed) < query.limit:
@@ -99,7 +103,10 @@ class Backlog:
 
 def backlog(view: PendingView, now_ms: int, bucket_ms: int,
             originals: Originals | None = None, lane: str | None = None) -> Backlog:
-    """Count the pending entries of ``view`` by due-time bucket and partition.
+    """Count the pending entries of ``view`` by due-time bucket and request partition.
+
+    An entry counts under the request partition its original lies on, even
+    when its id's partition holds it (a request forwarded there).
 
     With ``originals``, every pending entry's original is read to count them
     by target too: that reads the whole pending payload once (see the
@@ -114,12 +121,13 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
             raise ValueError("counting one lane reads the originals: give them")
         return _lane_backlog(view, originals, now_ms, bucket_ms, lane)
     buckets: Counter[int] = Counter()
-    by_partition: dict[int, int] = {}
+    by_partition: Counter[int] = Counter(dict.fromkeys(view.partitions, 0))
     overdue, earliest, latest = 0, None, None
     for number, partition in enumerate(view.partitions, start=1):
         view.report("counting pending entries (partitions)", number, len(view.partitions))
-        dues = [due_ms for due_ms, _, _ in view.due_times(partition)]
-        by_partition[partition] = len(dues)
+        keys = list(view.due_times(partition))
+        by_partition.update(origin for _, origin, _ in keys)
+        dues = [due_ms for due_ms, _, _ in keys]
         if not dues:
             continue
         buckets.update(dict(bucket_counts(dues, bucket_ms)))
@@ -128,7 +136,7 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
         latest = dues[-1] if latest is None else max(latest, dues[-1])
     by_target = None if originals is None else _by_target(view, originals)
     return Backlog(now_ms, sum(by_partition.values()), overdue, earliest, latest, bucket_ms,
-                   sorted(buckets.items()), by_partition, by_target)
+                   sorted(buckets.items()), dict(sorted(by_partition.items())), by_target)
 
 
 def bucket_counts(dues: Sequence[int], bucket_ms: int) -> list[tuple[int, int]]:

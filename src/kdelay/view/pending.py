@@ -281,19 +281,26 @@ class PendingView:
         keys = map(itemgetter(0), self._indexes[partition].raw_items())
         return codec.decode_due_keys(b"".join(keys))
 
-    def columns(self, partition: int) -> Columns:
-        """Due times, offsets and record times of every pending entry of ``partition``.
+    def columns(self, partition: int) -> dict[int, Columns]:
+        """Due times, offsets and record times of every pending entry of ``partition``'s index,
+        by the request partition its original lies on.
 
-        Decoded in bulk, without a :class:`Pending` per entry: for checks
-        over whole partitions.
+        That is the index's own partition, or another one for a schedule
+        forwarded to its id's partition. Decoded in bulk, without a
+        :class:`Pending` per entry: for checks over whole partitions.
         """
         items = list(self._indexes[partition].raw_items())
         keys = codec.decode_due_keys(b"".join(map(itemgetter(0), items)))
-        dues, offsets = [], []
-        for due_ms, _, offset in keys:
-            dues.append(due_ms)
-            offsets.append(offset)
-        return Columns(dues, offsets, codec.record_times(map(itemgetter(1), items)))
+        stamps = codec.record_times(map(itemgetter(1), items))
+        found: dict[int, Columns] = {}
+        for (due_ms, origin, offset), record_ms in zip(keys, stamps, strict=True):
+            columns = found.get(origin)
+            if columns is None:
+                columns = found[origin] = Columns([], [], [])
+            columns.due_ms.append(due_ms)
+            columns.offsets.append(offset)
+            columns.record_ms.append(record_ms)
+        return found
 
     @property
     def targets(self) -> Targets:
@@ -329,14 +336,18 @@ class PendingView:
     def find(self, partition: int, offset: int) -> Pending | None:
         """The pending entry of the request at ``partition``/``offset``, or None.
 
-        Scans the partition's keys: an entry is keyed by due time first.
+        Scans the partition's keys (an entry is keyed by due time first), then
+        those of the other partitions: a request whose id belongs to another
+        partition is held by that partition's index.
         """
-        index = self._indexes.get(partition)
-        if index is None:
+        if partition not in self._indexes:
             return None
-        for key, raw in index.raw_items():
-            if codec.decode_due_key(key).offset == offset:
-                return pending_of(key, raw)
+        others = [p for p in self.partitions if p != partition]
+        for index in (self._indexes[p] for p in [partition, *others]):
+            for key, raw in index.raw_items():
+                _, where, at = codec.decode_due_key(key)
+                if (where, at) == (partition, offset):
+                    return pending_of(key, raw)
         return None
 
     def intake_position(self, partition: int) -> int | None:

@@ -175,12 +175,20 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
     retention_bytes = _int(config, "retention.bytes")
     retention_bytes = -1 if retention_bytes is None else retention_bytes
     size_limited = retention_bytes >= 0
-    starts = log_starts(settings, view.partitions)
-    figures = {p: PartitionRetention(p, starts[p]) for p in view.partitions}
-    delays: list[int] = []
+    # An index may hold entries whose originals lie on another request partition
+    # (schedules forwarded to their id's partition): each counts where it lies.
+    by_origin: dict[int, Columns] = {p: Columns([], [], []) for p in view.partitions}
     for number, partition in enumerate(view.partitions, start=1):
         view.report("checking pending entries (partitions)", number, len(view.partitions))
-        delay = count(figures[partition], view.columns(partition), retention_ms, size_limited)
+        for origin, found in view.columns(partition).items():
+            merged = by_origin.setdefault(origin, Columns([], [], []))
+            for column, more in zip(merged, found, strict=True):
+                column.extend(more)
+    starts = log_starts(settings, sorted(by_origin))
+    figures = {p: PartitionRetention(p, starts[p]) for p in by_origin}
+    delays: list[int] = []
+    for partition, columns in by_origin.items():
+        delay = count(figures[partition], columns, retention_ms, size_limited)
         delays += [] if delay is None else [delay]
     longest = max(delays, default=None)
     for counted in figures.values():

@@ -1356,3 +1356,29 @@ def test_many_failures_at_once_are_logged_as_one_line(
     world.settle()
     assert len(caplog.records) == 2
     assert world.sample("kdelay_delivery_retries_total") == 100
+
+
+# -- forwarded schedules ------------------------------------------------------------
+
+
+def test_an_entry_forwarded_to_its_ids_partition_reads_the_original_where_it_lies(
+    world: World,
+) -> None:
+    headers = schedule_headers("orders", due_ms=T0 + 100, schedule_id="order-7")
+    message = Message(topic=REQUESTS, partition=1, offset=9, key=b"k", value=b"v",
+                      headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+    world.reader.log[(1, 9)] = message
+    due_key = encode_due_key(T0 + 100, 1, 9)
+    entry = Entry(due_key, IndexValue(fingerprint_of(message), "order-7"))
+    world.delivery.noted(2, world.indexes[2].apply(
+        Changes(puts=[entry], ids={"order-7": IdState(due_key, None)})))
+    world.at(T0 + 100)
+    assert world.reader.calls == [{1: [9]}], "read from the original's partition"
+    [sent] = world.targets.sent
+    assert (sent.value, sent.origin) == (b"v", origin(1, 9))
+    world.targets.report()
+    world.settle()
+    assert world.pending(2) == []
+    assert world.indexes[2].id_state("order-7") == IdState(None, T0 + 100)
+    [tombstone] = world.internal.sent
+    assert (tombstone.topic, tombstone.partition, tombstone.key) == (CHANGELOG, 2, due_key)

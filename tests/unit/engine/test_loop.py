@@ -39,6 +39,7 @@ from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import Headers, cancel_headers, schedule_headers
+from kdelay.protocol.forward import id_partition
 from kdelay.state.index import Changes, PartitionIndex, store_path
 from kdelay.state.originals import Found, Reading
 
@@ -69,6 +70,7 @@ class FakeProducer:
         self.wire = wire
         self.hold = False
         self._queued: list[tuple[str, int, bytes | None, bytes | None, Report]] = []
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
         self._offsets: dict[tuple[str, int], int] = {}
 
     def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
@@ -77,6 +79,7 @@ class FakeProducer:
         assert on_delivery is not None, "every produce needs a delivery callback"
         self.wire.events.append(("produce", self.name, topic, key))
         self._queued.append((topic, max(partition, 0), key, value, on_delivery))
+        self.sent.append((topic, key, value))
 
     def poll(self, timeout: float = -1) -> int:
         return 0 if self.hold else self._report()
@@ -224,14 +227,14 @@ class Clients:
 class Loop:
     """A started service on fakes, a manual clock and real indexes under ``tmp_path``."""
 
-    def __init__(self, tmp_path: Path, guarantee: Guarantee) -> None:
+    def __init__(self, tmp_path: Path, guarantee: Guarantee, partitions: int = 1) -> None:
         self.clock = ManualClock(T0)
         self.clients = Clients()
         self.wire = self.clients.wire
         self.settings = Settings(requests_topic=REQUESTS, changelog_topic=CHANGELOG,
                                  dlq_topic=DLQ, state_dir=tmp_path / "state",
                                  guarantee=guarantee)
-        self.service = Service(self.settings, self.clock, Layout(1, None),
+        self.service = Service(self.settings, self.clock, Layout(partitions, None),
                                clients=self.clients)
         self.service.start()
 
@@ -752,3 +755,87 @@ def test_an_index_records_a_changelog_position_only_with_the_deletes_behind_it(
             if position is not None and position > tombstone_offset]
     assert past, "some index write recorded the position past the tombstone"
     assert not any(past), "...and every such write already held the delete"
+
+
+# -- forwards: an id of another partition -------------------------------------------------------
+
+
+def off_partition_id() -> str:
+    """An id whose partition, of two, is 1: the loop reads partition 0."""
+    return next(f"id-{n}" for n in range(100) if id_partition(f"id-{n}", 2) == 1)
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+def test_a_forward_goes_out_before_the_requests_offset_is_recorded(
+    tmp_path: Path, guarantee: Guarantee,
+) -> None:
+    loop = Loop(tmp_path, guarantee, partitions=2)
+    try:
+        loop.request(T0 + 60_000, key=b"a", sid=off_partition_id())
+        events = loop.step()
+        forward = next(i for i, e in enumerate(events) if e[0] == "produce" and e[2] == REQUESTS)
+        recorded = next(i for i, e in enumerate(events) if e[0] in ("store", "offsets"))
+        assert forward < recorded
+        assert loop.pending() == [], "the id's partition indexes it, not this one"
+    finally:
+        loop.service.close()
+
+
+def test_a_forward_that_fails_aborts_the_transaction_and_is_read_again(tmp_path: Path) -> None:
+    eos = Loop(tmp_path, Guarantee.EXACTLY_ONCE, partitions=2)
+    try:
+        eos.wire.failing.add(REQUESTS)
+        eos.request(T0 + 60_000, key=b"a", sid=off_partition_id())
+        events = eos.step()
+        kinds = [e[0] for e in events if e[0] in ("begin", "abort", "commit", "offsets", "seek")]
+        assert kinds == ["begin", "abort", "seek"], "the forward's failure arrives in the flush"
+        eos.wire.failing.clear()
+        events = eos.step()
+        assert [e[0] for e in events if e[0] in ("begin", "abort", "commit", "offsets")] == [
+            "begin", "offsets", "commit"]
+        assert ("produce", "transactions", REQUESTS, None) in events
+    finally:
+        eos.service.close()
+
+
+def test_a_forward_that_fails_for_good_stops_the_at_least_once_service(tmp_path: Path) -> None:
+    alo = Loop(tmp_path, Guarantee.AT_LEAST_ONCE, partitions=2)
+    try:
+        alo.wire.failing.add(REQUESTS)
+        alo.request(T0 + 60_000, key=b"a", sid=off_partition_id())
+        with pytest.raises(checkpoint.ServiceError, match="forward") as raised:
+            alo.step()
+        assert raised.value.code == "forward-write-failed"
+        assert alo.wire.kinds("store") == [], "the request's offset is not stored"
+    finally:
+        alo.service.close()
+
+
+def markers(loop: Loop) -> list[int]:
+    """The offsets of the consumed markers written so far, in order."""
+    producer = loop.clients.producers["internal"]
+    return [codec.decode_offset(value) for topic, key, value in producer.sent
+            if topic == CHANGELOG and key == codec.CONSUMED_MARKER and value is not None]
+
+
+def test_at_least_once_markers_never_pass_a_forward_not_yet_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """A marker acknowledged before the forward would let a restore skip the request."""
+    alo = Loop(tmp_path, Guarantee.AT_LEAST_ONCE, partitions=2)
+    try:
+        internal = alo.clients.producers["internal"]
+        internal.hold = True
+        alo.request(T0 + 60_000, key=b"a")
+        alo.request(T0 + 60_000, key=b"b", sid=off_partition_id())  # offset 1, forwarded
+        alo.step()
+        alo.request(T0 + 60_000, key=b"c")
+        alo.step()
+        assert markers(alo) == [1, 1], "both stop at the forwarded request"
+        internal.hold = False
+        alo.step()
+        alo.request(T0 + 60_000, key=b"d")
+        alo.step()
+        assert markers(alo)[-1] == 4, "once the forward is acknowledged, markers move on"
+    finally:
+        alo.service.close()

@@ -362,6 +362,7 @@ def test_error_codes_are_stable() -> None:
         "unknown-lane",
         "wrong-lane",
         "missing-lane",
+        "bad-forward",
     }
 
 
