@@ -13,11 +13,15 @@ exactly one outcome, the first that holds:
 ``pending`` / ``overdue``
     the changelog holds its entry, not yet due / already due;
 ``deduplicated``
-    it carries a ``kdelay-id`` that an earlier request of the same partition
-    still held when it arrived: no cancel in between, and the earlier one not
-    yet delivered by this one's record time;
+    it carries a ``kdelay-id`` that an earlier request of the same id's
+    partition still held when it arrived: no cancel in between, and the
+    earlier one not yet delivered by this one's record time;
 ``cancelled``
-    it carries an id and a cancel for that id follows it on its partition;
+    it carries an id and a cancel for that id follows it on the id's partition;
+
+An id's requests and cancels are ordered where the service orders them: on the
+id's partition, where one written elsewhere arrives as its forward record
+(``kdelay-forward``). A forward record is not a request of its own.
 ``pending`` / ``overdue`` / ``lost``
     nothing at all: not yet due, due less than ``settle`` ago (the service may
     still be reading it), or due longer ago: lost.
@@ -44,7 +48,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol import envelope
+from kdelay.protocol import envelope, forward
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.spark import source
 from kdelay.spark.source import header, millis
@@ -150,7 +154,7 @@ def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
         "partition", "offset", ts.alias("ts_ms"),
         header(envelope.TARGET).alias("target"), header(envelope.SCHEDULE_ID).alias("sid"),
         header(envelope.CANCEL).alias("cancel"), due.alias("due_ms"),
-        header(envelope.LANE).alias("lane"))
+        header(envelope.LANE).alias("lane"), header(forward.FORWARD).alias("forward"))
 
 
 def delivery_traces(settings: Settings, raw: DataFrame) -> DataFrame:
@@ -211,7 +215,7 @@ def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
     grouped = stacked.groupBy("origin").agg(
         F.max("ts_ms").alias("ts_ms"), F.max("target").alias("target"),
         F.max("sid").alias("sid"), F.max("cancel").alias("cancel"),
-        F.max("due_ms").alias("due_ms"),
+        F.max("forward").alias("forward"), F.max("due_ms").alias("due_ms"),
         F.when(copies > 0, copies).alias("copies"), F.min("d_ts").alias("first_ms"),
         F.min_by("d_topic", "d_ts").alias("delivered_to"),
         F.max("d_due").alias("delivered_due"),
@@ -232,14 +236,28 @@ def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
         F.coalesce("ts_ms", due).alias("time_ms"))
 
 
+def _at_id_partition(rows: DataFrame) -> DataFrame:
+    """The rows of an id's chain where its index sees them: a schedule written off its id's
+    partition takes the place of its forward record (``kdelay-forward``) there."""
+    forwards = rows.where(F.col("forward").isNotNull() & F.col("cancel").isNull()).select(
+        F.concat(F.regexp_extract("origin", r"^(.*/)[0-9]+/[0-9]+$", 1),
+                 F.col("forward")).alias("origin"),
+        F.col("partition").alias("at_partition"), F.col("offset").alias("at_offset"))
+    rows = rows.where(F.col("forward").isNull() | F.col("cancel").isNotNull())
+    return rows.join(forwards, "origin", "left").withColumns({
+        "partition": F.coalesce("at_partition", "partition"),
+        "offset": F.coalesce("at_offset", "offset")})
+
+
 def id_verdicts(rows: DataFrame) -> DataFrame:
     """Per origin of a request with a schedule id and no evidence: deduplicated or cancelled.
 
     Only accepted schedules and valid cancels that carry an id take part, grouped
-    by (partition, id) in offset order, as intake sees them.
+    by (partition, id) in offset order, as intake sees them: on the id's
+    partition, where a request written elsewhere arrives as its forward.
     """
     sid = F.coalesce("cancel", "sid")
-    chain = rows.where(sid.isNotNull() & ~F.col("rejected")).select(
+    chain = _at_id_partition(rows).where(sid.isNotNull() & ~F.col("rejected")).select(
         "origin", "partition", "offset", "ts_ms", "first_ms", "evidence", sid.alias("id"),
         F.col("cancel").isNotNull().alias("is_cancel"))
     order = Window.partitionBy("partition", "id").orderBy("offset")
@@ -275,7 +293,9 @@ def classified(rows: DataFrame, window: AuditWindow) -> DataFrame:
                .when(due > now, PENDING)
                .when(due > now - window.settle_ms, OVERDUE)
                .otherwise(LOST))
-    schedules = rows.where(F.col("cancel").isNull() | F.col("reason").isNotNull())
+    # A forward record is not a request: its original is one, where it was written.
+    schedules = rows.where((F.col("cancel").isNull() & F.col("forward").isNull())
+                           | F.col("reason").isNotNull())
     schedules = _bounded(schedules, window)
     return schedules.select(
         "origin", "partition", "offset", "ts_ms", F.coalesce("target", "delivered_to").alias(
