@@ -25,7 +25,7 @@ from kdelay.engine.workers import Supervisor, Worker, worker_settings
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
-from kdelay.state.index import StateDirFull, StateDirLock
+from kdelay.state.index import PartitionIndex, StateDirFull, StateDirLock
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,12 @@ def run_service(settings: Settings, *, check: bool) -> int:
         log.error("error[%s]: %s", exc.code, exc)
         return 1
     except StateDirFull as exc:
-        log.error("error[state-dir-full]: %s", exc)
+        # A store whose write found no room is not trusted again: after a restart
+        # on the grown volume it was seen to miss requests. Deleted (which also
+        # frees its room), it is rebuilt from the changelog at the next start.
+        PartitionIndex.destroy(exc.path)
+        log.error("error[state-dir-full]: %s; its index was deleted and is rebuilt from the "
+                  "changelog at the restart", exc)
         return 1
     return 0
 
