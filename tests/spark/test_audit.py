@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from kdelay.cli import app
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol import codec, envelope, forward
+from kdelay.protocol import codec, envelope
 from kdelay.spark.audit import AuditReport, AuditWindow, audit
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import (
@@ -236,66 +236,4 @@ def test_audit_of_one_lane_counts_only_that_lanes_requests(
     result = CliRunner().invoke(app, ["audit", "--json", "--lane", "dev2"], env=deployment.env())
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.stdout)["requests"] == 2
-    assert kdelay.terminate() == 0
-
-
-def _wait_entry(deployment: Deployment, home: int, origin: Message, *, gone: bool) -> None:
-    """Wait until the changelog partition ``home`` holds (or, ``gone``, deleted) the entry of
-    the request ``origin``, which a forward brought to its id's partition."""
-    consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": "audit-wait",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(deployment.changelog, home, OFFSET_BEGINNING)])
-    wanted = (origin.partition(), origin.offset())
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            for message in consumer.consume(100, timeout=0.2):
-                key = message.key() or b""
-                if (len(key) == codec.DUE_KEY_SIZE and codec.decode_due_key(key)[1:] == wanted
-                        and (message.value() is None) == gone):
-                    return
-        pytest.fail(f"the entry of {wanted} never {'left' if gone else 'reached'} the changelog")
-    finally:
-        consumer.close()
-
-
-def test_audit_follows_ids_written_off_their_partition_through_their_forwards(
-        spark: SparkSession, deploy: Callable[..., Deployment],
-        start_kdelay: Callable[..., KdelayProcess], receiver: Callable[[list[str]], Receiver],
-        topic_factory: TopicFactory) -> None:
-    # A producer that places records by a business key: every id lands off its partition.
-    partitions = 3
-    deployment = deploy(partitions=partitions)
-    target = topic_factory("audit-fwd")
-    kdelay = start_kdelay(deployment)
-    kdelay.wait_ready()
-    run = f"{_now()}"
-    sent, held, twice = f"sent-{run}", f"held-{run}", f"twice-{run}"
-    home = {sid: forward.id_partition(sid, partitions) for sid in (sent, held, twice)}
-
-    def off(sid: str, *others: int) -> int:
-        return next(p for p in range(partitions) if p not in (home[sid], *others))
-
-    far = _now() + HOUR_MS
-    first = produce_requests(deployment, [
-        _schedule(off(sent), target, delay_ms=500, schedule_id=sent),
-        _schedule(off(held), target, due_ms=far, schedule_id=held),
-        _schedule(off(twice), target, due_ms=far, schedule_id=twice)])
-    for sid, record in zip((held, twice), first[1:], strict=True):
-        _wait_entry(deployment, home[sid], record, gone=False)
-    produce_requests(deployment, [
-        {"partition": off(held, off(held)), "headers": envelope.cancel_headers(held)},
-        _schedule(off(twice, off(twice)), target, due_ms=far, schedule_id=twice)])
-    _wait_entry(deployment, home[held], first[1], gone=True)
-    out = receiver([target])
-    out.until(lambda: len(out.received) >= 1, "the due one delivered")
-    settings = Settings(bootstrap_servers=deployment.bootstrap,
-                        requests_topic=deployment.requests,
-                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
-    report, table = audit(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
-    table.unpersist()
-    found = {k: v for k, v in report.to_json().items() if v and k in (
-        "requests", "delivered_once", "deduplicated", "cancelled", "pending", "lost")}
-    assert found == {"requests": 4, "delivered_once": 1, "pending": 1, "deduplicated": 1,
-                     "cancelled": 1}
     assert kdelay.terminate() == 0
