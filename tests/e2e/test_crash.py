@@ -26,11 +26,11 @@ def _harness() -> ModuleType:
 @pytest.mark.compat
 @pytest.mark.parametrize(("guarantee", "broker_kills"),
                          [("at-least-once", 0), ("exactly-once", 1)])
-def test_six_kills_lose_nothing_and_stay_within_the_guarantee(
+def test_ten_kills_lose_nothing_and_stay_within_the_guarantee(
     bootstrap: str, tmp_path: Path, guarantee: str, broker_kills: int,
 ) -> None:
     harness = _harness()
-    options = harness.Options(bootstrap, guarantee, kills=6, rate=150, state_loss=0.3,
+    options = harness.Options(bootstrap, guarantee, kills=10, rate=150, state_loss=0.3,
                               broker_kills=broker_kills, min_up_s=0.5, max_up_s=2.5,
                               seed=7, workdir=tmp_path)
     report = harness.run(options)
