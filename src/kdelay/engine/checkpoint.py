@@ -51,7 +51,7 @@ from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.transactional import Renewable
 from kdelay.engine.writer import Acks, ChangelogWriter
-from kdelay.plumbing.callbacks import fatal_code
+from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
@@ -75,10 +75,6 @@ ABORT_RETRY_S = 1.0
 # At-least-once: how many intake records may await their acknowledgements
 # before a step waits for them (memory, and how much a crash re-reads).
 MAX_UNACKED_RECORDS = 20_000
-
-def _nothing(_: str) -> None:
-    """Hear nothing."""
-
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
@@ -330,7 +326,7 @@ class ExactlyOnce:
 
     def __init__(self, settings: Settings, producer: Renewable, writer: ChangelogWriter,
                  clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
-                 waiting: Callable[[str], None] = _nothing,
+                 waiting: Callable[[str], None] = unheard,
                  unreachable: Callable[[], bool] = lambda: False) -> None:
         """``waiting`` is told, on every retry, why a commit waits for Kafka;
         ``unreachable`` tells whether Kafka is known to be away (no flush waits then)."""
@@ -589,7 +585,7 @@ class ExactlyOnce:
 def for_settings(settings: Settings, producers: ProducerFactory, transactional_id: str,
                  clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
                  observe: Callable[[Message], None],
-                 waiting: Callable[[str], None] = _nothing,
+                 waiting: Callable[[str], None] = unheard,
                  unreachable: Callable[[], bool] = lambda: False) -> Checkpoint:
     """Build the checkpoint of ``settings.guarantee``, with its producers and changelog writer.
 

@@ -37,7 +37,7 @@ from kdelay.engine.book import Book, Job, State
 from kdelay.engine.failures import FailureLog, TopicCheck, backoff_ms
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.window import Window
-from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.callbacks import guarded, unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import envelope
@@ -167,7 +167,7 @@ class Delivery:
                  reader: Reading, clock: Clock, metrics: Metrics,
                  durability: Durability, release: Release = by_service_clock,
                  outage: Callable[[], bool] = lambda: False,
-                 away: Callable[[str], None] | None = None) -> None:
+                 away: Callable[[str], None] = unheard) -> None:
         """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt,
         and nothing more is sent until it answers; ``away`` is told when a metadata
         request finds the cluster silent."""
@@ -189,8 +189,7 @@ class Delivery:
         # Acknowledged entries that are not in their index yet (see adopt).
         self._unindexed: list[tuple[bytes, Sink]] = []
         self._counts = _Counts()
-        self._topics = (TopicCheck(targets, clock) if away is None
-                        else TopicCheck(targets, clock, away=away))
+        self._topics = TopicCheck(targets, clock, away=away)
         self._guarded_report = guarded(self._on_report)
 
     def in_flight(self, key: bytes) -> bool:

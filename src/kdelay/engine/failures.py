@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
+from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import AWAY, Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec
@@ -24,10 +25,6 @@ log = logging.getLogger(__name__)
 FAILURE_LOG_EVERY_S = 30.0
 # How long a metadata request the cluster did not answer is answered from memory.
 AWAY_TTL_S = 1.0
-
-
-def _unheard(_: str) -> None:
-    """Tell no one that the cluster does not answer."""
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -44,7 +41,7 @@ class TopicCheck:
     """
 
     def __init__(self, producer: Producing, clock: Clock, ttl_s: float = 30.0,
-                 away: Callable[[str], None] = _unheard) -> None:
+                 away: Callable[[str], None] = unheard) -> None:
         """``away`` is told when the cluster does not answer; the answer is then kept
         for :data:`AWAY_TTL_S`, so a batch of records to one target waits once."""
         self._producer = producer

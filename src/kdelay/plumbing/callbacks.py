@@ -42,6 +42,10 @@ def guarded(callback: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def unheard(_: str) -> None:
+    """Tell no one: the default listener of a ``why`` (Kafka away, a call waiting)."""
+
+
 def drain_errors() -> list[BaseException]:
     """Return and clear every error latched since the last call."""
     with _lock:

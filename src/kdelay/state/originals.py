@@ -27,6 +27,7 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import AWAY, TRANSIENT, reader_config, take, watermarks
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,6 @@ RANGE_ERRORS = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSE
 # The longest a read waits for a partition's watermarks: a read that cannot have
 # them leaves its offsets for a later one, so the loop is never held long.
 WATERMARKS_S = 2.0
-
-
-def _unheard(_: str) -> None:
-    """Tell no one that the cluster does not answer."""
 
 
 class Missing(Enum):
@@ -108,7 +105,7 @@ class OriginalReader:
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
                  max_gap: int = 1_000, timeout_s: float = 10.0,
-                 away: Callable[[str], None] = _unheard) -> None:
+                 away: Callable[[str], None] = unheard) -> None:
         """``away`` is told when the cluster does not answer a watermark query, which
         then waits at most :data:`WATERMARKS_S`: the service confirms and waits it out."""
         tuning: dict[str, str | int | bool] = {
