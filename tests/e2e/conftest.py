@@ -80,6 +80,7 @@ class Deployment:
     group_id: str
     state_dir: Path
     partitions: int
+    outcomes: str = "kdelay.outcomes"
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The environment ``kdelay`` runs with: every setting as a ``KDELAY_*`` variable."""
@@ -88,6 +89,7 @@ class Deployment:
             "KDELAY_REQUESTS_TOPIC": self.requests,
             "KDELAY_CHANGELOG_TOPIC": self.changelog,
             "KDELAY_DLQ_TOPIC": self.dlq,
+            "KDELAY_OUTCOMES_TOPIC": self.outcomes,
             "KDELAY_GROUP_ID": self.group_id,
             "KDELAY_STATE_DIR": str(self.state_dir),
             "KDELAY_LOG_LEVEL": "INFO",
@@ -108,6 +110,7 @@ def deploy(
             bootstrap=bootstrap, requests=f"e2e-req-{suffix}", changelog=f"e2e-chg-{suffix}",
             dlq=f"e2e-dlq-{suffix}", group_id=f"e2e-g-{suffix}",
             state_dir=tmp_path / f"state-{suffix}", partitions=partitions,
+            outcomes=f"e2e-out-{suffix}",
         )
         made.append(deployment)
         result = run_cli(deployment.env(), "topics", "create", "--partitions", str(partitions))
@@ -115,7 +118,7 @@ def deploy(
         return deployment
 
     yield create
-    names = [t for d in made for t in (d.requests, d.changelog, d.dlq)]
+    names = [t for d in made for t in (d.requests, d.changelog, d.dlq, d.outcomes)]
     existing = set(admin.list_topics(timeout=30).topics)
     doomed = [name for name in names if name in existing]
     if doomed:

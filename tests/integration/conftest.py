@@ -50,7 +50,7 @@ def deployment_factory(
     topic_factory: TopicFactory, admin: Any, bootstrap: str, tmp_path: Path,
     guarantee: Guarantee,
 ) -> Callable[..., Deployment]:
-    """Create requests, changelog and DLQ topics and the settings that name them."""
+    """Create requests, changelog, DLQ and outcomes topics and the settings that name them."""
 
     def create(partitions: int = 3, retention_ms: int = 7 * 86_400_000,
                changelog_config: dict[str, str] | None = None,
@@ -61,9 +61,12 @@ def deployment_factory(
                                                       "message.timestamp.type": "LogAppendTime",
                                                       **(changelog_config or {})})
         dlq = topic_factory("dlq", 1)
+        outcomes = topic_factory("out", partitions, {"cleanup.policy": "compact,delete",
+                                                     "retention.ms": str(retention_ms)})
         settings = Settings(
             bootstrap_servers=bootstrap, requests_topic=requests, changelog_topic=changelog,
-            dlq_topic=dlq, group_id=f"g-{requests}", state_dir=tmp_path / "state",
+            dlq_topic=dlq, outcomes_topic=outcomes, group_id=f"g-{requests}",
+            state_dir=tmp_path / "state",
             lookahead_ms=2_000, retry_backoff_ms=100, retry_backoff_max_ms=1_000,
             guarantee=guarantee,
         )

@@ -44,12 +44,14 @@ def create(admin: AdminClient, topic: str, partitions: int, config: dict[str, st
 
 @pytest.fixture
 def fresh(admin: AdminClient, bootstrap: str) -> Iterator[Settings]:
-    """Settings naming three topics that do not exist yet; whichever exist are deleted after."""
+    """Settings naming four topics that do not exist yet; whichever exist are deleted after."""
     suffix = uuid.uuid4().hex[:12]
     settings = Settings(bootstrap_servers=bootstrap, requests_topic=f"req-{suffix}",
-                        changelog_topic=f"chg-{suffix}", dlq_topic=f"dlq-{suffix}")
+                        changelog_topic=f"chg-{suffix}", dlq_topic=f"dlq-{suffix}",
+                        outcomes_topic=f"out-{suffix}")
     yield settings
-    names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic]
+    names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic,
+             settings.outcomes_topic]
     existing = [name for name in names if name in admin.list_topics(timeout=TIMEOUT_S).topics]
     if existing:
         for future in admin.delete_topics(existing).values():
@@ -61,6 +63,7 @@ def settings_for(
     requests: tuple[int, dict[str, str]] | None = (3, {"cleanup.policy": "delete"}),
     changelog: tuple[int, dict[str, str]] | None = (3, {"cleanup.policy": "compact"}),
     dlq: tuple[int, dict[str, str]] | None = (1, {"cleanup.policy": "delete"}),
+    outcomes: tuple[int, dict[str, str]] | None = None,
 ) -> Settings:
     """Settings over topics made by ``topic_factory``; ``None`` leaves that topic missing."""
 
@@ -70,22 +73,24 @@ def settings_for(
         return topic_factory(prefix, layout[0], layout[1])
 
     return Settings(bootstrap_servers=bootstrap, requests_topic=made("req", requests),
-                    changelog_topic=made("chg", changelog), dlq_topic=made("dlq", dlq))
+                    changelog_topic=made("chg", changelog), dlq_topic=made("dlq", dlq),
+                    outcomes_topic=made("out", outcomes))
 
 
 # --- topics create ---------------------------------------------------------------------
 
 
-def test_topics_create_command_creates_three_topics_then_is_idempotent(
+def test_topics_create_command_creates_four_topics_then_is_idempotent(
     fresh: Settings, admin: AdminClient
 ) -> None:
     args = ["topics", "create", "--partitions", "3", "--retention-ms", str(2 * DAY_MS),
             "--bootstrap-servers", fresh.bootstrap_servers,
             "--requests-topic", fresh.requests_topic,
-            "--changelog-topic", fresh.changelog_topic, "--dlq-topic", fresh.dlq_topic]
+            "--changelog-topic", fresh.changelog_topic, "--dlq-topic", fresh.dlq_topic,
+            "--outcomes-topic", fresh.outcomes_topic]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 3
+    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 4
 
     requests = describe(admin, fresh.requests_topic)
     changelog = describe(admin, fresh.changelog_topic)
@@ -97,13 +102,17 @@ def test_topics_create_command_creates_three_topics_then_is_idempotent(
     assert changelog[1]["cleanup.policy"] == "compact"
     assert changelog[1]["min.compaction.lag.ms"] == "0"
     assert dlq[1]["cleanup.policy"] == "delete"
+    outcomes = describe(admin, fresh.outcomes_topic)
+    assert outcomes[0] == 3
+    assert outcomes[1]["cleanup.policy"] == "compact,delete"
+    assert outcomes[1]["retention.ms"] == str(2 * DAY_MS), "the id window: requests' retention"
 
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
-    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 3
+    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 4
     assert changelog[1]["message.timestamp.type"] == "LogAppendTime"
     assert check_layout(admin, fresh) == Layout(partitions=3, retention_ms=2 * DAY_MS,
-                                                broker_time=True)
+                                                broker_time=True, outcomes=3)
 
 
 def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: AdminClient) -> None:
@@ -111,7 +120,7 @@ def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: Admi
     lines = create_topics(admin, fresh, partitions=2, replication_factor=1, retention_ms=DAY_MS)
     assert [line.split()[:2] for line in lines] == [
         ["exists", fresh.requests_topic], ["created", fresh.changelog_topic],
-        ["created", fresh.dlq_topic],
+        ["created", fresh.dlq_topic], ["created", fresh.outcomes_topic],
     ]
     wait_visible(admin, fresh.changelog_topic, 2)  # metadata of a new topic can lag a moment
     assert describe(admin, fresh.changelog_topic)[0] == 2

@@ -80,6 +80,9 @@ ChangelogTopic = Annotated[str | None, common(
     "changelog-topic", "Compacted topic holding the index.", _DEFAULTS.changelog_topic)]
 DlqTopic = Annotated[str | None, common(
     "dlq-topic", "Topic for records kdelay cannot schedule or deliver.", _DEFAULTS.dlq_topic)]
+OutcomesTopic = Annotated[str | None, common(
+    "outcomes-topic", "Compacted topic of the outcome records of requests with an id.",
+    _DEFAULTS.outcomes_topic)]
 GroupId = Annotated[str | None, common(
     "group-id", "Consumer group of the service instances.", _DEFAULTS.group_id)]
 StateDir = Annotated[Path | None, common(
@@ -143,6 +146,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "requests_topic": RequestsTopic,
     "changelog_topic": ChangelogTopic,
     "dlq_topic": DlqTopic,
+    "outcomes_topic": OutcomesTopic,
     "group_id": GroupId,
     "state_dir": StateDir,
     "guarantee": GuaranteeOpt,

@@ -55,6 +55,7 @@ from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
+from kdelay.protocol.codec import IdRecord
 from kdelay.state.index import PartitionIndex
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,12 @@ class ReportedTombstones:
     def __init__(self, writer: ChangelogWriter) -> None:
         self._writer = writer
 
-    def sent(self, key: bytes, partition: int) -> None:
+    def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
         """Nothing yet: the record may still fail."""
 
-    def delivered(self, key: bytes, partition: int) -> None:
-        """Write the entry's tombstone."""
-        self._writer.tombstone(partition, key)
+    def delivered(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
+        """Write the entry's tombstone (and its id's end)."""
+        self._writer.tombstone(partition, key, ended)
 
     def position(self, partition: int) -> int | None:
         """The writer's confirmed changelog position."""
@@ -127,11 +128,11 @@ class ReportedTombstones:
 class TransactedTombstones(ReportedTombstones):
     """Exactly-once: an entry's tombstone goes into the transaction of its record."""
 
-    def sent(self, key: bytes, partition: int) -> None:
-        """Write the entry's tombstone, in the open transaction."""
-        self._writer.tombstone(partition, key)
+    def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
+        """Write the entry's tombstone (and its id's end), in the open transaction."""
+        self._writer.tombstone(partition, key, ended)
 
-    def delivered(self, key: bytes, partition: int) -> None:
+    def delivered(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
         """Nothing: the tombstone was committed with the record."""
 
 

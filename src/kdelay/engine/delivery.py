@@ -40,8 +40,8 @@ from kdelay.engine.window import Window
 from kdelay.plumbing.callbacks import guarded, unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
-from kdelay.protocol import envelope
-from kdelay.protocol.codec import IdState, fingerprint_of
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import End, IdRecord, IdState, fingerprint_of
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry, PartitionIndex
@@ -111,11 +111,12 @@ class Durability(Protocol):
     same transaction (:mod:`kdelay.engine.checkpoint`).
     """
 
-    def sent(self, key: bytes, partition: int) -> None:
-        """A record for the entry ``key`` was produced (to its target or the DLQ)."""
+    def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
+        """A record for the entry ``key`` was produced (to its target or the DLQ);
+        ``ended`` is the changelog record of its id's end, if it has an id."""
         ...
 
-    def delivered(self, key: bytes, partition: int) -> None:
+    def delivered(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
         """The record for ``key`` is written: the entry is about to leave the index."""
         ...
 
@@ -453,7 +454,7 @@ class Delivery:
                 self._produce_dead_letter(job, *job.failure)
             elif isinstance(job.original, Message):
                 self._produce_target(job, job.original, now)
-            self._durability.sent(job.key, job.partition)
+            self._durability.sent(job.key, job.partition, self._ended(job, sink, now)[1])
         except KafkaException as exc:
             # Refused before anything was written: nothing in a transaction to abort.
             self._reports.refused.append((job.key, sink, str(exc.args[0])))
@@ -548,10 +549,10 @@ class Delivery:
         if change is None:  # not setdefault: that would build a Changes per entry
             change = changes[job.partition] = Changes()
         change.deletes.append(key)
-        sid = job.entry.value.schedule_id
-        if sid is not None:
-            change.ids[sid] = IdState(None, now) if sink is Sink.TARGET else None
-        self._durability.delivered(key, job.partition)
+        state, record = self._ended(job, sink, now)
+        if state is not None:
+            change.ids[job.entry.value.schedule_id or ""] = state
+        self._durability.delivered(key, job.partition, record)
         if sink is Sink.TARGET:
             self._counts.delivered += 1
             lane = job.routing.lane if job.routing is not None else None
@@ -561,6 +562,13 @@ class Delivery:
         else:
             code = job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE
             self._metrics.dead_lettered.labels(reason=str(code)).inc()
+
+    @staticmethod
+    def _ended(job: Job, sink: Sink, now: int) -> tuple[IdState | None, IdRecord | None]:
+        """The end of the job's id at ``now`` and its changelog record (None: no id)."""
+        end = End.DELIVERED if sink is Sink.TARGET else End.DEAD_LETTERED
+        return codec.end_of(job.entry.value.schedule_id, end, now, job.key,
+                            job.entry.value.fingerprint)
 
     def _flush_metrics(self) -> None:
         """Hand the per-record counts gathered since the last call to Prometheus at once."""

@@ -1,4 +1,4 @@
-"""The service's housekeeping round: gauges, expired id markers, stores marked in step."""
+"""The service's housekeeping round: gauges and stores marked in step."""
 
 from __future__ import annotations
 
@@ -12,31 +12,24 @@ from kdelay.plumbing.clock import Clock
 from kdelay.state.index import PartitionIndex, free_bytes
 
 HOUSEKEEPING_EVERY_MS = 5_000
-# Most delivered-id markers one partition drops per housekeeping round, so a
-# backlog of them never stalls a step.
-PRUNE_LIMIT = 10_000
 
 
 class Housekeeper:
-    """Every few seconds (service clock): refresh the gauges, drop expired id markers,
-    and mark every owned store in step with the changelog.
+    """Every few seconds (service clock): refresh the gauges and mark every owned
+    store in step with the changelog.
 
     An owned store lacks only the effects of the changelog writes in flight,
     so the mark (:meth:`PartitionIndex.mark_synced`) is true; the next
     assignment of the partition to this state dir trusts the store only while
     the mark is younger than the changelog keeps tombstones.
-
-    Delivered-id markers live as long as a request they answer can be read:
-    ``id_ttl_ms`` is the requests topic's retention (None: kept forever).
     """
 
     def __init__(self, clock: Clock, metrics: Metrics, outlook: Outlook,
-                 id_ttl_ms: int | None, state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None) -> None:
         self._state_dir = state_dir
         self._clock = clock
         self._metrics = metrics
         self._outlook = outlook
-        self._id_ttl_ms = id_ttl_ms
         self._next_ms = 0
 
     def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
@@ -48,10 +41,6 @@ class Housekeeper:
         self._next_ms = now + HOUSEKEEPING_EVERY_MS
         for index in indexes.values():
             index.mark_synced(now)
-        if self._id_ttl_ms is not None:
-            for index in indexes.values():
-                self._metrics.ids_expired.inc(
-                    index.prune_ids(now - self._id_ttl_ms, PRUNE_LIMIT))
         self._outlook.refresh(now, indexes, consumed, consumer)
         if self._state_dir is not None:
             self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))

@@ -4,7 +4,14 @@ Intake reads headers only, never the value. For each request partition, a batch
 of records in offset order becomes one :class:`Plan`: the index changes (with
 the next offset to consume), the changelog records that mirror them, the
 records to dead-letter, the forwards of requests whose id lives on another
-partition, and the outcome of every cancel. Planning is pure; the service
+partition, the outcome of every request and the outcome records of those
+with an id.
+
+Each id is remembered for the id window after its schedule ended
+(delivered, cancelled, dead-lettered): a request or cancel that repeats it
+is answered with that first outcome, never scheduled again. The window's
+expired markers are dropped as batches are planned, in the index and, with
+a tombstone, in the changelog. Planning is pure; the service
 applies a plan (index write, changelog, DLQ and forward produce) and only then
 stores the consumed offset, so a crash at any point re-reads the batch and
 re-derives the same keys and the same forwards: intake is idempotent.
@@ -16,12 +23,13 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope, forward
-from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
+from kdelay.protocol.codec import Answer, End, Fingerprint, IdState, IndexValue
 from kdelay.protocol.durations import Limits
 from kdelay.protocol.envelope import Cancel, ErrorCode, Headers, Rejection, Schedule
 from kdelay.protocol.forward import Forward, id_partition
@@ -40,7 +48,16 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
     ALREADY_DELIVERED = "already-delivered"
+    DEAD_LETTERED = "dead-lettered"
     FORWARDED = "forwarded"
+
+
+# What a cancel of an id whose schedule ended answers.
+_CANCEL_OF_ENDED = {End.DELIVERED: Outcome.ALREADY_DELIVERED, End.CANCELLED: Outcome.CANCELLED,
+                    End.DEAD_LETTERED: Outcome.DEAD_LETTERED}
+# Most expired id markers one plan drops, and how often (service clock) a planner looks.
+PRUNE_LIMIT = 1_000
+PRUNE_EVERY_MS = 1_000
 
 
 class Record(NamedTuple):
@@ -71,6 +88,10 @@ class Plan:
     forwards: list[Record] = field(default_factory=list)
     first_forward: int | None = None
     outcomes: list[tuple[Outcome, str]] = field(default_factory=list)
+    # Outcome records of requests with an id (outcomes topic), and the duplicates
+    # whose payload or due time differ from the first request's (one sentence each).
+    answers: list[Record] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
     # The request records behind ``changes.puts``, so delivery can take the
     # ones due soon without reading them back from Kafka.
     originals: dict[bytes, Message] = field(default_factory=dict)
@@ -87,13 +108,36 @@ IdLookup = Callable[[str], IdState | None]
 Withhold = Callable[[bytes], bool]
 
 
+class Memory(Protocol):
+    """What a planner reads of its partition's index besides id states."""
+
+    def get(self, key: bytes) -> IndexValue | None:
+        """The entry under ``key``, if pending."""
+        ...
+
+    def expired_ids(self, before_ms: int, limit: int) -> list[tuple[str, bytes]]:
+        """Ids whose schedules ended before ``before_ms`` (see PartitionIndex.expired_ids)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """The topic names intake writes to."""
+    """The topic names intake writes to; ``outcomes`` None: no outcome records."""
 
     requests: str
     changelog: str
     dlq: str
+    outcomes: str | None = None
+    outcome_partitions: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class IdWindow:
+    """How long ended ids are remembered (``window_ms``), by ``clock``, in ``memory``."""
+
+    window_ms: int
+    clock: Clock
+    memory: Memory
 
 
 def consumed_marker(topics: Topics, plan: Plan) -> list[Record]:
@@ -137,11 +181,13 @@ class Planner:
     and later batches are planned meanwhile: the schedule ids of the plans
     not applied yet are kept here, newest last, so a duplicate or a cancel in
     a later batch sees them (:meth:`done` forgets a plan applied or given back).
+    ``ids`` (None: ended ids are kept until the index is rebuilt) drops the
+    markers of ids that ended longer ago than the id window.
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
                  withhold: Withhold, policy: TargetPolicy | None = None,
-                 partitions: int | None = None) -> None:
+                 partitions: int | None = None, ids: IdWindow | None = None) -> None:
         self._topics = topics
         self._partitions = partitions
         self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
@@ -149,11 +195,14 @@ class Planner:
         self._limits = limits
         self._lookup = lookup
         self._withhold = withhold
+        self._ids = ids
+        self._next_prune_ms = 0
         self._unapplied: dict[str, tuple[Plan, IdState | None]] = {}
 
     def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order."""
         plan = Plan(partition)
+        self._prune(plan)
         parse, limits, refusal = envelope.parse, self._limits, self._policy.refusal
         offset = None
         for message in messages:
@@ -173,7 +222,8 @@ class Planner:
                     continue
                 self._schedule(plan, message, parsed, offset, timestamp if known else 0)
             elif isinstance(parsed, Cancel):
-                self._cancel(plan, message, parsed.schedule_id, offset)
+                self._cancel(plan, message, parsed.schedule_id, offset,
+                             timestamp if known else None)
             else:
                 self._other(plan, message, parsed)
         if offset is not None:
@@ -190,6 +240,28 @@ class Planner:
             if held is not None and held[0] is plan:
                 del unapplied[sid]
 
+    def _prune(self, plan: Plan) -> None:
+        """Drop (index and changelog) the markers of ids that ended before the window."""
+        ids = self._ids
+        if ids is None:
+            return
+        now = ids.clock.now_ms()
+        if now < self._next_prune_ms:
+            return
+        self._next_prune_ms = now + PRUNE_EVERY_MS
+        for sid, expiry_key in ids.memory.expired_ids(now - ids.window_ms, PRUNE_LIMIT):
+            plan.changes.expired.append(expiry_key)
+            if sid and sid not in plan.changes.ids and sid not in self._unapplied:
+                plan.changes.ids[sid] = None
+                plan.changelog.append(Record(self._changelog, plan.partition,
+                                             codec.id_record_key(sid), None))
+
+    def _now(self, fallback: int | None) -> int:
+        """The service clock's time; without one, ``fallback`` (a record's timestamp) or 0."""
+        if self._ids is not None:
+            return self._ids.clock.now_ms()
+        return max(0, fallback or 0)
+
     def _id_state(self, plan: Plan, schedule_id: str) -> IdState | None:
         if schedule_id in plan.changes.ids:
             return plan.changes.ids[schedule_id]
@@ -197,6 +269,16 @@ class Planner:
         if held is not None:
             return held[1]
         return self._lookup(schedule_id)
+
+    def _fingerprint(self, plan: Plan, key: bytes) -> Fingerprint | None:
+        """The fingerprint of the pending entry ``key``: planned, unapplied or indexed."""
+        plans = [plan, *(held for held, _ in self._unapplied.values())]
+        for planned in plans:
+            for entry in planned.changes.puts:
+                if entry.key == key:
+                    return entry.value.fingerprint
+        value = self._ids.memory.get(key) if self._ids is not None else None
+        return value.fingerprint if value is not None else None
 
     def _elsewhere(self, plan: Plan, schedule_id: str) -> int | None:
         """The id's partition when it is another and the id is not pending here; else None."""
@@ -251,11 +333,11 @@ class Planner:
 
     def _index(self, plan: Plan, key: bytes, sid: str | None, fingerprint: Fingerprint,
                message: Message | None) -> None:
-        """Put an entry under ``key``, unless its id is pending under another key."""
+        """Put an entry under ``key``, unless its id is pending under another key or ended."""
         if sid is not None:
             state = self._id_state(plan, sid)
-            if state is not None and state.pending_key not in (None, key):
-                plan.outcomes.append((Outcome.DUPLICATE, sid))
+            if state is not None and state.pending_key != key:
+                self._duplicate(plan, key, sid, fingerprint, state)
                 return
             plan.changes.ids[sid] = IdState(key, None)
         value = _new(IndexValue, (fingerprint, sid))
@@ -264,26 +346,90 @@ class Planner:
         if message is not None:
             plan.originals[key] = message
         plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
-        plan.outcomes.append(_SCHEDULED if sid is None else (Outcome.SCHEDULED, sid))
+        if sid is None:
+            plan.outcomes.append(_SCHEDULED)
+        else:
+            plan.outcomes.append((Outcome.SCHEDULED, sid))
+            self._answer(plan, Outcome.SCHEDULED, sid, key)
 
-    def _cancel(self, plan: Plan, message: Message, schedule_id: str, offset: int) -> None:
-        home = (None if forward.is_forward(message.headers())
-                else self._elsewhere(plan, schedule_id))
+    def _duplicate(self, plan: Plan, key: bytes, sid: str, fingerprint: Fingerprint,
+                   state: IdState) -> None:
+        """Answer a request whose id is pending under another key, or ended, with the first."""
+        first_key = state.pending_key or state.first_key
+        first = "pending" if state.pending_key is not None else state.end.word
+        plan.outcomes.append((Outcome.DUPLICATE, f"{sid} (first: {first})"))
+        if first_key == key:
+            return  # the first request itself, read again after its schedule ended
+        kept = (self._fingerprint(plan, state.pending_key) if state.pending_key is not None
+                else state.fingerprint)
+        differs = []
+        if first_key is not None and codec.due_ms_of(first_key) != codec.due_ms_of(key):
+            differs.append("due time")
+        if kept is not None and kept != fingerprint:
+            differs.append("payload")
+        if differs:
+            plan.conflicts.append(
+                f"id {sid}: request {self._where(key)} differs from the first, "
+                f"{self._where(first_key)} ({first}), in its {' and '.join(differs)}; "
+                "the first is kept")
+        self._answer(plan, Outcome.DUPLICATE, sid, key, first_key, first, bool(differs))
+
+    def _where(self, key: bytes | None) -> str:
+        """The coordinates of the request behind due key ``key`` (``topic/partition/offset``)."""
+        if key is None:
+            return "(unknown)"
+        due = codec.decode_due_key(key)
+        return envelope.origin_of(self._topics.requests, due.partition, due.offset)
+
+    def _answer(self, plan: Plan, outcome: Outcome, sid: str, request: bytes | tuple[int, int],
+                schedule: bytes | None = None, first: str | None = None,
+                differs: bool = False) -> None:
+        """Add the outcome record of the request at ``request`` (a due key, or partition and
+        offset) to the plan, when outcome records are published."""
+        topics = self._topics
+        if topics.outcomes is None:
+            return
+        where = (self._where(request) if isinstance(request, bytes)
+                 else envelope.origin_of(topics.requests, *request))
+        answer = Answer(sid, str(outcome), where, self._now(None),
+                        None if schedule is None else self._where(schedule), first, differs)
+        plan.answers.append(Record(topics.outcomes, id_partition(sid, topics.outcome_partitions),
+                                   sid.encode("utf-8"), codec.encode_answer(answer)))
+
+    def _cancel(self, plan: Plan, message: Message, schedule_id: str, offset: int,
+                timestamp: int | None) -> None:
+        headers = message.headers()
+        origin = forward.origin(headers)
+        home = None if origin is not None else self._elsewhere(plan, schedule_id)
         if home is not None:
             self._forward(plan, offset, home, schedule_id,
                           forward.cancel_headers(schedule_id, plan.partition, offset),
                           schedule_id.encode("utf-8"))
             return
+        request = origin or (plan.partition, offset)
         state = self._id_state(plan, schedule_id)
         if state is None:
-            plan.outcomes.append((Outcome.UNKNOWN, schedule_id))
-        elif state.pending_key is None or not self._withhold(state.pending_key):
-            plan.outcomes.append((Outcome.ALREADY_DELIVERED, schedule_id))
+            outcome, key = Outcome.UNKNOWN, None
+        elif state.pending_key is None:
+            outcome, key = _CANCEL_OF_ENDED[state.end], state.first_key
+        elif not self._withhold(state.pending_key):
+            outcome, key = Outcome.ALREADY_DELIVERED, state.pending_key
         else:
-            key = state.pending_key
-            plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
-            plan.originals.pop(key, None)
-            plan.changes.deletes.append(key)
-            plan.changes.ids[schedule_id] = None
-            plan.changelog.append(Record(self._topics.changelog, plan.partition, key, None))
-            plan.outcomes.append((Outcome.CANCELLED, schedule_id))
+            outcome, key = Outcome.CANCELLED, state.pending_key
+            self._withdraw(plan, schedule_id, key, timestamp)
+        plan.outcomes.append((outcome, schedule_id))
+        self._answer(plan, outcome, schedule_id, request, key,
+                     None if state is None or state.pending_key is not None else state.end.word)
+
+    def _withdraw(self, plan: Plan, schedule_id: str, key: bytes, timestamp: int | None) -> None:
+        """Remove the pending entry ``key`` of a cancelled id; remember the id as cancelled."""
+        fingerprint = self._fingerprint(plan, key) or Fingerprint(0, 0)
+        plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
+        plan.originals.pop(key, None)
+        plan.changes.deletes.append(key)
+        state = codec.ended(End.CANCELLED, self._now(timestamp), key, fingerprint)
+        plan.changes.ids[schedule_id] = state
+        plan.changelog.append(Record(self._changelog, plan.partition, key, None))
+        plan.changelog.append(Record(self._changelog, plan.partition,
+                                     codec.id_record_key(schedule_id),
+                                     codec.encode_id_state(state)))

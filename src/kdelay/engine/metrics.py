@@ -176,8 +176,11 @@ class Metrics:
         self.restored = Counter("kdelay_restored_changelog_records",
                                 "Changelog records replayed into local indexes", registry=r)
         self.ids_expired = Counter(
-            "kdelay_schedule_ids_expired", "Delivered-id markers dropped after the requests "
-            "topic's retention", registry=r)
+            "kdelay_schedule_ids_expired", "Ended-id markers dropped after the id window "
+            "(the requests topic's retention)", registry=r)
+        self.id_conflicts = Counter(
+            "kdelay_duplicate_conflicts", "Requests whose id was taken by a first request with "
+            "another payload or due time (dropped; the first is kept)", registry=r)
         self.clock_skew = Gauge(
             "kdelay_clock_skew_seconds", "Broker clock minus service clock, from the "
             "LogAppendTime of changelog acknowledgements", registry=r)

@@ -41,7 +41,7 @@ from kdelay.engine.checkpoint import Batch, Checkpoint, ServiceError
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
 from kdelay.engine.housekeeping import Housekeeper
-from kdelay.engine.intake import Outcome, Plan, Planner, Topics
+from kdelay.engine.intake import IdWindow, Outcome, Plan, Planner, Topics
 from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
@@ -50,7 +50,7 @@ from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, produce, take
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
-from kdelay.plumbing.topics import Layout
+from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
 from kdelay.state.changelog import Progress, Restoring, Staleness, open_restored
 from kdelay.state.index import (
@@ -64,6 +64,8 @@ from kdelay.state.originals import Reading
 
 log = logging.getLogger(__name__)
 
+# Most differing duplicates one batch logs one by one (all are counted).
+CONFLICTS_LOGGED = 5
 # How often (service clock) the requests topic's partition count is checked.
 PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
@@ -116,7 +118,12 @@ class Service:
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
         self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
                                                                       layout),
-                                        layout.retention_ms, settings.state_dir)
+                                        settings.state_dir)
+        self._id_window_ms = id_window_ms(layout.retention_ms)
+        self._outcome_partitions = layout.outcomes
+        if layout.outcomes is None:
+            log.warning("outcome records are not published: topic %s does not exist (run "
+                        "`kdelay topics create`)", settings.outcomes_topic)
         if not layout.broker_time:
             log.warning("clock skew against the broker is not measured: changelog topic %s "
                         "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
@@ -444,6 +451,9 @@ class Service:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
                         partition=record.partition, headers=record.headers,
                         on_delivery=acks.forward())
+            for record in plan.answers:  # lost, they lose no schedule: as dead letters
+                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
+                        partition=record.partition, on_delivery=acks.dead_letter())
             if plan.changes.consumed is not None:
                 checkpoint.mark(plan, acks)
             delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
@@ -472,6 +482,9 @@ class Service:
                 self._consumed[partition] = consumed
                 checkpoint.consumed(consumer, partition, consumed)
             self._count(plan.outcomes)
+            self._conflicts(plan.conflicts)
+            if plan.changes.expired:
+                self.metrics.ids_expired.inc(len(plan.changes.expired))
             if plan.dead_letters and self.settings.lanes:
                 self.metrics.count_lane_refusals((r.headers for r in plan.dead_letters),
                                                  self.settings.lanes)
@@ -515,6 +528,17 @@ class Service:
         for reason, count in reasons.items():
             self.metrics.dead_lettered.labels(reason=reason).inc(count)
 
+    def _conflicts(self, conflicts: list[str]) -> None:
+        """Count and log the duplicates that differ from their first request (a few per batch)."""
+        if not conflicts:
+            return
+        self.metrics.id_conflicts.inc(len(conflicts))
+        for conflict in conflicts[:CONFLICTS_LOGGED]:
+            log.warning("duplicate id dropped: %s", conflict)
+        if len(conflicts) > CONFLICTS_LOGGED:
+            log.warning("... and %d more such duplicates in this batch "
+                        "(kdelay_duplicate_conflicts)", len(conflicts) - CONFLICTS_LOGGED)
+
     # -- partitions -------------------------------------------------------------
 
     def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
@@ -525,8 +549,10 @@ class Service:
             self._partitions_added(max(beyond) + 1)
             partitions = [tp for tp in partitions if tp.partition < self._partitions]
         committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        outcomes = self._outcome_partitions
         topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
-                        self.settings.dlq_topic)
+                        self.settings.dlq_topic,
+                        None if outcomes is None else self.settings.outcomes_topic, outcomes or 1)
         for tp in partitions:
             index = self._open(tp.partition)
             local = index.offset(CONSUMED)
@@ -537,9 +563,9 @@ class Service:
             elif committed.get(tp.partition, -1) >= 0:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
-            self._planners[tp.partition] = Planner(topics, self._limits, index.id_state,
-                                                   delivery.withhold, self._policy,
-                                                   self._partitions)
+            self._planners[tp.partition] = Planner(
+                topics, self._limits, index.id_state, delivery.withhold, self._policy,
+                self._partitions, IdWindow(self._id_window_ms, self._clock, index))
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

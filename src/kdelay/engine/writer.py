@@ -33,6 +33,7 @@ from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import Producing, produce
 from kdelay.protocol import codec
+from kdelay.protocol.codec import IdRecord
 
 log = logging.getLogger(__name__)
 
@@ -166,13 +167,17 @@ class ChangelogWriter:
         produce(self._producer, self._topic, key=key, value=value, partition=partition,
                 on_delivery=acks.on_changelog)
 
-    def tombstone(self, partition: int, key: bytes) -> None:
+    def tombstone(self, partition: int, key: bytes, ended: IdRecord | None = None) -> None:
         """Write the tombstone of an entry delivery is done with; it confirms its position.
 
-        It waits for queue room rather than giving up: it follows an accepted
-        target produce, which cannot be taken back, and a transaction must
-        never commit a delivery without its tombstone.
+        ``ended`` (an entry with an id) is written first: how the id's schedule
+        ended, kept for the id window. It waits for queue room rather than
+        giving up: it follows an accepted target produce, which cannot be taken
+        back, and a transaction must never commit a delivery without its tombstone.
         """
+        if ended is not None:
+            produce(self._producer, self._topic, key=ended[0], value=ended[1],
+                    partition=partition, on_delivery=self._on_confirming)
         produce(self._producer, self._topic, key=key, value=None, partition=partition,
                 on_delivery=self._on_confirming)
 

@@ -101,6 +101,7 @@ class Settings:
     requests_topic: str = "kdelay.requests"
     changelog_topic: str = "kdelay.changelog"
     dlq_topic: str = "kdelay.dlq"
+    outcomes_topic: str = "kdelay.outcomes"
     group_id: str = "kdelay"
     state_dir: Path = Path("state")
     guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
@@ -138,7 +139,8 @@ class Settings:
         """Yield one sentence per invalid field, in field order."""
         if not self.bootstrap_servers.strip():
             yield "bootstrap_servers must not be empty"
-        yield from _topic_problems(self.requests_topic, self.changelog_topic, self.dlq_topic)
+        yield from _topic_problems(self.requests_topic, self.changelog_topic, self.dlq_topic,
+                                   self.outcomes_topic)
         if not self.group_id:
             yield "group_id must not be empty"
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65_535:
@@ -161,7 +163,7 @@ class Settings:
     @property
     def reserved_topics(self) -> tuple[str, ...]:
         """kdelay's own topics, never a delivery target (see :class:`TargetPolicy`)."""
-        return (self.requests_topic, self.changelog_topic, self.dlq_topic,
+        return (self.requests_topic, self.changelog_topic, self.dlq_topic, self.outcomes_topic,
                 *WORKER_RESERVED_TOPICS)
 
     def target_policy(self) -> TargetPolicy:
@@ -218,13 +220,14 @@ def _lanes(value: Lanes | str) -> Lanes:
 
 
 def _topic_problems(*topics: str) -> Iterator[str]:
-    """Kafka's topic-name rules, plus: kdelay's three topics must be distinct."""
+    """Kafka's topic-name rules, plus: kdelay's own topics must be distinct."""
     for topic in topics:
         if not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
             yield (f"{topic!r} is not a valid Kafka topic name "
                    "(1-249 characters from a-z A-Z 0-9 . _ -)")
     if len(set(topics)) != len(topics):
-        yield f"the requests, changelog and dlq topics must differ, got {', '.join(topics)}"
+        yield (f"the requests, changelog, dlq and outcomes topics must differ, "
+               f"got {', '.join(topics)}")
 
 
 def _kafka_config_problems(config: Mapping[str, str], bootstrap: str) -> Iterator[str]:

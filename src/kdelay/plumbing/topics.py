@@ -1,9 +1,11 @@
-"""kdelay's three topics: how they are laid out, created and checked.
+"""kdelay's topics: how they are laid out, created and checked.
 
 ``requests`` holds the payloads (``cleanup.policy=delete``; its ``retention.ms``
 bounds the longest delay), ``changelog`` holds the index (compacted, one
-partition per request partition) and ``dlq`` holds what could not be scheduled
-or delivered (``cleanup.policy=delete``). :func:`create_topics` makes them and
+partition per request partition), ``dlq`` holds what could not be scheduled
+or delivered (``cleanup.policy=delete``) and ``outcomes`` the outcome of every
+request with an id, keyed by id (``compact,delete``, kept for the id window;
+optional: without it the service publishes no outcomes). :func:`create_topics` makes them and
 is safe to re-run; :func:`check_layout` is what the service runs before it
 starts, and says how to fix what it finds.
 """
@@ -46,6 +48,15 @@ CHANGELOG_CONFIG: Mapping[str, str] = {
     # Only closed segments are compacted: a daily roll lets finished entries go.
     "segment.ms": "86400000",
 }
+# How long an id's outcome is remembered when the requests topic keeps records forever.
+UNLIMITED_ID_WINDOW_MS = 7 * 86_400_000
+
+
+def id_window_ms(retention_ms: int | None) -> int:
+    """How long each id's outcome is remembered: the requests topic's retention, so that
+    any request that can still be read again is answered with its first outcome; 7 days
+    when the requests topic keeps records forever (``retention_ms`` None)."""
+    return UNLIMITED_ID_WINDOW_MS if retention_ms is None else retention_ms
 
 
 class LayoutError(Exception):
@@ -79,6 +90,8 @@ class Layout:
     retention_ms: int | None
     broker_time: bool = False
     tombstones_kept_ms: int = DEFAULT_DELETE_RETENTION_MS
+    # The outcomes topic's partition count; None when it does not exist.
+    outcomes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +126,7 @@ def admin_client(settings: Settings, **overrides: str | int | bool) -> AdminClie
 
 
 def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> list[TopicSpec]:
-    """The three topics, requests first, as :func:`create_topics` creates them.
+    """kdelay's topics, requests first, as :func:`create_topics` creates them.
 
     ``retention.bytes=-1`` is set on requests explicitly so that a broker-wide
     size limit never deletes a pending payload before its time.
@@ -124,6 +137,9 @@ def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> li
         TopicSpec("requests", settings.requests_topic, partitions, requests),
         TopicSpec("changelog", settings.changelog_topic, partitions, CHANGELOG_CONFIG),
         TopicSpec("dlq", settings.dlq_topic, partitions, {CLEANUP_POLICY: "delete"}),
+        TopicSpec("outcomes", settings.outcomes_topic, partitions,
+                  {CLEANUP_POLICY: "compact,delete",
+                   RETENTION_MS: str(id_window_ms(None if retention_ms < 0 else retention_ms))}),
     ]
 
 
@@ -137,7 +153,7 @@ def create_topics(
     targets: Sequence[str] = (),
     timeout: float = 30.0,
 ) -> list[str]:
-    """Create whichever of the three topics is missing; return one report line per topic.
+    """Create whichever of kdelay's topics is missing; return one report line per topic.
 
     ``targets`` names topics to deliver to that are created too when missing
     (with ``partitions`` partitions and the broker's defaults; an existing
@@ -202,7 +218,7 @@ def _verify_all(specs: Iterable[TopicSpec], existing: Mapping[str, _Existing]) -
 def _differences(spec: TopicSpec, found: _Existing) -> list[str]:
     """Sentences naming how ``found`` differs from ``spec``, each with its fix."""
     differences = []
-    if spec.role != "dlq" and found.partitions != spec.partitions:
+    if spec.role in ("requests", "changelog") and found.partitions != spec.partitions:
         differences.append(
             f"it has {found.partitions} partitions, {spec.partitions} requested "
             f"(run with --partitions {found.partitions} to keep the existing topics)"
@@ -279,7 +295,8 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
     message says how to fix it. Kafka errors (broker unreachable) propagate as
     ``KafkaException``.
     """
-    names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic]
+    names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic,
+             settings.outcomes_topic]
     existing = _existing(admin, names, timeout)
     requests = _required(existing, settings.requests_topic, "requests", None)
     changelog = _required(existing, settings.changelog_topic, "changelog", requests.partitions)
@@ -299,8 +316,10 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
             f"before they are due: {_alter_hint(settings.requests_topic, 'delete')}",
         )
     broker_time = changelog.config.get(TIMESTAMP_TYPE) == "LogAppendTime"
+    outcomes = existing.get(settings.outcomes_topic)
     return Layout(requests.partitions, _retention(requests.config), broker_time,
-                  tombstones_kept_ms(changelog.config))
+                  tombstones_kept_ms(changelog.config),
+                  outcomes.partitions if outcomes is not None else None)
 
 
 def tombstones_kept_ms(config: Mapping[str, str]) -> int:

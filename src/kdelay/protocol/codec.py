@@ -13,8 +13,10 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
+from enum import IntEnum
 from typing import NamedTuple
 
+import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 _DUE_KEY = struct.Struct(">QIQ")
@@ -33,6 +35,10 @@ CONSUMED_MARKER = b"kdelay/consumed"
 # The changelog key of the tombstones the service writes to read the broker's
 # clock (see :mod:`kdelay.engine.skew`); replay ignores it.
 CLOCK_PROBE = b"kdelay/clock"
+# Changelog keys of the ids whose schedules ended (``ID_RECORD_PREFIX + UTF-8 id``,
+# value :func:`encode_id_state`): a rebuilt index remembers them for the id window.
+# Longer than a due key, so no such key is ever DUE_KEY_SIZE long.
+ID_RECORD_PREFIX = b"kdelay/ended-schedule-id/"
 
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1
@@ -41,6 +47,8 @@ _I64_MAX = 2**63 - 1
 
 _PENDING = b"P"
 _DELIVERED = b"D"
+_ENDED = b"E"
+_ENDED_BODY = struct.Struct(">BQ20sqI")
 _ABSENT_FIELD = b"\x00"
 
 # Bound once: these run for every request intake reads and every record it
@@ -73,16 +81,70 @@ class IndexValue(NamedTuple):
     schedule_id: str | None
 
 
+class End(IntEnum):
+    """How the schedule that held an id ended."""
+
+    DELIVERED = 1
+    CANCELLED = 2
+    DEAD_LETTERED = 3
+
+    @property
+    def word(self) -> str:
+        """The outcome's name in logs and outcome records: ``delivered``, ``cancelled``, ..."""
+        return self.name.lower().replace("_", "-")
+
+
 class IdState(NamedTuple):
-    """What a schedule id refers to; exactly one field is set.
+    """What a schedule id refers to: a pending schedule, or how and when one ended.
 
     ``pending_key`` is the encoded due key of the pending request that holds the
-    id; ``delivered_ms`` is when the request held under it was delivered (by
-    the service clock).
+    id (and nothing else is set). Otherwise ``ended_ms`` is when its schedule
+    ended (service clock, or the cancel's timestamp), ``end`` how, and
+    ``first_key``/``fingerprint`` name the request that held the id (None in
+    markers of older kdelay versions, which only knew deliveries).
     """
 
     pending_key: bytes | None
-    delivered_ms: int | None
+    ended_ms: int | None
+    end: End = End.DELIVERED
+    first_key: bytes | None = None
+    fingerprint: Fingerprint | None = None
+
+
+def ended(end: End, at_ms: int, key: bytes, fingerprint: Fingerprint) -> IdState:
+    """The state of an id whose schedule under ``key`` ended ``end`` at ``at_ms``."""
+    return IdState(None, at_ms, end, key, fingerprint)
+
+
+IdRecord = tuple[bytes, bytes]
+"""A changelog record of an ended id: :func:`id_record_key` and :func:`encode_id_state`."""
+
+
+def end_of(schedule_id: str | None, end: End, at_ms: int, key: bytes,
+           fingerprint: Fingerprint) -> tuple[IdState | None, IdRecord | None]:
+    """The ended state of ``schedule_id`` and its changelog record; both None without an id."""
+    if schedule_id is None:
+        return None, None
+    state = ended(end, at_ms, key, fingerprint)
+    return state, (id_record_key(schedule_id), encode_id_state(state))
+
+
+def id_record_key(schedule_id: str) -> bytes:
+    """The changelog key of an ended id's record: ``kdelay/ended-schedule-id/<UTF-8 id>``."""
+    return ID_RECORD_PREFIX + schedule_id.encode("utf-8")
+
+
+def id_of_record_key(key: bytes) -> str | None:
+    """The id of a changelog key made by :func:`id_record_key`; None for any other key.
+
+    Raises ValueError for an id that is not UTF-8.
+    """
+    if not key.startswith(ID_RECORD_PREFIX):
+        return None
+    try:
+        return key[len(ID_RECORD_PREFIX):].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the schedule id in changelog key {key!r} is not UTF-8") from exc
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
@@ -263,19 +325,28 @@ def schedule_id_of(raw: bytes) -> str | None:
 
 
 def encode_id_state(state: IdState) -> bytes:
-    """Encode ``b"P" + due key`` for a pending id, ``b"D" + u64 ms`` for a delivered one.
+    """Encode ``b"P" + due key`` for a pending id, ``b"E" + end, time, key, fingerprint``
+    for an ended one (``b"D" + u64 ms`` when an old marker knows only its delivery time).
 
-    Raises ValueError unless exactly one field is set, the pending key is a
-    full due key, and the delivered time is a non-negative u64.
+    Raises ValueError unless exactly one of ``pending_key`` and ``ended_ms`` is
+    set, the keys are full due keys, and the time is a non-negative u64.
     """
-    pending_key, delivered_ms = state
-    if pending_key is not None and delivered_ms is None:
+    pending_key, ended_ms, end, first_key, fingerprint = state
+    if pending_key is not None and ended_ms is None:
         _check_size("a pending due key", pending_key, DUE_KEY_SIZE)
         return _PENDING + pending_key
-    if delivered_ms is not None and pending_key is None:
-        _check_range("delivered_ms", delivered_ms, 0, _U64_MAX)
-        return _DELIVERED + _U64.pack(delivered_ms)
-    raise ValueError("an IdState needs exactly one of pending_key and delivered_ms")
+    if ended_ms is None or pending_key is not None:
+        raise ValueError("an IdState needs exactly one of pending_key and ended_ms")
+    _check_range("ended_ms", ended_ms, 0, _U64_MAX)
+    if first_key is None or fingerprint is None:
+        if end is not End.DELIVERED:
+            raise ValueError("an ended IdState names the key and fingerprint it ended with")
+        return _DELIVERED + _U64.pack(ended_ms)
+    _check_size("an ended id's due key", first_key, DUE_KEY_SIZE)
+    try:
+        return _ENDED + _ENDED_BODY.pack(end, ended_ms, first_key, *fingerprint)
+    except struct.error as exc:
+        raise ValueError(f"an ended id's fingerprint {fingerprint} is out of range") from exc
 
 
 def decode_id_state(raw: bytes) -> IdState:
@@ -284,20 +355,28 @@ def decode_id_state(raw: bytes) -> IdState:
     if tag == _PENDING:
         _check_size("a pending id state's due key", body, DUE_KEY_SIZE)
         return IdState(body, None)
+    if tag == _ENDED:
+        _check_size("an ended id state", body, _ENDED_BODY.size)
+        end, ended_ms, key, timestamp_ms, crc = _ENDED_BODY.unpack(body)
+        try:
+            how = End(end)
+        except ValueError:
+            raise ValueError(f"an ended id state has an unknown end {end}") from None
+        return IdState(None, ended_ms, how, key, Fingerprint(timestamp_ms, crc))
     if tag == _DELIVERED:
         _check_size("a delivered id state's time", body, _U64.size)
         return IdState(None, _U64.unpack(body)[0])
-    raise ValueError(f"an id state must start with b'P' or b'D', got {tag!r}")
+    raise ValueError(f"an id state must start with b'P', b'E' or b'D', got {tag!r}")
 
 
-def encode_expiry_key(delivered_ms: int, schedule_id: str) -> bytes:
-    """Encode ``u64 delivered_ms | UTF-8 id``: the expiry index of delivered-id markers.
+def encode_expiry_key(ended_ms: int, schedule_id: str) -> bytes:
+    """Encode ``u64 ended_ms | UTF-8 id``: the expiry index of ended-id markers.
 
     Byte order is delivery-time order, so the markers old enough to drop form
     a prefix of the keyspace. Raises ValueError for a negative or oversized time.
     """
-    _check_range("delivered_ms", delivered_ms, 0, _U64_MAX)
-    return _U64.pack(delivered_ms) + schedule_id.encode("utf-8")
+    _check_range("ended_ms", ended_ms, 0, _U64_MAX)
+    return _U64.pack(ended_ms) + schedule_id.encode("utf-8")
 
 
 def decode_expiry_key(raw: bytes) -> tuple[int, str]:
@@ -368,3 +447,54 @@ def decode_offset(raw: bytes) -> int:
     _check_size("an offset", raw, _I64.size)
     value: int = _I64.unpack(raw)[0]
     return value
+
+
+class Answer(NamedTuple):
+    """The outcome of one request that carries an id, as the outcomes topic holds it.
+
+    ``outcome`` is ``scheduled`` or ``duplicate`` for a schedule, ``cancelled``,
+    ``unknown``, ``already-delivered`` or ``dead-lettered`` for a cancel.
+    ``request`` names the request answered (``topic/partition/offset``, where
+    it was written), ``at_ms`` when the service decided (its clock). For a
+    duplicate and a cancel, ``schedule`` names the request that holds the id
+    and ``first`` its state (``pending``, ``delivered``, ``cancelled``,
+    ``dead-lettered``); ``differs`` says a duplicate's payload or due time is
+    not the first's.
+    """
+
+    schedule_id: str
+    outcome: str
+    request: str
+    at_ms: int
+    schedule: str | None = None
+    first: str | None = None
+    differs: bool = False
+
+
+def encode_answer(answer: Answer) -> bytes:
+    """Encode an outcome record's value: a JSON object (see :class:`Answer`; key ``id``)."""
+    body: dict[str, object] = {"id": answer.schedule_id, "outcome": answer.outcome,
+                               "request": answer.request, "at_ms": answer.at_ms}
+    if answer.schedule is not None:
+        body["schedule"] = answer.schedule
+    if answer.first is not None:
+        body["first"] = answer.first
+    if answer.differs:
+        body["differs"] = True
+    return orjson.dumps(body)
+
+
+def decode_answer(raw: bytes) -> Answer:
+    """Decode :func:`encode_answer`; ValueError for anything that is not such a record."""
+    try:
+        body = orjson.loads(raw)
+        return Answer(str(body["id"]), str(body["outcome"]), str(body["request"]),
+                      int(body["at_ms"]), _optional(body, "schedule"), _optional(body, "first"),
+                      bool(body.get("differs", False)))
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not an outcome record: {raw[:80]!r} ({exc})") from None
+
+
+def _optional(body: dict[str, object], name: str) -> str | None:
+    value = body.get(name)
+    return None if value is None else str(value)

@@ -84,6 +84,18 @@ def is_forward(headers: AnyHeaders) -> bool:
     return FORWARD in _found(headers)
 
 
+def origin(headers: AnyHeaders) -> tuple[int, int] | None:
+    """Where a forwarded record was first written (``kdelay-forward``); None if not
+    forwarded or unreadable."""
+    found = _found(headers)
+    if FORWARD not in found:
+        return None
+    try:
+        return _pair(found, FORWARD, _U32, _U64)
+    except ValueError:
+        return None
+
+
 def _found(headers: AnyHeaders) -> _Found:
     """The ``kdelay-*`` headers of a record by name (the last of a repeated one)."""
     if headers is None:

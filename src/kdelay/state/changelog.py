@@ -215,15 +215,48 @@ def _apply(index: PartitionIndex, staged: Staged, position: int) -> None:
     staged.pop(codec.CLOCK_PROBE, None)
     if marker is not None:
         changes.consumed = codec.decode_offset(marker)
+    ended: Staged = {}
     if set(map(len, staged)) - {codec.DUE_KEY_SIZE}:
+        ended = _ended_ids(staged)
         _drop_odd_keys(staged)
     if None in staged.values():
         _delete(index, staged, changes)
+    if ended:
+        _note_ended(index, ended, changes)
     # No tombstone is left in ``staged``.
     changes.raw_puts = cast(dict[bytes, bytes], staged)
     if set(map(len, changes.raw_puts.values())) - {codec.INDEX_HEAD_SIZE}:
         _note_ids(changes)
     index.apply(changes)
+
+
+def _ended_ids(staged: Staged) -> Staged:
+    """Move the records of ended ids (see :func:`codec.id_record_key`) out of ``staged``."""
+    prefix = codec.ID_RECORD_PREFIX
+    return {key: staged.pop(key) for key in [k for k in staged if k.startswith(prefix)]}
+
+
+def _note_ended(index: PartitionIndex, ended: Staged, changes: Changes) -> None:
+    """Remember the ids whose schedules ended; forget those whose record was dropped.
+
+    They apply after the batch's tombstones (which release their ids) and
+    before its puts: an id scheduled again after its marker expired is pending.
+    A dropped record never clears an id the index holds pending.
+    """
+    for key, raw in ended.items():
+        try:
+            schedule_id = codec.id_of_record_key(key)
+            state = None if raw is None else codec.decode_id_state(raw)
+        except ValueError as exc:
+            log.warning("changelog record %r ignored: %s", key, exc)
+            continue
+        assert schedule_id is not None  # noqa: S101 - _ended_ids picked prefixed keys
+        if state is not None:
+            changes.ids[schedule_id] = state
+            continue
+        held = changes.ids.get(schedule_id, index.id_state(schedule_id))
+        if held is None or held.pending_key is None:
+            changes.ids[schedule_id] = None
 
 
 def _drop_odd_keys(staged: Staged) -> None:

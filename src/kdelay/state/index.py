@@ -3,10 +3,10 @@
 One store (rocksdict, raw mode) per request partition, three column families:
 
 - ``default``: the due index, ``due key -> index value`` (see :mod:`kdelay.protocol.codec`);
-- ``ids``: ``schedule id -> pending due key | delivered marker``, for dedup and cancel;
-- ``expiry``: ``delivered time | schedule id -> ""``, so that delivered markers
-  older than the requests topic's retention can be dropped (:meth:`prune_ids`)
-  without a scan of every id;
+- ``ids``: ``schedule id -> pending due key | how and when its schedule ended``,
+  for dedup, cancel and their outcomes;
+- ``expiry``: ``end time | schedule id -> ""``, so that ended-id markers older
+  than the id window can be found (:meth:`expired_ids`) without a scan of every id;
 - ``meta``: the offsets the index covers (``consumed``: the next requests offset
   to read; ``changelog``: the next changelog offset to replay), when the store
   was last known in step with the changelog (``synced``, see :meth:`mark_synced`),
@@ -157,11 +157,13 @@ class Changes:
     raw_puts: dict[bytes, bytes] = field(default_factory=dict)
     deletes: list[bytes] = field(default_factory=list)
     ids: dict[str, IdState | None] = field(default_factory=dict)
+    # Expiry keys (see :func:`codec.encode_expiry_key`) to delete: markers dropped.
+    expired: list[bytes] = field(default_factory=list)
     consumed: int | None = None
     changelog: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.puts or self.raw_puts or self.deletes or self.ids) or (
+        return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired) or (
             self.consumed is not None or self.changelog is not None
         )
 
@@ -314,9 +316,11 @@ class PartitionIndex:
                 batch.delete(schedule_id.encode(), self._ids_handle)
             else:
                 put(schedule_id.encode(), codec.encode_id_state(state), self._ids_handle)
-                if state.delivered_ms is not None:
-                    put(codec.encode_expiry_key(state.delivered_ms, schedule_id), b"",
+                if state.ended_ms is not None:
+                    put(codec.encode_expiry_key(state.ended_ms, schedule_id), b"",
                         self._expiry_handle)
+        for key in changes.expired:
+            batch.delete(key, self._expiry_handle)
         if changes.consumed is not None:
             put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
         if changes.changelog is not None:
@@ -499,34 +503,29 @@ class PartitionIndex:
         del it
         return key
 
-    def prune_ids(self, before_ms: int, limit: int) -> int:
-        """Drop up to ``limit`` delivered-id markers delivered before ``before_ms``.
+    def expired_ids(self, before_ms: int, limit: int) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` ids whose schedules ended before ``before_ms``, with their expiry keys.
 
-        A marker lets intake recognise a late duplicate or cancel of a
-        delivered id; once no request older than the requests topic's
-        retention can be read again, it serves nothing. An id scheduled again
-        since (pending, or delivered later) keeps its newer state: only a
-        marker still holding the expired delivery time is deleted. Returns the
-        number of expiry entries processed.
+        An ended-id marker answers a late duplicate or cancel of its id with
+        the first outcome; past the id window it serves nothing. An id
+        scheduled again since (pending, or ended later) keeps its newer state:
+        its id comes back as ``""`` so that only the stale expiry key goes.
+        The caller deletes both (``Changes.ids``, ``Changes.expired``).
         """
         options = ReadOptions()
         options.set_iterate_upper_bound(codec.expiry_upper_bound(before_ms))
         it = self._expiry.iter(options)
         it.seek_to_first()
-        batch = WriteBatch(raw_mode=True)
-        done = 0
-        while it.valid() and done < limit:
+        found: list[tuple[str, bytes]] = []
+        while it.valid() and len(found) < limit:
             key = it.key()
-            delivered_ms, schedule_id = codec.decode_expiry_key(key)
-            if self.id_state(schedule_id) == IdState(None, delivered_ms):
-                batch.delete(schedule_id.encode(), self._ids_handle)
-            batch.delete(key, self._expiry_handle)
-            done += 1
+            ended_ms, schedule_id = codec.decode_expiry_key(key)
+            state = self.id_state(schedule_id)
+            current = state is not None and state.ended_ms == ended_ms
+            found.append((schedule_id if current else "", key))
             it.next()
         del it
-        if done:
-            self._write(batch)
-        return done
+        return found
 
     def id_count(self) -> int:
         """Return the number of schedule ids the store holds (a full scan; for tests, tools)."""

@@ -38,7 +38,16 @@ from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol.codec import Fingerprint, IdState, IndexValue, encode_due_key, fingerprint_of
+from kdelay.protocol.codec import (
+    End,
+    Fingerprint,
+    IdState,
+    IndexValue,
+    decode_id_state,
+    encode_due_key,
+    fingerprint_of,
+    id_record_key,
+)
 from kdelay.protocol.envelope import (
     DUE_MS,
     ERROR,
@@ -402,15 +411,17 @@ def test_an_entry_leaves_the_index_only_after_its_report(world: World) -> None:
     assert world.pending() == []
     assert not world.delivery.in_flight(key)
     assert world.delivery.idle()
-    [tombstone] = world.internal.sent
+    [ended, tombstone] = world.internal.sent
     assert (tombstone.topic, tombstone.partition, tombstone.key, tombstone.value) == (
         CHANGELOG, 0, key, None
     )
+    assert (ended.topic, ended.partition, ended.key) == (CHANGELOG, 0, id_record_key("order-7"))
     state = world.indexes[0].id_state("order-7")
     assert state is not None
-    assert state.pending_key is None
-    assert state.delivered_ms is not None
-    assert T0 <= state.delivered_ms <= T0 + 50
+    assert decode_id_state(ended.value or b"") == state, "the changelog remembers the end too"
+    assert (state.pending_key, state.end, state.first_key) == (None, End.DELIVERED, key)
+    assert state.ended_ms is not None
+    assert T0 <= state.ended_ms <= T0 + 50
     assert world.sample("kdelay_delivered_records_total") == 1
 
 
@@ -471,8 +482,12 @@ def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
     world.internal.report()
     world.settle()
     assert world.pending() == []
-    assert [(s.topic, s.key, s.value) for s in world.internal.sent[1:]] == [(CHANGELOG, key, None)]
-    assert world.indexes[0].id_state("gone") is None
+    [ended, tombstone] = world.internal.sent[1:]
+    assert (tombstone.topic, tombstone.key, tombstone.value) == (CHANGELOG, key, None)
+    state = world.indexes[0].id_state("gone")
+    assert state is not None
+    assert (state.end, state.first_key) == (End.DEAD_LETTERED, key), "a repeat is a duplicate"
+    assert (ended.key, decode_id_state(ended.value or b"")) == (id_record_key("gone"), state)
     assert world.sample("kdelay_dead_lettered_records_total", reason="expired") == 1
     assert world.sample("kdelay_delivered_records_total") == 0
 
@@ -566,7 +581,9 @@ def test_a_failing_target_is_retried_with_backoff_then_dead_lettered(world: Worl
     world.internal.report(topic=DLQ)
     world.settle()
     assert world.pending() == []
-    assert world.indexes[0].id_state("b-7") is None
+    state = world.indexes[0].id_state("b-7")
+    assert state is not None
+    assert (state.pending_key, state.end) == (None, End.DEAD_LETTERED)
     assert world.sample("kdelay_dead_lettered_records_total", reason="undeliverable") == 1
     assert world.sample("kdelay_delivered_records_total") == 0
 
@@ -798,7 +815,13 @@ def test_backoff_is_an_int_and_never_exceeds_a_small_cap() -> None:
 
 def tombstones(world: World) -> list[tuple[str, int, bytes | None, bytes | None]]:
     return [(s.topic, s.partition, s.key, s.value) for s in world.internal.sent
-            if s.topic == CHANGELOG]
+            if s.topic == CHANGELOG and s.value is None]
+
+
+def ends(world: World) -> list[tuple[int, bytes | None, IdState]]:
+    """The changelog records of ended ids: partition, key, state."""
+    return [(s.partition, s.key, decode_id_state(s.value)) for s in world.internal.sent
+            if s.topic == CHANGELOG and s.value is not None]
 
 
 def test_a_transaction_produces_the_target_and_its_tombstone_together(txn: World) -> None:
@@ -806,6 +829,9 @@ def test_a_transaction_produces_the_target_and_its_tombstone_together(txn: World
     txn.at(T0)
     assert [(s.topic, s.origin) for s in txn.targets.sent] == [("orders", origin(2, 5))]
     assert tombstones(txn) == [(CHANGELOG, 2, key, None)]
+    [(partition, ended_key, state)] = ends(txn)
+    assert (partition, ended_key, state.end, state.first_key) == (
+        2, id_record_key("s-5"), End.DELIVERED, key), "the id's end is in the transaction too"
     assert txn.pending(2) == [key], "nothing leaves the index before the commit"
     assert txn.delivery.in_flight(key)
     assert not txn.delivery.has_failures()
@@ -822,14 +848,16 @@ def test_a_committed_transaction_deletes_the_entry_without_another_tombstone(
     txn.clock.set(T0 + 20)
     txn.finish(committed=True)
     assert txn.pending(2) == []
-    assert txn.indexes[2].id_state("s-5") == IdState(None, T0 + 20)
+    state = txn.indexes[2].id_state("s-5")
+    assert state is not None
+    assert (state.pending_key, state.ended_ms, state.end) == (None, T0 + 20, End.DELIVERED)
     assert tombstones(txn) == [(CHANGELOG, 2, key, None)], "the one inside the transaction"
-    assert txn.indexes[2].offset(b"changelog") == 1
+    assert txn.indexes[2].offset(b"changelog") == 2, "past the id's end and the tombstone"
     assert txn.sample("kdelay_delivered_records_total") == 1
     assert txn.delivery.idle()
     txn.at(T0 + 10_000)
     assert len(txn.targets.sent) == 1
-    assert len(txn.internal.sent) == 1
+    assert len(txn.internal.sent) == 2
 
 
 def test_an_aborted_transaction_keeps_the_entry_and_produces_it_again(txn: World) -> None:
@@ -1379,6 +1407,7 @@ def test_an_entry_forwarded_to_its_ids_partition_reads_the_original_where_it_lie
     world.targets.report()
     world.settle()
     assert world.pending(2) == []
-    assert world.indexes[2].id_state("order-7") == IdState(None, T0 + 100)
-    [tombstone] = world.internal.sent
+    state = world.indexes[2].id_state("order-7")
+    assert state == IdState(None, T0 + 100, End.DELIVERED, due_key, fingerprint_of(message))
+    [_, tombstone] = world.internal.sent
     assert (tombstone.topic, tombstone.partition, tombstone.key) == (CHANGELOG, 2, due_key)

@@ -84,7 +84,7 @@ def test_a_forward_of_an_id_pending_under_another_key_is_a_duplicate() -> None:
     fwd = Forward(sid, TS + 10, HOME, 5, codec.fingerprint(b"k", b"payload", TS))
     result = plan(ids, [on(1, 40, forward.schedule_headers(fwd), None, None)], partition=1)
     assert result.changes.puts == []
-    assert result.outcomes == [(Outcome.DUPLICATE, sid)]
+    assert result.outcomes == [(Outcome.DUPLICATE, f"{sid} (first: pending)")]
 
 
 def test_the_same_forward_read_twice_yields_the_same_key() -> None:
@@ -146,7 +146,8 @@ def test_an_id_already_pending_where_it_was_written_is_handled_there() -> None:
     cancel = request(8, cancel_headers(sid), key=None, value=sid.encode())
     result = plan(ids, [again, cancel])
     assert result.forwards == []
-    assert result.outcomes == [(Outcome.DUPLICATE, sid), (Outcome.CANCELLED, sid)]
+    assert result.outcomes == [(Outcome.DUPLICATE, f"{sid} (first: pending)"),
+                               (Outcome.CANCELLED, sid)]
     assert result.changes.deletes == [local]
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.engine.intake import (
+    IdWindow,
     Outcome,
     Plan,
     Planner,
@@ -15,8 +17,9 @@ from kdelay.engine.intake import (
     Topics,
     consumed_marker,
 )
+from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec
-from kdelay.protocol.codec import IdState, IndexValue, fingerprint_of, record_time
+from kdelay.protocol.codec import End, IdState, IndexValue, fingerprint_of, record_time
 from kdelay.protocol.durations import DEFAULT_LEVELS, Limits, parse_levels
 from kdelay.protocol.envelope import (
     CANCEL,
@@ -32,9 +35,11 @@ from kdelay.protocol.envelope import (
     cancel_headers,
     schedule_headers,
 )
+from kdelay.protocol.forward import id_partition
 from kdelay.state.index import Entry
 
 TOPICS = Topics(requests="kdelay.requests", changelog="kdelay.changelog", dlq="kdelay.dlq")
+OUTCOMES = "kdelay.outcomes"
 LIMITS = Limits(parse_levels(DEFAULT_LEVELS), None)
 TS = 1_700_000_000_000
 NOW = TS + 3_600_000
@@ -72,8 +77,11 @@ def ids() -> Ids:
     return Ids()
 
 
-def plan(ids: Ids, messages: Sequence[Message], limits: Limits = LIMITS) -> Plan:
-    return Planner(TOPICS, limits, ids.lookup, ids.withhold).plan(PART, messages)
+def plan(ids: Ids, messages: Sequence[Message], limits: Limits = LIMITS, *,
+         answers: bool = False) -> Plan:
+    topics = dataclasses.replace(TOPICS, outcomes=OUTCOMES, outcome_partitions=4) if answers \
+        else TOPICS
+    return Planner(topics, limits, ids.lookup, ids.withhold).plan(PART, messages)
 
 
 def key(due_ms: int, offset: int) -> bytes:
@@ -281,8 +289,12 @@ def test_a_second_schedule_with_a_pending_id_is_a_duplicate(ids: Ids) -> None:
     assert result.changes.puts == []
     assert result.changelog == []
     assert result.changes.ids == {}
-    assert result.outcomes == [(Outcome.DUPLICATE, "order-1")]
+    assert result.outcomes == [(Outcome.DUPLICATE, "order-1 (first: pending)")]
     assert result.changes.consumed == 9
+    [conflict] = result.conflicts
+    assert "kdelay.requests/3/8" in conflict
+    assert "kdelay.requests/3/1" in conflict
+    assert "due time" in conflict
 
 
 def test_a_duplicate_within_one_batch_is_caught(ids: Ids) -> None:
@@ -290,8 +302,22 @@ def test_a_duplicate_within_one_batch_is_caught(ids: Ids) -> None:
     result = plan(ids, msgs)
     assert [e.key for e in result.changes.puts] == [key(TS + 1, 1)]
     assert result.changes.ids == {"x": IdState(key(TS + 1, 1), None)}
-    assert result.outcomes == [(Outcome.SCHEDULED, "x"), (Outcome.DUPLICATE, "x")]
+    assert result.outcomes == [(Outcome.SCHEDULED, "x"), (Outcome.DUPLICATE, "x (first: pending)")]
 
+
+def test_a_duplicate_with_the_same_due_time_and_payload_is_no_conflict(ids: Ids) -> None:
+    msgs = [request(o, schedule_headers("orders", due_ms=TS + 9, schedule_id="x")) for o in (1, 2)]
+    result = plan(ids, msgs)
+    assert [o for o, _ in result.outcomes] == [Outcome.SCHEDULED, Outcome.DUPLICATE]
+    assert result.conflicts == []
+
+
+def test_a_duplicate_with_another_payload_is_a_conflict(ids: Ids) -> None:
+    msgs = [request(1, schedule_headers("orders", due_ms=TS + 9, schedule_id="x")),
+            request(2, schedule_headers("orders", due_ms=TS + 9, schedule_id="x"), value=b"new")]
+    [conflict] = plan(ids, msgs).conflicts
+    assert "payload" in conflict
+    assert "due time" not in conflict
 
 def test_rereading_a_scheduled_request_schedules_it_again_with_the_same_key(ids: Ids) -> None:
     msg = request(8, schedule_headers("orders", delay_ms=99, schedule_id="order-1"))
@@ -303,12 +329,25 @@ def test_rereading_a_scheduled_request_schedules_it_again_with_the_same_key(ids:
     assert again.outcomes == [(Outcome.SCHEDULED, "order-1")]
 
 
-def test_an_id_is_reusable_once_its_schedule_was_delivered(ids: Ids) -> None:
-    ids.states["order-1"] = IdState(None, TS - 1)
-    msg = request(8, schedule_headers("orders", delay_ms=5, schedule_id="order-1"))
+@pytest.mark.parametrize("end", list(End))
+def test_an_id_whose_schedule_ended_is_answered_with_its_first_outcome(
+        ids: Ids, end: End) -> None:
+    first = key(TS - 10, 2)
+    ids.states["order-1"] = codec.ended(end, TS - 1, first, codec.fingerprint(b"k", b"payload", TS))
+    msg = request(8, schedule_headers("orders", due_ms=TS - 10, schedule_id="order-1"))
     result = plan(ids, [msg])
-    assert result.changes.ids == {"order-1": IdState(key(TS + 5, 8), None)}
-    assert result.outcomes == [(Outcome.SCHEDULED, "order-1")]
+    assert result.changes.ids == {}
+    assert result.changes.puts == []
+    assert result.outcomes == [(Outcome.DUPLICATE, f"order-1 (first: {end.word})")]
+    assert result.conflicts == [], "same due time and payload"
+
+
+def test_the_first_request_read_again_after_its_end_is_no_new_duplicate(ids: Ids) -> None:
+    msg = request(8, schedule_headers("orders", delay_ms=5, schedule_id="order-1"))
+    ids.states["order-1"] = codec.ended(End.DELIVERED, TS + 6, key(TS + 5, 8), fingerprint_of(msg))
+    result = plan(ids, [msg], answers=True)
+    assert result.changes.puts == []
+    assert result.answers == [], "its outcome was published when it was first read"
 
 
 # -- cancel --------------------------------------------------------------------------
@@ -320,8 +359,13 @@ def test_cancel_before_due_deletes_and_writes_a_tombstone(ids: Ids) -> None:
     result = plan(ids, [request(20, cancel_headers("order-1"), key=None, value=b"order-1")])
     assert result.changes.deletes == [pending]
     assert result.changes.puts == []
-    assert result.changes.ids == {"order-1": None}
-    assert result.changelog == [Record(TOPICS.changelog, PART, pending, None)]
+    state = result.changes.ids["order-1"]
+    assert state is not None
+    assert (state.pending_key, state.end, state.first_key) == (None, End.CANCELLED, pending)
+    assert result.changelog == [
+        Record(TOPICS.changelog, PART, pending, None),
+        Record(TOPICS.changelog, PART, codec.id_record_key("order-1"),
+               codec.encode_id_state(state))]
     assert result.outcomes == [(Outcome.CANCELLED, "order-1")]
     assert result.dead_letters == []
     assert result.changes.consumed == 21
@@ -335,23 +379,25 @@ def test_cancel_removes_a_put_made_earlier_in_the_same_batch(ids: Ids) -> None:
     cancelled, kept = key(TS + 10, 1), key(TS + 20, 2)
     assert [e.key for e in result.changes.puts] == [kept]
     assert result.changes.deletes == [cancelled]
-    assert result.changes.ids == {"x": None}
+    state = result.changes.ids["x"]
+    assert state is not None
+    assert (state.end, state.fingerprint) == (End.CANCELLED, fingerprint_of(msgs[0]))
     assert [(r.key, r.value is None) for r in result.changelog] == [
-        (cancelled, False), (kept, False), (cancelled, True)
+        (cancelled, False), (kept, False), (cancelled, True), (codec.id_record_key("x"), False)
     ]
     assert [o for o, _ in result.outcomes] == [
         Outcome.SCHEDULED, Outcome.SCHEDULED, Outcome.CANCELLED
     ]
 
 
-def test_an_id_cancelled_earlier_in_the_batch_can_be_scheduled_again(ids: Ids) -> None:
+def test_an_id_cancelled_earlier_in_the_batch_is_not_scheduled_again(ids: Ids) -> None:
     ids.states["x"] = IdState(key(TS + 50, 0), None)
     msgs = [request(1, cancel_headers("x")),
             request(2, schedule_headers("orders", delay_ms=30, schedule_id="x"))]
     result = plan(ids, msgs)
     assert result.changes.deletes == [key(TS + 50, 0)]
-    assert [e.key for e in result.changes.puts] == [key(TS + 30, 2)]
-    assert result.changes.ids == {"x": IdState(key(TS + 30, 2), None)}
+    assert result.changes.puts == []
+    assert result.outcomes[1] == (Outcome.DUPLICATE, "x (first: cancelled)")
 
 
 def test_cancel_of_an_unknown_id_is_unknown(ids: Ids) -> None:
@@ -364,11 +410,18 @@ def test_cancel_of_an_unknown_id_is_unknown(ids: Ids) -> None:
     assert result.changes.consumed == 6
 
 
-def test_a_second_cancel_in_one_batch_is_unknown(ids: Ids) -> None:
+def test_a_second_cancel_is_answered_cancelled_again(ids: Ids) -> None:
     ids.states["x"] = IdState(key(TS + 50, 0), None)
     result = plan(ids, [request(1, cancel_headers("x")), request(2, cancel_headers("x"))])
-    assert result.outcomes == [(Outcome.CANCELLED, "x"), (Outcome.UNKNOWN, "x")]
+    assert result.outcomes == [(Outcome.CANCELLED, "x"), (Outcome.CANCELLED, "x")]
     assert result.changes.deletes == [key(TS + 50, 0)]
+
+
+def test_a_cancel_of_a_dead_lettered_id_is_dead_lettered(ids: Ids) -> None:
+    ids.states["x"] = codec.ended(End.DEAD_LETTERED, TS, key(TS, 0), codec.Fingerprint(1, 2))
+    result = plan(ids, [request(1, cancel_headers("x"))])
+    assert result.outcomes == [(Outcome.DEAD_LETTERED, "x")]
+    assert result.changes.deletes == []
 
 
 def test_cancel_of_a_delivered_id_is_already_delivered(ids: Ids) -> None:
@@ -463,3 +516,72 @@ def test_plan_first_is_the_first_offset_of_the_batch(
 
 def test_an_empty_batch_has_no_first_offset(ids: Ids) -> None:
     assert plan(ids, []).first is None
+
+
+# -- outcome records -------------------------------------------------------------------------
+
+
+def answers(result: Plan) -> list[tuple[str, int | None, bytes | None, codec.Answer]]:
+    return [(r.topic, r.partition, r.key, codec.decode_answer(r.value or b""))
+            for r in result.answers]
+
+
+def test_requests_with_an_id_are_answered_on_the_ids_outcome_partition(ids: Ids) -> None:
+    ids.states["gone"] = codec.ended(End.DELIVERED, TS, key(TS, 0), codec.Fingerprint(TS, 1))
+    msgs = [request(1, schedule_headers("orders", delay_ms=10, schedule_id="x")),
+            request(2, schedule_headers("orders", delay_ms=10)),
+            request(3, schedule_headers("orders", delay_ms=20, schedule_id="x")),
+            request(4, cancel_headers("x")),
+            request(5, cancel_headers("ghost")),
+            request(6, cancel_headers("gone"))]
+    found = answers(plan(ids, msgs, answers=True))
+    assert [(topic, key) for topic, _, key, _ in found] == [
+        (OUTCOMES, sid.encode()) for sid in ("x", "x", "x", "ghost", "gone")], "none without an id"
+    assert all(p == id_partition(sid, 4) for (_, p, _, _), sid in
+               zip(found, ("x", "x", "x", "ghost", "gone"), strict=True))
+    got = [(a.outcome, a.request, a.schedule, a.first, a.differs) for *_, a in found]
+    first = "kdelay.requests/3/1"
+    assert got == [
+        ("scheduled", first, None, None, False),
+        ("duplicate", "kdelay.requests/3/3", first, "pending", True),
+        ("cancelled", "kdelay.requests/3/4", first, None, False),
+        ("unknown", "kdelay.requests/3/5", None, None, False),
+        ("already-delivered", "kdelay.requests/3/6", "kdelay.requests/3/0", "delivered", False),
+    ]
+
+
+def test_no_outcome_records_without_an_outcomes_topic(ids: Ids) -> None:
+    msgs = [request(1, schedule_headers("orders", delay_ms=10, schedule_id="x"))]
+    assert plan(ids, msgs).answers == []
+
+
+class Memory:
+    """An index's ended-id markers, for the planner's window."""
+
+    def __init__(self, ids: Ids) -> None:
+        self.ids = ids
+
+    def get(self, key: bytes) -> IndexValue | None:
+        return None
+
+    def expired_ids(self, before_ms: int, limit: int) -> list[tuple[str, bytes]]:
+        return sorted(((sid, codec.encode_expiry_key(s.ended_ms, sid))
+                       for sid, s in self.ids.states.items()
+                       if s.ended_ms is not None and s.ended_ms < before_ms),
+                      key=lambda found: found[1])[:limit]
+
+
+def test_markers_past_the_id_window_are_dropped_with_a_changelog_tombstone(ids: Ids) -> None:
+    clock = ManualClock(NOW)
+    ids.states["old"] = codec.ended(End.DELIVERED, NOW - 2_000, key(TS, 0), codec.Fingerprint(1, 1))
+    ids.states["new"] = codec.ended(End.DELIVERED, NOW - 500, key(TS, 1), codec.Fingerprint(1, 1))
+    planner = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold,
+                      ids=IdWindow(1_000, clock, Memory(ids)))
+    result = planner.plan(PART, [request(9, schedule_headers("orders", delay_ms=1))])
+    assert result.changes.ids == {"old": None}
+    assert result.changes.expired == [codec.encode_expiry_key(NOW - 2_000, "old")]
+    assert result.changelog[0] == Record(TOPICS.changelog, PART, codec.id_record_key("old"), None)
+    reused = schedule_headers("orders", delay_ms=1, schedule_id="old")
+    again = planner.plan(PART, [request(10, reused)])
+    assert again.changes.expired == [], "looked again only a second later"
+    assert again.outcomes == [(Outcome.SCHEDULED, "old")], "a new schedule once forgotten"

@@ -284,9 +284,10 @@ def test_allowed_targets_bad_regex_is_an_invalid_setting() -> None:
 def test_reserved_topics_name_kdelay_and_the_worker_topics() -> None:
     from kdelay import recurring, tasks
 
-    settings = Settings(requests_topic="r", changelog_topic="c", dlq_topic="d")
+    settings = Settings(requests_topic="r", changelog_topic="c", dlq_topic="d",
+                        outcomes_topic="o")
     assert set(settings.reserved_topics) == {
-        "r", "c", "d", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
+        "r", "c", "d", "o", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
     refused = settings.target_policy().refusal("c")
     assert refused is not None
     assert refused.code == "forbidden-target"

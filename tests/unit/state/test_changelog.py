@@ -84,6 +84,45 @@ def test_a_tombstone_deletes_the_entry_and_clears_its_id(index: PartitionIndex) 
     assert index.offset(CHANGELOG) == 9
 
 
+def ended_record(sid: str, state: IdState) -> dict[bytes, bytes | None]:
+    return {codec.id_record_key(sid): codec.encode_id_state(state)}
+
+
+def test_an_ended_id_is_remembered_after_its_tombstone(index: PartitionIndex) -> None:
+    _apply(index, staged((K1, V1)), 3)
+    done = codec.ended(codec.End.DELIVERED, T0 + 11, K1, V1.fingerprint)
+    _apply(index, {**staged((K1, None)), **ended_record("order-1", done)}, 5)
+    assert entries(index) == []
+    assert index.id_state("order-1") == done
+    assert index.expired_ids(T0 + 12, 10) == [("order-1", codec.encode_expiry_key(T0 + 11,
+                                                                                 "order-1"))]
+
+
+def test_an_ended_id_in_the_same_batch_as_its_put_and_tombstone(index: PartitionIndex) -> None:
+    done = codec.ended(codec.End.CANCELLED, T0, K1, V1.fingerprint)
+    _apply(index, {**staged((K1, None)), **ended_record("order-1", done)}, 5)
+    assert index.id_state("order-1") == done
+
+
+def test_a_dropped_marker_forgets_an_ended_id_but_never_a_pending_one(
+        index: PartitionIndex) -> None:
+    done = codec.ended(codec.End.DELIVERED, T0, K2, V1.fingerprint)
+    _apply(index, ended_record("old", done), 2)
+    _apply(index, {codec.id_record_key("old"): None}, 3)
+    assert index.id_state("old") is None
+    _apply(index, staged((K1, V1)), 4)
+    _apply(index, {codec.id_record_key("order-1"): None}, 5)
+    assert index.id_state("order-1") == IdState(K1, None)
+
+
+def test_an_id_scheduled_again_after_its_marker_was_dropped_is_pending(
+        index: PartitionIndex) -> None:
+    done = codec.ended(codec.End.DELIVERED, T0, K2, V1.fingerprint)
+    _apply(index, ended_record("order-1", done), 2)
+    _apply(index, {codec.id_record_key("order-1"): None, **staged((K1, V1))}, 4)
+    assert index.id_state("order-1") == IdState(K1, None)
+
+
 def test_a_tombstone_for_an_unknown_key_only_moves_the_position(index: PartitionIndex) -> None:
     _apply(index, staged((K2, V2)), 3)
     _apply(index, staged((K1, None)), 4)

@@ -465,44 +465,60 @@ def test_a_store_held_open_elsewhere_is_locked_not_corrupt(tmp_path: Path) -> No
         holder.close()
 
 
-# -- delivered-id markers expire -------------------------------------------------
+# -- ended-id markers expire -----------------------------------------------------
 
 
 def delivered(index: PartitionIndex, **ids: int) -> None:
     index.apply(Changes(ids={sid: IdState(None, ms) for sid, ms in ids.items()}))
 
 
+def prune(index: PartitionIndex, before_ms: int, limit: int) -> int:
+    """Drop what :meth:`expired_ids` finds, as intake's planner does; return how many."""
+    found = index.expired_ids(before_ms, limit)
+    index.apply(Changes(ids={sid: None for sid, _ in found if sid},
+                        expired=[key for _, key in found]))
+    return len(found)
+
+
+def test_expired_ids_name_only_ids_still_in_the_state_that_expired(
+        index: PartitionIndex) -> None:
+    delivered(index, stale=100, current=200)
+    delivered(index, stale=900)
+    found = index.expired_ids(before_ms=500, limit=10)
+    assert [sid for sid, _ in found] == ["", "current"], "stale ended again later: key only"
+
+
 def test_prune_drops_markers_delivered_before_the_cutoff(index: PartitionIndex) -> None:
     delivered(index, old=100, older=50, recent=1_000)
     assert index.id_count() == 3
-    assert index.prune_ids(before_ms=500, limit=100) == 2
+    assert prune(index, before_ms=500, limit=100) == 2
     assert index.id_state("old") is None
     assert index.id_state("older") is None
     assert index.id_state("recent") == IdState(None, 1_000)
     assert index.id_count() == 1
-    assert index.prune_ids(before_ms=500, limit=100) == 0, "expiry entries go with the ids"
+    assert prune(index, before_ms=500, limit=100) == 0, "expiry entries go with the ids"
 
 
 def test_prune_keeps_an_id_scheduled_again_after_its_delivery(index: PartitionIndex) -> None:
     delivered(index, reused=100)
     again = entry(5_000, offset=9, sid="reused")
     index.apply(Changes(puts=[again], ids={"reused": IdState(again.key, None)}))
-    index.prune_ids(before_ms=500, limit=100)
+    prune(index, before_ms=500, limit=100)
     assert index.id_state("reused") == IdState(again.key, None)
 
 
 def test_prune_keeps_an_id_delivered_again_later(index: PartitionIndex) -> None:
     delivered(index, twice=100)
     delivered(index, twice=900)
-    index.prune_ids(before_ms=500, limit=100)
+    prune(index, before_ms=500, limit=100)
     assert index.id_state("twice") == IdState(None, 900)
-    index.prune_ids(before_ms=1_000, limit=100)
+    prune(index, before_ms=1_000, limit=100)
     assert index.id_state("twice") is None
 
 
 def test_prune_stops_at_its_limit(index: PartitionIndex) -> None:
     delivered(index, **{f"id{i}": i for i in range(10)})
-    assert index.prune_ids(before_ms=100, limit=4) == 4
+    assert prune(index, before_ms=100, limit=4) == 4
     assert index.id_count() == 6
     assert index.id_state("id3") is None
     assert index.id_state("id4") == IdState(None, 4)
@@ -514,7 +530,7 @@ def test_markers_and_their_expiry_survive_a_reopen(tmp_path: Path) -> None:
     store.close()
     reopened = PartitionIndex(tmp_path / "p", 0)
     try:
-        assert reopened.prune_ids(before_ms=500, limit=10) == 1
+        assert prune(reopened, before_ms=500, limit=10) == 1
         assert reopened.id_count() == 0
     finally:
         reopened.close()
