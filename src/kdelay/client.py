@@ -1,4 +1,4 @@
-"""The client library: send records through kdelay, and cancel them.
+"""The client library: send records through kdelay, cancel them, learn their outcomes.
 
 A :class:`DelayProducer` writes the real record once, to the requests topic,
 with the ``kdelay-*`` headers that tell the service where and when to deliver
@@ -9,13 +9,17 @@ cancel for that id lands on the same partition as the schedule it cancels.
 A request the service would dead-letter for its due time (``delay-too-long``:
 later than the requests topic's retention allows, or an unknown level) is
 refused before it is written, with :class:`RequestRefused` and the same code.
+
+:meth:`DelayProducer.cancel` and :meth:`DelayProducer.schedule` return a
+:class:`Ticket`, whose :meth:`Ticket.outcome` waits for the service's
+outcome record of that request (see :mod:`kdelay.outcomes`).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -23,6 +27,7 @@ from typing import NamedTuple, Self, TypeAlias
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from kdelay.outcomes import Mark, NoOutcome, Tracker
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import produce
 from kdelay.plumbing.clock import Clock, SystemClock
@@ -30,6 +35,7 @@ from kdelay.plumbing.connection import check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import LayoutError, requests_retention
 from kdelay.protocol import durations, envelope
+from kdelay.protocol.codec import Answer
 from kdelay.protocol.envelope import Headers, HeaderValue
 from kdelay.protocol.forward import id_partition as id_partition
 
@@ -55,6 +61,40 @@ class Coordinates(NamedTuple):
     def __str__(self) -> str:
         """Format as ``kdelay-origin`` does: ``topic/partition/offset``."""
         return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+class Ticket:
+    """A request with an id, written: where (:attr:`coordinates`), and its outcome to come.
+
+    ``str()`` gives the coordinates, as for a plain send.
+    """
+
+    def __init__(self, coordinates: Coordinates, schedule_id: str, mark: Mark | NoOutcome,
+                 reader: Callable[[], Tracker]) -> None:
+        self.coordinates = coordinates
+        self.schedule_id = schedule_id
+        self._mark = mark
+        self._reader = reader
+
+    def __str__(self) -> str:
+        """The request's ``topic/partition/offset``."""
+        return str(self.coordinates)
+
+    def __repr__(self) -> str:
+        return f"Ticket({self.schedule_id!r}, {self.coordinates})"
+
+    def outcome(self, timeout: float = 30.0) -> Answer:
+        """Wait up to ``timeout`` seconds for the service's outcome of this request.
+
+        ``answer.outcome`` is ``scheduled`` or ``duplicate`` for a schedule,
+        ``cancelled``, ``unknown``, ``already-delivered`` or ``dead-lettered``
+        for a cancel. Raises :class:`~kdelay.outcomes.NoOutcome`
+        (``outcomes-missing``, ``no-outcome``) when there is none to read.
+        """
+        if isinstance(self._mark, NoOutcome):
+            raise self._mark
+        with self._reader() as tracker:  # its own: the ticket may outlive its producer
+            return tracker.wait(self.schedule_id, str(self.coordinates), self._mark, timeout)
 
 
 class DeliveryError(Exception):
@@ -241,6 +281,8 @@ class DelayProducer:
         self._config = {**base, **_PRODUCER_CONFIG}
         self._admin_config = dict(base)
         self._topic = requests_topic or settings.requests_topic
+        self._outcomes_topic = settings.outcomes_topic
+        self._tracker: Tracker | None = None
         self._levels = settings.levels
         self._margin_ms = settings.retention_margin_ms
         self._clock = clock or SystemClock()
@@ -319,16 +361,53 @@ class DelayProducer:
         self._check_due(record_headers)
         return self._produce(_encode(value), _encode(key), record_headers, id)
 
-    def cancel(self, id: str) -> Coordinates:
-        """Ask the service to cancel the pending schedule ``id``; return the cancel's coordinates.
+    def schedule(
+        self,
+        target: str,
+        value: bytes | str | None,
+        *,
+        id: str,
+        key: bytes | str | None = None,
+        headers: UserHeaders | None = None,
+        delay: timedelta | int | None = None,
+        due: datetime | int | None = None,
+        level: int | None = None,
+        partition: int | None = None,
+        lane: str | None = None,
+    ) -> Ticket:
+        """Like :meth:`send` with an ``id``, but return a :class:`Ticket`: its
+        :meth:`~Ticket.outcome` says ``scheduled`` or ``duplicate``."""
+        mark = self._mark(id)
+        future = self.send_async(target, value, key=key, headers=headers, delay=delay, due=due,
+                                 level=level, partition=partition, id=id, lane=lane)
+        return Ticket(self._wait(future), id, mark, self._new_tracker)
+
+    def cancel(self, id: str) -> Ticket:
+        """Ask the service to cancel the pending schedule ``id``; return a :class:`Ticket`.
 
         The cancel goes to the same request partition as every schedule with
         this id. Cancelling an id that is not pending is not an error here:
-        the service records it as ``unknown`` or ``already-delivered``. Raises
-        as :meth:`send` does.
+        the ticket's :meth:`~Ticket.outcome` says ``cancelled``, ``unknown``,
+        ``already-delivered`` or ``dead-lettered``. Raises as :meth:`send` does.
         """
+        mark = self._mark(id)
         headers = envelope.cancel_headers(id)
-        return self._wait(self._produce(id.encode("utf-8"), None, headers, id))
+        coordinates = self._wait(self._produce(id.encode("utf-8"), None, headers, id))
+        return Ticket(coordinates, id, mark, self._new_tracker)
+
+    def _new_tracker(self) -> Tracker:
+        return Tracker(self._admin_config, self._outcomes_topic,
+                       metadata_timeout=self._metadata_timeout)
+
+    def _mark(self, schedule_id: str) -> Mark | NoOutcome:
+        """Where the outcome of a request about to be written will be (before writing it)."""
+        self._ensure_producer()  # the connection check, once
+        if self._tracker is None:
+            self._tracker = self._new_tracker()
+        try:
+            return self._tracker.mark(schedule_id)
+        except NoOutcome as missing:
+            return missing
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports for up to ``timeout`` seconds; return how many were served."""
@@ -356,6 +435,9 @@ class DelayProducer:
         finally:
             self._closed = True
             self._producer = None
+            if self._tracker is not None:
+                self._tracker.close()
+                self._tracker = None
 
     def __enter__(self) -> Self:
         """Return self; :meth:`close` runs on exit."""

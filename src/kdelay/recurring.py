@@ -66,7 +66,7 @@ from confluent_kafka import (
 )
 from croniter import CroniterBadCronError, croniter
 
-from kdelay.client import Coordinates, DelayProducer, DeliveryError, UserHeaders
+from kdelay.client import Coordinates, DelayProducer, DeliveryError, Ticket, UserHeaders
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import reader_config
 from kdelay.plumbing.settings import Settings
@@ -349,10 +349,10 @@ def write_marker(settings: Settings, schedule_id: str, now_ms: int,
 
 
 def cancel(settings: Settings, producer: DelayProducer, schedule_id: str, now_ms: int,
-           cancels_topic: str = CANCELS_TOPIC) -> Coordinates:
+           cancels_topic: str = CANCELS_TOPIC) -> Ticket:
     """End the series (or plain schedule) ``schedule_id``: marker first, then the kdelay cancels.
 
-    Returns the coordinates of the cancel of ``schedule_id``. When the cancels
+    Returns the ticket of the cancel of ``schedule_id``. When the cancels
     topic exists the even occurrences' id is cancelled too. See the module
     docstring for why the order matters.
     """

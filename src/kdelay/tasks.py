@@ -34,7 +34,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kdelay import client, recurring
-from kdelay.client import Coordinates, DelayProducer
+from kdelay.client import Coordinates, DelayProducer, Ticket
 from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import LayoutError
@@ -239,7 +239,7 @@ class Tasks:
                                schedule_id=id, now_ms=self._clock.now_ms(), until_ms=until_ms,
                                count=count, task=True)
 
-    def cancel(self, id: str) -> Coordinates:
+    def cancel(self, id: str) -> Ticket:
         """Cancel a scheduled call or end a series (:func:`kdelay.recurring.cancel`)."""
         return recurring.cancel(self._settings, self._producer, id, self._clock.now_ms(),
                                 self._cancels_topic)

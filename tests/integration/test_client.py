@@ -181,7 +181,7 @@ def test_ids_map_to_a_stable_partition_and_cancel_follows(
     assert (SCHEDULE_ID, b"order-42") in headers_of(read_back(bootstrap, first))
     assert read_back(bootstrap, first).key() == b"user-key"
 
-    cancel = producer.cancel("order-42")
+    cancel = producer.cancel("order-42").coordinates
     assert cancel.partition == first.partition
     message = read_back(bootstrap, cancel)
     assert (message.key(), message.value()) == (None, b"order-42")

@@ -88,9 +88,13 @@ def test_a_cancel_finds_a_schedule_written_by_a_business_key(
 
     with DelayProducer(deployment.settings) as client:
         cancel = client.cancel(sid)
-    assert cancel.partition == id_partition(sid, PARTITIONS)
+    assert cancel.coordinates.partition == id_partition(sid, PARTITIONS)
     group.until(lambda: outcomes(service, "cancelled") + outcomes(service, "unknown") >= 1)
     assert outcomes(service, "cancelled") == 1, "the cancel did not find its schedule"
+    answer = cancel.outcome(timeout=30)
+    assert (answer.outcome, answer.request) == ("cancelled", str(cancel))
+    where = f"{deployment.requests}/{written.partition()}/{written.offset()}"
+    assert answer.schedule == where, "found where it was written"
 
     # A control record due at the same time shows when the cancelled one would have come.
     produce(bootstrap, deployment.requests, [request(target, due, None, b"control", b"c")])

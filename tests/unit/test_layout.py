@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "kdelay"
-HELPERS = frozenset({"client", "retry", "tasks", "recurring"})
+HELPERS = frozenset({"client", "outcomes", "retry", "tasks", "recurring"})
 ALLOWED: dict[str, frozenset[str]] = {
     "protocol": frozenset(),
     "plumbing": frozenset({"protocol"}),
