@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from kdelay.cli import app
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import codec, envelope, forward
 from kdelay.spark.audit import AuditReport, AuditWindow, audit
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import (
@@ -236,4 +236,92 @@ def test_audit_of_one_lane_counts_only_that_lanes_requests(
     result = CliRunner().invoke(app, ["audit", "--json", "--lane", "dev2"], env=deployment.env())
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.stdout)["requests"] == 2
+    assert kdelay.terminate() == 0
+
+
+def _wait_record(deployment: Deployment, topic: str, partition: int,
+                 wanted: Callable[[Message], bool], what: str) -> None:
+    """Wait until ``partition`` of ``topic`` holds a record that ``wanted`` accepts."""
+    consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": "audit-wait",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            if any(wanted(message) for message in consumer.consume(100, timeout=0.2)):
+                return
+        pytest.fail(f"{what}: not in {topic} [{partition}] within 60s")
+    finally:
+        consumer.close()
+
+
+def _entry_of(origin: Message, *, gone: bool) -> Callable[[Message], bool]:
+    """A changelog record that puts (or, ``gone``, deletes) the entry of request ``origin``."""
+    wanted = (origin.partition(), origin.offset())
+
+    def matches(message: Message) -> bool:
+        key = message.key() or b""
+        return (len(key) == codec.DUE_KEY_SIZE and codec.decode_due_key(key)[1:] == wanted
+                and (message.value() is None) == gone)
+    return matches
+
+
+def _forward_of(origin: Message) -> Callable[[Message], bool]:
+    """The forward record that brings request ``origin`` to its id's partition."""
+    wanted = f"{origin.partition()}/{origin.offset()}".encode()
+    return lambda message: dict(message.headers() or []).get(forward.FORWARD) == wanted
+
+
+def test_audit_follows_ids_written_off_their_partition_through_their_forwards(
+        spark: SparkSession, deploy: Callable[..., Deployment],
+        start_kdelay: Callable[..., KdelayProcess], receiver: Callable[[list[str]], Receiver],
+        topic_factory: TopicFactory) -> None:
+    # A producer that places records by a business key: every id lands off its partition.
+    partitions = 3
+    deployment = deploy(partitions=partitions)
+    target = topic_factory("audit-fwd")
+    kdelay = start_kdelay(deployment)
+    kdelay.wait_ready()
+    run = f"{_now()}"
+    sent, held, twice = f"sent-{run}", f"held-{run}", f"twice-{run}"
+    home = {sid: forward.id_partition(sid, partitions) for sid in (sent, held, twice)}
+
+    def off(sid: str, *others: int) -> int:
+        return next(p for p in range(partitions) if p not in (home[sid], *others))
+
+    def keyed(record: dict[str, object], key: str) -> dict[str, object]:
+        return {**record, "key": key.encode()}
+
+    def by_key(reports: list[Message]) -> dict[str, Message]:
+        # Delivery reports come back in no particular order across partitions.
+        return {(r.key() or b"").decode(): r for r in reports}
+
+    far = _now() + HOUR_MS
+    first = by_key(produce_requests(deployment, [
+        keyed(_schedule(off(sent), target, delay_ms=500, schedule_id=sent), sent),
+        keyed(_schedule(off(held), target, due_ms=far, schedule_id=held), held),
+        keyed(_schedule(off(twice), target, due_ms=far, schedule_id=twice), twice)]))
+    for sid in (held, twice):
+        _wait_record(deployment, deployment.changelog, home[sid],
+                     _entry_of(first[sid], gone=False), f"the entry of {sid}")
+    again = by_key(produce_requests(deployment, [
+        {"partition": off(held, off(held)), "headers": envelope.cancel_headers(held)},
+        keyed(_schedule(off(twice, off(twice)), target, due_ms=far, schedule_id=twice),
+              twice)]))
+    _wait_record(deployment, deployment.changelog, home[held],
+                 _entry_of(first[held], gone=True), f"the cancel of {held}")
+    # The audit orders the second request of the id where its forward lies.
+    _wait_record(deployment, deployment.requests, home[twice], _forward_of(again[twice]),
+                 f"the forward of the second {twice}")
+    out = receiver([target])
+    out.until(lambda: len(out.received) >= 1, "the due one delivered")
+    settings = Settings(bootstrap_servers=deployment.bootstrap,
+                        requests_topic=deployment.requests,
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+    report, table = audit(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
+    table.unpersist()
+    found = {k: v for k, v in report.to_json().items() if v and k in (
+        "requests", "delivered_once", "deduplicated", "cancelled", "pending", "lost")}
+    assert found == {"requests": 4, "delivered_once": 1, "pending": 1, "deduplicated": 1,
+                     "cancelled": 1}
     assert kdelay.terminate() == 0
