@@ -19,7 +19,8 @@ from kdelay.cli.options import (
     reported,
     settings_of,
 )
-from kdelay.client import DelayProducer, parse_due, parse_header
+from kdelay.client import DelayProducer, Ticket, parse_due, parse_header
+from kdelay.outcomes import EXIT_CODES, NO_OUTCOME_EXIT, NoOutcome
 from kdelay.plumbing.clock import SystemClock
 from kdelay.protocol.durations import parse_duration_ms
 from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
@@ -70,6 +71,11 @@ def send(
     series_topic: Annotated[str, option(
         "series-topic", "Recurring: topic the worker reads occurrences from.",
         shown=SERIES_TOPIC)] = SERIES_TOPIC,
+    wait: Annotated[bool, option(
+        "wait", "With --id: wait for the service's outcome, print it and exit with its status "
+        "(scheduled 0, duplicate 3, none in time 7).")] = False,
+    timeout: Annotated[str, option(
+        "timeout", "How long --wait waits for the outcome.", shown="30s")] = "30s",
 ) -> None:
     """Send one record to TARGET through kdelay; print its request's topic/partition/offset.
 
@@ -86,16 +92,40 @@ def send(
         _send_series(ctx, target, value, key, header, schedule_id,
                      SeriesOptions(every, cron, tz, until, count, series_topic))
         return
+    if wait and schedule_id is None:
+        fail("invalid-argument", "--wait needs --id: only requests with an id get an outcome",
+             USER_ERROR_EXIT)
     with reported():
         settings = settings_of(ctx)
+        wait_s = parse_duration_ms(timeout) / 1000
+        headers = [parse_header(h) for h in header or ()]
+        delay_ms = parse_duration_ms(delay) if delay is not None else None
+        due_ms = parse_due(due) if due is not None else None
         with DelayProducer(settings, lane=lane) as producer:
-            coordinates = producer.send(
-                target, value, key=key, headers=[parse_header(h) for h in header or ()],
-                delay=parse_duration_ms(delay) if delay is not None else None,
-                due=parse_due(due) if due is not None else None,
-                level=level, partition=partition, id=schedule_id,
-            )
-    typer.echo(str(coordinates))
+            if not wait or schedule_id is None:
+                typer.echo(str(producer.send(target, value, key=key, headers=headers,
+                                             delay=delay_ms, due=due_ms, level=level,
+                                             partition=partition, id=schedule_id)))
+                return
+            ticket = producer.schedule(target, value, id=schedule_id, key=key, headers=headers,
+                                       delay=delay_ms, due=due_ms, level=level,
+                                       partition=partition)
+    _answer(ticket, wait_s)
+
+
+def _answer(ticket: Ticket, timeout_s: float) -> None:
+    """Print the request's coordinates and its outcome; exit with the outcome's status."""
+    typer.echo(str(ticket))
+    try:
+        answer = ticket.outcome(timeout_s)
+    except NoOutcome as exc:
+        fail(exc.code, str(exc), NO_OUTCOME_EXIT)
+    detail = [f"{name}={value}" for name, value in (
+        ("schedule", answer.schedule), ("first", answer.first)) if value is not None]
+    if answer.differs:
+        detail.append("differs=payload-or-due-time")
+    typer.echo(" ".join([answer.outcome, answer.schedule_id, *detail]))
+    raise typer.Exit(EXIT_CODES.get(answer.outcome, NO_OUTCOME_EXIT))
 
 
 def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | None,
@@ -122,11 +152,21 @@ def cancel(
     series_cancels_topic: Annotated[str, option(
         "series-cancels-topic", "Compacted topic of series cancel markers (written when it "
         "exists).", shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
+    wait: Annotated[bool, option(
+        "wait", "Wait for the service's outcome, print it and exit with its status (cancelled "
+        "0, unknown 4, already-delivered 5, dead-lettered 6, none in time 7).")] = False,
+    timeout: Annotated[str, option(
+        "timeout", "How long --wait waits for the outcome.", shown="30s")] = "30s",
 ) -> None:
-    """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates."""
+    """Cancel the pending schedule ID, or end the series ID; print the cancel's coordinates
+    (and with --wait its outcome)."""
     with reported():
         settings = connected(ctx)
+        wait_s = parse_duration_ms(timeout) / 1000
         with DelayProducer(settings) as producer:
-            coordinates = recurring.cancel(settings, producer, schedule_id,
-                                           SystemClock().now_ms(), series_cancels_topic)
-    typer.echo(str(coordinates))
+            ticket = recurring.cancel(settings, producer, schedule_id,
+                                      SystemClock().now_ms(), series_cancels_topic)
+    if not wait:
+        typer.echo(str(ticket))
+        return
+    _answer(ticket, wait_s)

@@ -365,7 +365,7 @@ class Planner:
         differs = []
         if first_key is not None and codec.due_ms_of(first_key) != codec.due_ms_of(key):
             differs.append("due time")
-        if kept is not None and kept != fingerprint:
+        if kept is not None and kept.crc != fingerprint.crc:  # key and value; not the timestamp
             differs.append("payload")
         if differs:
             plan.conflicts.append(

@@ -306,7 +306,8 @@ def test_a_duplicate_within_one_batch_is_caught(ids: Ids) -> None:
 
 
 def test_a_duplicate_with_the_same_due_time_and_payload_is_no_conflict(ids: Ids) -> None:
-    msgs = [request(o, schedule_headers("orders", due_ms=TS + 9, schedule_id="x")) for o in (1, 2)]
+    headers = schedule_headers("orders", due_ms=TS + 9, schedule_id="x")
+    msgs = [request(1, headers), request(2, headers, ts=TS + 5)]  # a retry, written later
     result = plan(ids, msgs)
     assert [o for o, _ in result.outcomes] == [Outcome.SCHEDULED, Outcome.DUPLICATE]
     assert result.conflicts == []

@@ -1,0 +1,93 @@
+"""Ids end to end: ``kdelay send --id --wait`` and ``kdelay cancel --wait`` print the
+service's outcome and exit with its status, and an id's first outcome outlives its
+delivery and a rebuild of the index from the changelog (exactly-once, the default
+settings otherwise)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TopicFactory
+from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, run_cli
+
+kafka = pytest.mark.kafka
+EOS = {"KDELAY_GUARANTEE": "exactly-once"}
+
+
+def _lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return result.stdout.splitlines()
+
+
+@kafka
+def test_outcomes_are_printed_with_their_exit_status_and_outlive_a_rebuild(
+    deploy: Callable[..., Deployment], start_kdelay: Callable[..., KdelayProcess],
+    receiver: Callable[[list[str]], Receiver], topic_factory: TopicFactory, tmp_path: Path,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    deployment = deploy(partitions=3)
+    target = topic_factory(f"outcomes-{run}", 1)
+    env = deployment.env(**EOS)
+    kdelay = start_kdelay(deployment, **EOS)
+    kdelay.wait_ready()
+    held, sent = f"held-{run}", f"sent-{run}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(env, *args, "--timeout", "60s")
+
+    first = cli("send", target, "--id", held, "--delay", "2h", "--value", "a", "--wait")
+    assert first.returncode == 0, first.stderr
+    coordinates, outcome = _lines(first)
+    assert outcome == f"scheduled {held}"
+
+    again = cli("send", target, "--id", held, "--delay", "3h", "--value", "b", "--wait")
+    assert again.returncode == 3, again.stderr
+    assert _lines(again)[1] == (f"duplicate {held} schedule={coordinates} first=pending "
+                                "differs=payload-or-due-time")
+    assert f"duplicate id dropped: id {held}" in kdelay.log()
+
+    for ended in ("", " first=cancelled"):  # a second cancel gets the first one's answer
+        cancelled = cli("cancel", held, "--wait")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert _lines(cancelled)[1] == f"cancelled {held} schedule={coordinates}{ended}"
+    unknown = cli("cancel", f"ghost-{run}", "--wait")
+    assert (unknown.returncode, _lines(unknown)[1]) == (4, f"unknown ghost-{run}")
+
+    out = receiver([target])
+    past = "2026-01-01T00:00:00Z"  # due at once, and the same due time when sent again
+    now = cli("send", target, "--id", sent, "--due", past, "--value", "once", "--wait")
+    assert now.returncode == 0, now.stderr
+    out.until(lambda: len(out.received) == 1, "the record with an id")
+    late = cli("cancel", sent, "--wait")
+    assert (late.returncode, _lines(late)[1].split()[:2]) == (5, ["already-delivered", sent])
+    kdelay.terminate()
+
+    # A new state dir: the index is rebuilt from the changelog, and still knows the id.
+    rebuilt = dataclasses.replace(deployment, state_dir=tmp_path / "rebuilt")
+    kdelay = start_kdelay(rebuilt, **EOS)
+    kdelay.wait_ready()
+    repeat = cli("send", target, "--id", sent, "--due", past, "--value", "once", "--wait")
+    assert repeat.returncode == 3, repeat.stderr
+    assert _lines(repeat)[1].startswith(f"duplicate {sent} schedule=")
+    assert _lines(repeat)[1].endswith("first=delivered"), "same payload and due time: no conflict"
+    out.drain(2.0)
+    assert len(out.received) == 1, "delivered once"
+    assert kdelay.terminate() == 0
+
+
+@kafka
+def test_waiting_without_a_service_ends_with_no_outcome(
+    deploy: Callable[..., Deployment],
+) -> None:
+    deployment = deploy(partitions=1)
+    result = run_cli(deployment.env(), "cancel", "nobody-home", "--wait", "--timeout", "2s")
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.startswith("error[no-outcome]: no outcome for nobody-home")
+    wrong = run_cli(deployment.env(), "send", "t", "--delay", "1s", "--wait")
+    assert wrong.returncode == 2
+    assert "--wait needs --id" in wrong.stderr
