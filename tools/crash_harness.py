@@ -311,12 +311,14 @@ def run(options: Options) -> Report:
     topics = {f"crash.req.{suffix}": (options.partitions, {"retention.ms": "604800000"}),
               f"crash.chg.{suffix}": (options.partitions, {
                   "cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime"}),
-              f"crash.dlq.{suffix}": (1, {}), f"crash.target.{suffix}": (3, {})}
+              f"crash.dlq.{suffix}": (1, {}), f"crash.target.{suffix}": (3, {}),
+              f"crash.out.{suffix}": (options.partitions, {"cleanup.policy": "compact,delete"})}
     create_topics(admin, topics)
-    requests, changelog, dlq, target = list(topics)
+    requests, changelog, dlq, target, outcomes = list(topics)
     env = {**os.environ, "KDELAY_BOOTSTRAP_SERVERS": options.bootstrap,
            "KDELAY_REQUESTS_TOPIC": requests, "KDELAY_CHANGELOG_TOPIC": changelog,
-           "KDELAY_DLQ_TOPIC": dlq, "KDELAY_GROUP_ID": f"crash-{suffix}",
+           "KDELAY_DLQ_TOPIC": dlq, "KDELAY_OUTCOMES_TOPIC": outcomes,
+           "KDELAY_GROUP_ID": f"crash-{suffix}",
            "KDELAY_STATE_DIR": str(options.workdir / "state"),
            "KDELAY_GUARANTEE": options.guarantee}
     started = time.monotonic()

@@ -57,6 +57,7 @@ def walk_env(bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[dic
     env = clean_environment(
         KDELAY_BOOTSTRAP_SERVERS=bootstrap, KDELAY_REQUESTS_TOPIC=f"walk-req-{suffix}",
         KDELAY_CHANGELOG_TOPIC=f"walk-chg-{suffix}", KDELAY_DLQ_TOPIC=f"walk-dlq-{suffix}",
+        KDELAY_OUTCOMES_TOPIC=f"walk-out-{suffix}",
         KDELAY_GROUP_ID=f"walk-{suffix}", KDELAY_STATE_DIR=str(tmp_path / "state"),
         KDELAY_TARGET=f"walk-orders-{suffix}", KDELAY_PARTITIONS="1")
     yield env
@@ -97,6 +98,7 @@ def test_the_readme_walk_works_as_written(walk_env: dict[str, str], tmp_path: Pa
         for command in (send_later, cancel):
             result = run_cli(walk_env, *local(command))
             assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[1].startswith("cancelled order-43 schedule=")
         wait_for(log, "request cancelled", service)
         service.send_signal(signal.SIGINT)
         assert service.wait(timeout=WAIT_S) == 0, log.read_text()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from kdelay.engine.housekeeping import HOUSEKEEPING_EVERY_MS
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
-from kdelay.protocol import envelope
+from kdelay.protocol import codec, envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 
@@ -41,6 +42,13 @@ def delivered_markers(service: Service) -> int:
     """How many of the test's ids the indexes hold as delivered."""
     states = [index.id_state(f"id-{i}") for index in service.indexes.values() for i in range(60)]
     return sum(1 for state in states if state is not None and state.ended_ms is not None)
+
+
+def with_due(target: str, sid: str, partition: int, due_ms: int) -> dict[str, object]:
+    return {"key": sid.encode(), "value": b"v", "partition": partition,
+            "headers": [(envelope.TARGET, target.encode()),
+                        (envelope.DUE_MS, str(due_ms).encode()),
+                        (envelope.SCHEDULE_ID, sid.encode())]}
 
 
 def cancel(sid: str, partition: int) -> dict[str, object]:
@@ -83,3 +91,53 @@ def test_delivered_ids_are_dropped_once_the_requests_retention_has_passed(
     assert service.metrics.registry.get_sample_value("kdelay_schedule_ids_expired_total") == 60
     out.poll(0.5)
     assert len(out.messages) == 60
+
+
+def answers(out: Collector, topic: str) -> list[codec.Answer]:
+    return [codec.decode_answer(m.value() or b"") for m in out.on(topic)]
+
+
+def conflicts(service: Service) -> float:
+    value = service.metrics.registry.get_sample_value("kdelay_duplicate_conflicts_total")
+    return value or 0.0
+
+
+@pytest.mark.kafka
+def test_an_id_delivered_is_never_delivered_again_even_after_a_rebuild(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, tmp_path: Path,
+) -> None:
+    deployment = deployment_factory(partitions=3)
+    answered = deployment.settings.outcomes_topic
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    out = collector([target, answered])
+    group = running(deployment, clock)
+    service = group.add()
+    once = with_due(target, "once", 0, clock.now_ms() - 1_000)
+    produce(bootstrap, deployment.requests, [once])
+    group.until(lambda: out.poll() > 0 and len(out.on(target)) == 1
+                and delivered_markers_of(service, "once"), advance_ms=10)
+    changed = {**once, "partition": 1, "value": b"changed"}
+    produce(bootstrap, deployment.requests, [once, changed])
+    group.until(lambda: outcomes(service, "duplicate") == 2, advance_ms=10)
+    assert conflicts(service) == 1, "only the changed payload is a conflict"
+    group.close()
+
+    # A new state dir: the index is rebuilt from the changelog and still knows the id.
+    group = running(deployment, clock)
+    rebuilt = group.add(state_dir=tmp_path / "rebuilt")
+    produce(bootstrap, deployment.requests, [{**once, "partition": 2}])
+    group.until(lambda: outcomes(rebuilt, "duplicate") == 1, advance_ms=10)
+    group.step(20)
+    out.poll(0.5)
+    assert len(out.on(target)) == 1, "delivered once"
+    got = [(a.outcome, a.first, a.differs) for a in answers(out, answered)]
+    assert got[0] == ("scheduled", None, False)
+    assert sorted(got[1:]) == [("duplicate", "delivered", False)] * 2 + [
+        ("duplicate", "delivered", True)], "the same record twice, a changed one once"
+
+
+def delivered_markers_of(service: Service, sid: str) -> bool:
+    states = [index.id_state(sid) for index in service.indexes.values()]
+    return any(s is not None and s.end is codec.End.DELIVERED and s.ended_ms for s in states)

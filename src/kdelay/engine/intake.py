@@ -333,10 +333,17 @@ class Planner:
 
     def _index(self, plan: Plan, key: bytes, sid: str | None, fingerprint: Fingerprint,
                message: Message | None) -> None:
-        """Put an entry under ``key``, unless its id is pending under another key or ended."""
+        """Put an entry under ``key``, unless its id is pending under another key or ended.
+
+        An id whose schedule went to the DLQ takes a new request (a dead letter
+        produced again once its cause is fixed); only its own request read
+        again is a duplicate.
+        """
         if sid is not None:
             state = self._id_state(plan, sid)
-            if state is not None and state.pending_key != key:
+            if state is not None and state.pending_key != key and not (
+                    state.end is End.DEAD_LETTERED and state.pending_key is None
+                    and state.first_key != key):
                 self._duplicate(plan, key, sid, fingerprint, state)
                 return
             plan.changes.ids[sid] = IdState(key, None)

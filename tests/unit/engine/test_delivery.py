@@ -486,7 +486,7 @@ def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
     assert (tombstone.topic, tombstone.key, tombstone.value) == (CHANGELOG, key, None)
     state = world.indexes[0].id_state("gone")
     assert state is not None
-    assert (state.end, state.first_key) == (End.DEAD_LETTERED, key), "a repeat is a duplicate"
+    assert (state.end, state.first_key) == (End.DEAD_LETTERED, key), "remembered"
     assert (ended.key, decode_id_state(ended.value or b"")) == (id_record_key("gone"), state)
     assert world.sample("kdelay_dead_lettered_records_total", reason="expired") == 1
     assert world.sample("kdelay_delivered_records_total") == 0

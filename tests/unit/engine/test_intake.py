@@ -330,7 +330,7 @@ def test_rereading_a_scheduled_request_schedules_it_again_with_the_same_key(ids:
     assert again.outcomes == [(Outcome.SCHEDULED, "order-1")]
 
 
-@pytest.mark.parametrize("end", list(End))
+@pytest.mark.parametrize("end", [End.DELIVERED, End.CANCELLED])
 def test_an_id_whose_schedule_ended_is_answered_with_its_first_outcome(
         ids: Ids, end: End) -> None:
     first = key(TS - 10, 2)
@@ -341,6 +341,19 @@ def test_an_id_whose_schedule_ended_is_answered_with_its_first_outcome(
     assert result.changes.puts == []
     assert result.outcomes == [(Outcome.DUPLICATE, f"order-1 (first: {end.word})")]
     assert result.conflicts == [], "same due time and payload"
+
+
+def test_a_dead_letter_sent_again_schedules_again_but_not_its_own_request(ids: Ids) -> None:
+    first = key(TS - 10, 2)
+    ids.states["order-1"] = codec.ended(End.DEAD_LETTERED, TS - 1, first,
+                                        codec.fingerprint(b"k", b"payload", TS))
+    resent = request(8, schedule_headers("orders", due_ms=TS - 10, schedule_id="order-1"))
+    assert plan(ids, [resent]).outcomes == [(Outcome.SCHEDULED, "order-1")]
+    reread = Message(topic=TOPICS.requests, partition=PART, offset=2, key=b"k",
+                     value=b"payload", headers=resent.headers(),
+                     timestamp=(TIMESTAMP_CREATE_TIME, TS))
+    assert plan(ids, [reread]).outcomes == [(Outcome.DUPLICATE,
+                                             "order-1 (first: dead-lettered)")]
 
 
 def test_the_first_request_read_again_after_its_end_is_no_new_duplicate(ids: Ids) -> None:
