@@ -28,6 +28,11 @@ same request partition and cancels it; an occurrence delivered anyway is
 dropped by the worker, which knows the marker by then. A marker ends the series
 that started before it; a new series may reuse the id later.
 
+An occurrence is a new request under an id the series reuses: the service,
+which answers any other request repeating an id whose schedule ended as a
+duplicate (for the id window), schedules a request carrying ``kdelay.series``
+under such an id.
+
 Two ids. The service marks an id delivered only when it settles the delivery
 report, so a worker quick enough to schedule the next occurrence under the very
 id of the one it is handling could see it refused as a duplicate. Odd

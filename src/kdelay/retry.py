@@ -61,7 +61,7 @@ ERROR_TYPE = "kdelay.error-type"
 ERROR_MESSAGE = "kdelay.error-message"
 ERROR_CODE = "kdelay.error-code"
 FAILED_AT = "kdelay.failed-at"
-SERIES = "kdelay.series"
+SERIES = envelope.SERIES
 """The series header (see :mod:`kdelay.recurring`); a retry copy never carries it."""
 
 _MESSAGE_LIMIT = 1_000

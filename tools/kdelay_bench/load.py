@@ -16,6 +16,7 @@ from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import produce
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.envelope import Headers
+from kdelay.protocol.forward import id_partition
 from kdelay_bench.progress import Progress
 
 WARMUP = "bench-warmup"
@@ -74,25 +75,32 @@ def values(size: int) -> list[bytes]:
     return [os.urandom(size) for _ in range(VALUE_POOL)]
 
 
-def request_headers(target: str, due_ms: int, *, warmup: bool = False) -> Headers:
+def request_headers(target: str, due_ms: int, *, warmup: bool = False,
+                    schedule_id: str | None = None) -> Headers:
     """Return the envelope of a request due at ``due_ms`` for ``target``."""
     headers: Headers = [(envelope.TARGET, target.encode()),
                         (envelope.DUE_MS, str(due_ms).encode())]
+    if schedule_id is not None:
+        headers.append((envelope.SCHEDULE_ID, schedule_id.encode()))
     if warmup:
         headers.append((WARMUP, b"1"))
     return headers
 
 
 def produce_requests(bootstrap: str, topic: str, target: str, count: int, value_size: int,
-                     due_of: Callable[[int], int], partitions: int) -> None:
+                     due_of: Callable[[int], int], partitions: int, ids: bool = False) -> None:
     """Produce ``count`` requests round-robin over ``partitions``; record ``i`` is due
-    at ``due_of(i)``. Raises :class:`LoadError` if any is not acknowledged."""
+    at ``due_of(i)``. With ``ids`` each carries its own schedule id and goes to the id's
+    partition, as the client library writes it. Raises :class:`LoadError` if any is not
+    acknowledged."""
     loader = Loader(bootstrap)
     pool = values(value_size)
     progress = Progress(f"producing requests to {topic}", count)
     for i in range(count):
+        sid = f"bench-{i}" if ids else None
+        partition = i % partitions if sid is None else id_partition(sid, partitions)
         loader.produce(topic, f"k{i}".encode(), pool[i % VALUE_POOL],
-                       request_headers(target, due_of(i)), partition=i % partitions)
+                       request_headers(target, due_of(i), schedule_id=sid), partition=partition)
         if i % 1_000 == 0:
             loader.poll()
             progress.update(i)

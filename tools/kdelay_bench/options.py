@@ -70,6 +70,7 @@ class BenchOptions:
     markdown_path: Path | None
     work_dir: Path | None
     keep_topics: bool
+    ids: bool = False
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -97,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                    "with burst, the hop baseline with lateness; capacity, spark and transfer "
                    "run only when named, or capacity with --long)")
     p.add_argument("--partitions", type=int, default=3, help="request partitions")
+    p.add_argument("--ids", action="store_true",
+                   help="every pre-produced request carries its own schedule id (on the id's "
+                        "partition, as the client library writes it)")
     p.add_argument("--value-size", type=int, default=100, help="request value bytes")
     p.add_argument("--batch-size", type=int, default=1_000,
                    help="kdelay batch_size and the pipe's consume batch")
@@ -153,7 +157,7 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         raise SystemExit(f"tools/bench: unknown guarantees {bad}; choose from {GUARANTEES}")
     return BenchOptions(
         bootstrap_servers=args.bootstrap_servers, scenarios=_scenarios(args),
-        quick=args.quick, partitions=args.partitions, value_size=args.value_size,
+        quick=args.quick, partitions=args.partitions, value_size=args.value_size, ids=args.ids,
         batch_size=args.batch_size, pipe_repeats=max(1, args.pipe_repeats),
         intake_records=int(_size(args, "intake_records")),
         burst_records=int(_size(args, "burst_records")),

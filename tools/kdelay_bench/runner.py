@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="kdelay-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     topics = Topics(bootstrap, uuid.uuid4().hex[:8])
-    setup = Setup(topics, work_dir, options.partitions, options.value_size, options.batch_size)
+    setup = Setup(topics, work_dir, options.partitions, options.value_size, options.batch_size,
+                  options.ids)
     say(f"broker {bootstrap}; state under {work_dir}; scenarios {','.join(options.scenarios)}")
     record = machine(bootstrap)
     results: list[Result] = [record]

@@ -49,6 +49,7 @@ class Setup:
     partitions: int
     value_size: int
     batch_size: int
+    ids: bool = False
 
     def deployment(self, role: str) -> Settings:
         """Create a fresh set of kdelay topics; return the settings of a service on them."""
@@ -59,7 +60,7 @@ class Setup:
         """Pre-produce ``count`` requests for ``target``, all due at ``due_ms``."""
         say(f"{settings.requests_topic}: producing {count:,} requests")
         produce_requests(self.topics.bootstrap, settings.requests_topic, target, count,
-                         self.value_size, lambda _: due_ms, self.partitions)
+                         self.value_size, lambda _: due_ms, self.partitions, self.ids)
 
 
 def ratio(rate: float, baseline: Result | None) -> float | None:

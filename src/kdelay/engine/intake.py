@@ -163,6 +163,12 @@ def dead_letter(message: Message, rejection: Rejection, dlq: str) -> Record:
     return Record(dlq, None, message.key(), message.value(), headers)
 
 
+def _occurrence(message: Message | None) -> bool:
+    """Whether ``message`` is a recurring series' occurrence (``kdelay.series`` header)."""
+    headers = None if message is None else message.headers()
+    return headers is not None and any(pair[0] == envelope.SERIES for pair in headers)
+
+
 class Planner:
     """Plans the batches of one request partition against its index.
 
@@ -336,14 +342,16 @@ class Planner:
         """Put an entry under ``key``, unless its id is pending under another key or ended.
 
         An id whose schedule went to the DLQ takes a new request (a dead letter
-        produced again once its cause is fixed); only its own request read
-        again is a duplicate.
+        produced again once its cause is fixed), and so does an id whose
+        schedule ended when the new request is a recurring series' next
+        occurrence (it carries ``kdelay.series``; a series reuses its ids);
+        only the first request itself, read again, is a duplicate.
         """
         if sid is not None:
             state = self._id_state(plan, sid)
             if state is not None and state.pending_key != key and not (
-                    state.end is End.DEAD_LETTERED and state.pending_key is None
-                    and state.first_key != key):
+                    state.pending_key is None and state.first_key != key
+                    and (state.end is End.DEAD_LETTERED or _occurrence(message))):
                 self._duplicate(plan, key, sid, fingerprint, state)
                 return
             plan.changes.ids[sid] = IdState(key, None)

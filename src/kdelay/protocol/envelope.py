@@ -33,6 +33,9 @@ LANE = "kdelay-lane"
 ORIGIN = "kdelay-origin"
 ERROR = "kdelay-error"
 ERROR_DETAIL = "kdelay-error-detail"
+# The user header of a recurring series' occurrence (see kdelay.recurring): each
+# occurrence is a new request under an id its series reuses by design.
+SERIES = "kdelay.series"
 
 HeaderValue: TypeAlias = str | bytes | None
 Headers: TypeAlias = list[tuple[str, HeaderValue]]

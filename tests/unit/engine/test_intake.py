@@ -599,3 +599,15 @@ def test_markers_past_the_id_window_are_dropped_with_a_changelog_tombstone(ids: 
     again = planner.plan(PART, [request(10, reused)])
     assert again.changes.expired == [], "looked again only a second later"
     assert again.outcomes == [(Outcome.SCHEDULED, "old")], "a new schedule once forgotten"
+
+
+def test_a_series_next_occurrence_takes_the_id_its_predecessor_ended_with(ids: Ids) -> None:
+    ids.states["series-1"] = codec.ended(End.DELIVERED, TS, key(TS - 10, 2),
+                                         codec.fingerprint(b"k", b"payload", TS))
+    headers = [("kdelay.series", b"{}"), *schedule_headers("orders", delay_ms=60_000,
+                                                            schedule_id="series-1")]
+    result = plan(ids, [request(8, headers)])
+    assert result.outcomes == [(Outcome.SCHEDULED, "series-1")]
+    plain = plan(ids, [request(9, schedule_headers("orders", delay_ms=60_000,
+                                                   schedule_id="series-1"))])
+    assert [o for o, _ in plain.outcomes] == [Outcome.DUPLICATE], "only an occurrence does"
