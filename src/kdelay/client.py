@@ -395,6 +395,33 @@ class DelayProducer:
         coordinates = self._wait(self._produce(id.encode("utf-8"), None, headers, id))
         return Ticket(coordinates, id, mark, self._new_tracker)
 
+    def reschedule(self, id: str, *, delay: timedelta | int | None = None,
+                   due: datetime | int | None = None) -> Ticket:
+        """Ask the service to move the pending schedule ``id`` to a new due time (``delay``
+        after now, or ``due``; exactly one); return the request's :class:`Ticket`.
+
+        Its :meth:`~Ticket.outcome` says ``rescheduled``, ``unknown``,
+        ``already-delivered`` or ``dead-lettered``. A due time past the
+        requests topic's retention after now raises :class:`RequestRefused`
+        (``delay-too-long``) before anything is written; the service also
+        refuses one past the retention of the original request.
+        """
+        if (delay is None) == (due is None):
+            raise ValueError("give exactly one of delay and due")
+        headers = envelope.reschedule_headers(
+            id, due_ms=due_ms(due) if due is not None else None,
+            delay_ms=delay_ms(delay) if delay is not None else None)
+        self._partition_count(self._ensure_producer())
+        now = self._clock.now_ms()
+        target_ms = due_ms(due) if due is not None else now + delay_ms(delay or 0)
+        bound = self._request_limits().max_due_after_ms
+        if bound is not None and target_ms > now + bound:
+            raise RequestRefused("delay-too-long", f"due time {target_ms} is past the requests "
+                                 f"topic's retention bound ({bound} ms after now)")
+        mark = self._mark(id)
+        coordinates = self._wait(self._produce(id.encode("utf-8"), None, headers, id))
+        return Ticket(coordinates, id, mark, self._new_tracker)
+
     def _new_tracker(self) -> Tracker:
         return Tracker(self._admin_config, self._outcomes_topic,
                        metadata_timeout=self._metadata_timeout)

@@ -29,7 +29,7 @@ from kdelay.protocol.forward import id_partition
 
 # Exit status of ``kdelay cancel --wait`` and ``kdelay send --wait`` per outcome.
 EXIT_CODES: Mapping[str, int] = {
-    "scheduled": 0, "cancelled": 0, "duplicate": 3, "unknown": 4,
+    "scheduled": 0, "cancelled": 0, "rescheduled": 0, "duplicate": 3, "unknown": 4,
     "already-delivered": 5, "dead-lettered": 6,
 }
 NO_OUTCOME_EXIT = 7

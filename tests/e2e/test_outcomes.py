@@ -65,6 +65,25 @@ def test_outcomes_are_printed_with_their_exit_status_and_outlive_a_rebuild(
     out.until(lambda: len(out.received) == 1, "the record with an id")
     late = cli("cancel", sent, "--wait")
     assert (late.returncode, _lines(late)[1].split()[:2]) == (5, ["already-delivered", sent])
+
+    moved = f"moved-{run}"
+    far = cli("send", target, "--id", moved, "--delay", "2h", "--value", "moved", "--wait")
+    assert far.returncode == 0, far.stderr
+    too_far = cli("reschedule", moved, "--delay", "30d")
+    assert too_far.returncode == 2
+    assert too_far.stderr.startswith("error[delay-too-long]: ")
+    soon = cli("reschedule", moved, "--delay", "1s", "--wait")
+    assert soon.returncode == 0, soon.stderr
+    assert _lines(soon)[1] == f"rescheduled {moved} schedule={_lines(far)[0]}", "same record"
+    out.until(lambda: len(out.received) == 2, "the rescheduled record")
+    delivered = out.received[1].message
+    assert delivered.value() == b"moved"
+    due_ms = int(dict(delivered.headers() or [])["kdelay-due-ms"] or b"0")
+    assert due_ms <= delivered.timestamp()[1] < due_ms + 3_600_000, "the new time, never early"
+    over = cli("reschedule", moved, "--delay", "1h", "--wait")
+    assert (over.returncode, _lines(over)[1].split()[0]) == (5, "already-delivered")
+    ghost = cli("reschedule", f"ghost-{run}", "--delay", "1h", "--wait")
+    assert (ghost.returncode, _lines(ghost)[1]) == (4, f"unknown ghost-{run}")
     kdelay.terminate()
 
     # A new state dir: the index is rebuilt from the changelog, and still knows the id.
@@ -76,7 +95,7 @@ def test_outcomes_are_printed_with_their_exit_status_and_outlive_a_rebuild(
     assert _lines(repeat)[1].startswith(f"duplicate {sent} schedule=")
     assert _lines(repeat)[1].endswith("first=delivered"), "same payload and due time: no conflict"
     out.drain(2.0)
-    assert len(out.received) == 1, "delivered once"
+    assert len(out.received) == 2, "each delivered once"
     assert kdelay.terminate() == 0
 
 

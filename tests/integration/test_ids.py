@@ -141,3 +141,34 @@ def test_an_id_delivered_is_never_delivered_again_even_after_a_rebuild(
 def delivered_markers_of(service: Service, sid: str) -> bool:
     states = [index.id_state(sid) for index in service.indexes.values()]
     return any(s is not None and s.end is codec.End.DELIVERED and s.ended_ms for s in states)
+
+
+@pytest.mark.kafka
+def test_a_reschedule_moves_a_pending_schedule_and_never_releases_it_early(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    deployment = deployment_factory(partitions=3)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    out = collector([target])
+    group = running(deployment, clock)
+    service = group.add()
+    start = clock.now_ms()
+    produce(bootstrap, deployment.requests,
+            [with_due(target, "moved", 1, start + 3_600_000)])  # off its partition or not
+    group.until(lambda: outcomes(service, "scheduled") == 1)
+    later = start + 60_000
+    produce(bootstrap, deployment.requests,
+            [{"partition": 2, "headers": envelope.reschedule_headers("moved", due_ms=later)}])
+    group.until(lambda: outcomes(service, "rescheduled") == 1)
+    assert sum(index.tally.due.total() for index in service.indexes.values()) == 1, "moved"
+    clock.set(later - 1)
+    group.step(20)
+    assert out.poll(0.2) == 0, "not before its new due time"
+    clock.set(later)
+    group.until(lambda: out.poll() == 1)
+    [delivered] = out.messages
+    assert dict(delivered.headers() or [])["kdelay-due-ms"] == str(later).encode()
+    group.step(20)
+    assert out.poll(0.5) == 1, "once"

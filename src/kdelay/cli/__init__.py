@@ -5,7 +5,7 @@ options (:mod:`kdelay.cli.options`, the one place options, environment
 variables and error reporting are defined), and calls a library function.
 
 - :mod:`~kdelay.cli.service`: ``run``, ``topics create``, ``restore``
-- :mod:`~kdelay.cli.requests`: ``send`` (one record or a series), ``cancel``
+- :mod:`~kdelay.cli.requests`: ``send`` (one record or a series), ``cancel``, ``reschedule``
 - :mod:`~kdelay.cli.view`: ``due``, ``backlog``, ``show``, ``tail``, ``stats``
 - :mod:`~kdelay.cli.retention`: ``retention check``, ``retention set``
 - :mod:`~kdelay.cli.worker`: ``worker``
@@ -40,6 +40,7 @@ app.command("run")(service.run)
 topics_app.command("create")(service.topics_create)
 app.command("send")(requests.send)
 app.command("cancel")(requests.cancel)
+app.command("reschedule")(requests.reschedule)
 app.command("restore")(service.restore)
 app.command("audit")(spark.audit)
 app.command("forecast")(spark.forecast)

@@ -170,3 +170,36 @@ def cancel(
         typer.echo(str(ticket))
         return
     _answer(ticket, wait_s)
+
+
+@common_options
+def reschedule(
+    ctx: typer.Context,
+    schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to move.")],
+    delay: Annotated[str | None, option(
+        "delay", "New due time, from now: 1500, 30s, 5m, 2h, 1d.")] = None,
+    due: Annotated[str | None, option(
+        "due", "New due time: epoch ms or ISO-8601 with a timezone.")] = None,
+    wait: Annotated[bool, option(
+        "wait", "Wait for the service's outcome, print it and exit with its status "
+        "(rescheduled 0, unknown 4, already-delivered 5, dead-lettered 6, none in time 7).")]
+    = False,
+    timeout: Annotated[str, option(
+        "timeout", "How long --wait waits for the outcome.", shown="30s")] = "30s",
+) -> None:
+    """Move the pending schedule ID to a new due time, keeping its record; print the
+    request's coordinates (and with --wait its outcome)."""
+    if (delay is None) == (due is None):
+        fail("invalid-argument", "give exactly one of --delay and --due", USER_ERROR_EXIT)
+    with reported():
+        settings = connected(ctx)
+        wait_s = parse_duration_ms(timeout) / 1000
+        with DelayProducer(settings) as producer:
+            ticket = producer.reschedule(
+                schedule_id, delay=parse_duration_ms(delay) if delay is not None else None,
+                due=parse_due(due) if due is not None else None)
+    if not wait:
+        typer.echo(str(ticket))
+        return
+    _answer(ticket, wait_s)
+

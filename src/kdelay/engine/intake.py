@@ -31,7 +31,7 @@ from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope, forward
 from kdelay.protocol.codec import Answer, End, Fingerprint, IdState, IndexValue
 from kdelay.protocol.durations import Limits
-from kdelay.protocol.envelope import Cancel, ErrorCode, Headers, Rejection, Schedule
+from kdelay.protocol.envelope import Cancel, ErrorCode, Headers, Rejection, Reschedule, Schedule
 from kdelay.protocol.forward import Forward, id_partition
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry
@@ -49,6 +49,7 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"
     ALREADY_DELIVERED = "already-delivered"
     DEAD_LETTERED = "dead-lettered"
+    RESCHEDULED = "rescheduled"
     FORWARDED = "forwarded"
 
 
@@ -230,6 +231,8 @@ class Planner:
             elif isinstance(parsed, Cancel):
                 self._cancel(plan, message, parsed.schedule_id, offset,
                              timestamp if known else None)
+            elif isinstance(parsed, Reschedule):
+                self._reschedule(plan, message, parsed, offset)
             else:
                 self._other(plan, message, parsed)
         if offset is not None:
@@ -448,3 +451,60 @@ class Planner:
         plan.changelog.append(Record(self._changelog, plan.partition,
                                      codec.id_record_key(schedule_id),
                                      codec.encode_id_state(state)))
+
+    def _reschedule(self, plan: Plan, message: Message, request: Reschedule,
+                    offset: int) -> None:
+        """Move a pending schedule to a new due time: same original, a new due key."""
+        sid, due_ms = request.schedule_id, request.due_ms
+        origin = forward.origin(message.headers())
+        home = None if origin is not None else self._elsewhere(plan, sid)
+        if home is not None:
+            self._forward(plan, offset, home, sid,
+                          forward.reschedule_headers(sid, due_ms, plan.partition, offset))
+            return
+        where = origin or (plan.partition, offset)
+        state = self._id_state(plan, sid)
+        key = None if state is None else state.pending_key or state.first_key
+        if state is None or state.pending_key is None:
+            outcome = Outcome.UNKNOWN if state is None else _CANCEL_OF_ENDED[state.end]
+            if outcome is Outcome.CANCELLED:
+                outcome = Outcome.UNKNOWN  # nothing pending to move: the schedule was cancelled
+            plan.outcomes.append((outcome, sid))
+            self._answer(plan, outcome, sid, where, key,
+                         None if state is None else state.end.word)
+            return
+        old = state.pending_key
+        value = self._value(plan, old, sid)
+        bound = self._limits.max_due_after_ms
+        if bound is not None and due_ms > value.fingerprint.timestamp_ms + bound:
+            self._reject(plan, message, Rejection(
+                ErrorCode.DELAY_TOO_LONG, f"new due time {due_ms} is past the retention bound "
+                f"of the original request {self._where(old)} ({bound} ms after its timestamp)"))
+            return
+        due = codec.decode_due_key(old)
+        new = codec.encode_due_key(due_ms, due.partition, due.offset)
+        if new != old and not self._withhold(old):
+            plan.outcomes.append((Outcome.ALREADY_DELIVERED, sid))
+            self._answer(plan, Outcome.ALREADY_DELIVERED, sid, where, old)
+            return
+        if new == old:  # already due then: nothing moves
+            plan.outcomes.append((Outcome.RESCHEDULED, sid))
+            self._answer(plan, Outcome.RESCHEDULED, sid, where, old)
+            return
+        plan.changes.puts = [e for e in plan.changes.puts if e.key != old]
+        original = plan.originals.pop(old, None)
+        plan.changes.deletes.append(old)
+        plan.changelog.append(Record(self._changelog, plan.partition, old, None))
+        raw = codec.encode_index_value(value)
+        plan.changes.puts.append(Entry(new, value, raw))
+        if original is not None:
+            plan.originals[new] = original
+        plan.changelog.append(Record(self._changelog, plan.partition, new, raw))
+        plan.changes.ids[sid] = IdState(new, None)
+        plan.outcomes.append((Outcome.RESCHEDULED, sid))
+        self._answer(plan, Outcome.RESCHEDULED, sid, where, new)
+
+    def _value(self, plan: Plan, key: bytes, sid: str) -> IndexValue:
+        """The index value of the pending entry ``key`` (planned, unapplied or indexed)."""
+        fingerprint = self._fingerprint(plan, key) or Fingerprint(0, 0)
+        return IndexValue(fingerprint, sid)

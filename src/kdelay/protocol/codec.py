@@ -453,7 +453,8 @@ class Answer(NamedTuple):
     """The outcome of one request that carries an id, as the outcomes topic holds it.
 
     ``outcome`` is ``scheduled`` or ``duplicate`` for a schedule, ``cancelled``,
-    ``unknown``, ``already-delivered`` or ``dead-lettered`` for a cancel.
+    ``unknown``, ``already-delivered`` or ``dead-lettered`` for a cancel, and
+    ``rescheduled`` (or those three) for a reschedule.
     ``request`` names the request answered (``topic/partition/offset``, where
     it was written), ``at_ms`` when the service decided (its clock). For a
     duplicate and a cancel, ``schedule`` names the request that holds the id

@@ -29,6 +29,7 @@ LEVEL = "kdelay-level"
 PARTITION = "kdelay-partition"
 SCHEDULE_ID = "kdelay-id"
 CANCEL = "kdelay-cancel"
+RESCHEDULE = "kdelay-reschedule"
 LANE = "kdelay-lane"
 ORIGIN = "kdelay-origin"
 ERROR = "kdelay-error"
@@ -56,7 +57,7 @@ _SHOWN_BYTES = 60
 _LEVEL_DIGITS = 9
 
 _REQUEST_HEADERS = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL,
-                              LANE})
+                              LANE, RESCHEDULE})
 _TIME_HEADERS = (DUE_MS, DELAY_MS, LEVEL)
 _PARTITION_DIGITS = 10
 _TOPIC_CACHE = 1_024
@@ -91,6 +92,7 @@ class ErrorCode(StrEnum):
     WRONG_LANE = "wrong-lane"
     MISSING_LANE = "missing-lane"
     BAD_FORWARD = "bad-forward"
+    BAD_RESCHEDULE = "bad-reschedule"
 
 
 class Schedule(NamedTuple):
@@ -113,6 +115,18 @@ class Cancel:
     """A request to cancel the pending schedule with ``schedule_id``."""
 
     schedule_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reschedule:
+    """A request to move the pending schedule ``schedule_id`` to ``due_ms``.
+
+    The due time is not checked against the retention bound here: that bound
+    counts from the original request's timestamp, which only the index knows.
+    """
+
+    schedule_id: str
+    due_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +165,8 @@ def _utf8(raw: bytes | None) -> str | None:
         return None
 
 
-def parse(headers: AnyHeaders, timestamp_ms: int, limits: Limits) -> Schedule | Cancel | Rejection:
+def parse(headers: AnyHeaders, timestamp_ms: int,
+          limits: Limits) -> Schedule | Cancel | Reschedule | Rejection:
     """Read a request's envelope; never raises.
 
     ``timestamp_ms`` is the record's own timestamp: ``kdelay-delay-ms`` and
@@ -170,12 +185,14 @@ def parse(headers: AnyHeaders, timestamp_ms: int, limits: Limits) -> Schedule | 
 
 def _parse_general(
     headers: AnyHeaders, timestamp_ms: int, limits: Limits
-) -> Schedule | Cancel | Rejection:
+) -> Schedule | Cancel | Reschedule | Rejection:
     """Parse any envelope, checking each rule in turn: the path every rejection takes."""
     try:
         found = _collect(headers)
         if CANCEL in found:
             return _cancel(found)
+        if RESCHEDULE in found:
+            return _reschedule(found, timestamp_ms, limits)
         return _schedule(found, timestamp_ms, limits)
     except _Rejected as rejected:
         return rejected.rejection
@@ -320,6 +337,25 @@ def _cancel(found: dict[str, bytes | None]) -> Cancel:
             f"header {SCHEDULE_ID} {_show(found[SCHEDULE_ID])} differs from {CANCEL} {_show(raw)}",
         )
     return Cancel(schedule_id)
+
+
+def _reschedule(found: dict[str, bytes | None], timestamp_ms: int,
+                limits: Limits) -> Reschedule:
+    """Validate a reschedule: an id and one time header, no target, partition or lane."""
+    clash = [name for name in (TARGET, PARTITION, LANE) if name in found]
+    if clash:
+        raise _Rejected(ErrorCode.BAD_RESCHEDULE,
+                        f"a {RESCHEDULE} request must not also carry {', '.join(clash)}")
+    raw = found[RESCHEDULE]
+    schedule_id = _utf8(raw)
+    if not schedule_id:
+        raise _Rejected(ErrorCode.BAD_RESCHEDULE, f"header {RESCHEDULE} must hold a non-empty "
+                        f"UTF-8 schedule id, got {_show(raw)}")
+    if SCHEDULE_ID in found and _utf8(found[SCHEDULE_ID]) != schedule_id:
+        raise _Rejected(ErrorCode.BAD_RESCHEDULE, f"header {SCHEDULE_ID} "
+                        f"{_show(found[SCHEDULE_ID])} differs from {RESCHEDULE} {_show(raw)}")
+    unbounded = Limits(limits.levels, None)  # the bound counts from the original's time
+    return Reschedule(schedule_id, _due_ms(found, timestamp_ms, unbounded))
 
 
 def _schedule(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits) -> Schedule:
@@ -563,6 +599,17 @@ def schedule_headers(
 def cancel_headers(schedule_id: str) -> Headers:
     """Build the headers of a cancel request; ValueError for an empty id."""
     return _validated([(CANCEL, schedule_id.encode("utf-8"))])
+
+
+def reschedule_headers(schedule_id: str, *, due_ms: int | None = None,
+                       delay_ms: int | None = None) -> Headers:
+    """Build the headers of a reschedule: the id and exactly one of ``due_ms`` and
+    ``delay_ms`` (after the reschedule record's timestamp); ValueError otherwise."""
+    times = [(name, str(value).encode("ascii")) for name, value in
+             ((DUE_MS, due_ms), (DELAY_MS, delay_ms)) if value is not None]
+    if len(times) != 1:
+        raise ValueError("give exactly one of due_ms and delay_ms")
+    return _validated([(RESCHEDULE, schedule_id.encode("utf-8")), *times])
 
 
 def rejection_headers(rejection: Rejection) -> Headers:

@@ -79,6 +79,14 @@ def cancel_headers(schedule_id: str, partition: int, offset: int) -> Headers:
             (FORWARD, f"{partition}/{offset}".encode("ascii"))]
 
 
+def reschedule_headers(schedule_id: str, due_ms: int, partition: int, offset: int) -> Headers:
+    """The headers of a forwarded reschedule: the reschedule with its due time resolved
+    (absolute), and where it was written."""
+    return [(envelope.RESCHEDULE, schedule_id.encode("utf-8")),
+            (envelope.DUE_MS, str(due_ms).encode("ascii")),
+            (FORWARD, f"{partition}/{offset}".encode("ascii"))]
+
+
 def is_forward(headers: AnyHeaders) -> bool:
     """Whether a record carries ``kdelay-forward`` (it was forwarded already)."""
     return FORWARD in _found(headers)
@@ -111,7 +119,7 @@ def parse(headers: AnyHeaders) -> Forward | Rejection | None:
     (``bad-forward``), for the DLQ.
     """
     found = _found(headers)
-    if FORWARD not in found or envelope.CANCEL in found:
+    if FORWARD not in found or envelope.CANCEL in found or envelope.RESCHEDULE in found:
         return None
     try:
         partition, offset = _pair(found, FORWARD, _U32, _U64)

@@ -33,6 +33,7 @@ from kdelay.protocol.envelope import (
     TARGET,
     Headers,
     cancel_headers,
+    reschedule_headers,
     schedule_headers,
 )
 from kdelay.protocol.forward import id_partition
@@ -611,3 +612,72 @@ def test_a_series_next_occurrence_takes_the_id_its_predecessor_ended_with(ids: I
     plain = plan(ids, [request(9, schedule_headers("orders", delay_ms=60_000,
                                                    schedule_id="series-1"))])
     assert [o for o, _ in plain.outcomes] == [Outcome.DUPLICATE], "only an occurrence does"
+
+
+# -- reschedule -------------------------------------------------------------------------------
+
+
+def test_a_reschedule_moves_the_pending_entry_to_a_new_due_key(ids: Ids) -> None:
+    pending = key(TS + 60_000, 1)
+    ids.states["x"] = IdState(pending, None)
+    result = plan(ids, [request(5, reschedule_headers("x", due_ms=TS + 5_000))], answers=True)
+    moved = key(TS + 5_000, 1)
+    assert result.changes.deletes == [pending]
+    assert [e.key for e in result.changes.puts] == [moved], "same original: partition 3, offset 1"
+    assert result.changes.ids == {"x": IdState(moved, None)}
+    assert [(r.key, r.value is None) for r in result.changelog] == [(pending, True), (moved, False)]
+    assert result.outcomes == [(Outcome.RESCHEDULED, "x")]
+    [(*_, answer)] = answers(result)
+    assert (answer.outcome, answer.request, answer.schedule) == (
+        "rescheduled", "kdelay.requests/3/5", "kdelay.requests/3/1")
+    assert ids.withheld == {pending}
+
+
+def test_a_reschedule_counts_a_delay_from_its_own_timestamp(ids: Ids) -> None:
+    ids.states["x"] = IdState(key(TS + 60_000, 1), None)
+    result = plan(ids, [request(5, reschedule_headers("x", delay_ms=10), ts=TS + 100)])
+    assert [e.key for e in result.changes.puts] == [key(TS + 110, 1)]
+
+
+def test_a_reschedule_of_a_schedule_in_flight_or_ended_or_unknown_moves_nothing(
+        ids: Ids) -> None:
+    pending = key(TS - 1, 0)
+    ids.states["flying"] = IdState(pending, None)
+    ids.flying.add(pending)
+    ids.states["done"] = codec.ended(End.DELIVERED, TS, key(TS - 5, 1), codec.Fingerprint(1, 1))
+    msgs = [request(o, reschedule_headers(sid, due_ms=TS + 9)) for o, sid in
+            enumerate(("flying", "done", "ghost"))]
+    result = plan(ids, msgs)
+    assert result.outcomes == [(Outcome.ALREADY_DELIVERED, "flying"),
+                               (Outcome.ALREADY_DELIVERED, "done"), (Outcome.UNKNOWN, "ghost")]
+    assert result.changes.puts == []
+    assert result.changes.deletes == []
+
+
+def test_a_reschedule_past_the_originals_retention_is_refused(ids: Ids) -> None:
+    bounded = Limits(parse_levels(DEFAULT_LEVELS), 1_000)
+    msgs = [request(1, schedule_headers("orders", delay_ms=10, schedule_id="x")),
+            request(2, reschedule_headers("x", due_ms=TS + 5_000))]
+    result = plan(ids, msgs, bounded)
+    [dead] = result.dead_letters
+    assert header(dead.headers, ERROR) == [b"delay-too-long"]
+    assert [e.key for e in result.changes.puts] == [key(TS + 10, 1)], "the schedule stands"
+
+
+def test_a_malformed_reschedule_is_dead_lettered(ids: Ids) -> None:
+    headers: Headers = [("kdelay-reschedule", b"x"), (TARGET, b"orders"), (DUE_MS, b"1")]
+    [dead] = plan(ids, [request(1, headers)]).dead_letters
+    assert header(dead.headers, ERROR) == [b"bad-reschedule"]
+
+
+def test_a_reschedule_of_an_id_living_elsewhere_is_forwarded_with_its_due_time(
+        ids: Ids) -> None:
+    partitions = 8
+    sid = next(f"id-{n}" for n in range(100) if id_partition(f"id-{n}", partitions) != PART)
+    planner = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold, partitions=partitions)
+    result = planner.plan(PART, [request(4, reschedule_headers(sid, delay_ms=50))])
+    [sent] = result.forwards
+    assert sent.partition == id_partition(sid, partitions)
+    assert header(sent.headers, "kdelay-reschedule") == [sid.encode()]
+    assert header(sent.headers, DUE_MS) == [str(TS + 50).encode()], "resolved where written"
+    assert header(sent.headers, "kdelay-forward") == [f"{PART}/4".encode()]
