@@ -363,6 +363,7 @@ def test_error_codes_are_stable() -> None:
         "wrong-lane",
         "missing-lane",
         "bad-forward",
+        "bad-reschedule",
     }
 
 
