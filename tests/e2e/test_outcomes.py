@@ -6,7 +6,9 @@ settings otherwise)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -84,6 +86,17 @@ def test_outcomes_are_printed_with_their_exit_status_and_outlive_a_rebuild(
     assert (over.returncode, _lines(over)[1].split()[0]) == (5, "already-delivered")
     ghost = cli("reschedule", f"ghost-{run}", "--delay", "1h", "--wait")
     assert (ghost.returncode, _lines(ghost)[1]) == (4, f"unknown ghost-{run}")
+
+    # The operator's views see a rescheduled entry at its new time.
+    parked, first_ms = f"parked-{run}", int(time.time() * 1000) + 7_200_000
+    for args in (("send", target, "--id", parked, "--due", str(first_ms), "--value", "p"),
+                 ("reschedule", parked, "--due", str(first_ms + 3_600_000))):
+        assert cli(*args, "--wait").returncode == 0
+    views = {**env, "KDELAY_VIEW_DIR": str(tmp_path / "view")}
+    shown = json.loads(run_cli(views, "show", parked, "--json").stdout)
+    assert (shown["pending"], shown["due_ms"]) == (True, first_ms + 3_600_000)
+    listed = run_cli(views, "due", "--within", "4h", "--json").stdout.splitlines()
+    assert [json.loads(line)["due_ms"] for line in listed] == [first_ms + 3_600_000]
     kdelay.terminate()
 
     # A new state dir: the index is rebuilt from the changelog, and still knows the id.
