@@ -427,7 +427,11 @@ class DelayProducer:
                        metadata_timeout=self._metadata_timeout)
 
     def _mark(self, schedule_id: str) -> Mark | NoOutcome:
-        """Where the outcome of a request about to be written will be (before writing it)."""
+        """Where the outcome of a request about to be written will be (before writing it).
+
+        A producer that may not read the outcomes topic (least-privilege ACLs)
+        still writes its request; only its ticket cannot answer.
+        """
         self._ensure_producer()  # the connection check, once
         if self._tracker is None:
             self._tracker = self._new_tracker()
@@ -435,6 +439,10 @@ class DelayProducer:
             return self._tracker.mark(schedule_id)
         except NoOutcome as missing:
             return missing
+        except KafkaException as exc:
+            return NoOutcome("outcomes-unreadable", f"the outcomes topic {self._outcomes_topic} "
+                             f"cannot be read: {exc.args[0]}; grant Read on it to wait for "
+                             "outcomes")
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports for up to ``timeout`` seconds; return how many were served."""

@@ -37,8 +37,9 @@ NO_OUTCOME_EXIT = 7
 
 
 class NoOutcome(Exception):
-    """No outcome can be read: ``outcomes-missing`` (no outcomes topic) or ``no-outcome``
-    (none arrived in time: the service is not running, or is behind)."""
+    """No outcome can be read: ``outcomes-missing`` (no outcomes topic),
+    ``outcomes-unreadable`` (not allowed to read it) or ``no-outcome`` (none arrived in
+    time: the service is not running, or is behind)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -117,9 +118,11 @@ class Tracker:
         if self._partitions is None:
             metadata = self._consumer.list_topics(self._topic, timeout=self._timeout)
             found = metadata.topics.get(self._topic)
-            if found is None or not found.partitions or (
-                    found.error is not None
-                    and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            error = None if found is None else found.error
+            if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise NoOutcome("outcomes-unreadable", f"the outcomes topic {self._topic} "
+                                f"cannot be read: {error.str()}")
+            if found is None or not found.partitions or error is not None:
                 raise NoOutcome("outcomes-missing", f"outcomes topic {self._topic} does not "
                                 "exist: run `kdelay topics create` (it creates only the "
                                 "missing topics)")

@@ -246,6 +246,14 @@ def test_the_service_serves_over_sasl_ssl_with_exactly_the_documented_acls(
     finally:
         out.close()
 
+    # A producer without Read on the outcomes topic still cancels; only --wait cannot answer.
+    producer = java_properties(tmp_path / "producer.properties", tls[1], *principals.producer)
+    waited = run_cli(deployment.env(KDELAY_KAFKA_CONFIG=str(producer)),
+                     "cancel", "acl-0", "--wait", "--timeout", "5s")
+    assert waited.returncode == 7, waited.stderr
+    assert waited.stderr.startswith("error[outcomes-unreadable]: "), waited.stderr
+    assert waited.stdout.startswith(f"{deployment.requests}/"), "the cancel was written"
+
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         metrics = page.read().decode()
     assert "kdelay_intake_records_total" in metrics

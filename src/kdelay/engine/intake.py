@@ -487,7 +487,7 @@ class Planner:
             plan.outcomes.append((Outcome.ALREADY_DELIVERED, sid))
             self._answer(plan, Outcome.ALREADY_DELIVERED, sid, where, old)
             return
-        if new == old:  # already due then: nothing moves
+        if new == old:  # the same due time: nothing moves
             plan.outcomes.append((Outcome.RESCHEDULED, sid))
             self._answer(plan, Outcome.RESCHEDULED, sid, where, old)
             return
