@@ -390,10 +390,7 @@ class DelayProducer:
         the ticket's :meth:`~Ticket.outcome` says ``cancelled``, ``unknown``,
         ``already-delivered`` or ``dead-lettered``. Raises as :meth:`send` does.
         """
-        mark = self._mark(id)
-        headers = envelope.cancel_headers(id)
-        coordinates = self._wait(self._produce(id.encode("utf-8"), None, headers, id))
-        return Ticket(coordinates, id, mark, self._new_tracker)
+        return self._ticket(id, envelope.cancel_headers(id))
 
     def reschedule(self, id: str, *, delay: timedelta | int | None = None,
                    due: datetime | int | None = None) -> Ticket:
@@ -408,19 +405,25 @@ class DelayProducer:
         """
         if (delay is None) == (due is None):
             raise ValueError("give exactly one of delay and due")
-        headers = envelope.reschedule_headers(
-            id, due_ms=due_ms(due) if due is not None else None,
-            delay_ms=delay_ms(delay) if delay is not None else None)
+        at_ms = due_ms(due) if due is not None else None
+        after_ms = delay_ms(delay) if delay is not None else None
+        headers = envelope.reschedule_headers(id, due_ms=at_ms, delay_ms=after_ms)
         self._partition_count(self._ensure_producer())
         now = self._clock.now_ms()
-        target_ms = due_ms(due) if due is not None else now + delay_ms(delay or 0)
+        target_ms = at_ms if at_ms is not None else now + (after_ms or 0)
         bound = self._request_limits().max_due_after_ms
         if bound is not None and target_ms > now + bound:
             raise RequestRefused("delay-too-long", f"due time {target_ms} is past the requests "
                                  f"topic's retention bound ({bound} ms after now)")
-        mark = self._mark(id)
-        coordinates = self._wait(self._produce(id.encode("utf-8"), None, headers, id))
-        return Ticket(coordinates, id, mark, self._new_tracker)
+        return self._ticket(id, headers)
+
+    def _ticket(self, schedule_id: str, headers: Headers) -> Ticket:
+        """Write a cancel or reschedule of ``schedule_id`` (value: the id) and return its
+        ticket, its outcome's place noted first."""
+        mark = self._mark(schedule_id)
+        coordinates = self._wait(self._produce(schedule_id.encode("utf-8"), None, headers,
+                                               schedule_id))
+        return Ticket(coordinates, schedule_id, mark, self._new_tracker)
 
     def _new_tracker(self) -> Tracker:
         return Tracker(self._admin_config, self._outcomes_topic,

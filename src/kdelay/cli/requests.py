@@ -113,9 +113,12 @@ def send(
     _answer(ticket, wait_s)
 
 
-def _answer(ticket: Ticket, timeout_s: float) -> None:
-    """Print the request's coordinates and its outcome; exit with the outcome's status."""
+def _answer(ticket: Ticket, timeout_s: float | None) -> None:
+    """Print the request's coordinates and, given ``timeout_s`` (--wait), its outcome;
+    then exit with the outcome's status."""
     typer.echo(str(ticket))
+    if timeout_s is None:
+        return
     try:
         answer = ticket.outcome(timeout_s)
     except NoOutcome as exc:
@@ -166,10 +169,7 @@ def cancel(
         with DelayProducer(settings) as producer:
             ticket = recurring.cancel(settings, producer, schedule_id,
                                       SystemClock().now_ms(), series_cancels_topic)
-    if not wait:
-        typer.echo(str(ticket))
-        return
-    _answer(ticket, wait_s)
+    _answer(ticket, wait_s if wait else None)
 
 
 @common_options
@@ -198,8 +198,5 @@ def reschedule(
             ticket = producer.reschedule(
                 schedule_id, delay=parse_duration_ms(delay) if delay is not None else None,
                 due=parse_due(due) if due is not None else None)
-    if not wait:
-        typer.echo(str(ticket))
-        return
-    _answer(ticket, wait_s)
+    _answer(ticket, wait_s if wait else None)
 

@@ -50,7 +50,7 @@ from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.transactional import Renewable
-from kdelay.engine.writer import Acks, ChangelogWriter
+from kdelay.engine.writer import Acks, ChangelogWriter, Failure
 from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
@@ -196,6 +196,16 @@ class Checkpoint(Protocol):
         ...
 
 
+def _report_lost(failures: list[Failure]) -> None:
+    """Log the dead letters and outcome records a batch lost for good: one line per topic."""
+    by_topic: dict[str, list[Failure]] = {}
+    for failure in failures:
+        by_topic.setdefault(failure.topic, []).append(failure)
+    for topic, lost in by_topic.items():
+        log.error("%d write(s) to %s failed for good (%s); the requests stay readable at "
+                  "their origin in the requests topic", len(lost), topic, lost[0].error.str())
+
+
 class AtLeastOnce:
     """Every record is durable on its own acknowledgement; offsets are auto-committed."""
 
@@ -266,11 +276,8 @@ class AtLeastOnce:
                     f"{failure.error.str()}; kdelay needs Write on the requests topic"))
             batch, records = unacked.popleft()
             self._records -= records
-            for failure in batch.acks.dead_letter_failures:
-                log.error("dead-letter write to %s failed for good (%s); the request stays "
-                          "readable at its origin in the requests topic", failure.topic,
-                          failure.error.str())
-                self._metrics.changelog_errors.inc()
+            _report_lost(batch.acks.dead_letter_failures)
+            self._metrics.changelog_errors.inc(len(batch.acks.dead_letter_failures))
             durable.append(batch)
         return durable
 

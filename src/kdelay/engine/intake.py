@@ -53,9 +53,10 @@ class Outcome(StrEnum):
     FORWARDED = "forwarded"
 
 
-# What a cancel of an id whose schedule ended answers.
+# What a cancel, and a reschedule, of an id whose schedule ended answer.
 _CANCEL_OF_ENDED = {End.DELIVERED: Outcome.ALREADY_DELIVERED, End.CANCELLED: Outcome.CANCELLED,
                     End.DEAD_LETTERED: Outcome.DEAD_LETTERED}
+_MOVE_OF_ENDED = {**_CANCEL_OF_ENDED, End.CANCELLED: Outcome.UNKNOWN}  # nothing left to move
 # Most expired id markers one plan drops, and how often (service clock) a planner looks.
 PRUNE_LIMIT = 1_000
 PRUNE_EVERY_MS = 1_000
@@ -442,12 +443,9 @@ class Planner:
     def _withdraw(self, plan: Plan, schedule_id: str, key: bytes, timestamp: int | None) -> None:
         """Remove the pending entry ``key`` of a cancelled id; remember the id as cancelled."""
         fingerprint = self._fingerprint(plan, key) or Fingerprint(0, 0)
-        plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
-        plan.originals.pop(key, None)
-        plan.changes.deletes.append(key)
+        self._take_out(plan, key)
         state = codec.ended(End.CANCELLED, self._now(timestamp), key, fingerprint)
         plan.changes.ids[schedule_id] = state
-        plan.changelog.append(Record(self._changelog, plan.partition, key, None))
         plan.changelog.append(Record(self._changelog, plan.partition,
                                      codec.id_record_key(schedule_id),
                                      codec.encode_id_state(state)))
@@ -466,9 +464,7 @@ class Planner:
         state = self._id_state(plan, sid)
         key = None if state is None else state.pending_key or state.first_key
         if state is None or state.pending_key is None:
-            outcome = Outcome.UNKNOWN if state is None else _CANCEL_OF_ENDED[state.end]
-            if outcome is Outcome.CANCELLED:
-                outcome = Outcome.UNKNOWN  # nothing pending to move: the schedule was cancelled
+            outcome = Outcome.UNKNOWN if state is None else _MOVE_OF_ENDED[state.end]
             plan.outcomes.append((outcome, sid))
             self._answer(plan, outcome, sid, where, key,
                          None if state is None else state.end.word)
@@ -491,10 +487,7 @@ class Planner:
             plan.outcomes.append((Outcome.RESCHEDULED, sid))
             self._answer(plan, Outcome.RESCHEDULED, sid, where, old)
             return
-        plan.changes.puts = [e for e in plan.changes.puts if e.key != old]
-        original = plan.originals.pop(old, None)
-        plan.changes.deletes.append(old)
-        plan.changelog.append(Record(self._changelog, plan.partition, old, None))
+        original = self._take_out(plan, old)
         raw = codec.encode_index_value(value)
         plan.changes.puts.append(Entry(new, value, raw))
         if original is not None:
@@ -503,6 +496,14 @@ class Planner:
         plan.changes.ids[sid] = IdState(new, None)
         plan.outcomes.append((Outcome.RESCHEDULED, sid))
         self._answer(plan, Outcome.RESCHEDULED, sid, where, new)
+
+    def _take_out(self, plan: Plan, key: bytes) -> Message | None:
+        """Delete the pending entry ``key`` (planned in ``plan`` or indexed), with its
+        changelog tombstone; return its original if the plan had it."""
+        plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
+        plan.changes.deletes.append(key)
+        plan.changelog.append(Record(self._changelog, plan.partition, key, None))
+        return plan.originals.pop(key, None)
 
     def _value(self, plan: Plan, key: bytes, sid: str) -> IndexValue:
         """The index value of the pending entry ``key`` (planned, unapplied or indexed)."""
