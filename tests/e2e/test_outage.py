@@ -142,52 +142,81 @@ def delivered(bootstrap: str, target: str, count: int, timeout_s: float) -> Coun
     return seen
 
 
-@kafka
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
-def test_a_broker_outage_longer_than_every_timeout_is_waited_out(
-    own_broker: OwnBroker, tmp_path: Path, guarantee: str,
-) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    deployment = Deployment(
-        bootstrap=own_broker.bootstrap, requests=f"out-req-{suffix}",
-        changelog=f"out-chg-{suffix}", dlq=f"out-dlq-{suffix}", group_id=f"out-g-{suffix}",
-        state_dir=tmp_path / "state", partitions=3)
-    target = f"out-target-{suffix}"
-    created = run_cli(deployment.env(), "topics", "create", "--partitions", "3",
-                      "--target", target)
-    assert created.returncode == 0, created.stderr
-    port = free_port()
-    service = KdelayProcess("kdelay-run", deployment.env(
-        KDELAY_GUARANTEE=guarantee, KDELAY_METRICS_PORT=str(port)), tmp_path / "run.log")
-    try:
-        service.wait_ready()
-        load = Load(deployment.bootstrap, deployment.requests, target)
-        load.start()
-        time.sleep(5)
-        own_broker.kill()
-        killed = time.monotonic()
-        down = False
-        while time.monotonic() - killed < OUTAGE_S:
-            assert service.popen.poll() is None, f"kdelay exited:\n{service.tail()}"
-            down = down or available(port) == 0
-            time.sleep(1)
-        assert down, "kdelay_kafka_available never showed the outage"
-        own_broker.start()
-        time.sleep(10)
-        load.stop()
-        seen = delivered(deployment.bootstrap, target, load.sent, 90)
-        assert service.popen.poll() is None, f"kdelay exited:\n{service.tail()}"
-        assert available(port) == 1
-        assert len(seen) == load.sent, f"{load.sent - len(seen)} of {load.sent} not delivered"
-        if guarantee == "exactly-once":
+class Side:
+    """One deployment of one guarantee: its topics, its ``kdelay run`` and its load."""
+
+    def __init__(self, bootstrap: str, root: Path, guarantee: str) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        root.mkdir()
+        self.guarantee = guarantee
+        self.deployment = Deployment(
+            bootstrap=bootstrap, requests=f"out-req-{suffix}", changelog=f"out-chg-{suffix}",
+            dlq=f"out-dlq-{suffix}", group_id=f"out-g-{suffix}", state_dir=root / "state",
+            partitions=3)
+        self.target = f"out-target-{suffix}"
+        created = run_cli(self.deployment.env(), "topics", "create", "--partitions", "3",
+                          "--target", self.target)
+        assert created.returncode == 0, created.stderr
+        self.port = free_port()
+        self.service = KdelayProcess("kdelay-run", self.deployment.env(
+            KDELAY_GUARANTEE=guarantee, KDELAY_METRICS_PORT=str(self.port)), root / "run.log")
+        self.load = Load(bootstrap, self.deployment.requests, self.target)
+        self.down = False
+
+    def alive(self) -> None:
+        """Fail with the service's last lines if it exited."""
+        assert self.service.popen.poll() is None, (
+            f"{self.guarantee}: kdelay exited:\n{self.service.tail()}")
+
+    def check(self) -> None:
+        """Everything delivered, none early (none twice under exactly-once), one line each way."""
+        seen = delivered(self.deployment.bootstrap, self.target, self.load.sent, 90)
+        self.alive()
+        tail = f"{self.guarantee}:\n{self.service.tail()}"
+        assert len(seen) == self.load.sent, (
+            f"{self.load.sent - len(seen)} of {self.load.sent} not delivered, {tail}")
+        assert available(self.port) == 1, tail
+        if self.guarantee == "exactly-once":
             assert max(seen.values()) == 1, [k for k, n in seen.items() if n > 1][:10]
-        log = service.log()
-        assert log.count("Kafka is unreachable") == 1, service.tail()
-        assert log.count("Kafka answers again") == 1, service.tail()
+        log = self.service.log()
+        assert log.count("Kafka is unreachable") == 1, tail
+        assert log.count("Kafka answers again") == 1, tail
         loud = [line for line in log.splitlines()
                 if " WARNING " in line or " ERROR " in line or " CRITICAL " in line]
         assert len(loud) <= MAX_OUTAGE_LINES, "\n".join(loud[:60])
         assert "Traceback" not in log
-        assert service.terminate() == 0
+        assert self.service.terminate() == 0
+
+
+@kafka
+def test_a_broker_outage_longer_than_every_timeout_is_waited_out(
+    own_broker: OwnBroker, tmp_path: Path,
+) -> None:
+    """Both guarantees side by side, each its own deployment, through one outage."""
+    sides: list[Side] = []
+    try:
+        for guarantee in ("at-least-once", "exactly-once"):
+            sides.append(Side(own_broker.bootstrap, tmp_path / guarantee, guarantee))
+        for side in sides:
+            side.service.wait_ready()
+        for side in sides:
+            side.load.start()
+        time.sleep(5)
+        own_broker.kill()
+        killed = time.monotonic()
+        while time.monotonic() - killed < OUTAGE_S:
+            for side in sides:
+                side.alive()
+                side.down = side.down or available(side.port) == 0
+            time.sleep(1)
+        assert [side.guarantee for side in sides if not side.down] == [], (
+            "kdelay_kafka_available never showed the outage")
+        own_broker.start()
+        time.sleep(10)
+        for side in sides:
+            side.load.stop()
+        for side in sides:
+            side.check()
     finally:
-        service.kill()
+        for side in sides:
+            side.service.kill()

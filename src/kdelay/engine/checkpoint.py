@@ -434,14 +434,17 @@ class ExactlyOnce:
         """Add the consumed offsets to the transaction; raise ``KafkaException`` as the call does.
 
         librdkafka can ignore this call's timeout: when the group coordinator
-        dies during the call, it waits until a broker comes back (librdkafka
-        issues 5456 and 5511, open in 2.16). So the call runs on a thread of
-        its own and the step looks at it every :data:`ANSWER_POLL_S`: after
-        :data:`TXN_CALL_S` without an answer Kafka counts as unreachable (one
-        line, ``kdelay_kafka_available`` 0) and the step waits on, keeping the
-        loop's heartbeat, since the answer decides whether the transaction
-        commits. Raises :class:`ServiceError` ``kafka-unreachable`` when asked
-        to stop meanwhile (the coordinator aborts the open transaction).
+        dies during the call, it may wait until a broker comes back, and after
+        an outage that replaced the consumer it may never answer at all, with
+        Kafka answering everything else (librdkafka issues 5456 and 5511, open
+        in 2.16). So the call runs on a thread of its own and the step looks at
+        it every :data:`ANSWER_POLL_S`. Without an answer after
+        :data:`TXN_CALL_S` the transaction is abandoned: this raises, and a
+        new producer with the same transactional id ends it (nothing was
+        committed, so the step's work is simply done again; the stuck call's
+        thread and producer are left to end on their own). Raises
+        :class:`ServiceError` ``kafka-unreachable`` when asked to stop
+        meanwhile (the coordinator aborts the open transaction).
         """
         answer: list[BaseException | None] = []
         done = threading.Event()
@@ -464,9 +467,9 @@ class ExactlyOnce:
                 raise ServiceError("kafka-unreachable", (
                     "stopped while the transaction's offsets waited for Kafka; the transaction "
                     "coordinator aborts the open transaction"))
-            self._waiting("transactions: send_offsets_to_transaction has no answer after "
-                          f"{TXN_CALL_S:.0f} s")
-            self._metrics.last_step.set(self._clock.now_ms() / 1000)
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, (
+                f"send_offsets_to_transaction has no answer after {TXN_CALL_S:.0f} s"),
+                retriable=False))
         if answer[0] is not None:
             raise answer[0]
 
