@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kdelay.client import DelayProducer, id_partition
 from kdelay.engine.service import Service
@@ -25,7 +26,7 @@ from kdelay.protocol import envelope
 from kdelay.view import retention
 from kdelay.view.pending import PendingView
 from tests.conftest import TopicFactory, produce_all
-from tests.integration.conftest import Collector, Deployment, Running, produce
+from tests.integration.conftest import Collector, Deployment, Running, header, produce
 
 Make = Callable[..., Deployment]
 Run = Callable[[Deployment, ManualClock], Running]
@@ -104,6 +105,36 @@ def test_a_cancel_finds_a_schedule_written_by_a_business_key(
     group.step(5)
     out.poll(0.5)
     assert keys_of(out.messages) == [b"control"]
+
+
+@pytest.mark.kafka
+def test_a_forwarded_schedule_whose_original_expired_names_its_id_and_target_in_the_dlq(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, admin: AdminClient,
+) -> None:
+    deployment = deployment_factory(partitions=PARTITIONS)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    group = running(deployment, clock)
+    service = group.add()
+    sid = "order-9"
+    business = Producer({"bootstrap.servers": bootstrap})
+    [written] = produce_all(business, deployment.requests, [request(
+        target, clock.now_ms() + DELAY_MS, sid, business_key(sid), b"lost")])
+    group.until(lambda: pending(service, sid))
+    # Retention (here delete-records) takes the original before it is due.
+    cut = TopicPartition(deployment.requests, written.partition() or 0,
+                         (written.offset() or 0) + 1)
+    admin.delete_records([cut])[cut].result(timeout=30)
+    out = collector([deployment.settings.dlq_topic])
+    clock.advance(DELAY_MS + 1)
+    group.until(lambda: out.poll() >= 1)
+    [dead] = out.messages
+    assert header(dead, envelope.ERROR) == b"expired"
+    assert header(dead, envelope.ORIGIN) == (
+        f"{deployment.requests}/{written.partition()}/{written.offset()}".encode())
+    assert (header(dead, envelope.SCHEDULE_ID), header(dead, envelope.SCHEDULED_TARGET)) == (
+        sid.encode(), target.encode()), "the id and the target the index knows"
 
 
 @pytest.mark.kafka

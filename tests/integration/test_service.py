@@ -205,6 +205,9 @@ def test_deleted_records_are_dead_lettered_as_expired(
     assert {header(m, envelope.ORIGIN): header(m, envelope.SCHEDULE_ID) for m in dead} == {
         f"{deployment.requests}/0/{reports[0].offset()}".encode(): b"gone-0",
         f"{deployment.requests}/0/{reports[1].offset()}".encode(): None}
+    # ... and the target each was scheduled for, under a name that is no request's.
+    assert [header(m, envelope.SCHEDULED_TARGET) for m in dead] == [target.encode()] * 2
+    assert [header(m, envelope.TARGET) for m in dead] == [None] * 2
     assert [m.key() for m in out.on(target)] == [b"k2"]
 
 

@@ -68,7 +68,7 @@ def _fill_index(path: Path, count: int, value_size: int) -> None:
     try:
         changes = Changes()
         for offset, (key, crc, _) in enumerate(_requests(count, value_size)):
-            changes.puts.append(Entry(key, IndexValue(Fingerprint(BASE_MS, crc), None)))
+            changes.puts.append(Entry(key, IndexValue(Fingerprint(BASE_MS, crc), None, TARGET)))
             if len(changes.puts) >= CHUNK:
                 changes.consumed = offset + 1
                 index.apply(changes)

@@ -520,8 +520,10 @@ class Delivery:
                                    on_delivery=self._callback(job.key, Sink.DLQ))
         else:
             # No original to copy: the DLQ record carries what the index knows of it.
-            sid = job.entry.value.schedule_id
+            _, sid, target = job.entry.value
             known = [] if sid is None else [(envelope.SCHEDULE_ID, sid.encode())]
+            if target is not None:
+                known.append((envelope.SCHEDULED_TARGET, target.encode()))
             self._internal.produce(self._config.dlq_topic, value=None, key=None,
                                    headers=[*known, *tail],
                                    on_delivery=self._callback(job.key, Sink.DLQ))

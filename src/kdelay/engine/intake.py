@@ -321,7 +321,8 @@ class Planner:
     def _take(self, plan: Plan, found: Forward) -> None:
         """Index a schedule forwarded here: its key names the original where it lies."""
         key = codec.encode_due_key(found.due_ms, found.partition, found.offset)
-        self._index(plan, key, found.schedule_id, found.fingerprint, None)
+        self._index(plan, key, _new(IndexValue, (found.fingerprint, found.schedule_id,
+                                                 found.target)), None)
 
     def _reject(self, plan: Plan, message: Message, rejection: Rejection) -> None:
         plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
@@ -335,13 +336,14 @@ class Planner:
         home = None if sid is None else self._elsewhere(plan, sid)
         if home is not None:
             assert sid is not None  # noqa: S101 - home is None without an id
-            found = Forward(sid, schedule.due_ms, plan.partition, offset, fingerprint)
+            found = Forward(sid, schedule.due_ms, plan.partition, offset, fingerprint,
+                            schedule.target)
             self._forward(plan, offset, home, sid, forward.schedule_headers(found))
             return
         key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
-        self._index(plan, key, sid, fingerprint, message)
+        self._index(plan, key, _new(IndexValue, (fingerprint, sid, schedule.target)), message)
 
-    def _index(self, plan: Plan, key: bytes, sid: str | None, fingerprint: Fingerprint,
+    def _index(self, plan: Plan, key: bytes, value: IndexValue,
                message: Message | None) -> None:
         """Put an entry under ``key``, unless its id is pending under another key or ended.
 
@@ -351,15 +353,15 @@ class Planner:
         occurrence (it carries ``kdelay.series``; a series reuses its ids);
         only the first request itself, read again, is a duplicate.
         """
+        sid = value.schedule_id
         if sid is not None:
             state = self._id_state(plan, sid)
             if state is not None and state.pending_key != key and not (
                     state.pending_key is None and state.first_key != key
                     and (state.end is End.DEAD_LETTERED or _occurrence(message))):
-                self._duplicate(plan, key, sid, fingerprint, state)
+                self._duplicate(plan, key, sid, value.fingerprint, state)
                 return
             plan.changes.ids[sid] = IdState(key, None)
-        value = _new(IndexValue, (fingerprint, sid))
         raw = codec.encode_index_value(value)
         plan.changes.puts.append(Entry(key, value, raw))
         if message is not None:

@@ -50,6 +50,11 @@ _DELIVERED = b"D"
 _ENDED = b"E"
 _ENDED_BODY = struct.Struct(">BQ20sqI")
 _ABSENT_FIELD = b"\x00"
+# An index value that names its target: after the head, this byte (never part of
+# UTF-8, so no value of the first layout has it there), the id's length (0: no
+# id), the id, then the target to the end.
+_WITH_TARGET = 0xFF
+_TARGET_HEAD = struct.Struct(">BH")
 
 # Bound once: these run for every request intake reads and every record it
 # delivers. tuple.__new__ builds a named tuple from all its fields without the
@@ -75,10 +80,12 @@ class Fingerprint(NamedTuple):
 
 
 class IndexValue(NamedTuple):
-    """The value stored under a due key: the request's fingerprint and optional id."""
+    """The value stored under a due key: the request's fingerprint, optional id and the
+    target it was scheduled for (None in entries of older kdelay versions)."""
 
     fingerprint: Fingerprint
     schedule_id: str | None
+    target: str | None = None
 
 
 class End(IntEnum):
@@ -233,11 +240,13 @@ def fingerprint_of(message: Message) -> Fingerprint:
 
 
 def encode_index_value(v: IndexValue) -> bytes:
-    """Encode ``i64 timestamp | u32 crc`` followed by the schedule id in UTF-8.
+    """Encode ``i64 timestamp | u32 crc``, then the id and the target.
 
-    An absent id encodes as nothing after the fixed head. Raises ValueError for
-    an empty id (it could not be told from an absent one) or a field out of
-    range.
+    Without a target (entries of older versions), the id follows the head in
+    UTF-8, and an absent id encodes as nothing. With one, the head is followed
+    by ``0xFF | u16 id length (0: no id) | id | target`` (UTF-8). Raises
+    ValueError for an empty id (it could not be told from an absent one), an id
+    longer than 65 535 bytes next to a target, or a field out of range.
     """
     timestamp_ms, crc = v.fingerprint
     try:
@@ -246,26 +255,41 @@ def encode_index_value(v: IndexValue) -> bytes:
         _check_range("fingerprint timestamp_ms", timestamp_ms, _I64_MIN, _I64_MAX)
         _check_range("fingerprint crc", crc, 0, _U32_MAX)
         raise
-    if v.schedule_id is None:
-        return head
-    if not v.schedule_id:
+    sid = v.schedule_id
+    if sid is not None and not sid:
         raise ValueError("a schedule id must not be empty")
-    return head + v.schedule_id.encode("utf-8")
+    raw_id = b"" if sid is None else sid.encode("utf-8")
+    if v.target is None:
+        return head + raw_id
+    if len(raw_id) > 0xFFFF:
+        raise ValueError(f"a schedule id next to a target has at most 65535 bytes, "
+                         f"got {len(raw_id)}")
+    return head + _TARGET_HEAD.pack(_WITH_TARGET, len(raw_id)) + raw_id + v.target.encode()
 
 
 def decode_index_value(raw: bytes) -> IndexValue:
-    """Decode :func:`encode_index_value`; ValueError if short or the id is not UTF-8."""
-    if len(raw) < _INDEX_HEAD.size:
-        raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
+    """Decode :func:`encode_index_value`; ValueError if short or not UTF-8 where text is."""
+    size = _INDEX_HEAD.size
+    if len(raw) < size:
+        raise ValueError(f"an index value needs {size} bytes, got {len(raw)}")
     timestamp_ms, crc = _INDEX_HEAD.unpack_from(raw)
-    tail = raw[_INDEX_HEAD.size :]
+    target = None
     try:
-        schedule_id = tail.decode("utf-8") if tail else None
+        if len(raw) > size and raw[size] == _WITH_TARGET:
+            if len(raw) < size + _TARGET_HEAD.size:
+                raise ValueError(f"an index value with a target is cut short: {raw!r}")
+            length = _TARGET_HEAD.unpack_from(raw, size)[1]
+            start = size + _TARGET_HEAD.size
+            schedule_id = raw[start : start + length].decode("utf-8") if length else None
+            target = raw[start + length :].decode("utf-8")
+        else:
+            schedule_id = raw[size:].decode("utf-8") if len(raw) > size else None
     except UnicodeDecodeError as exc:
-        raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
+        raise ValueError(f"the text in an index value is not UTF-8: {exc}") from exc
     # Built with tuple.__new__: a NamedTuple's own __new__ is a Python call, and
     # delivery decodes one value per entry it reads ahead.
-    return _tuple_new(IndexValue, (_tuple_new(Fingerprint, (timestamp_ms, crc)), schedule_id))
+    return _tuple_new(IndexValue, (_tuple_new(Fingerprint, (timestamp_ms, crc)), schedule_id,
+                                   target))
 
 
 def due_ms_of(key: bytes) -> int:

@@ -34,6 +34,11 @@ LANE = "kdelay-lane"
 ORIGIN = "kdelay-origin"
 ERROR = "kdelay-error"
 ERROR_DETAIL = "kdelay-error-detail"
+# The target an index entry was scheduled for, where no request is meant: on
+# forward records and on the dead letters of originals kdelay could not read
+# back. Not kdelay-target, so that such a record produced again is refused
+# (missing-target) rather than delivered empty.
+SCHEDULED_TARGET = "kdelay-scheduled-target"
 # The user header of a recurring series' occurrence (see kdelay.recurring): each
 # occurrence is a new request under an id its series reuses by design.
 SERIES = "kdelay.series"

@@ -12,7 +12,10 @@ payload, which stays where it was written (one copy):
 - ``kdelay-due-ms``: its absolute due time, as the first owner resolved it;
 - ``kdelay-id``: the schedule id;
 - ``kdelay-fingerprint``: ``<timestamp ms>/<crc>`` of the original (see
-  :func:`kdelay.protocol.codec.fingerprint`), checked when it is read back.
+  :func:`kdelay.protocol.codec.fingerprint`), checked when it is read back;
+- ``kdelay-scheduled-target``: the target the request names, for the index
+  entry (so that a dead letter of a lost original can name it); absent from
+  forwards of older versions.
 
 A forward carries no ``kdelay-target``: an instance that does not know
 forwards dead-letters it (``missing-target``, the record intact) instead of
@@ -62,15 +65,19 @@ class Forward(NamedTuple):
     partition: int
     offset: int
     fingerprint: Fingerprint
+    target: str | None = None
 
 
 def schedule_headers(forward: Forward) -> Headers:
     """The headers of the forward record of a schedule (it has no key and no value)."""
     timestamp_ms, crc = forward.fingerprint
-    return [(FORWARD, f"{forward.partition}/{forward.offset}".encode("ascii")),
-            (envelope.DUE_MS, str(forward.due_ms).encode("ascii")),
-            (envelope.SCHEDULE_ID, forward.schedule_id.encode("utf-8")),
-            (FINGERPRINT, f"{timestamp_ms}/{crc}".encode("ascii"))]
+    headers: Headers = [(FORWARD, f"{forward.partition}/{forward.offset}".encode("ascii")),
+                        (envelope.DUE_MS, str(forward.due_ms).encode("ascii")),
+                        (envelope.SCHEDULE_ID, forward.schedule_id.encode("utf-8")),
+                        (FINGERPRINT, f"{timestamp_ms}/{crc}".encode("ascii"))]
+    if forward.target is not None:
+        headers.append((envelope.SCHEDULED_TARGET, forward.target.encode("utf-8")))
+    return headers
 
 
 def cancel_headers(schedule_id: str, partition: int, offset: int) -> Headers:
@@ -126,13 +133,16 @@ def parse(headers: AnyHeaders) -> Forward | Rejection | None:
         timestamp_ms, crc = _pair(found, FINGERPRINT, _I64, _U32)
         due_ms = int(_ascii(found, envelope.DUE_MS))
         schedule_id = _text(found, envelope.SCHEDULE_ID)
+        target = (_text(found, envelope.SCHEDULED_TARGET)
+                  if envelope.SCHEDULED_TARGET in found else None)
     except ValueError as exc:
         return Rejection(ErrorCode.BAD_FORWARD, f"a forward record is malformed: {exc}")
     if not 0 <= due_ms <= envelope.MAX_TIME_MS or not schedule_id:
         return Rejection(ErrorCode.BAD_FORWARD,
                          f"a forward record needs a due time >= 0 and an id, got {due_ms} "
                          f"and {schedule_id!r}")
-    return Forward(schedule_id, due_ms, partition, offset, Fingerprint(timestamp_ms, crc))
+    return Forward(schedule_id, due_ms, partition, offset, Fingerprint(timestamp_ms, crc),
+                   target or None)
 
 
 def _text(found: _Found, name: str) -> str:

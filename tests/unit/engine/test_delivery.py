@@ -54,6 +54,7 @@ from kdelay.protocol.envelope import (
     ERROR_DETAIL,
     ORIGIN,
     SCHEDULE_ID,
+    SCHEDULED_TARGET,
     TARGET,
     Headers,
     HeaderValue,
@@ -205,10 +206,10 @@ class World:
 
     def put(self, partition: int, offset: int, due: int,
             fingerprint: Fingerprint = SOME_FINGERPRINT,
-            sid: str | None = None) -> bytes:
+            sid: str | None = None, target: str | None = None) -> bytes:
         due_key = encode_due_key(due, partition, offset)
         ids: dict[str, IdState | None] = {} if sid is None else {sid: IdState(due_key, None)}
-        entry = Entry(due_key, IndexValue(fingerprint, sid))
+        entry = Entry(due_key, IndexValue(fingerprint, sid, target))
         # Indexed by other means than intake (which hands delivery its entries):
         # delivery is told the lowest key put, as the service tells it.
         self.delivery.noted(partition, self.indexes[partition].apply(Changes(puts=[entry],
@@ -463,7 +464,7 @@ def test_a_failed_tombstone_is_counted_and_confirms_nothing(world: World) -> Non
 
 
 def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
-    key = world.put(0, 7, T0 + 10, sid="gone")
+    key = world.put(0, 7, T0 + 10, sid="gone", target="orders")
     world.reader.log[(0, 7)] = Missing.EXPIRED
     world.at(T0 + 9)
     assert world.internal.sent == []
@@ -473,6 +474,8 @@ def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
     assert (dead.topic, dead.key, dead.value) == (DLQ, None, None)
     assert dead.header(ERROR) == [b"expired"]
     assert dead.header(SCHEDULE_ID) == [b"gone"]
+    assert dead.header(SCHEDULED_TARGET) == [b"orders"], "the target the index knows"
+    assert dead.header(TARGET) == [], "not a request: produced again, it is refused"
     assert dead.header(ORIGIN) == [origin(0, 7)]
     assert dead.header(DUE_MS) == [str(T0 + 10).encode()]
     [detail] = dead.header(ERROR_DETAIL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from kdelay.engine.intake import Outcome, Plan, Planner, Record
@@ -51,7 +52,8 @@ def test_an_id_on_its_own_partition_is_indexed_and_forwards_nothing() -> None:
 def test_an_id_of_another_partition_is_forwarded_without_its_payload() -> None:
     sid = sid_on(1)
     result = plan(Ids(), [request(5, schedule_headers("orders", delay_ms=10, schedule_id=sid))])
-    expected = Forward(sid, TS + 10, HOME, 5, codec.fingerprint(b"k", b"payload", TS))
+    expected = Forward(sid, TS + 10, HOME, 5, codec.fingerprint(b"k", b"payload", TS),
+                       "orders")
     assert result.forwards == [
         Record(TOPICS.requests, 1, None, None, forward.schedule_headers(expected))]
     assert forward.parse(result.forwards[0].headers) == expected
@@ -60,14 +62,17 @@ def test_an_id_of_another_partition_is_forwarded_without_its_payload() -> None:
     assert result.changes.consumed == 6, "the forward is written before the offset is stored"
 
 
-def test_a_forward_is_indexed_on_the_ids_partition_under_the_originals_coordinates() -> None:
+@pytest.mark.parametrize("target", ["orders", None], ids=["target", "forward-of-older-version"])
+def test_a_forward_is_indexed_on_the_ids_partition_under_the_originals_coordinates(
+    target: str | None,
+) -> None:
     sid = sid_on(1)
     fingerprint = codec.fingerprint(b"k", b"payload", TS)
-    fwd = on(1, 40, forward.schedule_headers(Forward(sid, TS + 10, HOME, 5, fingerprint)),
+    fwd = on(1, 40, forward.schedule_headers(Forward(sid, TS + 10, HOME, 5, fingerprint, target)),
              key=None, value=None)
     result = plan(Ids(), [fwd], partition=1)
     original = codec.encode_due_key(TS + 10, HOME, 5)
-    value = IndexValue(fingerprint, sid)
+    value = IndexValue(fingerprint, sid, target)
     assert result.changes.puts == [Entry(original, value)]
     assert result.changes.ids == {sid: IdState(original, None)}
     assert result.changelog == [

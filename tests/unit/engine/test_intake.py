@@ -99,7 +99,7 @@ def header(headers: Headers | None, name: str) -> list[bytes | str | None]:
 def test_a_delay_counts_from_the_record_timestamp_not_from_now(ids: Ids) -> None:
     msg = request(42, schedule_headers("orders", delay_ms=5_000))
     result = plan(ids, [msg])
-    value = IndexValue(codec.fingerprint(b"k", b"payload", TS), None)
+    value = IndexValue(codec.fingerprint(b"k", b"payload", TS), None, "orders")
     expected_key = key(TS + 5_000, 42)
     assert result.partition == PART
     assert result.changes.puts == [Entry(expected_key, value)]
@@ -129,7 +129,7 @@ def test_a_schedule_id_is_stored_with_the_entry_and_as_pending(ids: Ids) -> None
     result = plan(ids, [msg])
     k = key(TS + 10, 5)
     assert result.changes.puts == [
-        Entry(k, IndexValue(codec.fingerprint(b"k", b"payload", TS), "order-1"))
+        Entry(k, IndexValue(codec.fingerprint(b"k", b"payload", TS), "order-1", "orders"))
     ]
     assert result.changes.ids == {"order-1": IdState(k, None)}
     assert result.outcomes == [(Outcome.SCHEDULED, "order-1")]
@@ -198,7 +198,7 @@ def test_a_record_without_timestamp_is_scheduled_by_its_absolute_due(ids: Ids) -
     assert record_time(msg, 1234) == 1234
     result = plan(ids, [msg])
     assert result.changes.puts == [
-        Entry(key(TS + 500, 4), IndexValue(codec.fingerprint(b"k", b"payload", 0), None))
+        Entry(key(TS + 500, 4), IndexValue(codec.fingerprint(b"k", b"payload", 0), None, "orders"))
     ]
     assert fingerprint_of(msg) == codec.fingerprint(b"k", b"payload", 0)
 

@@ -133,9 +133,10 @@ def test_fingerprint_is_deterministic_and_fits_u32(
     assert 0 <= fp.crc < 2**32
 
 
-@given(fingerprints, st.none() | utf8_ids)
-def test_index_value_round_trips(fp: Fingerprint, schedule_id: str | None) -> None:
-    value = IndexValue(fp, schedule_id)
+@given(fingerprints, st.none() | utf8_ids, st.none() | utf8_ids)
+def test_index_value_round_trips(fp: Fingerprint, schedule_id: str | None,
+                                 target: str | None) -> None:
+    value = IndexValue(fp, schedule_id, target)
     assert decode_index_value(encode_index_value(value)) == value
 
 
@@ -143,6 +144,23 @@ def test_index_value_layout() -> None:
     raw = encode_index_value(IndexValue(Fingerprint(-1, 7), "id-1"))
     assert raw == b"\xff" * 8 + (7).to_bytes(4, "big") + b"id-1"
     assert len(encode_index_value(IndexValue(Fingerprint(0, 0), None))) == 12
+    head = (5).to_bytes(8, "big") + (7).to_bytes(4, "big")
+    raw = encode_index_value(IndexValue(Fingerprint(5, 7), "id-1", "orders"))
+    assert raw == head + b"\xff\x00\x04" + b"id-1" + b"orders"
+    assert encode_index_value(IndexValue(Fingerprint(5, 7), None, "t")) == head + b"\xff\x00\x00t"
+
+
+@given(fingerprints, utf8_ids)
+def test_an_index_value_of_the_first_layout_still_decodes(fp: Fingerprint, sid: str) -> None:
+    # Values written before entries named their target: the id right after the head.
+    raw = fp.timestamp_ms.to_bytes(8, "big", signed=True) + fp.crc.to_bytes(4, "big")
+    assert decode_index_value(raw) == IndexValue(fp, None, None)
+    assert decode_index_value(raw + sid.encode()) == IndexValue(fp, sid, None)
+
+
+def test_an_id_too_long_to_sit_next_to_a_target_is_refused() -> None:
+    with pytest.raises(ValueError, match="65535 bytes"):
+        encode_index_value(IndexValue(Fingerprint(0, 0), "x" * 65_536, "orders"))
 
 
 def test_index_value_rejects_empty_id() -> None:
@@ -160,7 +178,11 @@ def test_index_value_decode_rejects_short_and_non_utf8() -> None:
     with pytest.raises(ValueError, match="needs 12 bytes"):
         decode_index_value(b"\x00" * 11)
     with pytest.raises(ValueError, match="not UTF-8"):
-        decode_index_value(b"\x00" * 12 + b"\xff")
+        decode_index_value(b"\x00" * 12 + b"\xfe")
+    with pytest.raises(ValueError, match="cut short"):
+        decode_index_value(b"\x00" * 12 + b"\xff\x00")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        decode_index_value(b"\x00" * 12 + b"\xff\x00\x00\xfe")
 
 
 @given(due_keys)
