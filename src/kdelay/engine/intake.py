@@ -282,13 +282,17 @@ class Planner:
 
     def _fingerprint(self, plan: Plan, key: bytes) -> Fingerprint | None:
         """The fingerprint of the pending entry ``key``: planned, unapplied or indexed."""
+        value = self._pending_value(plan, key)
+        return value.fingerprint if value is not None else None
+
+    def _pending_value(self, plan: Plan, key: bytes) -> IndexValue | None:
+        """The index value of the pending entry ``key``: planned, unapplied or indexed."""
         plans = [plan, *(held for held, _ in self._unapplied.values())]
         for planned in plans:
             for entry in planned.changes.puts:
                 if entry.key == key:
-                    return entry.value.fingerprint
-        value = self._ids.memory.get(key) if self._ids is not None else None
-        return value.fingerprint if value is not None else None
+                    return entry.value
+        return self._ids.memory.get(key) if self._ids is not None else None
 
     def _elsewhere(self, plan: Plan, schedule_id: str) -> int | None:
         """The id's partition when it is another and the id is not pending here; else None."""
@@ -509,5 +513,4 @@ class Planner:
 
     def _value(self, plan: Plan, key: bytes, sid: str) -> IndexValue:
         """The index value of the pending entry ``key`` (planned, unapplied or indexed)."""
-        fingerprint = self._fingerprint(plan, key) or Fingerprint(0, 0)
-        return IndexValue(fingerprint, sid)
+        return self._pending_value(plan, key) or IndexValue(Fingerprint(0, 0), sid)

@@ -633,6 +633,13 @@ def test_a_reschedule_moves_the_pending_entry_to_a_new_due_key(ids: Ids) -> None
     assert ids.withheld == {pending}
 
 
+def test_a_rescheduled_entry_keeps_its_fingerprint_and_target(ids: Ids) -> None:
+    result = plan(ids, [request(1, schedule_headers("orders", delay_ms=60_000, schedule_id="x")),
+                        request(2, reschedule_headers("x", due_ms=TS + 5_000))])
+    assert [(e.key, e.value) for e in result.changes.puts] == [(key(TS + 5_000, 1), IndexValue(
+        codec.fingerprint(b"k", b"payload", TS), "x", "orders"))]
+
+
 def test_a_reschedule_counts_a_delay_from_its_own_timestamp(ids: Ids) -> None:
     ids.states["x"] = IdState(key(TS + 60_000, 1), None)
     result = plan(ids, [request(5, reschedule_headers("x", delay_ms=10), ts=TS + 100)])
