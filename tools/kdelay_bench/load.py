@@ -114,7 +114,7 @@ def produce_changelog(bootstrap: str, topic: str, count: int, base_ms: int) -> N
     for i in range(count):
         key = codec.encode_due_key(base_ms + i * 7 % 3_600_000, 0, i)
         value = codec.encode_index_value(codec.IndexValue(
-            codec.Fingerprint(base_ms - 1_000, (i * 2_654_435_761) % 2**32), None))
+            codec.Fingerprint(base_ms - 1_000, (i * 2_654_435_761) % 2**32), None, "orders"))
         loader.produce(topic, key, value, partition=0)
         if i % 1_000 == 0:
             loader.poll()

@@ -342,8 +342,15 @@ def schedule_id_of(raw: bytes) -> str | None:
         raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
     if len(raw) == _INDEX_HEAD.size:
         return None
+    start = _INDEX_HEAD.size
     try:
-        return raw[_INDEX_HEAD.size :].decode("utf-8")
+        if raw[start] == _WITH_TARGET:
+            if len(raw) < start + _TARGET_HEAD.size:
+                raise ValueError(f"an index value with a target is cut short: {raw!r}")
+            length = raw[start + 1] << 8 | raw[start + 2]
+            start += _TARGET_HEAD.size
+            return raw[start : start + length].decode("utf-8") if length else None
+        return raw[start:].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
 

@@ -29,6 +29,7 @@ from kdelay.protocol.codec import (
     expiry_upper_bound,
     fingerprint,
     record_times,
+    schedule_id_of,
 )
 
 u32 = st.integers(0, 2**32 - 1)
@@ -148,6 +149,14 @@ def test_index_value_layout() -> None:
     raw = encode_index_value(IndexValue(Fingerprint(5, 7), "id-1", "orders"))
     assert raw == head + b"\xff\x00\x04" + b"id-1" + b"orders"
     assert encode_index_value(IndexValue(Fingerprint(5, 7), None, "t")) == head + b"\xff\x00\x00t"
+
+
+@given(fingerprints, st.none() | utf8_ids, st.none() | utf8_ids)
+def test_the_id_alone_reads_as_the_whole_value_does(fp: Fingerprint, schedule_id: str | None,
+                                                     target: str | None) -> None:
+    # Restore reads only the id of each value it replays.
+    raw = encode_index_value(IndexValue(fp, schedule_id, target))
+    assert schedule_id_of(raw) == schedule_id
 
 
 @given(fingerprints, utf8_ids)

@@ -43,8 +43,10 @@ T0 = 1_700_000_000_000
 PART = 4
 K1 = codec.encode_due_key(T0 + 10, PART, 1)
 K2 = codec.encode_due_key(T0 + 20, PART, 2)
-V1 = IndexValue(Fingerprint(T0, 111), "order-1")
-V2 = IndexValue(Fingerprint(T0, 222), None)
+# Values as kdelay writes them now (with their target); V3 as versions before wrote them.
+V1 = IndexValue(Fingerprint(T0, 111), "order-1", "orders")
+V2 = IndexValue(Fingerprint(T0, 222), None, "orders")
+V3 = IndexValue(Fingerprint(T0, 333), "order-3")
 
 
 @pytest.fixture
@@ -66,9 +68,11 @@ def entries(index: PartitionIndex) -> list[Entry]:
 
 
 def test_puts_become_entries_and_pending_ids(index: PartitionIndex) -> None:
-    _apply(index, staged((K1, V1), (K2, V2)), 7)
-    assert entries(index) == [Entry(K1, V1), Entry(K2, V2)]
+    k3 = codec.encode_due_key(T0 + 3_000, 0, 3)
+    _apply(index, staged((K1, V1), (K2, V2), (k3, V3)), 7)
+    assert entries(index) == [Entry(K1, V1), Entry(K2, V2), Entry(k3, V3)]
     assert index.id_state("order-1") == IdState(K1, None)
+    assert index.id_state("order-3") == IdState(k3, None), "a value of the first layout too"
     assert index.offset(CHANGELOG) == 7
     assert index.offset(CONSUMED) is None
 
@@ -297,7 +301,8 @@ def history(seed: int, length: int) -> list[Record]:
             records.append((keys[pick], None))
         else:
             schedule_id = f"id-{pick}" if pick % 3 == 0 else None
-            value = IndexValue(Fingerprint(T0, rng.randrange(2**32)), schedule_id)
+            value = IndexValue(Fingerprint(T0, rng.randrange(2**32)), schedule_id,
+                               rng.choice([None, "orders"]))
             records.append((keys[pick], codec.encode_index_value(value)))
     return records
 
