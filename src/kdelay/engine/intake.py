@@ -31,7 +31,15 @@ from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope, forward
 from kdelay.protocol.codec import Answer, End, Fingerprint, IdState, IndexValue
 from kdelay.protocol.durations import Limits
-from kdelay.protocol.envelope import Cancel, ErrorCode, Headers, Rejection, Reschedule, Schedule
+from kdelay.protocol.envelope import (
+    AnyHeaders,
+    Cancel,
+    ErrorCode,
+    Headers,
+    Rejection,
+    Reschedule,
+    Schedule,
+)
 from kdelay.protocol.forward import Forward, id_partition
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry
@@ -304,10 +312,24 @@ class Planner:
         state = self._id_state(plan, schedule_id)
         return home if state is None or state.pending_key is None else None
 
+    def _moved(self, plan: Plan, schedule_id: str, headers: AnyHeaders) -> int | None:
+        """The id's partition when a record forwarded here must go on to it; else None.
+
+        A forwarded record is handled where it lands, unless it was placed by
+        another partition count and its id lives elsewhere under this one: the
+        requests topic grew (``kdelay topics grow``) while it was in flight.
+        Records placed by this count never move twice, so none goes round.
+        """
+        if self._partitions is None or forward.placed_under(headers) == self._partitions:
+            return None
+        return self._elsewhere(plan, schedule_id)
+
     def _forward(self, plan: Plan, offset: int, home: int, sid: str, headers: Headers,
                  value: bytes | None = None) -> None:
         if plan.first_forward is None:
             plan.first_forward = offset
+        if self._partitions is not None:
+            headers = forward.counted(headers, self._partitions)
         plan.forwards.append(Record(self._topics.requests, home, None, value, headers))
         plan.outcomes.append((Outcome.FORWARDED, sid))
 
@@ -320,10 +342,15 @@ class Planner:
         elif isinstance(found, Rejection):
             self._reject(plan, message, found)
         else:
-            self._take(plan, found)
+            self._take(plan, message, found)
 
-    def _take(self, plan: Plan, found: Forward) -> None:
+    def _take(self, plan: Plan, message: Message, found: Forward) -> None:
         """Index a schedule forwarded here: its key names the original where it lies."""
+        moved = self._moved(plan, found.schedule_id, message.headers())
+        if moved is not None:
+            self._forward(plan, message.offset() or 0, moved, found.schedule_id,
+                          forward.schedule_headers(found))
+            return
         key = codec.encode_due_key(found.due_ms, found.partition, found.offset)
         self._index(plan, key, _new(IndexValue, (found.fingerprint, found.schedule_id,
                                                  found.target)), None)
@@ -425,13 +452,14 @@ class Planner:
                 timestamp: int | None) -> None:
         headers = message.headers()
         origin = forward.origin(headers)
-        home = None if origin is not None else self._elsewhere(plan, schedule_id)
+        home = (self._elsewhere(plan, schedule_id) if origin is None
+                else self._moved(plan, schedule_id, headers))
+        request = origin or (plan.partition, offset)
         if home is not None:
             self._forward(plan, offset, home, schedule_id,
-                          forward.cancel_headers(schedule_id, plan.partition, offset),
+                          forward.cancel_headers(schedule_id, *request),
                           schedule_id.encode("utf-8"))
             return
-        request = origin or (plan.partition, offset)
         state = self._id_state(plan, schedule_id)
         if state is None:
             outcome, key = Outcome.UNKNOWN, None
@@ -461,12 +489,12 @@ class Planner:
         """Move a pending schedule to a new due time: same original, a new due key."""
         sid, due_ms = request.schedule_id, request.due_ms
         origin = forward.origin(message.headers())
-        home = None if origin is not None else self._elsewhere(plan, sid)
-        if home is not None:
-            self._forward(plan, offset, home, sid,
-                          forward.reschedule_headers(sid, due_ms, plan.partition, offset))
-            return
+        home = (self._elsewhere(plan, sid) if origin is None
+                else self._moved(plan, sid, message.headers()))
         where = origin or (plan.partition, offset)
+        if home is not None:
+            self._forward(plan, offset, home, sid, forward.reschedule_headers(sid, due_ms, *where))
+            return
         state = self._id_state(plan, sid)
         key = None if state is None else state.pending_key or state.first_key
         if state is None or state.pending_key is None:

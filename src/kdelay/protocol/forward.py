@@ -17,6 +17,12 @@ payload, which stays where it was written (one copy):
   entry (so that a dead letter of a lost original can name it); absent from
   forwards of older versions.
 
+Every record kdelay forwards also carries ``kdelay-forward-partitions``: the
+request partition count the forwarder placed the id's home by. A forwarded
+record is handled where it lands, never forwarded again, unless it was placed
+under another count and the id's home moved (the requests topic grew while it
+was in flight): then it goes on once to the home under the current count.
+
 A forward carries no ``kdelay-target``: an instance that does not know
 forwards dead-letters it (``missing-target``, the record intact) instead of
 delivering an empty record. A cancel written off its id's partition is
@@ -38,6 +44,7 @@ from kdelay.protocol.envelope import AnyHeaders, ErrorCode, Headers, Rejection
 
 FORWARD = "kdelay-forward"
 FINGERPRINT = "kdelay-fingerprint"
+PARTITIONS = "kdelay-forward-partitions"
 
 _U32 = (0, 2**32 - 1)
 _U64 = (0, 2**64 - 1)
@@ -92,6 +99,19 @@ def reschedule_headers(schedule_id: str, due_ms: int, partition: int, offset: in
     return [(envelope.RESCHEDULE, schedule_id.encode("utf-8")),
             (envelope.DUE_MS, str(due_ms).encode("ascii")),
             (FORWARD, f"{partition}/{offset}".encode("ascii"))]
+
+
+def counted(headers: Headers, partitions: int) -> Headers:
+    """``headers`` with the partition count the id's home was placed by."""
+    return [*headers, (PARTITIONS, str(partitions).encode("ascii"))]
+
+
+def placed_under(headers: AnyHeaders) -> int | None:
+    """The partition count a forwarded record's home was placed by; None when absent
+    (forwards of older versions) or unreadable."""
+    raw = _found(headers).get(PARTITIONS)
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def is_forward(headers: AnyHeaders) -> bool:

@@ -54,8 +54,8 @@ def test_an_id_of_another_partition_is_forwarded_without_its_payload() -> None:
     result = plan(Ids(), [request(5, schedule_headers("orders", delay_ms=10, schedule_id=sid))])
     expected = Forward(sid, TS + 10, HOME, 5, codec.fingerprint(b"k", b"payload", TS),
                        "orders")
-    assert result.forwards == [
-        Record(TOPICS.requests, 1, None, None, forward.schedule_headers(expected))]
+    assert result.forwards == [Record(TOPICS.requests, 1, None, None, forward.counted(
+        forward.schedule_headers(expected), PARTITIONS))]
     assert forward.parse(result.forwards[0].headers) == expected
     assert (result.changes.puts, result.changes.ids, result.changelog) == ([], {}, [])
     assert result.outcomes == [(Outcome.FORWARDED, sid)]
@@ -116,8 +116,8 @@ def test_a_malformed_forward_is_dead_lettered_as_bad_forward() -> None:
 def test_a_cancel_of_an_id_of_another_partition_is_forwarded() -> None:
     sid = sid_on(0)
     result = plan(Ids(), [request(8, cancel_headers(sid), key=None, value=sid.encode())])
-    assert result.forwards == [Record(TOPICS.requests, 0, None, sid.encode(),
-                                      forward.cancel_headers(sid, HOME, 8))]
+    assert result.forwards == [Record(TOPICS.requests, 0, None, sid.encode(), forward.counted(
+        forward.cancel_headers(sid, HOME, 8), PARTITIONS))]
     assert result.outcomes == [(Outcome.FORWARDED, sid)]
     assert result.changes.deletes == []
     assert result.changes.ids == {}
@@ -134,12 +134,53 @@ def test_a_forwarded_cancel_is_applied_on_the_ids_partition() -> None:
     assert result.outcomes == [(Outcome.CANCELLED, sid)]
 
 
-def test_a_forwarded_cancel_is_never_forwarded_again() -> None:
+def test_a_forwarded_cancel_placed_by_this_partition_count_is_never_forwarded_again() -> None:
+    # Instances that disagree on where an id lives must not send records round.
     sid = sid_on(0)
-    result = plan(Ids(), [on(2, 9, forward.cancel_headers(sid, HOME, 8), None, sid.encode())],
-                  partition=2)
+    headers = forward.counted(forward.cancel_headers(sid, HOME, 8), PARTITIONS)
+    result = plan(Ids(), [on(2, 9, headers, None, sid.encode())], partition=2)
     assert result.forwards == []
     assert result.outcomes == [(Outcome.UNKNOWN, sid)]
+
+
+@pytest.mark.parametrize("placed_under", [2, None], ids=["fewer-partitions", "older-version"])
+def test_records_forwarded_before_the_topic_grew_go_on_once_to_the_ids_new_home(
+    placed_under: int | None,
+) -> None:
+    # Forwarded by a count the topic had before it grew (or by a version that did not say)
+    # to partition 2, which is not the id's home under PARTITIONS: each goes on to the
+    # home, keeping where it was first written.
+    sid = next(f"id-{n}" for n in range(1_000) if id_partition(f"id-{n}", PARTITIONS) == 1)
+    fingerprint = codec.fingerprint(b"k", b"payload", TS)
+    found = Forward(sid, TS + 10, 3, 5, fingerprint, "orders")
+
+    def placed(headers: Headers) -> Headers:
+        return headers if placed_under is None else forward.counted(headers, placed_under)
+
+    records = [on(2, 9, placed(forward.schedule_headers(found)), None, None),
+               on(2, 10, placed(forward.cancel_headers(sid, 3, 8)), None, sid.encode()),
+               on(2, 11, placed(forward.reschedule_headers(sid, TS + 99, 3, 7)), None, None)]
+    result = plan(Ids(), records, partition=2)
+    assert result.forwards == [
+        Record(TOPICS.requests, 1, None, None,
+               forward.counted(forward.schedule_headers(found), PARTITIONS)),
+        Record(TOPICS.requests, 1, None, sid.encode(),
+               forward.counted(forward.cancel_headers(sid, 3, 8), PARTITIONS)),
+        Record(TOPICS.requests, 1, None, None,
+               forward.counted(forward.reschedule_headers(sid, TS + 99, 3, 7), PARTITIONS))]
+    assert result.outcomes == [(Outcome.FORWARDED, sid)] * 3
+    assert (result.changes.puts, result.changes.ids) == ([], {})
+
+
+def test_a_record_forwarded_under_another_count_for_an_id_pending_here_is_handled_here() -> None:
+    sid = next(f"id-{n}" for n in range(1_000) if id_partition(f"id-{n}", PARTITIONS) == 1)
+    pending = codec.encode_due_key(TS + 10, 3, 5)
+    ids = Ids()
+    ids.states[sid] = IdState(pending, None)
+    headers = forward.counted(forward.cancel_headers(sid, 3, 8), 2)
+    result = plan(ids, [on(2, 9, headers, None, sid.encode())], partition=2)
+    assert result.forwards == []
+    assert result.outcomes == [(Outcome.CANCELLED, sid)]
 
 
 def test_an_id_already_pending_where_it_was_written_is_handled_there() -> None:
