@@ -4,7 +4,7 @@ Commands hold no logic: each builds the settings once, from the common
 options (:mod:`kdelay.cli.options`, the one place options, environment
 variables and error reporting are defined), and calls a library function.
 
-- :mod:`~kdelay.cli.service`: ``run``, ``topics create``, ``restore``
+- :mod:`~kdelay.cli.service`: ``run``, ``topics create``, ``topics grow``, ``restore``
 - :mod:`~kdelay.cli.requests`: ``send`` (one record or a series), ``cancel``, ``reschedule``
 - :mod:`~kdelay.cli.view`: ``due``, ``backlog``, ``show``, ``tail``, ``stats``
 - :mod:`~kdelay.cli.retention`: ``retention check``, ``retention set``
@@ -38,6 +38,7 @@ retention_app = typer.Typer(help="Check the requests topic's retention.", no_arg
 app.add_typer(topics_app, name="topics")
 app.command("run")(service.run)
 topics_app.command("create")(service.topics_create)
+topics_app.command("grow")(service.topics_grow)
 app.command("send")(requests.send)
 app.command("cancel")(requests.cancel)
 app.command("reschedule")(requests.reschedule)

@@ -34,6 +34,7 @@ from kdelay.plumbing.settings import Guarantee, Settings, SettingsError, build_s
 from kdelay.plumbing.topics import LayoutError
 from kdelay.protocol.durations import DEFAULT_LEVELS
 from kdelay.state.changelog import RestoreError
+from kdelay.state.homes import MoveError
 from kdelay.state.index import IndexLocked
 
 _DEFAULTS = Settings()
@@ -248,6 +249,8 @@ def reported(*, value_errors: bool = True) -> Iterator[None]:
               USER_ERROR_EXIT)
     except RestoreError as exc:
         fail("restore-failed", str(exc), KAFKA_ERROR_EXIT)
+    except MoveError as exc:
+        fail("move-failed", str(exc), KAFKA_ERROR_EXIT)
     except KafkaException as exc:
         fail("kafka", kafka_message(exc), KAFKA_ERROR_EXIT)
     except ValueError as exc:

@@ -1,12 +1,19 @@
-"""The service's commands: ``kdelay run``, ``kdelay topics create`` and ``kdelay restore``."""
+"""The service's commands: ``kdelay run``, ``kdelay topics create|grow`` and ``kdelay restore``."""
 
 from __future__ import annotations
 
 import functools
 import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -24,11 +31,23 @@ from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.logs import LogFormat
 from kdelay.plumbing.logs import configure as configure_logs
 from kdelay.plumbing.settings import Settings, SettingsError
-from kdelay.plumbing.topics import admin_client, create_topics, tombstones_kept_ms, topic_config
-from kdelay.state.changelog import Restorer, Staleness, rebuild
+from kdelay.plumbing.topics import (
+    LayoutError,
+    add_partitions,
+    admin_client,
+    create_topics,
+    group_members,
+    partition_counts,
+    tombstones_kept_ms,
+    topic_config,
+)
+from kdelay.state import homes
+from kdelay.state.changelog import Restorer, Staleness, open_restored, rebuild
 from kdelay.state.index import store_path
 
 _WEEK_MS = 7 * 24 * 3_600_000
+# How long past one session timeout `topics grow` waits for stopped instances to leave.
+_GROUP_GRACE_S = 5.0
 
 
 @common_options
@@ -127,16 +146,7 @@ def restore(
     """
     with reported():
         settings = connected(ctx)
-        with Progress(TextColumn("partition {task.fields[partition]}"), BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True)) as bar:
-            tasks: dict[int, TaskID] = {}
-
-            def progress(p: int, done: int, total: int) -> None:
-                if p not in tasks:
-                    tasks[p] = bar.add_task("restore", total=total, partition=p)
-                bar.update(tasks[p], completed=done, total=total)
-
+        with _restore_progress() as progress:
             stores = functools.partial(store_path, settings.state_dir, settings.requests_topic)
             kept = tombstones_kept_ms(topic_config(admin_client(settings),
                                                    settings.changelog_topic))
@@ -146,3 +156,118 @@ def restore(
                                    progress=progress, staleness=staleness)
     for p, count in sorted(replayed.items()):
         typer.echo(f"partition {p}: {count} changelog records replayed")
+
+
+@contextmanager
+def _restore_progress() -> Iterator[Callable[[int, int, int], None]]:
+    """A progress bar per changelog partition, on stderr; yields the callback that moves it."""
+    with Progress(TextColumn("partition {task.fields[partition]}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True)) as bar:
+        tasks: dict[int, TaskID] = {}
+
+        def progress(p: int, done: int, total: int) -> None:
+            if p not in tasks:
+                tasks[p] = bar.add_task("restore", total=total, partition=p)
+            bar.update(tasks[p], completed=done, total=total)
+
+        yield progress
+
+
+@common_options
+def topics_grow(
+    ctx: typer.Context,
+    partitions: Annotated[int, typer.Option(
+        "--partitions", envvar=envvar("partitions"), show_default=False,
+        help="The new partition count of the requests and changelog topics.")],
+) -> None:
+    """More request partitions, each schedule id moved to its new home (instances stopped).
+
+    Stop every instance first; start them again after.
+
+    An id lives on murmur2(id) mod the partition count, so growing moves most
+    ids. With the service stopped, this reads every changelog partition, writes
+    each pending schedule and ended id whose home moved to its new home's
+    changelog partition, tombstones it where it was, and grows the requests
+    topic last (until then, `kdelay run` refuses to start). Payloads never
+    move. Safe to run again if it stopped half way.
+    """
+    with reported():
+        settings = connected(ctx)
+        admin = admin_client(settings)
+        lines = _grow(settings, admin, partitions)
+    for line in lines:
+        typer.echo(line)
+
+
+def _grow(settings: Settings, admin: AdminClient, count: int) -> list[str]:
+    requests, changelog = settings.requests_topic, settings.changelog_topic
+    found = partition_counts(admin, [requests, changelog])
+    for name, role in ((requests, "requests"), (changelog, "changelog")):
+        if name not in found:
+            raise LayoutError(f"{role}-missing", f"{role} topic {name} does not exist: run "
+                              "`kdelay topics create` first")
+    now = max(found.values())
+    if count < now:
+        raise LayoutError("cannot-shrink", (
+            f"requests topic {requests} has {found[requests]} partitions and changelog "
+            f"{changelog} {found[changelog]}: a Kafka topic cannot lose partitions; give "
+            f"--partitions {now} or more"))
+    members = _stopped_group(admin, settings)
+    if members:
+        raise LayoutError("instances-running", (
+            f"group {settings.group_id} has {len(members)} running members "
+            f"({', '.join(members[:5])}): stop every kdelay instance first, so that no "
+            "schedule is served while its id moves"))
+    lines = []
+    if found[changelog] < count:
+        add_partitions(admin, changelog, count)
+        lines.append(f"changelog {changelog}: {found[changelog]} -> {count} partitions")
+    moved = _move_ids(settings, count, lines)
+    if found[requests] < count:
+        add_partitions(admin, requests, count)
+        lines.append(f"requests {requests}: {found[requests]} -> {count} partitions")
+    lines.append(f"done: {count} partitions, {moved} ids moved to their new homes; "
+                 "start the instances again")
+    return lines
+
+
+def _stopped_group(admin: AdminClient, settings: Settings) -> list[str]:
+    """The group's members once it is empty, or after waiting one session timeout for it.
+
+    An instance stopped a moment ago stays a member of the group (a static
+    one) until its session times out; such a wait is said once, on stderr.
+    """
+    deadline = time.monotonic() + settings.session_timeout_ms / 1000 + _GROUP_GRACE_S
+    members = group_members(admin, settings.group_id)
+    if members:
+        typer.echo(f"waiting up to {settings.session_timeout_ms / 1000:.0f} s for the "
+                   f"{len(members)} members of group {settings.group_id} to leave", err=True)
+    while members and time.monotonic() < deadline:
+        time.sleep(1)
+        members = group_members(admin, settings.group_id)
+    return members
+
+
+def _move_ids(settings: Settings, count: int, lines: list[str]) -> int:
+    """Rebuild every changelog partition in a scratch dir and move the ids that live
+    elsewhere under ``count``; return how many moved (one line per partition that had any)."""
+    moved = 0
+    producer = Producer(settings.client_config("grow", **{
+        "enable.idempotence": True, "linger.ms": 20}))
+    with (tempfile.TemporaryDirectory(prefix="kdelay-grow-") as scratch,
+          _restore_progress() as progress,
+          Restorer(settings.client_config("restore"), settings.changelog_topic) as restorer):
+        for partition in range(count):
+            index, _ = open_restored(Path(scratch) / str(partition), partition, restorer,
+                                     functools.partial(progress, partition))
+            try:
+                moves = homes.moves_of(index, count)
+            finally:
+                index.close()
+            if moves:
+                homes.write_moves(producer, settings.changelog_topic, moves)
+                moved += len(moves)
+                lines.append(f"partition {partition}: moved {len(moves.pending)} pending "
+                             f"schedules and {len(moves.ended)} ended ids to their new homes")
+    return moved

@@ -396,11 +396,11 @@ class Service:
         self.metrics.outlook.unserved.set(count - served)
         log.error("error[requests-partitions-added]: requests topic %s now has %d partitions "
                   "but changelog %s has %d: requests written to partitions %d-%d are not "
-                  "served (they wait in %s). Stop every instance, run kafka-topics.sh "
-                  "--alter --topic %s --partitions %d, then start them again (see "
-                  "\"Adding request partitions\" in docs/operations.md)",
+                  "served (they wait in %s). Stop every instance, run `kdelay topics grow "
+                  "--partitions %d` (it moves each schedule id to its new home), then start "
+                  "them again (see \"Adding request partitions\" in docs/operations.md)",
                   s.requests_topic, count, s.changelog_topic, served, served, count - 1,
-                  s.requests_topic, s.changelog_topic, count)
+                  s.requests_topic, count)
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None or self._delivery is None:

@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
+    NewPartitions,
     NewTopic,
     ResourceType,
 )
@@ -221,7 +222,8 @@ def _differences(spec: TopicSpec, found: _Existing) -> list[str]:
     if spec.role in ("requests", "changelog") and found.partitions != spec.partitions:
         differences.append(
             f"it has {found.partitions} partitions, {spec.partitions} requested "
-            f"(run with --partitions {found.partitions} to keep the existing topics)"
+            f"(run with --partitions {found.partitions} to keep the existing topics, or "
+            f"`kdelay topics grow --partitions {spec.partitions}` to grow them)"
         )
     wanted = frozenset(spec.config[CLEANUP_POLICY].split(","))
     if found.policies != wanted:
@@ -347,11 +349,12 @@ def _check_copartitioned(settings: Settings, requests: int, changelog: int) -> N
     if requests == changelog:
         return
     if changelog < requests:
-        fix = (f"add partitions with `kafka-topics.sh --alter --topic {settings.changelog_topic} "
-               f"--partitions {requests}`")
+        fix = (f"with every instance stopped, run `kdelay topics grow --partitions {requests}`: "
+               "it grows the changelog and moves each schedule id to its new home partition")
     else:
-        fix = (f"a topic cannot lose partitions: delete {settings.changelog_topic} and run "
-               f"`kdelay topics create --partitions {requests}` (local state is restored into it)")
+        fix = (f"a `kdelay topics grow --partitions {changelog}` did not finish: run it again "
+               f"(if instead {settings.changelog_topic} was made for another requests topic, "
+               f"delete it and run `kdelay topics create --partitions {requests}`)")
     raise LayoutError(
         "not-copartitioned",
         f"changelog topic {settings.changelog_topic} has {changelog} partitions but requests "
@@ -427,3 +430,34 @@ def _configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, 
             raise LayoutError("topic-missing", f"topic {resource.name} does not exist") from None
         result[resource.name] = {key: str(entry.value) for key, entry in entries.items()}
     return result
+
+
+def partition_counts(admin: AdminClient, names: list[str], timeout: float = 10
+                     ) -> dict[str, int]:
+    """The partition count of whichever of ``names`` exist."""
+    metadata = admin.list_topics(timeout=timeout)
+    return {name: len(metadata.topics[name].partitions) for name in names
+            if name in metadata.topics and metadata.topics[name].error is None}
+
+
+def add_partitions(admin: AdminClient, topic: str, count: int, timeout: float = 30) -> None:
+    """Grow ``topic`` to ``count`` partitions; LayoutError ``grow-failed`` if the broker refuses."""
+    future = admin.create_partitions([NewPartitions(topic, count)],
+                                     operation_timeout=timeout, request_timeout=timeout)[topic]
+    error = _error_of(future, timeout)
+    if error is not None:
+        raise LayoutError("grow-failed", f"cannot grow topic {topic} to {count} partitions: "
+                          f"{error.str()}")
+
+
+def group_members(admin: AdminClient, group_id: str, timeout: float = 10) -> list[str]:
+    """The client ids of the members the consumer group ``group_id`` has now (none when the
+    group is empty or unknown)."""
+    future = admin.describe_consumer_groups([group_id], request_timeout=timeout)[group_id]
+    try:
+        description = future.result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+            return []
+        raise
+    return sorted(f"{member.client_id} ({member.host})" for member in description.members)

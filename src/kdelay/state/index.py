@@ -527,6 +527,11 @@ class PartitionIndex:
         del it
         return found
 
+    def id_states(self) -> Iterator[tuple[str, IdState]]:
+        """Every schedule id the store holds, with its state (a full scan; for tools)."""
+        for raw_id, raw in self._ids.items():
+            yield cast(bytes, raw_id).decode("utf-8"), codec.decode_id_state(cast(bytes, raw))
+
     def id_count(self) -> int:
         """Return the number of schedule ids the store holds (a full scan; for tests, tools)."""
         return sum(1 for _ in self._ids.keys())
