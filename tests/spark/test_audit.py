@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from kdelay.cli import app
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol import codec, envelope, forward
-from kdelay.spark.audit import AuditReport, AuditWindow, audit
+from kdelay.spark.audit import AuditReport, AuditWindow, audit, pending_frame
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import (
     Deployment,
@@ -325,3 +325,15 @@ def test_audit_follows_ids_written_off_their_partition_through_their_forwards(
     assert found == {"requests": 4, "delivered_once": 1, "pending": 1, "deduplicated": 1,
                      "cancelled": 1}
     assert kdelay.terminate() == 0
+
+
+def test_an_entry_moved_to_its_ids_new_partition_stays_pending(spark: SparkSession) -> None:
+    # `kdelay topics grow` puts an entry at its id's new changelog partition, then
+    # tombstones it where it was: at an offset higher than the put's, in another partition.
+    key = codec.encode_due_key(1_700_000_000_000, 0, 5)
+    value = codec.encode_index_value(codec.IndexValue(codec.Fingerprint(1, 2), "order-1", "t"))
+    changelog = spark.createDataFrame(
+        [(0, 10, key, value), (0, 11, key, None), (3, 2, key, value)],
+        "partition int, offset long, key binary, value binary")
+    pending = pending_frame(changelog).collect()
+    assert [(row.partition, row.offset) for row in pending] == [(0, 5)]

@@ -178,10 +178,14 @@ def pending_frame(raw: DataFrame) -> DataFrame:
 
     A due key is ``u64 due_ms | u32 partition | u64 offset`` (see
     :mod:`kdelay.protocol.codec`); other keys (the consumed-offset marker) are skipped.
+    The latest record is taken per changelog partition: offsets of two partitions
+    say nothing of which came first, and ``kdelay topics grow`` writes an entry to
+    its id's new partition before it tombstones the entry where it was.
     """
-    latest = raw.where(F.length("key") == _DUE_KEY_BYTES).groupBy("key").agg(
+    latest = raw.where(F.length("key") == _DUE_KEY_BYTES).groupBy(
+        F.col("partition").alias("changelog_partition"), "key").agg(
         F.max_by("value", "offset").alias("value"))
-    live = latest.where(F.col("value").isNotNull())
+    live = latest.where(F.col("value").isNotNull()).dropDuplicates(["key"])
     return live.select(
         _unsigned(F.substring("key", 9, 4)).cast("int").alias("partition"),
         _unsigned(F.substring("key", 13, 8)).alias("offset"),
