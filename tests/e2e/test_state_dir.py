@@ -26,7 +26,7 @@ Start = Callable[..., KdelayProcess]
 Receive = Callable[[list[str]], Receiver]
 
 TOTAL = 40_000
-DELAY_MS = 45_000
+DELAY_MS = 20_000
 
 
 def _mount(path: Path, size: str, *options: str) -> bool:

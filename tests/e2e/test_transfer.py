@@ -28,7 +28,7 @@ kafka = pytest.mark.kafka
 Deploy = Callable[..., Deployment]
 Start = Callable[..., KdelayProcess]
 Receive = Callable[[list[str]], Receiver]
-NEAR_MS = 45_000
+NEAR_MS = 30_000
 HOUR_MS = 3_600_000
 
 

@@ -2,9 +2,10 @@
 
 One master and one worker, both from the installed PySpark (``spark-class``),
 run on loopback for this module. The CLI runs the two jobs with
-``--master spark://...`` in its own process, as a user runs them; its JSON must
-equal what the same jobs compute in local mode, and the worker must have run
-an executor for each (in standalone mode no task runs in the driver, so the
+``--master spark://...``, each in a process of its own as a user runs them (the
+two at once: most of each run is starting a driver and an executor); their JSON
+must equal what the same jobs compute in local mode, and the worker must have
+run an executor for each (in standalone mode no task runs in the driver, so the
 Kafka source ran there, with the connector's jars shipped through
 ``spark.jars``). Both daemons are stopped at the end, whatever happened.
 """
@@ -34,7 +35,7 @@ from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.spark.audit import AuditWindow, audit
 from kdelay.spark.forecast import ForecastWindow, forecast
 from tests.conftest import TopicFactory, produce_all
-from tests.e2e.conftest import Deployment, deploy, run_cli
+from tests.e2e.conftest import Deployment, deploy, kdelay_command
 from tests.spark.conftest import cache_dir
 
 __all__ = ["deploy"]
@@ -42,7 +43,8 @@ pytestmark = pytest.mark.kafka
 HOUR_MS = 3_600_000
 READY_TIMEOUT_S = 90.0
 JOB_TIMEOUT_S = 300.0
-# One core and little memory: the machine is shared, the data is a dozen records.
+# One core and little memory per job (the worker has two cores, one for each of
+# the two jobs run at once): the machine is shared, the data is a dozen records.
 JOB_CONF = ("spark.executor.memory=512m", "spark.executor.cores=1", "spark.cores.max=1",
             "spark.driver.memory=512m", "spark.sql.shuffle.partitions=2",
             "spark.ui.enabled=false")
@@ -104,7 +106,7 @@ def _until(what: str, check: Callable[[], bool], procs: list[subprocess.Popen[by
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """One standalone master and one worker (1 core, 1 GiB) on 127.0.0.1, free ports."""
+    """One standalone master and one worker (2 cores, 1 GiB) on 127.0.0.1, free ports."""
     logs = tmp_path_factory.mktemp("spark-cluster")
     port, ui, worker_port, worker_ui = (free_port() for _ in range(4))
     found = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}",
@@ -117,7 +119,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         procs.append(_spark_class(
             "org.apache.spark.deploy.worker.Worker",
             ["--host", "127.0.0.1", "--port", str(worker_port), "--webui-port", str(worker_ui),
-             "--cores", "1", "--memory", "1g", "--work-dir", str(logs / "work"), found.master],
+             "--cores", "2", "--memory", "1g", "--work-dir", str(logs / "work"), found.master],
             logs / "worker.log"))
         _until("registered worker", lambda: [w["state"] for w in found.status("master")[
             "workers"]] == ["ALIVE"], procs, logs)
@@ -174,16 +176,39 @@ def _relative(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def _cli(deployment: Deployment, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli_at_once(deployment: Deployment, cluster: Cluster, logs: Path,
+                 *commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Run the CLI ``commands`` (``--json``, on ``cluster``) at the same time; their results.
+
+    Their output goes to files under ``logs``, so that none waits on a full pipe.
+    """
     conf = [arg for pair in JOB_CONF for arg in ("--conf", pair)]
-    return run_cli(deployment.env(SPARK_LOCAL_IP="127.0.0.1"), *args, "--json",
-                   "--master", cluster.master, "--cache-dir", str(cache_dir()), *conf,
-                   timeout_s=JOB_TIMEOUT_S)
+    env = deployment.env(SPARK_LOCAL_IP="127.0.0.1")
+    started: list[tuple[list[str], subprocess.Popen[bytes], Path]] = []
+    try:
+        for i, command in enumerate(commands):
+            args = [*kdelay_command(), *command, "--json", "--master", cluster.master,
+                    "--cache-dir", str(cache_dir()), *conf]
+            out = logs / f"cli-{i}"
+            with out.with_suffix(".out").open("wb") as stdout, \
+                    out.with_suffix(".err").open("wb") as stderr:
+                started.append((args, subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL,
+                                                       stdout=stdout, stderr=stderr), out))
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        return [subprocess.CompletedProcess(
+            args, proc.wait(timeout=max(1.0, deadline - time.monotonic())),
+            out.with_suffix(".out").read_text(), out.with_suffix(".err").read_text())
+            for args, proc, out in started]
+    finally:
+        for _, proc, _ in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 def test_audit_and_forecast_on_a_standalone_cluster_equal_local_mode(
         cluster: Cluster, spark: SparkSession, deploy: Callable[..., Deployment],
-        topic_factory: TopicFactory) -> None:
+        topic_factory: TopicFactory, tmp_path: Path) -> None:
     deployment = deploy(partitions=2)
     target = topic_factory("cluster-target")
     base = time.time_ns() // 1_000_000
@@ -196,9 +221,10 @@ def test_audit_and_forecast_on_a_standalone_cluster_equal_local_mode(
     local_forecast, cube = forecast(spark, settings, ForecastWindow(base, 24 * HOUR_MS, HOUR_MS))
     cube.unpersist()
 
-    audited = _cli(deployment, cluster, "audit")
+    audited, forecast_run = _cli_at_once(
+        deployment, cluster, tmp_path, ("audit",),
+        ("forecast", "--bucket", "1h", "--horizon", "24h"))
     assert audited.returncode == 4, audited.stderr  # one request is lost
-    forecast_run = _cli(deployment, cluster, "forecast", "--bucket", "1h", "--horizon", "24h")
     assert forecast_run.returncode == 0, forecast_run.stderr
 
     expected = orjson.loads(orjson.dumps(local_audit.to_json()))
