@@ -524,14 +524,18 @@ def sasl() -> int:
 
 
 def main() -> int:
-    """Parse the command line and run one of start, stop, kill, status, reset, sasl, tls."""
+    """Parse the command line and run one of start, stop, kill, status, reset, sasl, tls,
+    fetch (only download the jars, if not yet)."""
     parser = argparse.ArgumentParser(prog="tools/kafka", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command",
-                        choices=["start", "stop", "kill", "status", "reset", "sasl", "tls"])
+    parser.add_argument("command", choices=["start", "stop", "kill", "status", "reset", "sasl",
+                                            "tls", "fetch"])
     command = parser.parse_args().command
     if command == "start":
         return start()
+    if command == "fetch":
+        fetch_jars()
+        return 0
     if command == "stop":
         return stop()
     if command == "kill":
