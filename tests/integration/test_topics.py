@@ -182,7 +182,9 @@ def test_check_layout_missing_changelog_says_which_partition_count(
         check_layout(admin, settings)
 
 
-@pytest.mark.parametrize(("partitions", "fix"), [(2, "--alter"), (4, "cannot lose partitions")])
+@pytest.mark.parametrize(("partitions", "fix"), [
+    (2, "run `kdelay topics grow --partitions 3`"),
+    (4, "a `kdelay topics grow --partitions 4` did not finish: run it again")])
 def test_check_layout_detects_a_changelog_with_another_partition_count(
     bootstrap: str, admin: AdminClient, topic_factory: TopicFactory, partitions: int, fix: str
 ) -> None:
