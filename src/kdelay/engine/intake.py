@@ -199,12 +199,20 @@ class Planner:
     a later batch sees them (:meth:`done` forgets a plan applied or given back).
     ``ids`` (None: ended ids are kept until the index is rebuilt) drops the
     markers of ids that ended longer ago than the id window.
+
+    Requests below ``rereads_below`` may have been indexed already, by an
+    instance that died before it recorded their offset (at-least-once records
+    it once their changelog records are acknowledged). One whose entry is still
+    pending is not put again: the put would be written after the tombstone of a
+    delivery under way, and bring the delivered entry back.
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
                  withhold: Withhold, policy: TargetPolicy | None = None,
-                 partitions: int | None = None, ids: IdWindow | None = None) -> None:
+                 partitions: int | None = None, ids: IdWindow | None = None,
+                 rereads_below: int | None = None) -> None:
         self._topics = topics
+        self._rereads_below = rereads_below
         self._partitions = partitions
         self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
         self._changelog = topics.changelog
@@ -385,6 +393,7 @@ class Planner:
         only the first request itself, read again, is a duplicate.
         """
         sid = value.schedule_id
+        pending = False
         if sid is not None:
             state = self._id_state(plan, sid)
             if state is not None and state.pending_key != key and not (
@@ -392,17 +401,28 @@ class Planner:
                     and (state.end is End.DEAD_LETTERED or _occurrence(message))):
                 self._duplicate(plan, key, sid, value.fingerprint, state)
                 return
-            plan.changes.ids[sid] = IdState(key, None)
-        raw = codec.encode_index_value(value)
-        plan.changes.puts.append(Entry(key, value, raw))
-        if message is not None:
-            plan.originals[key] = message
-        plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
+            pending = state is not None and state.pending_key == key
+        if not (pending or self._pending_before(key, message)):
+            if sid is not None:
+                plan.changes.ids[sid] = IdState(key, None)
+            raw = codec.encode_index_value(value)
+            plan.changes.puts.append(Entry(key, value, raw))
+            if message is not None:
+                plan.originals[key] = message
+            plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw,
+                                                None)))
         if sid is None:
             plan.outcomes.append(_SCHEDULED)
         else:
             plan.outcomes.append((Outcome.SCHEDULED, sid))
             self._answer(plan, Outcome.SCHEDULED, sid, key)
+
+    def _pending_before(self, key: bytes, message: Message | None) -> bool:
+        """Whether a request read again (below ``rereads_below``) is pending in the index."""
+        below = self._rereads_below
+        if below is None or message is None or self._ids is None:
+            return False
+        return (message.offset() or 0) < below and self._ids.memory.get(key) is not None
 
     def _duplicate(self, plan: Plan, key: bytes, sid: str, fingerprint: Fingerprint,
                    state: IdState) -> None:

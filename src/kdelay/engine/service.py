@@ -37,7 +37,7 @@ from confluent_kafka import (
 
 from kdelay.engine import checkpoint as checkpoints
 from kdelay.engine.availability import Availability
-from kdelay.engine.checkpoint import Batch, Checkpoint, ServiceError
+from kdelay.engine.checkpoint import MAX_UNACKED_RECORDS, Batch, Checkpoint, ServiceError
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
 from kdelay.engine.housekeeping import Housekeeper
@@ -66,6 +66,11 @@ log = logging.getLogger(__name__)
 
 # Most differing duplicates one batch logs one by one (all are counted).
 CONFLICTS_LOGGED = 5
+# How far past its start offset a partition's intake may read requests an instance
+# before it indexed without recording their offset (see Planner, rereads_below):
+# at-least-once records it only once their changelog records are acknowledged, and
+# at most MAX_UNACKED_RECORDS records (plus a batch) await that.
+REREAD_RECORDS = 2 * MAX_UNACKED_RECORDS
 # How often (service clock) the requests topic's partition count is checked.
 PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
@@ -563,9 +568,11 @@ class Service:
             elif committed.get(tp.partition, -1) >= 0:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
+            start = self._consumed.get(tp.partition, 0)
             self._planners[tp.partition] = Planner(
                 topics, self._limits, index.id_state, delivery.withhold, self._policy,
-                self._partitions, IdWindow(self._id_window_ms, self._clock, index))
+                self._partitions, IdWindow(self._id_window_ms, self._clock, index),
+                rereads_below=max(start, 0) + REREAD_RECORDS)
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])
