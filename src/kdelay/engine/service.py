@@ -568,11 +568,13 @@ class Service:
             elif committed.get(tp.partition, -1) >= 0:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
+            # An empty index holds nothing a request read again could find pending.
             start = self._consumed.get(tp.partition, 0)
+            rereads = None if index.first_key() is None else max(start, 0) + REREAD_RECORDS
             self._planners[tp.partition] = Planner(
                 topics, self._limits, index.id_state, delivery.withhold, self._policy,
                 self._partitions, IdWindow(self._id_window_ms, self._clock, index),
-                rereads_below=max(start, 0) + REREAD_RECORDS)
+                rereads_below=rereads)
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

@@ -25,11 +25,12 @@ never served, since no instance runs).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 
+from kdelay.plumbing.clients import Producing, produce
 from kdelay.protocol import codec
 from kdelay.protocol.forward import id_partition
 from kdelay.state.index import PartitionIndex
@@ -84,36 +85,27 @@ def moves_of(index: PartitionIndex, partitions: int) -> Moves:
     return Moves(pending, ended)
 
 
-def write_moves(producer: Producer, topic: str, moves: Moves,
-                progress: Callable[[int], None] | None = None) -> None:
+def write_moves(producer: Producing, topic: str, moves: Moves) -> None:
     """Write every move to its new home's changelog partition and, once all are
     acknowledged, tombstone each where it was.
 
     Raises :class:`MoveError` when a write fails: what was acknowledged stays
     (at both places until a run tombstones it), and running again finishes it.
     """
-    _write(producer, [(m.home, m.key, m.value) for m in moves], topic, progress)
-    _write(producer, [(m.source, m.key, None) for m in moves], topic, None)
+    _write(producer, [(m.home, m.key, m.value) for m in moves], topic)
+    _write(producer, [(m.source, m.key, None) for m in moves], topic)
 
 
-def _write(producer: Producer, records: list[tuple[int, bytes, bytes | None]], topic: str,
-           progress: Callable[[int], None] | None) -> None:
+def _write(producer: Producing, records: list[tuple[int, bytes, bytes | None]],
+           topic: str) -> None:
     failed: list[str] = []
 
     def report(error: KafkaError | None, _: Message) -> None:
         if error is not None and len(failed) < 3:
             failed.append(error.str())
 
-    for done, (partition, key, value) in enumerate(records, 1):
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, partition=partition,
-                                 on_delivery=report)
-                break
-            except BufferError:  # the local queue is full: let it drain
-                producer.poll(0.1)
-        if progress is not None and done % 10_000 == 0:
-            progress(done)
+    for partition, key, value in records:
+        produce(producer, topic, key=key, value=value, partition=partition, on_delivery=report)
     left = producer.flush(FLUSH_S)
     if failed or left:
         raise MoveError(f"writing to changelog {topic} failed ({left} unacknowledged): "
