@@ -7,15 +7,16 @@ retry). The :class:`Book` holds the jobs, the per-partition count of each state
 (changed only as jobs are held, moved, sent and dropped), the heap of keys that
 wait to be sent in key order (due time, then request partition, then offset),
 the heap of retries by the time they may go again, and the keys a planned
-cancel withholds.
+cancel withholds. :class:`Reports` gathers what the producers reported of the
+jobs in flight (to the target or the DLQ: the :class:`Sink`).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import KeysView
-from dataclasses import dataclass
-from enum import IntEnum
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
 
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.envelope import ErrorCode
@@ -44,6 +45,13 @@ WAITING = (State.ADOPTED, State.READY)
 """The states of a job that waits for its due time to be sent."""
 
 
+class Sink(Enum):
+    """Where a produce for an entry went."""
+
+    TARGET = "target"
+    DLQ = "dlq"
+
+
 @dataclass(slots=True)
 class Job:
     """An entry held by delivery: its original, and how its delivery is going."""
@@ -66,6 +74,16 @@ class Job:
     def key(self) -> bytes:
         """The job's due key."""
         return self.entry.key
+
+
+@dataclass(slots=True)
+class Reports:
+    """Delivery reports collected by the producers' callbacks, until delivery settles them:
+    each names a job's key and where its record went (with a reason when it failed)."""
+
+    done: list[tuple[bytes, Sink]] = field(default_factory=list)
+    failed: list[tuple[bytes, Sink, str]] = field(default_factory=list)
+    refused: list[tuple[bytes, Sink, str]] = field(default_factory=list)
 
 
 class Book:

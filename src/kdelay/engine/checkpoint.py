@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.engine.delivery import Delivery, Durability
+from kdelay.engine.delivery import Delivered, Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.transactional import Renewable
@@ -112,9 +112,9 @@ class ReportedTombstones:
     def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
         """Nothing yet: the record may still fail."""
 
-    def delivered(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
-        """Write the entry's tombstone (and its id's end)."""
-        self._writer.tombstone(partition, key, ended)
+    def delivered(self, done: list[Delivered]) -> None:
+        """Write the entries' tombstones (and their ids' ends)."""
+        self._writer.tombstones(done)
 
     def position(self, partition: int) -> int | None:
         """The writer's confirmed changelog position."""
@@ -132,8 +132,8 @@ class TransactedTombstones(ReportedTombstones):
         """Write the entry's tombstone (and its id's end), in the open transaction."""
         self._writer.tombstone(partition, key, ended)
 
-    def delivered(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
-        """Nothing: the tombstone was committed with the record."""
+    def delivered(self, done: list[Delivered]) -> None:
+        """Nothing: the tombstones were committed with the records."""
 
 
 class Checkpoint(Protocol):

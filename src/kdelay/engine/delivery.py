@@ -28,16 +28,15 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from kdelay.engine.book import Book, Job, State
+from kdelay.engine.book import Book, Job, Reports, Sink, State
 from kdelay.engine.failures import FailureLog, TopicCheck, backoff_ms
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.window import Window
-from kdelay.plumbing.callbacks import guarded, unheard
+from kdelay.plumbing.callbacks import latch, unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope
@@ -77,13 +76,6 @@ _WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TA
                                  ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
 
 
-class Sink(Enum):
-    """Where a produce for an entry went."""
-
-    TARGET = "target"
-    DLQ = "dlq"
-
-
 @dataclass(frozen=True, slots=True)
 class DeliveryConfig:
     """What delivery needs from the settings."""
@@ -103,6 +95,11 @@ class DeliveryConfig:
     """How long after its first failure a record is retried before it is dead-lettered."""
 
 
+Delivered = tuple[bytes, int, IdRecord | None]
+"""An entry whose record is written: its key, its partition, and its id's end record
+(None without an id)."""
+
+
 class Durability(Protocol):
     """How delivery's work becomes durable: told of every send and every delivery.
 
@@ -116,8 +113,8 @@ class Durability(Protocol):
         ``ended`` is the changelog record of its id's end, if it has an id."""
         ...
 
-    def delivered(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
-        """The record for ``key`` is written: the entry is about to leave the index."""
+    def delivered(self, done: list[Delivered]) -> None:
+        """The records of ``done`` are written: their entries are about to leave the index."""
         ...
 
     def position(self, partition: int) -> int | None:
@@ -130,35 +127,12 @@ class Durability(Protocol):
 
 
 @dataclass(slots=True)
-class _Reports:
-    """Delivery reports collected by callbacks, applied by :meth:`Delivery.settle`."""
-
-    done: list[tuple[bytes, Sink]] = field(default_factory=list)
-    failed: list[tuple[bytes, Sink, str]] = field(default_factory=list)
-    refused: list[tuple[bytes, Sink, str]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class _Counts:
     """Per-record figures gathered between two settles, handed to Prometheus at once."""
 
     delivered: int = 0
     lateness_ms: list[int] = field(default_factory=list)
     by_lane: dict[str, int] = field(default_factory=dict)
-
-
-def _routing(routing: envelope.Routing | None) -> envelope.Headers:
-    """The target, target partition, schedule id and lane headers of a request, if readable."""
-    if routing is None:
-        return []
-    headers: envelope.Headers = [(envelope.TARGET, routing.target.encode())]
-    if routing.partition is not None:
-        headers.append((envelope.PARTITION, str(routing.partition).encode()))
-    if routing.schedule_id is not None:
-        headers.append((envelope.SCHEDULE_ID, routing.schedule_id.encode()))
-    if routing.lane is not None:
-        headers.append((envelope.LANE, routing.lane.encode()))
-    return headers
 
 
 class Delivery:
@@ -186,12 +160,11 @@ class Delivery:
         self._durability = durability
         self._book = Book()
         self._windows: dict[int, Window] = {}
-        self._reports = _Reports()
+        self._reports = Reports()
         # Acknowledged entries that are not in their index yet (see adopt).
         self._unindexed: list[tuple[bytes, Sink]] = []
         self._counts = _Counts()
         self._topics = TopicCheck(targets, clock, away=away)
-        self._guarded_report = guarded(self._on_report)
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
@@ -346,14 +319,14 @@ class Delivery:
         An acknowledged entry leaves the index (its :class:`Durability` is told
         first); a failed one backs off for a retry, or goes to the DLQ.
         """
-        reports, self._reports = self._reports, _Reports()
+        reports, self._reports = self._reports, Reports()
         changes: dict[int, Changes] = {}
         now = self._clock.now_ms()
         done = reports.done
         if self._unindexed:
             done, self._unindexed = [*self._unindexed, *done], []
-        for key, sink in done:
-            self._succeeded(key, sink, now, changes)
+        if done:
+            self._succeeded(done, now, changes)
         for key, sink, reason in [*reports.failed, *reports.refused]:
             self._failed(key, sink, reason, now)
         self._failures.flush()
@@ -365,7 +338,7 @@ class Delivery:
         Failed and refused produces back off as after any failure; the others
         (whatever their report said) are ready to be sent at once.
         """
-        reports, self._reports = self._reports, _Reports()
+        reports, self._reports = self._reports, Reports()
         now = self._clock.now_ms()
         for key, sink, reason in [*reports.refused, *reports.failed]:
             self._failed(key, sink, reason, now)
@@ -448,16 +421,20 @@ class Delivery:
         """Produce the job's record to its target, or to the DLQ with a reason."""
         if job.failure is None and job.routing is None:
             job.failure = self._verify(job)
-        sink = Sink.TARGET if job.failure is None else Sink.DLQ
+        failure = job.failure
+        sink = Sink.TARGET if failure is None else Sink.DLQ
+        key = job.entry.key
         try:
-            if job.failure is not None:
-                self._produce_dead_letter(job, *job.failure)
+            if failure is not None:
+                self._produce_dead_letter(job, *failure)
             elif isinstance(job.original, Message):
                 self._produce_target(job, job.original, now)
-            self._durability.sent(job.key, job.partition, self._ended(job, sink, now)[1])
+            ended = (None if job.entry.value.schedule_id is None
+                     else self._ended(job, sink, now)[1])
+            self._durability.sent(key, job.partition, ended)
         except KafkaException as exc:
             # Refused before anything was written: nothing in a transaction to abort.
-            self._reports.refused.append((job.key, sink, str(exc.args[0])))
+            self._reports.refused.append((key, sink, str(exc.args[0])))
         self._book.sent(job)
 
     def _verify(self, job: Job) -> tuple[ErrorCode, str] | None:
@@ -514,7 +491,7 @@ class Delivery:
             # due time, so the DLQ record can be sent back as a request as is.
             original = job.original
             headers = [*envelope.user_headers(original.headers()),
-                       *_routing(envelope.routing(original.headers())), *tail]
+                       *envelope.routing_headers(envelope.routing(original.headers())), *tail]
             self._internal.produce(self._config.dlq_topic, value=original.value(),
                                    key=original.key(), headers=headers,
                                    on_delivery=self._callback(job.key, Sink.DLQ))
@@ -529,41 +506,58 @@ class Delivery:
                                    on_delivery=self._callback(job.key, Sink.DLQ))
 
     def _callback(self, key: bytes, sink: Sink) -> Callable[[KafkaError | None, Message], None]:
-        return functools.partial(self._guarded_report, key, sink)
+        return functools.partial(self._on_report, key, sink)
 
     def _on_report(self, key: bytes, sink: Sink, error: KafkaError | None, _: Message) -> None:
-        if error is None:
-            self._reports.done.append((key, sink))
-        else:
-            self._reports.failed.append((key, sink, error.str()))
+        # Served once per record: guarded here rather than by a wrapper (see latch).
+        try:
+            if error is None:
+                self._reports.done.append((key, sink))
+            else:
+                self._reports.failed.append((key, sink, error.str()))
+        except BaseException as exc:
+            latch(exc)
+            raise
 
     # -- settling ---------------------------------------------------------------
 
-    def _succeeded(self, key: bytes, sink: Sink, now: int, changes: dict[int, Changes]) -> None:
-        job = self._book.get(key)
-        if job is None:
-            return
-        if not job.indexed:
-            self._unindexed.append((key, sink))
-            return
-        self._book.drop(key)
-        change = changes.get(job.partition)
-        if change is None:  # not setdefault: that would build a Changes per entry
-            change = changes[job.partition] = Changes()
-        change.deletes.append(key)
-        state, record = self._ended(job, sink, now)
-        if state is not None:
-            change.ids[job.entry.value.schedule_id or ""] = state
-        self._durability.delivered(key, job.partition, record)
-        if sink is Sink.TARGET:
-            self._counts.delivered += 1
-            lane = job.routing.lane if job.routing is not None else None
-            if lane is not None:  # one the policy knows: the label's values are bounded
-                by_lane = self._counts.by_lane
-                by_lane[lane] = by_lane.get(lane, 0) + 1
-        else:
-            code = job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE
-            self._metrics.dead_lettered.labels(reason=str(code)).inc()
+    def _succeeded(self, done: list[tuple[bytes, Sink]], now: int,
+                   changes: dict[int, Changes]) -> None:
+        """Take the acknowledged entries out of the book, into ``changes`` (their index
+        deletes, and their ids' ends), and tell the durability of all of them at once."""
+        book = self._book
+        counts = self._counts
+        delivered: list[Delivered] = []
+        for key, sink in done:
+            job = book.get(key)
+            if job is None:
+                continue
+            if not job.indexed:
+                self._unindexed.append((key, sink))
+                continue
+            book.drop(key)
+            partition = job.partition
+            change = changes.get(partition)
+            if change is None:  # not setdefault: that would build a Changes per entry
+                change = changes[partition] = Changes()
+            change.deletes.append(key)
+            sid = job.entry.value.schedule_id
+            if sid is None:
+                delivered.append((key, partition, None))
+            else:
+                state, record = self._ended(job, sink, now)
+                change.ids[sid] = state
+                delivered.append((key, partition, record))
+            if sink is Sink.TARGET:
+                counts.delivered += 1
+                lane = job.routing.lane if job.routing is not None else None
+                if lane is not None:  # one the policy knows: the label's values are bounded
+                    counts.by_lane[lane] = counts.by_lane.get(lane, 0) + 1
+            else:
+                code = job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE
+                self._metrics.dead_lettered.labels(reason=str(code)).inc()
+        if delivered:
+            self._durability.delivered(delivered)
 
     @staticmethod
     def _ended(job: Job, sink: Sink, now: int) -> tuple[IdState | None, IdRecord | None]:

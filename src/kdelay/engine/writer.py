@@ -22,15 +22,14 @@ indexes once its count is zero, while later steps go on (see
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
 
 from kdelay.engine.metrics import Metrics
-from kdelay.plumbing.callbacks import guarded
+from kdelay.plumbing.callbacks import latch
 from kdelay.plumbing.clients import Producing, produce
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdRecord
@@ -65,8 +64,8 @@ class Acks:
     forwards (to the requests topic) count here and fail here, in
     :attr:`forward_failures`: unlike a dead letter, a lost forward loses its
     schedule, so its failure must keep the step from becoming durable.
-    One callback per kind serves every record of the step, built on first use
-    (most steps write nothing).
+    One callback per kind serves every record of the step: a bound method
+    that guards itself (served once per record, see :func:`latch`).
     """
 
     def __init__(self, changelog_failed: Callable[[KafkaError, Message], None],
@@ -82,26 +81,6 @@ class Acks:
         """Whether every record of the step has been reported on."""
         return self.waiting == 0
 
-    @functools.cached_property
-    def on_changelog(self) -> Callable[[KafkaError | None, Message], None]:
-        """The delivery callback of the step's puts and cancel tombstones."""
-        return guarded(self._changelog_reported)
-
-    @functools.cached_property
-    def on_marker(self) -> Callable[[KafkaError | None, Message], None]:
-        """The delivery callback of the step's consumed-offset markers."""
-        return guarded(self._marker_reported)
-
-    @functools.cached_property
-    def on_dead_letter(self) -> Callable[[KafkaError | None, Message], None]:
-        """The delivery callback of the step's dead letters."""
-        return guarded(self._dead_letter_reported)
-
-    @functools.cached_property
-    def on_forward(self) -> Callable[[KafkaError | None, Message], None]:
-        """The delivery callback of the step's forward records."""
-        return guarded(self._forward_reported)
-
     def forward(self) -> Callable[[KafkaError | None, Message], None]:
         """Count a forward record about to be produced; return its delivery callback."""
         self.waiting += 1
@@ -112,27 +91,48 @@ class Acks:
         self.waiting += 1
         return self.on_dead_letter
 
-    def _changelog_reported(self, error: KafkaError | None, message: Message) -> None:
-        self.waiting -= 1
-        if error is not None:
-            self._changelog_failed(error, message)
+    def on_changelog(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery callback of the step's puts and cancel tombstones."""
+        try:
+            self.waiting -= 1
+            if error is not None:
+                self._changelog_failed(error, message)
+        except BaseException as exc:
+            latch(exc)
+            raise
 
-    def _marker_reported(self, error: KafkaError | None, message: Message) -> None:
-        self.waiting -= 1
-        if error is None:
-            self._marker_written(message)
-        else:
-            self._changelog_failed(error, message)
+    def on_marker(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery callback of the step's consumed-offset markers."""
+        try:
+            self.waiting -= 1
+            if error is None:
+                self._marker_written(message)
+            else:
+                self._changelog_failed(error, message)
+        except BaseException as exc:
+            latch(exc)
+            raise
 
-    def _forward_reported(self, error: KafkaError | None, message: Message) -> None:
-        self.waiting -= 1
-        if error is not None:
-            self.forward_failures.append(Failure(str(message.topic()), message.key(), error))
+    def on_forward(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery callback of the step's forward records."""
+        try:
+            self.waiting -= 1
+            if error is not None:
+                self.forward_failures.append(Failure(str(message.topic()), message.key(), error))
+        except BaseException as exc:
+            latch(exc)
+            raise
 
-    def _dead_letter_reported(self, error: KafkaError | None, message: Message) -> None:
-        self.waiting -= 1
-        if error is not None:
-            self.dead_letter_failures.append(Failure(str(message.topic()), message.key(), error))
+    def on_dead_letter(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery callback of the step's dead letters."""
+        try:
+            self.waiting -= 1
+            if error is not None:
+                self.dead_letter_failures.append(
+                    Failure(str(message.topic()), message.key(), error))
+        except BaseException as exc:
+            latch(exc)
+            raise
 
 
 class ChangelogWriter:
@@ -150,7 +150,6 @@ class ChangelogWriter:
         self._observe = observe
         self._next: dict[int, int] = {}
         self._failures: list[Failure] = []
-        self._on_confirming = guarded(self._confirming_reported)
 
     @property
     def topic(self) -> str:
@@ -177,9 +176,27 @@ class ChangelogWriter:
         """
         if ended is not None:
             produce(self._producer, self._topic, key=ended[0], value=ended[1],
-                    partition=partition, on_delivery=self._on_confirming)
+                    partition=partition, on_delivery=self._confirming_reported)
         produce(self._producer, self._topic, key=key, value=None, partition=partition,
-                on_delivery=self._on_confirming)
+                on_delivery=self._confirming_reported)
+
+    def tombstones(self, done: Iterable[tuple[bytes, int, IdRecord | None]]) -> None:
+        """Write :meth:`tombstone` for each ``(key, partition, ended)`` of a settled batch.
+
+        One call per batch: the common case (a free queue, no id) is a single
+        ``produce`` per entry, with no wrapper around it.
+        """
+        producer, topic, report = self._producer, self._topic, self._confirming_reported
+        for key, partition, ended in done:
+            if ended is not None:
+                self.tombstone(partition, key, ended)
+                continue
+            try:
+                producer.produce(topic, key=key, value=None, partition=partition,
+                                 on_delivery=report)
+            except BufferError:
+                produce(producer, topic, key=key, value=None, partition=partition,
+                        on_delivery=report)
 
     def mark_consumed(self, partition: int, offset: int, acks: Acks) -> None:
         """Write how far intake has read ``partition`` (after the plan's own records)."""
@@ -211,10 +228,15 @@ class ChangelogWriter:
         log.error("changelog record for %r failed: %s", message.key(), error.str())
 
     def _confirming_reported(self, error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            self._confirm(message)
-        else:
-            self._failed(error, message)
+        # Served once per delivered entry: guarded here rather than by a wrapper (see latch).
+        try:
+            if error is None:
+                self._confirm(message)
+            else:
+                self._failed(error, message)
+        except BaseException as exc:
+            latch(exc)
+            raise
 
     def _marker_written(self, message: Message) -> None:
         self._confirm(message)

@@ -531,6 +531,20 @@ def routing(headers: AnyHeaders) -> Routing | None:
         return None
 
 
+def routing_headers(routing: Routing | None) -> Headers:
+    """The target, target partition, schedule id and lane headers of a request, if readable."""
+    if routing is None:
+        return []
+    headers: Headers = [(TARGET, routing.target.encode())]
+    if routing.partition is not None:
+        headers.append((PARTITION, str(routing.partition).encode()))
+    if routing.schedule_id is not None:
+        headers.append((SCHEDULE_ID, routing.schedule_id.encode()))
+    if routing.lane is not None:
+        headers.append((LANE, routing.lane.encode()))
+    return headers
+
+
 def _text(value: HeaderValue) -> str:
     """Return a header value as text; ValueError when absent or not UTF-8."""
     if value is None:
