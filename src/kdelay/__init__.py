@@ -23,3 +23,8 @@ enforces it):
 """
 
 __version__ = "0.1.0"
+
+from kdelay import native as _native
+
+# Before any module of the hot path is imported: compiled, or from its sources.
+_native.choose()

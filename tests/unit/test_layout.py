@@ -22,12 +22,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "protocol": frozenset(),
     "plumbing": frozenset({"protocol"}),
     "state": frozenset({"protocol", "plumbing"}),
-    "engine": frozenset({"protocol", "plumbing", "state"}),
+    "engine": frozenset({"protocol", "plumbing", "state", "native"}),
     "helpers": frozenset({"protocol", "plumbing"}),
     "view": frozenset({"protocol", "plumbing", "state", "helpers"}),
     "spark": frozenset({"protocol", "plumbing"}),
     "cli": frozenset({"protocol", "plumbing", "state", "engine", "helpers", "view", "spark"}),
-    "package": frozenset({"cli"}),
+    "native": frozenset(),
+    "package": frozenset({"cli", "native"}),
 }
 
 

@@ -35,6 +35,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from kdelay import native
 from kdelay.engine import checkpoint as checkpoints
 from kdelay.engine.availability import Availability
 from kdelay.engine.checkpoint import MAX_UNACKED_RECORDS, Batch, Checkpoint, ServiceError
@@ -164,8 +165,8 @@ class Service:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
         me = identity.of(s)
-        log.info("instance %s (group %s, transactional id %s)", me.member_id, s.group_id,
-                 me.transactional_id)
+        log.info("instance %s (group %s, transactional id %s; delivery hot path %s)",
+                 me.member_id, s.group_id, me.transactional_id, native.mode)
         skew = ClockSkew(self._clock, self.metrics.clock_skew)
         checkpoint = checkpoints.for_settings(
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,

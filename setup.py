@@ -1,0 +1,70 @@
+"""Build kdelay; compile the delivery hot path with mypyc where a C compiler is at hand.
+
+The modules of ``kdelay.native.HOT_PATH`` become extension modules beside
+their sources, and ``src/kdelay/compiled.json`` records the hash of each
+source compiled, so that ``kdelay.native`` can tell a build that no longer
+matches its sources. With ``KDELAY_PURE_PYTHON=1``, without mypyc or
+without a C compiler, nothing is compiled and every module runs interpreted;
+a compile that fails leaves its modules interpreted too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shlex
+import shutil
+import sysconfig
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+
+PACKAGE = Path(__file__).resolve().parent / "src" / "kdelay"
+native = runpy.run_path(str(PACKAGE / "native.py"))
+
+
+def compiler_found() -> bool:
+    """Whether the C compiler Python was built with (or ``$CC``) is on PATH."""
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    return bool(compiler) and shutil.which(compiler[0]) is not None
+
+
+def clear_earlier_builds() -> None:
+    """Remove what an earlier in-place build (an editable install) left beside the sources."""
+    (PACKAGE / native["MANIFEST"]).unlink(missing_ok=True)
+    for module in native["extension_modules"](PACKAGE):
+        for suffix in EXTENSION_SUFFIXES:
+            native["source_of"](module, PACKAGE).with_suffix(suffix).unlink(missing_ok=True)
+    for suffix in EXTENSION_SUFFIXES:  # mypyc's shared library of each build
+        for library in PACKAGE.parent.glob(f"*__mypyc{suffix}"):
+            library.unlink()
+
+
+def compiled() -> list[Any]:
+    """The hot path's extension modules, or none where they cannot be built."""
+    clear_earlier_builds()
+    manifest = PACKAGE / native["MANIFEST"]
+    if os.environ.get(native["PURE_PYTHON_ENV"]) or not compiler_found():
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        return []
+    modules = native["HOT_PATH"]
+    sources = [str(native["source_of"](module, PACKAGE).relative_to(PACKAGE.parent.parent))
+               for module in modules]
+    try:
+        extensions = mypycify(sources, opt_level="3")
+    except (Exception, SystemExit) as exc:  # mypyc found an error: build nothing
+        print(f"setup.py: not compiling the hot path: {exc}")
+        return []
+    for extension in extensions:
+        extension.optional = True  # a failed compile leaves its modules interpreted
+    manifest.write_text(json.dumps(native["manifest_of"](modules, PACKAGE), indent=1) + "\n")
+    return extensions
+
+
+setup(ext_modules=compiled())
