@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -47,7 +47,7 @@ class Missing(Enum):
     ABSENT = "absent"
 
 
-Found = Message | Missing
+Found: TypeAlias = Message | Missing
 
 
 class Reading(Protocol):
