@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -101,3 +102,78 @@ def test_transaction_markers_and_aborted_records_are_absent(
         reader.close()
     assert keys(found) == {(0, 0): b"a", (0, 1): Missing.ABSENT, (0, 2): Missing.ABSENT,
                            (0, 3): Missing.ABSENT, (0, 4): b"c"}
+
+
+class _Counting:
+    """A consumer that counts how the reader positions it."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self.seeks = 0
+        self.assigns = 0
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.seeks += 1
+        self._consumer.seek(partition)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigns += 1
+        self._consumer.incremental_assign(partitions)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+class _CountingReader(OriginalReader):
+    counting: _Counting | None = None
+
+    def _open(self) -> Consumer:
+        self.counting = _Counting(super()._open())
+        self._consumer = self.counting  # type: ignore[assignment]
+        return self._consumer  # type: ignore[return-value]
+
+
+def test_consecutive_reads_read_on_without_a_seek_and_a_jump_seeks(
+    topic_factory: TopicFactory, bootstrap: str,
+) -> None:
+    """A burst reads one range after the other: the reader goes on from where it was
+    (records fetched past a run are kept for the next read), and seeks only elsewhere."""
+    topic = topic_factory("orig", 2)
+    fill(bootstrap, topic, 2, 600)
+    reader = _CountingReader({"bootstrap.servers": bootstrap}, topic, max_gap=50)
+    try:
+        for start in range(0, 400, 100):
+            found = reader.read({p: range(start, start + 100) for p in (0, 1)})
+            assert keys(found) == {(p, o): f"{p}-{o}".encode()
+                                   for p in (0, 1) for o in range(start, start + 100)}
+        counting = reader.counting
+        assert counting is not None
+        assert (counting.assigns, counting.seeks) == (1, 0)
+        assert keys(reader.read({0: [5]})) == {(0, 5): b"0-5"}, "back: a seek"
+        assert counting.seeks == 1
+        assert keys(reader.read({0: [300]})) == {(0, 300): b"0-300"}
+        assert counting.seeks == 2, "far ahead: a seek"
+        assert keys(reader.read({1: [599]})) == {(1, 599): b"1-599"}
+        assert counting.assigns == 2, "partition 1, let go by the reads of 0 alone, anew"
+        assert keys(reader.read({1: [630, 610]})) == {(1, 610): Missing.ABSENT,
+                                                      (1, 630): Missing.ABSENT}
+    finally:
+        reader.close()
+
+
+def test_the_end_of_a_partition_reached_earlier_hides_no_record_written_since(
+    topic_factory: TopicFactory, bootstrap: str,
+) -> None:
+    """The reader stays assigned between reads: an end-of-partition event of an earlier
+    read still queued must not make a record written since look absent."""
+    topic = topic_factory("orig", 1)
+    fill(bootstrap, topic, 1, 10)
+    reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
+    try:
+        assert keys(reader.read({0: [8, 9]})) == {(0, 8): b"0-8", (0, 9): b"0-9"}
+        time.sleep(0.5)  # the reader's consumer fetches on and reaches the end (offset 10)
+        produce(bootstrap, topic, [{"key": f"0-{i}".encode(), "value": b"v", "partition": 0}
+                                   for i in range(10, 20)])
+        assert keys(reader.read({0: [12, 15]})) == {(0, 12): b"0-12", (0, 15): b"0-15"}
+    finally:
+        reader.close()

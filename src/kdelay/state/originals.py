@@ -18,10 +18,11 @@ the result; the caller asks again later.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, TypeAlias
 
@@ -33,7 +34,7 @@ from kdelay.plumbing.clients import AWAY, TRANSIENT, reader_config, take, waterm
 log = logging.getLogger(__name__)
 
 MAX_TAKE = 10_000
-PREFETCH_RECORDS = 2_000
+PREFETCH_RECORDS = 10_000
 RANGE_ERRORS = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 # The longest a read waits for a partition's watermarks: a read that cannot have
 # them leaves its offsets for a later one, so the loop is never held long.
@@ -64,23 +65,35 @@ class Reading(Protocol):
 
 @dataclass(slots=True)
 class _Run:
-    """A run of wanted offsets of one partition, read as one sequential fetch."""
+    """A run of wanted offsets of one partition, read as one sequential fetch.
+
+    ``offsets`` are sorted; those before ``cursor`` are resolved. A record
+    fetched at the cursor's offset is taken; one past it means the offsets
+    between were skipped over (absent).
+    """
 
     partition: int
     offsets: list[int]
-    pending: set[int] = field(default_factory=set)
     cursor: int = 0
 
     @property
+    def pending(self) -> list[int]:
+        """The offsets not resolved yet."""
+        return self.offsets[self.cursor:]
+
+    @property
     def start(self) -> int:
-        """The lowest offset still pending (the cursor skips resolved ones)."""
-        while self.offsets[self.cursor] not in self.pending:
-            self.cursor += 1
+        """The lowest offset still pending."""
         return self.offsets[self.cursor]
 
     @property
     def end(self) -> int:
         return self.offsets[-1]
+
+    @property
+    def done(self) -> bool:
+        """Whether every offset is resolved."""
+        return self.cursor >= len(self.offsets)
 
 
 def runs(partition: int, offsets: Iterable[int], max_gap: int) -> list[_Run]:
@@ -91,8 +104,6 @@ def runs(partition: int, offsets: Iterable[int], max_gap: int) -> list[_Run]:
             result[-1].offsets.append(offset)
         else:
             result.append(_Run(partition, [offset]))
-    for run in result:
-        run.pending = set(run.offsets)
     return result
 
 
@@ -101,6 +112,16 @@ class OriginalReader:
 
     ``config`` is the base client configuration (bootstrap servers, security).
     The consumer is created on first use; :meth:`close` ends it.
+
+    The reader keeps the partitions of consecutive reads assigned and knows
+    where each one stands: a read that starts at (or a little past) where the
+    last one ended reads on, from the records the last read fetched past its
+    runs (kept aside) and from librdkafka's prefetched queue, with no seek; a
+    burst of due entries is read as one sequential stream. A read elsewhere
+    seeks, and the partitions a read does not want are unassigned. Each
+    partition's watermarks are asked once and kept: an offset below the known
+    log start is expired for good (the start only moves up), and the end is
+    asked again only for an offset at or past the known one.
     """
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
@@ -111,12 +132,11 @@ class OriginalReader:
         tuning: dict[str, str | int | bool] = {
             "auto.offset.reset": "error",
             "fetch.wait.max.ms": 10,
-            # librdkafka keeps up to 100 000 records per partition queued by
-            # default; every read re-positions the reader and drops them, so a
-            # large prefetch is fetched, and thrown away, once per read.
+            # Reads go on where the last one ended: what librdkafka prefetches is
+            # used, up to this many records a partition (a seek drops them).
             "queued.min.messages": PREFETCH_RECORDS,
-            # With a small queue the next fetch must not wait the default 1 s
-            # for it to drain below the threshold.
+            # The next fetch must not wait the default 1 s for the queue to
+            # drain below the threshold.
             "fetch.queue.backoff.ms": 1,
         }
         self._config = reader_config(config, "kdelay-reader", **tuning)
@@ -125,12 +145,20 @@ class OriginalReader:
         self._timeout_s = timeout_s
         self._away = away
         self._consumer: Consumer | None = None
+        # Per assigned partition: the offset after the last record it returned, and
+        # the records it returned that no read used yet (in offset order).
+        self._positions: dict[int, int] = {}
+        self._kept: dict[int, list[Message]] = {}
+        # Per partition: the (log start, log end) offsets last asked.
+        self._marks: dict[int, tuple[int, int]] = {}
 
     def close(self) -> None:
         """Close the consumer, if one was created."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+            self._positions.clear()
+            self._kept.clear()
 
     def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
         """Return ``(partition, offset) -> record | Missing`` for the offsets wanted.
@@ -150,9 +178,8 @@ class OriginalReader:
             current = {p: q[0] for p, q in queues.items() if q}
             self._read_runs(consumer, current, result, deadline)
             for partition, run in current.items():
-                if not run.pending:
+                if run.done:
                     queues[partition].pop(0)
-        consumer.unassign()
         return result
 
     def _open(self) -> Consumer:
@@ -163,106 +190,190 @@ class OriginalReader:
                                 queue: list[_Run], result: dict[tuple[int, int], Found]) -> bool:
         """Resolve offsets below the log start or at/after the log end without fetching.
 
-        When the watermarks cannot be had, nothing of the partition is read:
-        its offsets stay unresolved, for a later read. Returns False when the
-        cluster does not answer (``away`` is told).
+        The partition's watermarks are asked when none are known, or when an
+        offset wanted is at or past the known end. When they cannot be had,
+        nothing of the partition is read: its offsets stay unresolved, for a
+        later read. Returns False when the cluster does not answer (``away``
+        is told).
         """
-        try:
-            low, high = watermarks(consumer, TopicPartition(self._topic, partition),
-                                   min(self._timeout_s, WATERMARKS_S), retried=TRANSIENT - AWAY)
-        except KafkaException as exc:
-            if not _passing(exc):
-                raise
-            log.debug("watermarks of %s[%d]: %s", self._topic, partition, exc)
-            queue.clear()
-            if exc.args[0].code() in AWAY:
-                self._away(f"originals: watermarks of {self._topic}[{partition}]: "
-                           f"{exc.args[0].str()}")
-                return False
-            return True
+        known = self._marks.get(partition)
+        if known is None or max(run.end for run in queue) >= known[1]:
+            try:
+                known = self._marks[partition] = watermarks(
+                    consumer, TopicPartition(self._topic, partition),
+                    min(self._timeout_s, WATERMARKS_S), retried=TRANSIENT - AWAY)
+            except KafkaException as exc:
+                if not _passing(exc):
+                    raise
+                log.debug("watermarks of %s[%d]: %s", self._topic, partition, exc)
+                queue.clear()
+                if exc.args[0].code() in AWAY:
+                    self._away(f"originals: watermarks of {self._topic}[{partition}]: "
+                               f"{exc.args[0].str()}")
+                    return False
+                return True
+        low, high = known
         for run in queue:
-            for offset in list(run.pending):
-                if offset < low:
-                    result[(partition, offset)] = Missing.EXPIRED
-                    run.pending.discard(offset)
-                elif offset >= high:
-                    result[(partition, offset)] = Missing.ABSENT
-                    run.pending.discard(offset)
-        queue[:] = [run for run in queue if run.pending]
+            offsets = run.offsets
+            first = bisect.bisect_left(offsets, low)
+            last = bisect.bisect_left(offsets, high)
+            for offset in offsets[:first]:
+                result[(partition, offset)] = Missing.EXPIRED
+            for offset in offsets[last:]:
+                result[(partition, offset)] = Missing.ABSENT
+            run.offsets = offsets[first:last]
+        queue[:] = [run for run in queue if run.offsets]
         return True
 
     def _read_runs(self, consumer: Consumer, current: dict[int, _Run],
                    result: dict[tuple[int, int], Found], deadline: float) -> None:
         """Fetch one run per partition at once until each is resolved or the deadline passes."""
-        open_runs = {p for p, run in current.items() if run.pending}
-        while open_runs and time.monotonic() < deadline:
-            # After an out-of-range error librdkafka stops fetching the partition
-            # and refuses a seek; a fresh assign of the open runs resumes it.
-            consumer.assign([TopicPartition(self._topic, p, current[p].start) for p in open_runs])
-            self._read_until_error(consumer, current, open_runs, result, deadline)
-
-    def _read_until_error(self, consumer: Consumer, current: dict[int, _Run],
-                          open_runs: set[int], result: dict[tuple[int, int], Found],
-                          deadline: float) -> None:
-        """Consume until every run is resolved, an out-of-range error, or the deadline."""
+        open_runs = {p for p, run in current.items() if not run.done}
+        self._position_at(consumer, {p: current[p].start for p in open_runs})
+        for partition in list(open_runs):
+            if self._from_kept(current[partition], result):
+                open_runs.discard(partition)
+        kept = self._kept
         while open_runs and time.monotonic() < deadline:
             # No more than the runs still span: records fetched past their ends
-            # stay in librdkafka's queue instead of becoming Python objects.
+            # stay in librdkafka's queue for the next read to go on from.
             span = sum(current[p].end - current[p].start + 1 for p in open_runs)
+            positions = self._positions
             for message in take(consumer, min(span, MAX_TAKE), 0.2):
                 partition = int(message.partition() or 0)
-                run = current.get(partition)
-                if run is None or partition not in open_runs:
-                    continue
                 error = message.error()
-                if error is not None and error.code() in RANGE_ERRORS:
-                    self._expire_below_start(consumer, run, result)
-                    if not run.pending:
+                if error is not None:
+                    if partition in open_runs:
+                        if self._failed(consumer, current.get(partition), message, result):
+                            open_runs.discard(partition)
+                    elif error.code() in RANGE_ERRORS:  # not read now: assigned anew later
+                        self._let_go(consumer, partition)
+                    continue
+                positions[partition] = int(message.offset() or 0) + 1
+                if partition in open_runs:
+                    if _take(current[partition], message, result):
                         open_runs.discard(partition)
-                    return
-                if self._take(run, message, result):
-                    open_runs.discard(partition)
+                elif partition in positions:  # past its run: for the next read
+                    kept.setdefault(partition, []).append(message)
 
-    def _take(self, run: _Run, message: Message, result: dict[tuple[int, int], Found]) -> bool:
-        """Apply one fetched message (or fetch event) to ``run``; return whether it is done."""
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                self._settle_skipped(run, result)
-                return True
-            log.warning("reading %s[%d]: %s", self._topic, run.partition, error.str())
+    def _position_at(self, consumer: Consumer, starts: dict[int, int]) -> None:
+        """Make each partition's records come from its start offset on.
+
+        A partition whose kept records or position reach the start (or a little
+        before it) reads on; one elsewhere seeks; one not assigned is assigned
+        there. Partitions this read does not want are unassigned.
+        """
+        topic, positions, kept = self._topic, self._positions, self._kept
+        fresh: list[TopicPartition] = []
+        for partition, start in starts.items():
+            position = positions.get(partition)
+            first = kept[partition][0].offset() if kept.get(partition) else position
+            if position is None:
+                fresh.append(TopicPartition(topic, partition, start))
+                positions[partition] = start
+            elif first is None or not first <= start <= position + self._max_gap:
+                consumer.seek(TopicPartition(topic, partition, start))
+                positions[partition] = start
+                kept.pop(partition, None)
+        if fresh:
+            consumer.incremental_assign(fresh)
+        unwanted = [p for p in positions if p not in starts]
+        if unwanted:
+            consumer.incremental_unassign([TopicPartition(topic, p) for p in unwanted])
+            for partition in unwanted:
+                del positions[partition]
+                kept.pop(partition, None)
+
+    def _from_kept(self, run: _Run, result: dict[tuple[int, int], Found]) -> bool:
+        """Take the run's records from those an earlier read fetched; return whether done."""
+        kept = self._kept.pop(run.partition, None)
+        if not kept:
             return False
-        offset = int(message.offset() or 0)
-        if offset in run.pending:
-            result[(run.partition, offset)] = message
-            run.pending.discard(offset)
-        if offset >= run.end or not run.pending:
-            self._settle_skipped(run, result)
-            return True
-        while run.start < offset:
-            result[(run.partition, run.start)] = Missing.ABSENT
-            run.pending.discard(run.start)
+        for at, message in enumerate(kept):
+            if _take(run, message, result):
+                rest = kept[at + 1:]
+                if rest:
+                    self._kept[run.partition] = rest
+                return True
         return False
 
-    def _settle_skipped(self, run: _Run, result: dict[tuple[int, int], Found]) -> None:
-        """Mark every wanted offset the fetch passed over as ``ABSENT``."""
-        for offset in run.pending:
-            result[(run.partition, offset)] = Missing.ABSENT
-        run.pending.clear()
+    def _failed(self, consumer: Consumer, run: _Run | None, message: Message,
+                result: dict[tuple[int, int], Found]) -> bool:
+        """Handle a fetch error (or end-of-partition event); return whether the run is done.
+
+        The end of the partition, reached at some offset, proves the run's
+        offsets below it absent (every record before it was handed out); the
+        partition may have grown since (the reader stays assigned between
+        reads), so offsets from there on are read on. Below the log start
+        (retention moved it since the watermarks were asked) the expired
+        offsets are resolved and the partition, which librdkafka stops
+        fetching after such an error, is assigned again at the run's start.
+        """
+        error = message.error()
+        assert error is not None  # noqa: S101 - the caller checks
+        partition = int(message.partition() or 0)
+        if error.code() == KafkaError._PARTITION_EOF:
+            end = int(message.offset() or 0)
+            if run is not None:
+                while not run.done and run.start < end:
+                    result[(partition, run.start)] = Missing.ABSENT
+                    run.cursor += 1
+                return run.done
+            return False
+        if error.code() not in RANGE_ERRORS:
+            log.warning("reading %s[%d]: %s", self._topic, partition, error.str())
+            return False
+        self._let_go(consumer, partition)
+        if run is None:
+            return True
+        self._expire_below_start(consumer, run, result)
+        if run.done:
+            return True
+        self._position_at(consumer, {partition: run.start})
+        return False
+
+    def _let_go(self, consumer: Consumer, partition: int) -> None:
+        """Unassign ``partition`` and forget all about it (librdkafka stopped fetching it)."""
+        self._marks.pop(partition, None)
+        self._positions.pop(partition, None)
+        self._kept.pop(partition, None)
+        consumer.incremental_unassign([TopicPartition(self._topic, partition)])
 
     def _expire_below_start(self, consumer: Consumer, run: _Run,
                             result: dict[tuple[int, int], Found]) -> None:
         """Mark the run's offsets below the (moved) log start offset ``EXPIRED``."""
         try:
-            low, _ = watermarks(consumer, TopicPartition(self._topic, run.partition),
-                                min(self._timeout_s, WATERMARKS_S))
+            low, high = watermarks(consumer, TopicPartition(self._topic, run.partition),
+                                   min(self._timeout_s, WATERMARKS_S))
         except KafkaException as exc:
             if not _passing(exc):
                 raise
             return
-        for offset in [o for o in run.pending if o < low]:
-            result[(run.partition, offset)] = Missing.EXPIRED
-            run.pending.discard(offset)
+        self._marks[run.partition] = low, high
+        while not run.done and run.start < low:
+            result[(run.partition, run.start)] = Missing.EXPIRED
+            run.cursor += 1
+
+
+def _take(run: _Run, message: Message, result: dict[tuple[int, int], Found]) -> bool:
+    """Apply one fetched record to ``run``; return whether the run is done.
+
+    Offsets the fetch passed over (a control record, a record of an aborted
+    transaction, compaction) are absent.
+    """
+    offset = int(message.offset() or 0)
+    offsets, cursor = run.offsets, run.cursor
+    while offsets[cursor] < offset:
+        result[(run.partition, offsets[cursor])] = Missing.ABSENT
+        cursor += 1
+        if cursor == len(offsets):
+            run.cursor = cursor
+            return True
+    if offsets[cursor] == offset:
+        result[(run.partition, offset)] = message
+        cursor += 1
+    run.cursor = cursor
+    return cursor == len(offsets)
 
 
 def _passing(exc: KafkaException) -> bool:

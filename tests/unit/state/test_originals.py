@@ -16,7 +16,7 @@ def shape(partition: int, offsets: list[int], max_gap: int) -> list[list[int]]:
     result = runs(partition, offsets, max_gap)
     for run in result:
         assert run.partition == partition
-        assert run.pending == set(run.offsets)
+        assert run.pending == run.offsets
         assert run.start == run.offsets[0]
         assert run.end == run.offsets[-1]
     return [run.offsets for run in result]
