@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from kdelay.state.index import StateDirLock
+from kdelay.state.statedir import StateDirLock
 from tests.conftest import TopicFactory
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests
 from tests.e2e.prometheus_server import free_port

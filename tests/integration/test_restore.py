@@ -17,7 +17,8 @@ from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
 from kdelay.state.changelog import Restorer
-from kdelay.state.index import CHANGELOG, CONSUMED, PartitionIndex, store_path
+from kdelay.state.index import CHANGELOG, CONSUMED, PartitionIndex
+from kdelay.state.statedir import store_path
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 

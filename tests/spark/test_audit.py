@@ -337,3 +337,24 @@ def test_an_entry_moved_to_its_ids_new_partition_stays_pending(spark: SparkSessi
         "partition int, offset long, key binary, value binary")
     pending = pending_frame(changelog).collect()
     assert [(row.partition, row.offset) for row in pending] == [(0, 5)]
+
+
+def test_a_watermark_ends_the_entries_put_before_it_below_its_bound(
+        spark: SparkSession) -> None:
+    """Delivery writes no tombstone per entry: the partition's latest watermark says which
+    older puts are done. A put after it, at or above its bound, or pending in it stays."""
+    keys = [codec.encode_due_key(1_700_000_000_000 + i, 0, i) for i in range(5)]
+    value = codec.encode_index_value(codec.IndexValue(codec.Fingerprint(1, 2), None, "t"))
+    old = codec.encode_watermark(codec.Watermark(keys[1]))
+    mark = codec.encode_watermark(codec.Watermark(keys[3], frozenset({keys[1]})))
+    rows = [(0, offset, key, value) for offset, key in enumerate(keys[:4])]
+    rows += [(0, 4, codec.WATERMARK_MARKER, old), (0, 5, codec.WATERMARK_MARKER, mark),
+             (0, 6, keys[2], value), (0, 7, keys[4], value),
+             (1, 0, codec.encode_due_key(1, 1, 1), value)]
+    changelog = spark.createDataFrame(
+        rows, "partition int, offset long, key binary, value binary")
+    pending = pending_frame(changelog).collect()
+    assert sorted((row.partition, row.offset) for row in pending) == [
+        (0, 1), (0, 2), (0, 3), (0, 4), (1, 1)], (
+        "0 is covered; 1 pending in the mark; 2 put again after it; 3 at its bound; "
+        "4 after it; another partition's entries are not its")

@@ -35,7 +35,7 @@ from kdelay.plumbing.topics import LayoutError
 from kdelay.protocol.durations import DEFAULT_LEVELS
 from kdelay.state.changelog import RestoreError
 from kdelay.state.homes import MoveError
-from kdelay.state.index import IndexLocked
+from kdelay.state.statedir import IndexLocked
 
 _DEFAULTS = Settings()
 _COMMON_PANEL = "Common options"

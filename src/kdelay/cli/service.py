@@ -43,7 +43,7 @@ from kdelay.plumbing.topics import (
 )
 from kdelay.state import homes
 from kdelay.state.changelog import Restorer, Staleness, open_restored, rebuild
-from kdelay.state.index import store_path
+from kdelay.state.statedir import store_path
 
 _WEEK_MS = 7 * 24 * 3_600_000
 # How long past one session timeout `topics grow` waits for stopped instances to leave.

@@ -101,6 +101,11 @@ class Book:
         self._withheld: set[bytes] = set()
 
     @property
+    def withheld(self) -> set[bytes]:
+        """The keys a planned cancel withholds (a live set: read-only for callers)."""
+        return self._withheld
+
+    @property
     def keys(self) -> KeysView[bytes]:
         """The keys of every job held (a live view: ``in`` on it runs in C)."""
         return self._jobs.keys()
@@ -119,6 +124,10 @@ class Book:
         counts = self._counts.get(partition)
         return 0 if counts is None else sum(counts)
 
+    def held_total(self) -> int:
+        """Return how many jobs are held, of every partition and state."""
+        return len(self._jobs)
+
     def flying(self) -> int:
         """Return how many jobs of every partition await their report."""
         return self._flying
@@ -131,6 +140,10 @@ class Book:
     def jobs_in(self, state: State) -> list[Job]:
         """Return every job in ``state`` (a walk over all jobs: for rare events)."""
         return [job for job in self._jobs.values() if job.state is state]
+
+    def jobs_of(self, partition: int) -> list[Job]:
+        """Return every job of ``partition``."""
+        return [job for job in self._jobs.values() if job.partition == partition]
 
     def keys_of(self, partition: int) -> list[bytes]:
         """Return the keys of every job of ``partition``."""

@@ -25,14 +25,15 @@ What each step means differs by guarantee, and only here:
   a crash in between re-reads the request and delivers it again. Only when
   ``MAX_UNACKED_RECORDS`` records await acknowledgements does ``commit``
   wait, dispatching meanwhile. The consumed offset is stored for the next
-  auto-commit after the index write. An entry's tombstone is written once
-  its record is acknowledged (:class:`ReportedTombstones`), so a crash in
-  between delivers it again.
-- :class:`ExactlyOnce` has one transactional producer. ``commit`` flushes the
-  transaction, aborts it when any of its records failed, else sends the
-  consumed offsets with it and commits. An entry's tombstone goes into the
-  same transaction as its record (:class:`TransactedTombstones`), so both or
-  neither are visible to ``read_committed`` readers.
+  auto-commit after the index write. The seal of a delivered batch (a
+  watermark, see :mod:`kdelay.engine.watermarks`) is written once every record
+  of it is acknowledged (:class:`Acknowledged`), so a crash in between
+  delivers it again.
+- :class:`ExactlyOnce` has one transactional producer. ``commit`` seals what
+  delivery produced in the transaction, into it (:class:`Transacted`), flushes
+  the transaction, aborts it when any of its records failed, else sends the
+  consumed offsets with it and commits: a delivery and its seal are both or
+  neither visible to ``read_committed`` readers.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.engine.delivery import Delivered, Delivery, Durability
+from kdelay.engine.delivery import Delivery
+from kdelay.engine.flights import Durability, Flight
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.transactional import Renewable
@@ -55,7 +57,7 @@ from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
-from kdelay.protocol.codec import IdRecord
+from kdelay.protocol.codec import IdRecord, Watermark
 from kdelay.state.index import PartitionIndex
 
 log = logging.getLogger(__name__)
@@ -103,18 +105,26 @@ Fate = tuple[Batch, bool]
 """A batch whose fate is known, and whether it is durable (else: give it back)."""
 
 
-class ReportedTombstones:
-    """At-least-once: an entry's tombstone is written once its record is acknowledged."""
+class Transacted:
+    """Exactly-once: delivery produces within the step's transaction, and seals into it.
+
+    Every flight lands with the transaction: when it is about to commit (if
+    any record fails, the transaction aborts and delivery takes every flight
+    of it back).
+    """
 
     def __init__(self, writer: ChangelogWriter) -> None:
         self._writer = writer
 
-    def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
-        """Nothing yet: the record may still fail."""
+    def landed(self, flight: Flight) -> bool:
+        """When asked (at commit), unless a record failed: the transaction decides for
+        every record, and one that failed aborts it (then delivery takes it all back)."""
+        return not flight.failed
 
-    def delivered(self, done: list[Delivered]) -> None:
-        """Write the entries' tombstones (and their ids' ends)."""
-        self._writer.tombstones(done)
+    def seal(self, partition: int, mark: Watermark | None, tombstones: list[bytes],
+             ended: list[IdRecord]) -> None:
+        """Write the seal's records (into the open transaction, under exactly-once)."""
+        self._writer.seal(partition, mark, tombstones, ended)
 
     def position(self, partition: int) -> int | None:
         """The writer's confirmed changelog position."""
@@ -125,15 +135,12 @@ class ReportedTombstones:
         return self._writer.has_failures()
 
 
-class TransactedTombstones(ReportedTombstones):
-    """Exactly-once: an entry's tombstone goes into the transaction of its record."""
+class Acknowledged(Transacted):
+    """At-least-once: a flight lands when every one of its records has reported."""
 
-    def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
-        """Write the entry's tombstone (and its id's end), in the open transaction."""
-        self._writer.tombstone(partition, key, ended)
-
-    def delivered(self, done: list[Delivered]) -> None:
-        """Nothing: the tombstones were committed with the records."""
+    def landed(self, flight: Flight) -> bool:
+        """Whether every record of ``flight`` has reported."""
+        return flight.complete
 
 
 class Checkpoint(Protocol):
@@ -217,7 +224,7 @@ class AtLeastOnce:
         self.targets = targets
         self.internal = internal
         self.writer = writer
-        self.durability: Durability = ReportedTombstones(writer)
+        self.durability: Durability = Acknowledged(writer)
         self._requests_topic = settings.requests_topic
         self._drain_s = settings.delivery_timeout_ms / 1000 + 5
         self._clock = clock
@@ -347,7 +354,7 @@ class ExactlyOnce:
         self.targets: Producing = producer
         self.internal: Producing = producer
         self.writer = writer
-        self.durability: Durability = TransactedTombstones(writer)
+        self.durability: Durability = Transacted(writer)
         self._flush_s = settings.delivery_timeout_ms / 1000
         self._clock = clock
         self._metrics = metrics
@@ -386,6 +393,7 @@ class ExactlyOnce:
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
         """
+        delivery.seal(indexes)
         committed = self._commit(batch.acks, offsets, consumer, delivery)
         if committed:
             delivery.settle(indexes)

@@ -2,49 +2,57 @@
 
 Each tick reads ahead: entries due within ``lookahead_ms`` are taken from the
 partition indexes (a bounded scan) and their originals fetched as sorted offset
-ranges, so that when an entry comes due only a produce is left to do. Due
-entries go out in key order (due time, then request partition, then offset).
-What delivery holds, and where each delivery stands, is kept in its
-:class:`~kdelay.engine.book.Book`.
+ranges, so that when an entry comes due only a produce is left to do. What a
+scan returns is held as a :class:`~kdelay.engine.runs.Run`: columns of keys,
+index values and originals, walked by cursors. Due entries go out in key order
+(due time, then request partition, then offset), a run slice at a time.
 
-An entry leaves the index only after its produce is acknowledged (target or
-DLQ) and :meth:`Delivery.settle` is called; that is what makes delivery
-at-least-once. When the changelog tombstone of a delivered entry is written is
-not delivery's business: it tells its :class:`Durability` that a record was
-sent and that it was delivered (see :mod:`kdelay.engine.checkpoint`). A target that
-fails is retried with exponential backoff for ``retry_ms`` after its first
-failure (minutes by default: a target topic may be created late), then the
-original goes to the DLQ as ``undeliverable``. Entries waiting for a retry sit
-apart, so they never block entries to other targets. Nothing is produced
-before its due time by the injected clock, and the republished record carries
-that clock's time.
+Produces are grouped in :class:`Flight` s, one per run slice: every record of
+a flight reports to one shared callback that counts it, and only a failed
+record is looked at on its own. A flight is settled as a whole, once its
+:class:`Durability` says it has landed (at-least-once: every record reported;
+exactly-once: its transaction commits). Then delivery *seals* what is done,
+per partition: one watermark record (:mod:`kdelay.engine.watermarks`) instead
+of a tombstone per entry, the index deletes in one batch, and an end record
+for each schedule id. An entry leaves the index only after its produce is
+acknowledged: at-least-once.
+
+Entries that need care leave their run for the :class:`~kdelay.engine.book.Book`,
+one job each: an entry a cancel withholds, an original that is gone or no
+longer matches (dead-lettered), a target that fails. A failing target is
+retried with exponential backoff for ``retry_ms`` after its first failure
+(minutes by default: a target topic may be created late), then the original
+goes to the DLQ as ``undeliverable``. Entries waiting for a retry sit apart,
+so they never block entries to other targets. Nothing is produced before its
+due time by the injected clock, and the republished record carries that
+clock's time.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
 
-from kdelay.engine.book import Book, Job, Reports, Sink, State
-from kdelay.engine.failures import FailureLog, TopicCheck, backoff_ms
+from kdelay.engine.book import Book, Job, Sink, State
+from kdelay.engine.failures import Retries, TopicCheck
+from kdelay.engine.flights import Durability, Flight
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.window import Window
-from kdelay.plumbing.callbacks import latch, unheard
+from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
+from kdelay.engine.runs import Run, merged
+from kdelay.engine.sealing import Sealed, frontier, landed_runs, seal_of
+from kdelay.engine.sender import Routes, Sender
+from kdelay.engine.watermarks import Marks
+from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope
-from kdelay.protocol.codec import End, IdRecord, IdState, fingerprint_of
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.index import Changes, Entry, PartitionIndex
-from kdelay.state.originals import Missing, Reading
+from kdelay.state.index import Entry, PartitionIndex
+from kdelay.state.originals import Reading
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +69,28 @@ def by_service_clock(now_ms: int) -> int | None:
 
 
 IN_FLIGHT_WAIT_MS = 1
-# Entries waiting for a retry do not count against a partition's read-ahead
-# room (so a failing target never hides entries behind it), but a partition
-# holds at most this many batches in memory, whatever their state.
-MAX_HELD_BATCHES = 20
-# Of those, at most this many wait for a retry: the rest stays free for the
-# entries of targets that work. A failure beyond it is dead-lettered at once.
+# Of the batches a partition may hold (MAX_HELD_BATCHES), at most this many wait
+# for a retry: the rest stays free for the entries of targets that work. A
+# failure beyond it is dead-lettered at once.
 MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
+# A flight not landed after this long (a target partition without a leader) is
+# detached from its run, so that the entries behind it are settled meanwhile.
+STALL_S = 5.0
+# Detached flights are logged together, at most once per this many seconds.
+STALL_LOG_EVERY_S = 30.0
 
 
 # Dead letters that carry the original record, so that it can be sent again as is.
 _WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
                                  ErrorCode.TARGET_NOT_ALLOWED, ErrorCode.WRONG_LANE,
                                  ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
+_PREFIX = envelope.PREFIX
+_TARGET = envelope.TARGET
+_PARTITION = envelope.PARTITION
+_LANE = envelope.LANE
+_ORIGIN = envelope.ORIGIN
+_DUE_MS = envelope.DUE_MS
+_NO_TIME = TIMESTAMP_NOT_AVAILABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,37 +112,6 @@ class DeliveryConfig:
     """How long after its first failure a record is retried before it is dead-lettered."""
 
 
-Delivered = tuple[bytes, int, IdRecord | None]
-"""An entry whose record is written: its key, its partition, and its id's end record
-(None without an id)."""
-
-
-class Durability(Protocol):
-    """How delivery's work becomes durable: told of every send and every delivery.
-
-    The at-least-once form writes an entry's tombstone once its record is
-    acknowledged; the exactly-once form writes it with the record, in the
-    same transaction (:mod:`kdelay.engine.checkpoint`).
-    """
-
-    def sent(self, key: bytes, partition: int, ended: IdRecord | None) -> None:
-        """A record for the entry ``key`` was produced (to its target or the DLQ);
-        ``ended`` is the changelog record of its id's end, if it has an id."""
-        ...
-
-    def delivered(self, done: list[Delivered]) -> None:
-        """The records of ``done`` are written: their entries are about to leave the index."""
-        ...
-
-    def position(self, partition: int) -> int | None:
-        """Return the changelog position the index may record for ``partition``."""
-        ...
-
-    def has_failures(self) -> bool:
-        """Return whether a changelog write failed since the failures were last taken."""
-        ...
-
-
 @dataclass(slots=True)
 class _Counts:
     """Per-record figures gathered between two settles, handed to Prometheus at once."""
@@ -133,6 +119,7 @@ class _Counts:
     delivered: int = 0
     lateness_ms: list[int] = field(default_factory=list)
     by_lane: dict[str, int] = field(default_factory=dict)
+    dead_lettered: dict[str, int] = field(default_factory=dict)
 
 
 class Delivery:
@@ -149,7 +136,6 @@ class Delivery:
         self._config = config
         self._release = release
         self._outage = outage
-        self._failures = FailureLog(clock)
         self._policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._producer = targets
@@ -159,15 +145,37 @@ class Delivery:
         self._metrics = metrics
         self._durability = durability
         self._book = Book()
-        self._windows: dict[int, Window] = {}
-        self._reports = Reports()
-        # Acknowledged entries that are not in their index yet (see adopt).
-        self._unindexed: list[tuple[bytes, Sink]] = []
+        self._retries = Retries(self._book, clock, metrics, outage, config.attempts,
+                                config.backoff_ms, config.backoff_max_ms, config.retry_ms,
+                                MAX_RETRYING_BATCHES * config.batch_size)
+        self._ahead = ReadAhead(reader, self._book, config.lookahead_ms, config.batch_size)
+        self._marks: dict[int, Marks] = {}
+        # Plans written and not yet applied, by their first key: their partition.
+        self._plans: dict[bytes, int] = {}
+        # The flights produced and not landed, in the order produced, and those
+        # landed and sealed but not yet applied (exactly-once: until settle or abandon).
+        self._flights: list[Flight] = []
+        self._landed: list[Flight] = []
+        self._sealed: list[Sealed] = []
+        # Whether seal ran since the last settle (exactly-once seals before committing).
+        self._sealing = False
+        # Jobs done whose entries are not in their index yet (see adopt).
+        self._unindexed: list[tuple[Job, Sink]] = []
         self._counts = _Counts()
-        self._topics = TopicCheck(targets, clock, away=away)
+        self._stalled = 0
+        self._stall_logged = float("-inf")
+        self._sender = Sender(config.requests_topic, config.dlq_topic, targets, internal,
+                              self._policy, TopicCheck(targets, clock, away=away),
+                              self._book.withheld, self._take_out, outage)
+
+    # -- what intake and the service ask ------------------------------------------
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""
+        run = self._ahead.held.get(key)
+        if run is not None:
+            at = run.position(key)
+            return at is not None and run.flying(at)
         return self._book.in_flight(key)
 
     def withhold(self, key: bytes) -> bool:
@@ -180,6 +188,8 @@ class Delivery:
         :meth:`release` is called for it, so a ``cancelled`` outcome is never
         followed by a delivery.
         """
+        if self.in_flight(key):
+            return False
         return self._book.withhold(key)
 
     def release(self, keys: list[bytes]) -> None:
@@ -188,11 +198,21 @@ class Delivery:
 
     def idle(self) -> bool:
         """Return whether no produce awaits a report."""
-        return not self._book.flying()
+        return not self._flights and not self._book.flying()
 
     def forget(self, keys: list[bytes]) -> None:
         """Drop read-ahead entries that left the index by other means (cancel)."""
+        for key in keys:
+            run = self._ahead.held.get(key)
+            if run is None:
+                continue
+            at = run.position(key)
+            if at is not None and at >= run.sent:
+                run.take(at)
+                del self._ahead.held[key]
         self._book.forget(keys)
+        for marks in self._marks.values():
+            marks.gone(keys)
 
     def noted(self, partition: int, lowest: bytes | None) -> None:
         """Learn that entries down to ``lowest`` were put in ``partition``'s index by others.
@@ -202,7 +222,7 @@ class Delivery:
         """
         if lowest is None:
             return
-        window = self._window(partition)
+        window = self._ahead.window(partition)
         if window.lowest_put is None or lowest < window.lowest_put:
             window.lowest_put = lowest
 
@@ -214,26 +234,26 @@ class Delivery:
         are due, before intake's plan is acknowledged and applied to the index;
         an adopted entry leaves the index only after :meth:`indexed` says it
         is in it. Entries not taken are found by a scan once they are indexed.
+        Every plan's puts are noted, adopted or not: until the plan is applied,
+        the partition's watermark stays below them.
         """
-        window = self._window(partition)
-        covered = window.covered
+        if entries:
+            self._plans[entries[0].key] = partition
+            self._marks_of(partition).put(entries[0].key, [entry.key for entry in entries])
+        covered = self._ahead.window(partition).covered
         if covered is None:
             return
         # Adopted entries cost no read: only the cap on held entries bounds them.
-        room = self._cap(partition)
-        held = self._book.keys
-        for entry in entries:
-            if room <= 0:
-                return
-            original = originals.get(entry.key)
-            if entry.due.due_ms > covered or entry.key in held or original is None:
-                continue
-            job = Job(entry, original, partition, State.ADOPTED, indexed=False)
-            # The record the entry was just made from: its fingerprint matches by
-            # construction, so only its routing is read (None leaves it to _verify).
-            job.routing = envelope.routing(original.headers())
-            self._book.hold(job)
-            room -= 1
+        room = self._ahead.cap(partition)
+        held, book = self._ahead.held, self._book.keys
+        taken = sorted(
+            (entry for entry in entries if entry.due.due_ms <= covered and entry.key not in held
+             and entry.key not in book and entry.key in originals), key=lambda e: e.key)
+        del taken[max(0, room):]
+        if taken:
+            self._ahead.hold(Run(partition, [e.key for e in taken],
+                           [e.raw or codec.encode_index_value(e.value) for e in taken],
+                           [originals[e.key] for e in taken], indexed=False, adopted=True))
 
     def indexed(self, partition: int, entries: list[Entry]) -> None:
         """Learn that intake's ``entries`` are in ``partition``'s index now.
@@ -241,13 +261,18 @@ class Delivery:
         Adopted ones may leave it from now on; an entry inside the window that
         was not adopted is found by the next scan, which starts no later than it.
         """
-        window = self._window(partition)
+        if entries:
+            self._plans.pop(entries[0].key, None)
+            self._marks_of(partition).applied(entries[0].key)
+        window = self._ahead.window(partition)
         covered = window.covered
-        book = self._book
         lowest: bytes | None = None
         for entry in entries:
-            job = book.get(entry.key)
-            if job is not None:
+            run = self._ahead.held.get(entry.key)
+            job = None if run is not None else self._book.get(entry.key)
+            if run is not None:
+                run.indexed = True
+            elif job is not None:
                 job.indexed = True
             elif (covered is None or entry.due.due_ms <= covered) and (
                     lowest is None or entry.key < lowest):
@@ -258,17 +283,33 @@ class Delivery:
             self.noted(partition, lowest)
 
     def disown(self, entries: list[Entry]) -> None:
-        """Drop the adopted jobs of entries whose plan was given back (never indexed)."""
+        """Drop the adopted entries of a plan that was given back (never indexed)."""
+        partition = self._plans.pop(entries[0].key, None) if entries else None
+        if partition is not None:
+            self._marks_of(partition).given_back(entries[0].key)
         for entry in entries:
+            run = self._ahead.held.get(entry.key)
+            if run is not None and not run.indexed:
+                at = run.position(entry.key)
+                if at is not None and at >= run.sent:
+                    run.take(at)
+                    del self._ahead.held[entry.key]
+                continue
             job = self._book.get(entry.key)
             if job is not None and not job.indexed and job.state is not State.IN_FLIGHT:
                 self._book.drop(entry.key)
 
     def drop_partition(self, partition: int) -> None:
-        """Forget every job of a partition this instance no longer owns."""
+        """Forget everything of a partition this instance no longer owns."""
         for key in self._book.keys_of(partition):
             self._book.drop(key)
-        self._windows.pop(partition, None)
+        self._ahead.drop(partition)
+        self._marks.pop(partition, None)
+        self._sealed = [item for item in self._sealed if item.partition != partition]
+        self._unindexed = [(job, sink) for job, sink in self._unindexed
+                           if job.partition != partition]
+
+    # -- the loop's phases ----------------------------------------------------------
 
     def tick(self, indexes: Mapping[int, PartitionIndex]) -> int:
         """Read ahead, produce what is due; return the milliseconds until there is more to do."""
@@ -279,7 +320,11 @@ class Delivery:
     def prepare(self, indexes: Mapping[int, PartitionIndex]) -> bool:
         """Read ahead and take back retries whose backoff is over; return whether work is due."""
         now = self._clock.now_ms()
-        self._read_ahead(indexes, now)
+        for partition, index in indexes.items():
+            marks = self._marks.get(partition)
+            if marks is None or not marks.loaded:
+                self._load_marks(partition, index)
+        self._ahead.read(indexes, now)
         self._book.promote(now)
         return self._next_wakeup_ms(now) == 0
 
@@ -287,284 +332,269 @@ class Delivery:
         """Produce every read-ahead entry that is due by the clock, in key order.
 
         Due means due by ``release`` too (by default the service clock alone).
+        The book's jobs go first (retries, dead letters), then the runs' due
+        slices, merged in key order: one :class:`Flight` each.
         """
         now = self._clock.now_ms()
         limit = self._release(now)
-        if limit is None:
+        if limit is None or self._outage():
             return
-        book = self._book
-        while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= limit:
-            if self._outage():  # learnt mid-way (a silent metadata request): wait for Kafka
+        since = self._clock.monotonic()
+        if not self._dispatch_jobs(limit, now, since):
+            return
+        bound = codec.due_upper_bound(limit)
+        due = [(run, run.sent, run.due_end(bound)) for runs in self._ahead.runs.values()
+               for run in runs if run.sent < len(run.keys) and run.keys[run.sent] < bound]
+        routes: Routes = {}
+        taken = self._book.held_total()
+        for run, start, end in merged(due):
+            flight = Flight(run, start, start, since=since)
+            sending = self._sender.slice(run, start, end, now, flight, routes)
+            if flight.end > start:
+                self._flights.append(flight)
+            if not sending:
                 return
-            try:
-                self._send(job, now)
-            except BufferError:
-                self._producer.poll(0)
-                self._internal.poll(0)
-                return
+        if self._book.held_total() > taken:  # entries the slices handed the book
+            self._dispatch_jobs(limit, now, since)
+
+    def _dispatch_jobs(self, limit: int, now: int, since: float) -> bool:
+        """Send the book's due jobs as one flight; False when the queue filled up."""
+        jobs = Flight(None, since=since)
+        sending = self._send_jobs(jobs, limit, now)
+        if jobs.jobs or jobs.refusals:
+            self._flights.append(jobs)
+        return sending
 
     def wait_ms(self) -> int:
         """Return the milliseconds until there is work: the next due entry, or at most
         ``IN_FLIGHT_WAIT_MS`` while produces await their reports (at most ``MAX_WAIT_MS``)."""
         wait = self._next_wakeup_ms(self._clock.now_ms())
-        return min(wait, IN_FLIGHT_WAIT_MS) if self._book.flying() else wait
+        return min(wait, IN_FLIGHT_WAIT_MS) if not self.idle() else wait
 
     def has_failures(self) -> bool:
-        """Return whether a produce or a tombstone reported a failure since the last settle."""
-        return bool(self._reports.failed) or self._durability.has_failures()
+        """Return whether a produce or a changelog write reported a failure since the
+        flights were last settled."""
+        return (any(flight.failed for flight in (*self._landed, *self._flights))
+                or self._durability.has_failures())
+
+    def seal(self, indexes: Mapping[int, PartitionIndex]) -> None:
+        """Land the flights that have landed and write the seals of what is done.
+
+        Flights of one run land in the order they were produced. A flight
+        that has not landed after :data:`STALL_S` (a target partition without a
+        leader, say) is detached from its run: its entries become jobs of the
+        book, so the run, and every entry behind it, goes on.
+
+        Exactly-once calls this inside the transaction, before it commits: the
+        seals go into it, and :meth:`settle` applies them once it committed
+        (:meth:`abandon` takes them back).
+        """
+        self._sealing = True
+        now = self._clock.now_ms()
+        stalled = self._clock.monotonic() - STALL_S
+        done: dict[int, list[tuple[Job, Sink]]] = {}
+        waiting: list[Flight] = []
+        blocked: set[int] = set()  # runs with an earlier flight still in the air
+        for flight in self._flights:
+            run = flight.run
+            if run is not None and id(run) in blocked:
+                waiting.append(flight)
+            elif self._durability.landed(flight):
+                self._land(flight, now, done)
+                self._landed.append(flight)
+            else:
+                if run is not None and flight.since < stalled:
+                    self._detach(flight)
+                elif run is not None:
+                    blocked.add(id(run))
+                waiting.append(flight)
+        self._flights = waiting
+        if self._unindexed:
+            unindexed, self._unindexed = self._unindexed, []
+            for job, sink in unindexed:
+                if job.indexed:
+                    done.setdefault(job.partition, []).append((job, sink))
+                else:
+                    self._unindexed.append((job, sink))
+        self._retries.flush()
+        for partition in sorted({*self._ahead.runs, *done}):
+            if partition in indexes:
+                self._seal(partition, done.get(partition, []), now)
 
     def settle(self, indexes: Mapping[int, PartitionIndex]) -> None:
-        """Apply the delivery reports collected since the last call.
+        """Apply what was sealed: done entries leave the index; count and forget them.
 
-        An acknowledged entry leaves the index (its :class:`Durability` is told
-        first); a failed one backs off for a retry, or goes to the DLQ.
+        Seals what has landed first, unless :meth:`seal` did it already (exactly-once).
         """
-        reports, self._reports = self._reports, Reports()
-        changes: dict[int, Changes] = {}
-        now = self._clock.now_ms()
-        done = reports.done
-        if self._unindexed:
-            done, self._unindexed = [*self._unindexed, *done], []
-        if done:
-            self._succeeded(done, now, changes)
-        for key, sink, reason in [*reports.failed, *reports.refused]:
-            self._failed(key, sink, reason, now)
-        self._failures.flush()
-        self._apply(changes, indexes)
+        if not self._sealing:
+            self.seal(indexes)
+        sealed, self._sealed, self._landed, self._sealing = self._sealed, [], [], False
+        for item in sealed:
+            self._marks_of(item.partition).sealed(item.seal, item.done)
+            index = indexes.get(item.partition)
+            if index is not None:
+                item.changes.changelog = self._durability.position(item.partition)
+                index.apply(item.changes)
+            self._settled(item)
+        self._flush_metrics()
 
     def abandon(self) -> None:
         """Take back every produce of an aborted transaction: the entries go out again.
 
         Failed and refused produces back off as after any failure; the others
-        (whatever their report said) are ready to be sent at once.
+        (whatever their report said) are ready to be sent at once. Seals
+        written into the transaction are dropped.
         """
-        reports, self._reports = self._reports, Reports()
         now = self._clock.now_ms()
-        for key, sink, reason in [*reports.refused, *reports.failed]:
-            self._failed(key, sink, reason, now)
-        self._failures.flush()
-        for job in self._book.jobs_in(State.IN_FLIGHT):
-            self._book.move(job, State.READY)
-
-    def _apply(self, changes: dict[int, Changes], indexes: Mapping[int, PartitionIndex]) -> None:
-        self._flush_metrics()
-        for partition, change in changes.items():
-            if partition in indexes:
-                change.changelog = self._durability.position(partition)
-                indexes[partition].apply(change)
+        self._sealed, self._sealing = [], False
+        flights, self._landed, self._flights = [*self._landed, *self._flights], [], []
+        self._counts.delivered = 0
+        for flight in flights:
+            run = flight.run
+            if run is not None:
+                run.sent = min(run.sent, flight.start)
+                run.landed = min(run.landed, flight.start)
+            for job, _ in flight.jobs:
+                if (job.key not in flight.failed and job.key not in flight.refusals
+                        and job.state is State.IN_FLIGHT):
+                    self._book.move(job, State.READY)
+        for flight in flights:
+            for key, sink, reason in flight.failures():
+                self._failed(key, sink, reason, now)
+        self._retries.flush()
 
     # -- read-ahead -------------------------------------------------------------
 
-    def _window(self, partition: int) -> Window:
-        window = self._windows.get(partition)
-        if window is None:
-            window = self._windows[partition] = Window()
-        return window
+    def _marks_of(self, partition: int) -> Marks:
+        marks = self._marks.get(partition)
+        if marks is None:
+            marks = self._marks[partition] = Marks()
+        return marks
 
-    def _read_ahead(self, indexes: Mapping[int, PartitionIndex], now: int) -> None:
-        horizon = now + self._config.lookahead_ms
-        wanted: dict[int, list[Entry]] = {}
-        for partition, index in indexes.items():
-            window = self._window(partition)
-            if window.needs_scan(now, self._config.lookahead_ms):
-                room = self._room(partition)
-                if room <= 0:
-                    continue
-                entries = index.scan(horizon, room, skip=self._book.keys,
-                                     start=window.cursor)
-                if entries:
-                    # Everything below the last key read is held or gone: the next
-                    # scan resumes right after it instead of walking the held keys.
-                    window.cursor = entries[-1].key + b"\x00"
-                    wanted[partition] = entries
-                window.covered = horizon
-                window.truncated = len(entries) >= room
-        if wanted:
-            self._fetch(wanted)
-
-    def _room(self, partition: int) -> int:
-        """Return how many more entries of ``partition`` the read-ahead may take.
-
-        Only ready entries count against the batch: not those in flight or
-        backing off (the next batch is read while the last one is
-        acknowledged), nor those adopted from intake and not yet sent (they
-        were never read, and under steady load with short delays they alone
-        would fill the batch and stop the read-ahead). The cap on all held
-        entries keeps memory bounded.
-        """
-        ready = self._book.count(partition, State.READY)
-        return min(self._config.batch_size - ready, self._cap(partition))
-
-    def _cap(self, partition: int) -> int:
-        """Return how many more entries ``partition`` may hold in memory, whatever their state."""
-        return MAX_HELD_BATCHES * self._config.batch_size - self._book.held(partition)
-
-    def _fetch(self, wanted: dict[int, list[Entry]]) -> None:
-        # An original lies on the partition its key names (another for a forwarded id).
-        offsets: dict[int, list[int]] = defaultdict(list)
-        for entry in itertools.chain.from_iterable(wanted.values()):
-            offsets[entry.due.partition].append(entry.due.offset)
-        originals = self._reader.read(offsets)
-        for partition, entries in wanted.items():
-            window = self._window(partition)
-            for entry in entries:
-                found = originals.get((entry.due.partition, entry.due.offset))
-                if found is None:
-                    window.covered = None
-                    window.rewind(entry.key)
-                    continue
-                self._book.hold(Job(entry, found, partition))
+    def _load_marks(self, partition: int, index: PartitionIndex) -> None:
+        """Start from the watermark the index holds (restored, or written before a restart)."""
+        mark = index.watermark
+        pending = [] if mark is None else sorted(mark.pending)
+        present = [key for key, raw in zip(pending, index.raw_values(pending), strict=True)
+                   if raw is not None]
+        loaded = Marks.of(mark, present)
+        early = self._marks.get(partition)
+        if early is not None:  # plans written before the partition's first read-ahead
+            for token, (_, keys) in early.unapplied.items():
+                loaded.put(token, keys)
+        self._marks[partition] = loaded
 
     # -- sending ------------------------------------------------------------------
 
-    def _send(self, job: Job, now: int) -> None:
-        """Produce the job's record to its target, or to the DLQ with a reason."""
-        if job.failure is None and job.routing is None:
-            job.failure = self._verify(job)
-        failure = job.failure
-        sink = Sink.TARGET if failure is None else Sink.DLQ
-        key = job.entry.key
-        try:
-            if failure is not None:
-                self._produce_dead_letter(job, *failure)
-            elif isinstance(job.original, Message):
-                self._produce_target(job, job.original, now)
-            ended = (None if job.entry.value.schedule_id is None
-                     else self._ended(job, sink, now)[1])
-            self._durability.sent(key, job.partition, ended)
-        except KafkaException as exc:
-            # Refused before anything was written: nothing in a transaction to abort.
-            self._reports.refused.append((key, sink, str(exc.args[0])))
-        self._book.sent(job)
-
-    def _verify(self, job: Job) -> tuple[ErrorCode, str] | None:
-        """Return why the fetched original cannot be delivered, or None if it can."""
-        original = job.original
-        if original is Missing.EXPIRED:
-            return (ErrorCode.EXPIRED,
-                    f"{self._where(job)} is below the log start offset (retention)")
-        if original is Missing.ABSENT:
-            return ErrorCode.MISMATCH, f"{self._where(job)} holds no record any more"
-        assert isinstance(original, Message)  # noqa: S101 - Missing handled above
-        expected = job.entry.value.fingerprint
-        found = fingerprint_of(original)
-        if found != expected:
-            return (ErrorCode.MISMATCH,
-                    f"{self._where(job)} fingerprint {found} differs from {expected}")
-        routing = envelope.routing(original.headers())
-        if routing is None:
-            return ErrorCode.MISMATCH, f"{self._where(job)} no longer carries a valid schedule"
-        # Intake refuses these targets; an entry indexed before the policy
-        # narrowed (a new allow-list, an older kdelay) is refused here.
-        refused = self._policy.refusal(routing.target, routing.lane)
-        if refused is not None:
-            return refused.code, refused.detail
-        job.routing = routing
-        return None
-
-    def _where(self, job: Job) -> str:
-        """Return the request's coordinates, ``topic/partition/offset`` (``kdelay-origin``)."""
-        due = job.entry.due
-        return envelope.origin_of(self._config.requests_topic, due.partition, due.offset)
-
-    def _produce_target(self, job: Job, original: Message, now: int) -> None:
-        routing = job.routing
-        assert routing is not None  # noqa: S101 - _verify set it
-        missing = self._topics.missing(routing.target)
-        if missing is not None:
-            raise KafkaException(missing)
-        due = job.entry.due
-        headers = [*routing.user, *envelope.delivery_tail(self._where(job), due.due_ms)]
-        self._producer.produce(
-            routing.target, value=original.value(), key=original.key(),
-            partition=-1 if routing.partition is None else routing.partition,
-            headers=headers, timestamp=now, on_delivery=self._callback(job.key, Sink.TARGET),
-        )
-        self._counts.lateness_ms.append(now - due.due_ms)
-
-    def _produce_dead_letter(self, job: Job, code: ErrorCode, detail: str) -> None:
-        due = job.entry.due
-        reason = envelope.rejection_headers(envelope.Rejection(code, detail))
-        tail = [*reason, *envelope.delivery_tail(self._where(job), due.due_ms)]
-        if isinstance(job.original, Message) and code in _WHOLE_DEAD_LETTERS:
-            # The original's own kdelay-* headers are replaced by the target and
-            # due time, so the DLQ record can be sent back as a request as is.
-            original = job.original
-            headers = [*envelope.user_headers(original.headers()),
-                       *envelope.routing_headers(envelope.routing(original.headers())), *tail]
-            self._internal.produce(self._config.dlq_topic, value=original.value(),
-                                   key=original.key(), headers=headers,
-                                   on_delivery=self._callback(job.key, Sink.DLQ))
-        else:
-            # No original to copy: the DLQ record carries what the index knows of it.
-            _, sid, target = job.entry.value
-            known = [] if sid is None else [(envelope.SCHEDULE_ID, sid.encode())]
-            if target is not None:
-                known.append((envelope.SCHEDULED_TARGET, target.encode()))
-            self._internal.produce(self._config.dlq_topic, value=None, key=None,
-                                   headers=[*known, *tail],
-                                   on_delivery=self._callback(job.key, Sink.DLQ))
-
-    def _callback(self, key: bytes, sink: Sink) -> Callable[[KafkaError | None, Message], None]:
-        return functools.partial(self._on_report, key, sink)
-
-    def _on_report(self, key: bytes, sink: Sink, error: KafkaError | None, _: Message) -> None:
-        # Served once per record: guarded here rather than by a wrapper (see latch).
-        try:
-            if error is None:
-                self._reports.done.append((key, sink))
-            else:
-                self._reports.failed.append((key, sink, error.str()))
-        except BaseException as exc:
-            latch(exc)
-            raise
-
-    # -- settling ---------------------------------------------------------------
-
-    def _succeeded(self, done: list[tuple[bytes, Sink]], now: int,
-                   changes: dict[int, Changes]) -> None:
-        """Take the acknowledged entries out of the book, into ``changes`` (their index
-        deletes, and their ids' ends), and tell the durability of all of them at once."""
+    def _send_jobs(self, flight: Flight, limit: int, now: int) -> bool:
+        """Send the book's due jobs (retries, dead letters); False on a full queue."""
         book = self._book
-        counts = self._counts
-        delivered: list[Delivered] = []
-        for key, sink in done:
-            job = book.get(key)
-            if job is None:
-                continue
-            if not job.indexed:
-                self._unindexed.append((key, sink))
-                continue
-            book.drop(key)
-            partition = job.partition
-            change = changes.get(partition)
-            if change is None:  # not setdefault: that would build a Changes per entry
-                change = changes[partition] = Changes()
-            change.deletes.append(key)
-            sid = job.entry.value.schedule_id
-            if sid is None:
-                delivered.append((key, partition, None))
-            else:
-                state, record = self._ended(job, sink, now)
-                change.ids[sid] = state
-                delivered.append((key, partition, record))
-            if sink is Sink.TARGET:
-                counts.delivered += 1
-                lane = job.routing.lane if job.routing is not None else None
-                if lane is not None:  # one the policy knows: the label's values are bounded
-                    counts.by_lane[lane] = counts.by_lane.get(lane, 0) + 1
-            else:
-                code = job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE
-                self._metrics.dead_lettered.labels(reason=str(code)).inc()
-        if delivered:
-            self._durability.delivered(delivered)
+        while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= limit:
+            if self._outage():  # learnt mid-way (a silent metadata request): wait for Kafka
+                return False
+            try:
+                self._sender.job(job, now, flight)
+                self._book.sent(job)
+            except BufferError:
+                self._producer.poll(0)
+                self._internal.poll(0)
+                return False
+        return True
 
-    @staticmethod
-    def _ended(job: Job, sink: Sink, now: int) -> tuple[IdState | None, IdRecord | None]:
-        """The end of the job's id at ``now`` and its changelog record (None: no id)."""
-        end = End.DELIVERED if sink is Sink.TARGET else End.DEAD_LETTERED
-        return codec.end_of(job.entry.value.schedule_id, end, now, job.key,
-                            job.entry.value.fingerprint)
+    def _take_out(self, run: Run, at: int, flight: Flight | None = None,
+                  refused: KafkaError | None = None) -> Job:
+        """Move the entry at ``at`` out of its run into the book, as a job of its own.
+
+        With ``refused`` its produce was refused (or its target is missing): it
+        is in flight until the flight lands, then backs off for a retry.
+        Otherwise the book decides: held back while a cancel withholds it, or
+        verified and dead-lettered when its original is not the one indexed.
+        """
+        key = run.keys[at]
+        run.take(at)
+        self._ahead.held.pop(key, None)
+        raw = run.values[at]
+        job = Job(Entry(key, codec.decode_index_value(raw), raw), run.originals[at],
+                  run.partition, indexed=run.indexed)
+        self._book.hold(job)
+        if refused is not None and flight is not None:
+            self._book.move(job, State.IN_FLIGHT)
+            flight.jobs.append((job, Sink.TARGET))
+            flight.refused(key, Sink.TARGET, refused.str())
+        return job
+
+    # -- landing and sealing ---------------------------------------------------------
+
+    def _land(self, flight: Flight, now: int, done: dict[int, list[tuple[Job, Sink]]]) -> None:
+        """A flight landed: its records are written, but the failed ones.
+
+        Failed entries leave their run (or stay in the book) to back off for a
+        retry; the run range that landed waits to be sealed; the book's jobs
+        that are done join ``done``, by partition.
+        """
+        failed = flight.failed
+        run = flight.run
+        if run is not None:
+            if failed:
+                for at in [at for at in run.live(flight.start, flight.end)
+                           if run.keys[at] in failed]:
+                    self._book.move(self._take_out(run, at), State.IN_FLIGHT)
+            run.landed = max(run.landed, flight.end)
+        for job, sink in flight.jobs:
+            if job.key in failed or job.key in flight.refusals:
+                continue
+            if job.indexed:
+                done.setdefault(job.partition, []).append((job, sink))
+            else:
+                self._unindexed.append((job, sink))
+        for key, sink, reason in flight.failures():
+            self._failed(key, sink, reason, now)
+        for lane, count in flight.lanes.items():
+            self._counts.by_lane[lane] = self._counts.by_lane.get(lane, 0) + count
+
+    def _detach(self, flight: Flight) -> None:
+        """Turn a stalled flight's entries into jobs of the book, in flight with it, so
+        that its run goes on; they are settled one by one once the flight lands."""
+        run = flight.run
+        assert run is not None  # noqa: S101 - the caller checks
+        for at in list(run.live(flight.start, flight.end)):
+            job = self._take_out(run, at)
+            self._book.move(job, State.IN_FLIGHT)
+            flight.jobs.append((job, Sink.TARGET))
+        run.landed = max(run.landed, flight.end)
+        flight.run = None
+        self._stalled += len(flight.jobs)
+        now = self._clock.monotonic()
+        if now >= self._stall_logged + STALL_LOG_EVERY_S:
+            log.warning("%d deliveries await their acknowledgements for over %.0f s (a target "
+                        "partition without a leader?); the entries behind them go on",
+                        self._stalled, STALL_S)
+            self._stall_logged, self._stalled = now, 0
+
+    def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> None:
+        """Write the seal of what is done in ``partition`` and keep it to apply."""
+        runs = self._ahead.runs.get(partition, [])
+        marks = self._marks_of(partition)
+        item = seal_of(partition, landed_runs(runs), jobs, marks,
+                       frontier(self._ahead.windows.get(partition), marks, runs),
+                       self._book.jobs_of(partition), now)
+        if not item.done:
+            self._settled(item)
+            return
+        self._durability.seal(partition, item.seal.mark, item.seal.uncovered, item.ended)
+        self._sealed.append(item)
+
+    def _settled(self, item: Sealed) -> None:
+        """A seal is applied: its runs' ranges and its jobs are out of the index."""
+        self._counts.delivered += self._ahead.settled(item.partition, item.runs)
+        for job, sink in item.jobs:
+            if self._book.get(job.key) is job:
+                self._book.drop(job.key)
+            if sink is Sink.TARGET:
+                self._counts.delivered += 1
+            else:
+                code = str(job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE)
+                self._counts.dead_lettered[code] = self._counts.dead_lettered.get(code, 0) + 1
 
     def _flush_metrics(self) -> None:
         """Hand the per-record counts gathered since the last call to Prometheus at once."""
@@ -573,55 +603,30 @@ class Delivery:
             self._metrics.delivered.inc(counts.delivered)
         for lane, count in counts.by_lane.items():
             self._metrics.lane_delivered.labels(lane=lane).inc(count)
-        self._metrics.lateness.observe_ms(counts.lateness_ms)
+        for reason, count in counts.dead_lettered.items():
+            self._metrics.dead_lettered.labels(reason=reason).inc(count)
+        lateness, self._sender.lateness_ms = self._sender.lateness_ms, []
+        self._metrics.lateness.observe_ms(lateness)
+
+    # -- failures -------------------------------------------------------------------
 
     def _failed(self, key: bytes, sink: Sink, reason: str, now: int) -> None:
+        """A produce of ``key`` failed: its job backs off (taken out of its run if need be)."""
         job = self._book.get(key)
         if job is None:
-            return
-        outage = self._outage()
-        if not outage:  # Kafka away is no fault of the target's: no attempt is spent
-            job.attempts += 1
-        job.detail = reason
-        if job.first_failed_ms is None:
-            job.first_failed_ms = now
-        given_up = self._given_up(job, now) if sink is Sink.TARGET else None
-        if given_up is not None:
-            job.failure = (ErrorCode.UNDELIVERABLE,
-                           f"{job.attempts} attempts {given_up}; last: {reason}")
-            wait = 0
-        else:
-            wait = backoff_ms(max(1, job.attempts), self._config.backoff_ms,
-                              self._config.backoff_max_ms)
-            # The last attempt falls at the end of the retry window, not after it.
-            wait = max(0, min(wait, job.first_failed_ms + self._config.retry_ms - now))
-        self._failures.add(job.entry.due, reason, job.attempts, wait, outage)
-        self._metrics.retries.inc()
-        job.not_before_ms = now + wait
-        self._book.move(job, State.BACKING_OFF)
-
-    def _given_up(self, job: Job, now: int) -> str | None:
-        """Return why a failed record is not retried any more, or None to retry it.
-
-        It is retried for ``retry_ms`` after its first failure (and at most
-        ``attempts`` times, if set), unless its partition already holds
-        ``MAX_RETRYING_BATCHES`` batches of records waiting for a retry:
-        memory stays bounded and entries of working targets keep their room.
-        """
-        config = self._config
-        assert job.first_failed_ms is not None  # noqa: S101 - set by _failed
-        if config.attempts and job.attempts >= config.attempts:
-            return "failed"
-        if now - job.first_failed_ms >= config.retry_ms:
-            return f"failed over {(now - job.first_failed_ms) // 1000} s"
-        waiting = self._book.count(job.partition, State.BACKING_OFF)
-        if waiting >= MAX_RETRYING_BATCHES * config.batch_size:
-            return (f"failed, and {waiting} records of partition {job.partition} already "
-                    "wait for a retry")
-        return None
+            run = self._ahead.held.get(key)
+            at = None if run is None else run.position(key)
+            if run is None or at is None:
+                return
+            job = self._take_out(run, at)
+        self._retries.failed(job, sink, reason, now)
 
     def _next_wakeup_ms(self, now: int) -> int:
         wakeup = self._book.next_wakeup_ms()
+        first = self._ahead.first_unsent()
+        if first is not None:
+            due = codec.due_ms_of(first)
+            wakeup = due if wakeup is None else min(wakeup, due)
         if wakeup is None:
             return MAX_WAIT_MS
         limit = self._release(now)

@@ -3,8 +3,10 @@
 A target may fail for minutes (a topic created late, a broker away): every
 record bound for it fails again and again. The waits double up to a cap
 (:func:`backoff_ms`), a missing topic is found by one cached metadata
-request instead of a produce that times out (:class:`TopicCheck`), and the
-failures are logged together (:class:`FailureLog`), never a line each.
+request instead of a produce that times out (:class:`TopicCheck`), the
+failures are logged together (:class:`FailureLog`), never a line each, and
+:class:`Retries` decides, per failed record, when it goes again or whether
+it goes to the DLQ instead.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
+from kdelay.engine.book import Book, Job, Sink, State
+from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import AWAY, Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec
+from kdelay.protocol.envelope import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -109,3 +114,66 @@ class FailureLog:
             log.warning("%d deliveries failed (%d while Kafka was unreachable); last: %s",
                         self._count, self._outages, self._last)
         self._count = self._outages = 0
+
+
+class Retries:
+    """What becomes of a failed delivery: a retry after a backoff, or the DLQ.
+
+    A record is retried for ``retry_ms`` after its first failure (and at most
+    ``attempts`` times, if set), unless its partition already holds
+    ``max_waiting`` records waiting for a retry: memory stays bounded and
+    entries of working targets keep their room. A failure while Kafka is
+    unreachable (``outage``) spends no attempt: it is no fault of the target's.
+    """
+
+    def __init__(self, book: Book, clock: Clock, metrics: Metrics, outage: Callable[[], bool],
+                 attempts: int, base_ms: int, cap_ms: int, retry_ms: int,
+                 max_waiting: int) -> None:
+        self._book = book
+        self._metrics = metrics
+        self._outage = outage
+        self._attempts = attempts
+        self._base_ms = base_ms
+        self._cap_ms = cap_ms
+        self._retry_ms = retry_ms
+        self._max_waiting = max_waiting
+        self._log = FailureLog(clock)
+
+    def failed(self, job: Job, sink: Sink, reason: str, now: int) -> None:
+        """The job's produce failed at ``now``: back it off, or give it up (undeliverable)."""
+        outage = self._outage()
+        if not outage:
+            job.attempts += 1
+        job.detail = reason
+        if job.first_failed_ms is None:
+            job.first_failed_ms = now
+        given_up = self._given_up(job, now) if sink is Sink.TARGET else None
+        if given_up is not None:
+            job.failure = (ErrorCode.UNDELIVERABLE,
+                           f"{job.attempts} attempts {given_up}; last: {reason}")
+            wait = 0
+        else:
+            wait = backoff_ms(max(1, job.attempts), self._base_ms, self._cap_ms)
+            # The last attempt falls at the end of the retry window, not after it.
+            wait = max(0, min(wait, job.first_failed_ms + self._retry_ms - now))
+        self._log.add(job.entry.due, reason, job.attempts, wait, outage)
+        self._metrics.retries.inc()
+        job.not_before_ms = now + wait
+        self._book.move(job, State.BACKING_OFF)
+
+    def flush(self) -> None:
+        """Log the failures counted since the last line, if it is time."""
+        self._log.flush()
+
+    def _given_up(self, job: Job, now: int) -> str | None:
+        """Return why a failed record is not retried any more, or None to retry it."""
+        assert job.first_failed_ms is not None  # noqa: S101 - set by failed
+        if self._attempts and job.attempts >= self._attempts:
+            return "failed"
+        if now - job.first_failed_ms >= self._retry_ms:
+            return f"failed over {(now - job.first_failed_ms) // 1000} s"
+        waiting = self._book.count(job.partition, State.BACKING_OFF)
+        if waiting >= self._max_waiting:
+            return (f"failed, and {waiting} records of partition {job.partition} already "
+                    "wait for a retry")
+        return None

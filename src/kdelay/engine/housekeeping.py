@@ -9,7 +9,8 @@ from kdelay.engine.metrics import Metrics
 from kdelay.engine.outlook import Outlook
 from kdelay.plumbing.clients import Watermarks
 from kdelay.plumbing.clock import Clock
-from kdelay.state.index import PartitionIndex, free_bytes
+from kdelay.state.index import PartitionIndex
+from kdelay.state.statedir import free_bytes
 
 HOUSEKEEPING_EVERY_MS = 5_000
 

@@ -20,6 +20,7 @@ re-derives the same keys and the same forwards: intake is idempotent.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,6 +28,7 @@ from typing import NamedTuple, Protocol
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec, envelope, forward
 from kdelay.protocol.codec import Answer, End, Fingerprint, IdState, IndexValue
@@ -562,3 +564,35 @@ class Planner:
     def _value(self, plan: Plan, key: bytes, sid: str) -> IndexValue:
         """The index value of the pending entry ``key`` (planned, unapplied or indexed)."""
         return self._pending_value(plan, key) or IndexValue(Fingerprint(0, 0), sid)
+
+
+# Most differing duplicates one batch logs one by one (all are counted).
+CONFLICTS_LOGGED = 5
+
+
+def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> None:
+    """Count a batch's outcomes (one metric update per kind) and log the notable ones."""
+    kinds: Counter[Outcome] = Counter()
+    reasons: Counter[str] = Counter()
+    for outcome, detail in outcomes:
+        kinds[outcome] += 1
+        if outcome is Outcome.REJECTED:
+            reasons[detail.split(":", 1)[0]] += 1
+        elif outcome is not Outcome.SCHEDULED and outcome is not Outcome.FORWARDED:
+            log.info("request %s: %s", outcome, detail)
+    for outcome, count in kinds.items():
+        metrics.intake.labels(outcome=str(outcome)).inc(count)
+    for reason, count in reasons.items():
+        metrics.dead_lettered.labels(reason=reason).inc(count)
+
+
+def count_conflicts(metrics: Metrics, conflicts: list[str]) -> None:
+    """Count and log the duplicates that differ from their first request (a few per batch)."""
+    if not conflicts:
+        return
+    metrics.id_conflicts.inc(len(conflicts))
+    for conflict in conflicts[:CONFLICTS_LOGGED]:
+        log.warning("duplicate id dropped: %s", conflict)
+    if len(conflicts) > CONFLICTS_LOGGED:
+        log.warning("... and %d more such duplicates in this batch "
+                    "(kdelay_duplicate_conflicts)", len(conflicts) - CONFLICTS_LOGGED)

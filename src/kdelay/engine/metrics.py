@@ -167,6 +167,10 @@ class Metrics:
                                registry=r)
         self.changelog_errors = Counter("kdelay_changelog_errors",
                                         "Changelog writes that failed", registry=r)
+        self.swept = Counter(
+            "kdelay_swept_records", "Changelog tombstones written, off the delivery path, "
+            "for the puts of entries a watermark covers (so that compaction drops them)",
+            registry=r)
         self.lateness = BatchHistogram("kdelay_lateness_seconds",
                                        "Produce time minus due time, by the service clock",
                                        LATENESS_BUCKETS, r)
@@ -207,7 +211,7 @@ class Metrics:
         # The gauges below are refreshed by kdelay.engine.outlook every housekeeping round.
         self.phases = Histogram(
             "kdelay_loop_phase_seconds", "Time one service step spends in each phase (consume, "
-            "read-ahead, dispatch, write, commit, apply, settle, housekeeping)", ["phase"],
+            "read-ahead, dispatch, write, commit, apply, settle, sweep, housekeeping)", ["phase"],
             buckets=PHASE_BUCKETS, registry=r)
         self.outlook = OutlookGauges(r)
 

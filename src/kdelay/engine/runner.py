@@ -25,7 +25,8 @@ from kdelay.engine.workers import Supervisor, Worker, worker_settings
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
-from kdelay.state.index import PartitionIndex, StateDirFull, StateDirLock
+from kdelay.state.index import PartitionIndex
+from kdelay.state.statedir import StateDirFull, StateDirLock
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ any point re-reads the request and re-derives the same index keys.
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -42,10 +42,18 @@ from kdelay.engine.checkpoint import MAX_UNACKED_RECORDS, Batch, Checkpoint, Ser
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
 from kdelay.engine.housekeeping import Housekeeper
-from kdelay.engine.intake import IdWindow, Outcome, Plan, Planner, Topics
+from kdelay.engine.intake import (
+    IdWindow,
+    Plan,
+    Planner,
+    Topics,
+    count_conflicts,
+    count_outcomes,
+)
 from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
+from kdelay.engine.sweeper import Sweeper
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, produce, take
@@ -54,19 +62,12 @@ from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
 from kdelay.state.changelog import Progress, Restoring, Staleness, open_restored
-from kdelay.state.index import (
-    CONSUMED,
-    IndexLocked,
-    PartitionIndex,
-    StateDirLock,
-    store_path,
-)
+from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.originals import Reading
+from kdelay.state.statedir import IndexLocked, StateDirLock, store_path
 
 log = logging.getLogger(__name__)
 
-# Most differing duplicates one batch logs one by one (all are counted).
-CONFLICTS_LOGGED = 5
 # How far past its start offset a partition's intake may read requests an instance
 # before it indexed without recording their offset (see Planner, rereads_below):
 # at-least-once records it only once their changelog records are acknowledged, and
@@ -77,6 +78,8 @@ PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
+# How long a clean stop writes the sweeper's tombstones before it leaves the rest.
+SWEEP_CLOSE_S = 5.0
 
 class _Clients:
     """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
@@ -147,6 +150,7 @@ class Service:
         self._stopping = False
         self._clients: _Clients | None = None
         self._delivery: Delivery | None = None
+        self._sweeper: Sweeper | None = None
         self._phases = PhaseTimer(self.metrics.phases, phase_clock or clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
@@ -174,6 +178,9 @@ class Service:
             lambda: self._errors.unreachable() is not None)
         reader = self._factory.reader()
         guard = self._guard(skew)
+        self._sweeper = Sweeper(self._factory.producer("sweeper", **{
+            "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 0,
+            "delivery.report.only.error": True}), s.changelog_topic, self.metrics)
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
@@ -230,6 +237,7 @@ class Service:
         """Finish produces in flight, commit offsets, leave the group, close the stores,
         release the state dir."""
         clients = self._clients
+        self._stopping = True
         try:
             if clients is not None:
                 try:
@@ -238,6 +246,8 @@ class Service:
                     self._clients = None
                     self._close_partitions(list(self._indexes))
                     clients.checkpoint.close()
+                    if self._sweeper is not None:
+                        self._sweeper.close(SWEEP_CLOSE_S)
                     clients.reader.close()
                     clients.restorer.close()
                     if clients.guard is not None:
@@ -311,6 +321,9 @@ class Service:
                             delivery)
         checkpoint.settle(delivery, self._indexes)
         phases.lap("settle")
+        if reachable and self._sweeper is not None:
+            self._sweeper.step(self._indexes, busy=not delivery.idle() or delivery.wait_ms() == 0)
+            phases.lap("sweep")
         self._housekeeping()
         phases.lap("housekeeping")
         phases.finish()
@@ -487,8 +500,8 @@ class Service:
             if consumed is not None:
                 self._consumed[partition] = consumed
                 checkpoint.consumed(consumer, partition, consumed)
-            self._count(plan.outcomes)
-            self._conflicts(plan.conflicts)
+            count_outcomes(self.metrics, plan.outcomes)
+            count_conflicts(self.metrics, plan.conflicts)
             if plan.changes.expired:
                 self.metrics.ids_expired.inc(len(plan.changes.expired))
             if plan.dead_letters and self.settings.lanes:
@@ -518,32 +531,6 @@ class Service:
                           if p.changes.consumed is not None})
         return [TopicPartition(self.settings.requests_topic, p, offset)
                 for p, offset in sorted(positions.items()) if p in self._indexes]
-
-    def _count(self, outcomes: list[tuple[Outcome, str]]) -> None:
-        """Count a batch's outcomes (one metric update per kind) and log the notable ones."""
-        kinds: Counter[Outcome] = Counter()
-        reasons: Counter[str] = Counter()
-        for outcome, detail in outcomes:
-            kinds[outcome] += 1
-            if outcome is Outcome.REJECTED:
-                reasons[detail.split(":", 1)[0]] += 1
-            elif outcome is not Outcome.SCHEDULED and outcome is not Outcome.FORWARDED:
-                log.info("request %s: %s", outcome, detail)
-        for outcome, count in kinds.items():
-            self.metrics.intake.labels(outcome=str(outcome)).inc(count)
-        for reason, count in reasons.items():
-            self.metrics.dead_lettered.labels(reason=reason).inc(count)
-
-    def _conflicts(self, conflicts: list[str]) -> None:
-        """Count and log the duplicates that differ from their first request (a few per batch)."""
-        if not conflicts:
-            return
-        self.metrics.id_conflicts.inc(len(conflicts))
-        for conflict in conflicts[:CONFLICTS_LOGGED]:
-            log.warning("duplicate id dropped: %s", conflict)
-        if len(conflicts) > CONFLICTS_LOGGED:
-            log.warning("... and %d more such duplicates in this batch "
-                        "(kdelay_duplicate_conflicts)", len(conflicts) - CONFLICTS_LOGGED)
 
     # -- partitions -------------------------------------------------------------
 
@@ -615,6 +602,11 @@ class Service:
             for batch in clients.checkpoint.drain():
                 self._apply(batch, clients.checkpoint, consumer, delivery)
             clients.checkpoint.revoke(consumer, delivery, self._indexes)
+            if self._stopping and self._sweeper is not None:
+                # A clean stop writes the tombstones it still owes (for a while).
+                self._sweeper.drain({tp.partition: self._indexes[tp.partition]
+                                     for tp in partitions if tp.partition in self._indexes},
+                                    SWEEP_CLOSE_S)
         finally:
             self._close_partitions([tp.partition for tp in partitions])
 
@@ -627,6 +619,8 @@ class Service:
         for partition in partitions:
             if self._delivery is not None:
                 self._delivery.drop_partition(partition)
+            if self._sweeper is not None:
+                self._sweeper.drop_partition(partition)
             self._planners.pop(partition, None)
             self._consumed.pop(partition, None)
             index = self._indexes.pop(partition, None)

@@ -33,6 +33,23 @@ class Window:
             return True
         return now + lookahead_ms // 2 >= covered
 
+    def held_below(self) -> bytes | None:
+        """Return a key below which every entry of the index is held by delivery or gone
+        (None: not known, nothing was read yet).
+
+        After a complete scan that is everything due by ``covered``: what was put
+        since is adopted, or noted as ``lowest_put``. After a scan cut short, or
+        a rewind, it is the cursor.
+        """
+        if self.covered is not None and not self.truncated:
+            bound: bytes | None = codec.due_upper_bound(self.covered)
+        else:
+            bound = self.cursor
+        lowest = self.lowest_put
+        if lowest is not None and (bound is None or lowest < bound):
+            bound = lowest
+        return bound
+
     def rewind(self, key: bytes) -> None:
         """Move the scan cursor back to ``key`` (an entry not held yet)."""
         if self.cursor is not None and key < self.cursor:

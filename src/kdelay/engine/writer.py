@@ -1,7 +1,9 @@
 """The one writer of the changelog, and the positions its acknowledged records confirm.
 
 Intake writes puts (and a cancel's tombstones) and the consumed-offset marker;
-delivery writes a tombstone for every entry it is done with. All of it goes
+delivery writes a seal for every batch it is done with: the end records of its
+schedule ids, tombstones for the entries a watermark cannot cover, and the
+partition's watermark (see :mod:`kdelay.engine.watermarks`). All of it goes
 through :class:`ChangelogWriter`, which produces with back-off on a full queue,
 collects the records that failed for good, counts and logs them, and records
 the changelog position each confirming record's acknowledgement proves.
@@ -32,7 +34,7 @@ from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import latch
 from kdelay.plumbing.clients import Producing, produce
 from kdelay.protocol import codec
-from kdelay.protocol.codec import IdRecord
+from kdelay.protocol.codec import IdRecord, Watermark
 
 log = logging.getLogger(__name__)
 
@@ -166,37 +168,27 @@ class ChangelogWriter:
         produce(self._producer, self._topic, key=key, value=value, partition=partition,
                 on_delivery=acks.on_changelog)
 
-    def tombstone(self, partition: int, key: bytes, ended: IdRecord | None = None) -> None:
-        """Write the tombstone of an entry delivery is done with; it confirms its position.
+    def seal(self, partition: int, mark: Watermark | None, tombstones: Iterable[bytes],
+             ended: Iterable[IdRecord]) -> None:
+        """Write what delivery is done with in ``partition``; each record confirms its position.
 
-        ``ended`` (an entry with an id) is written first: how the id's schedule
-        ended, kept for the id window. It waits for queue room rather than
-        giving up: it follows an accepted target produce, which cannot be taken
-        back, and a transaction must never commit a delivery without its tombstone.
-        """
-        if ended is not None:
-            produce(self._producer, self._topic, key=ended[0], value=ended[1],
-                    partition=partition, on_delivery=self._confirming_reported)
-        produce(self._producer, self._topic, key=key, value=None, partition=partition,
-                on_delivery=self._confirming_reported)
-
-    def tombstones(self, done: Iterable[tuple[bytes, int, IdRecord | None]]) -> None:
-        """Write :meth:`tombstone` for each ``(key, partition, ended)`` of a settled batch.
-
-        One call per batch: the common case (a free queue, no id) is a single
-        ``produce`` per entry, with no wrapper around it.
+        First how each schedule id ended (kept for the id window), then a
+        tombstone for each entry the watermark cannot cover, then the watermark
+        itself, which covers the rest. It waits for queue room rather than
+        giving up: it follows accepted target produces, which cannot be taken
+        back, and a transaction must never commit a delivery without its seal.
         """
         producer, topic, report = self._producer, self._topic, self._confirming_reported
-        for key, partition, ended in done:
-            if ended is not None:
-                self.tombstone(partition, key, ended)
-                continue
-            try:
-                producer.produce(topic, key=key, value=None, partition=partition,
-                                 on_delivery=report)
-            except BufferError:
-                produce(producer, topic, key=key, value=None, partition=partition,
-                        on_delivery=report)
+        for key, value in ended:
+            produce(producer, topic, key=key, value=value, partition=partition,
+                    on_delivery=report)
+        for key in tombstones:
+            produce(producer, topic, key=key, value=None, partition=partition,
+                    on_delivery=report)
+        if mark is not None:
+            produce(producer, topic, key=codec.WATERMARK_MARKER,
+                    value=codec.encode_watermark(mark), partition=partition,
+                    on_delivery=report)
 
     def mark_consumed(self, partition: int, offset: int, acks: Acks) -> None:
         """Write how far intake has read ``partition`` (after the plan's own records)."""

@@ -35,6 +35,10 @@ CONSUMED_MARKER = b"kdelay/consumed"
 # The changelog key of the tombstones the service writes to read the broker's
 # clock (see :mod:`kdelay.engine.skew`); replay ignores it.
 CLOCK_PROBE = b"kdelay/clock"
+# The changelog key of each partition's delivered watermark (value
+# :func:`encode_watermark`): the entries it covers need no tombstone of their own.
+# Not DUE_KEY_SIZE long and no ID_RECORD_PREFIX, so it is told apart from both.
+WATERMARK_MARKER = b"kdelay/delivered-below"
 # Changelog keys of the ids whose schedules ended (``ID_RECORD_PREFIX + UTF-8 id``,
 # value :func:`encode_id_state`): a rebuilt index remembers them for the id window.
 # Longer than a due key, so no such key is ever DUE_KEY_SIZE long.
@@ -61,6 +65,8 @@ _TARGET_HEAD = struct.Struct(">BH")
 # generated Python-level __new__, which costs three times as much.
 _crc32 = zlib.crc32
 _pack_field_head = _FIELD_HEAD.pack
+_unpack_index_head = _INDEX_HEAD.unpack_from
+_unpack_due_key = _DUE_KEY.unpack
 _tuple_new = tuple.__new__
 
 
@@ -154,6 +160,65 @@ def id_of_record_key(key: bytes) -> str | None:
         raise ValueError(f"the schedule id in changelog key {key!r} is not UTF-8") from exc
 
 
+class Watermark(NamedTuple):
+    """What one watermark record of a changelog partition says is done.
+
+    Every entry *put before the record* (in changelog order) whose due key is
+    below ``bound`` is done (delivered, dead-lettered or cancelled), except
+    the keys in ``pending``: the few entries below the bound that were still
+    pending when it was written (a retry backing off, a request indexed after
+    its due time had passed). An entry put after the record is not covered,
+    whatever its key. A later record of the same partition says everything an
+    earlier one said (its bound is never lower, and its ``pending`` holds every
+    key that is still pending), so compaction may keep only the latest.
+    """
+
+    bound: bytes
+    pending: frozenset[bytes] = frozenset()
+
+    def covers(self, key: bytes) -> bool:
+        """Whether an entry put before this watermark under ``key`` is done."""
+        return key < self.bound and key not in self.pending
+
+
+_WATERMARK_VERSION = b"\x01"
+
+
+def key_after(key: bytes) -> bytes:
+    """Return the smallest due key above ``key``: a watermark bound that covers ``key``.
+
+    Raises ValueError for the largest possible key or one that is not a due key.
+    """
+    _check_size("a due key", key, DUE_KEY_SIZE)
+    following = int.from_bytes(key, "big") + 1
+    if following >= 1 << (8 * DUE_KEY_SIZE):
+        raise ValueError("no due key follows the largest one")
+    return following.to_bytes(DUE_KEY_SIZE, "big")
+
+
+def encode_watermark(watermark: Watermark) -> bytes:
+    """Encode ``0x01 | bound (a due key) | pending due keys, sorted, end to end``.
+
+    Raises ValueError for a bound or pending key that is not a due key, or a
+    pending key that is not below the bound.
+    """
+    _check_size("a watermark bound", watermark.bound, DUE_KEY_SIZE)
+    for key in watermark.pending:
+        _check_size("a pending key of a watermark", key, DUE_KEY_SIZE)
+        if key >= watermark.bound:
+            raise ValueError(f"a pending key of a watermark must be below its bound: {key!r}")
+    return _WATERMARK_VERSION + watermark.bound + b"".join(sorted(watermark.pending))
+
+
+def decode_watermark(raw: bytes) -> Watermark:
+    """Decode :func:`encode_watermark`; ValueError for anything else."""
+    body = raw[1:]
+    if raw[:1] != _WATERMARK_VERSION or not body or len(body) % DUE_KEY_SIZE:
+        raise ValueError(f"not a watermark: {raw[:60]!r}")
+    keys = [body[i : i + DUE_KEY_SIZE] for i in range(0, len(body), DUE_KEY_SIZE)]
+    return Watermark(keys[0], frozenset(keys[1:]))
+
+
 def _check_range(name: str, value: int, low: int, high: int) -> None:
     """Raise ValueError unless ``low <= value <= high``."""
     if not low <= value <= high:
@@ -187,6 +252,13 @@ def decode_due_key(raw: bytes) -> DueKey:
     """Decode a key made by :func:`encode_due_key`; ValueError on a wrong length."""
     _check_size("a due key", raw, DUE_KEY_SIZE)
     return _tuple_new(DueKey, _DUE_KEY.unpack(raw))
+
+
+def unpack_due_key(raw: bytes) -> tuple[int, int, int]:
+    """Return ``(due_ms, partition, offset)`` of a due key, unchecked (struct.error if short):
+    for the keys delivery read from its own index, once per record delivered."""
+    fields: tuple[int, int, int] = _unpack_due_key(raw)
+    return fields
 
 
 def decode_due_keys(joined: bytes) -> Iterator[tuple[int, int, int]]:
@@ -226,6 +298,20 @@ def fingerprint(key: bytes | None, value: bytes | None, timestamp_ms: int) -> Fi
     The CRC is chained over frame and field, never over a concatenated copy.
     """
     return _tuple_new(Fingerprint, (timestamp_ms, _crc_field(_crc_field(0, key), value)))
+
+
+def framed_crc(key: bytes | None, value: bytes | None) -> int:
+    """The CRC of :func:`fingerprint` alone: delivery compares it with an index value's."""
+    return _crc_field(_crc_field(0, key), value)
+
+
+def index_head(raw: bytes) -> tuple[int, int]:
+    """Return ``(timestamp_ms, crc)`` of an encoded index value without decoding the rest.
+
+    Raises struct.error for a value shorter than :data:`INDEX_HEAD_SIZE`.
+    """
+    head: tuple[int, int] = _unpack_index_head(raw)
+    return head
 
 
 def record_time(message: Message, fallback_ms: int) -> int:
@@ -330,6 +416,14 @@ def request_timestamp_of(raw: bytes) -> int:
         raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
     timestamp_ms: int = _INDEX_HEAD.unpack_from(raw)[0]
     return timestamp_ms
+
+
+def has_schedule_id(raw: bytes) -> bool:
+    """Whether an encoded index value carries a schedule id (without decoding it)."""
+    size = _INDEX_HEAD.size
+    if len(raw) <= size:
+        return False
+    return raw[size] != _WITH_TARGET or raw[size + 1 : size + 3] != b"\x00\x00"
 
 
 def schedule_id_of(raw: bytes) -> str | None:

@@ -520,13 +520,13 @@ def routing(headers: AnyHeaders) -> Routing | None:
         else:
             user.append((name, value))
     try:
-        target = _text(found.get(TARGET))
+        target = text_of(found.get(TARGET))
         partition = found.get(PARTITION)
         schedule_id = found.get(SCHEDULE_ID)
         lane = found.get(LANE)
         return Routing(target, None if partition is None else int(partition),
-                       None if schedule_id is None else _text(schedule_id), user,
-                       None if lane is None else _text(lane))
+                       None if schedule_id is None else text_of(schedule_id), user,
+                       None if lane is None else text_of(lane))
     except (ValueError, TypeError):
         return None
 
@@ -545,7 +545,7 @@ def routing_headers(routing: Routing | None) -> Headers:
     return headers
 
 
-def _text(value: HeaderValue) -> str:
+def text_of(value: HeaderValue) -> str:
     """Return a header value as text; ValueError when absent or not UTF-8."""
     if value is None:
         raise ValueError("no value")

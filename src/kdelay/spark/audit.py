@@ -48,7 +48,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol import envelope, forward
+from kdelay.protocol import codec, envelope, forward
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.spark import source
 from kdelay.spark.source import header, millis
@@ -174,23 +174,43 @@ def dead_letter_traces(settings: Settings, raw: DataFrame) -> DataFrame:
 
 
 def pending_frame(raw: DataFrame) -> DataFrame:
-    """The changelog's live entries: the latest record per due key, tombstones dropped.
+    """The changelog's live entries: the latest record per due key, tombstones dropped,
+    and those the partition's latest watermark covers.
 
     A due key is ``u64 due_ms | u32 partition | u64 offset`` (see
     :mod:`kdelay.protocol.codec`); other keys (the consumed-offset marker) are skipped.
     The latest record is taken per changelog partition: offsets of two partitions
     say nothing of which came first, and ``kdelay topics grow`` writes an entry to
-    its id's new partition before it tombstones the entry where it was.
+    its id's new partition before it tombstones the entry where it was. A put
+    older than the partition's latest watermark record, keyed below its bound and
+    not among its pending keys, is done (see :class:`~kdelay.protocol.codec.Watermark`):
+    delivery writes no tombstone of its own for it.
     """
     latest = raw.where(F.length("key") == _DUE_KEY_BYTES).groupBy(
         F.col("partition").alias("changelog_partition"), "key").agg(
-        F.max_by("value", "offset").alias("value"))
-    live = latest.where(F.col("value").isNotNull()).dropDuplicates(["key"])
+        F.max_by("value", "offset").alias("value"), F.max("offset").alias("at"))
+    marks = raw.where(F.col("key") == F.lit(codec.WATERMARK_MARKER)).groupBy(
+        F.col("partition").alias("changelog_partition")).agg(
+        F.max_by("value", "offset").alias("mark"), F.max("offset").alias("mark_at"))
+    live = latest.join(F.broadcast(marks), "changelog_partition", "left").where(
+        F.col("value").isNotNull() & ~F.coalesce(_covered(), F.lit(False))
+    ).dropDuplicates(["key"])
     return live.select(
         _unsigned(F.substring("key", 9, 4)).cast("int").alias("partition"),
         _unsigned(F.substring("key", 13, 8)).alias("offset"),
         _unsigned(F.substring("key", 1, 8)).alias("pending_due"),
         F.col("value"))
+
+
+def _covered() -> Column:
+    """Whether the row's put (at offset ``at``) is covered by the watermark ``mark``
+    (written at ``mark_at``): older, keyed below the bound, not pending. The mark is
+    a version byte, the bound and the pending keys, 20 bytes each."""
+    bound = F.expr(f"substring(mark, 2, {_DUE_KEY_BYTES})")
+    pending = F.expr(f"transform(sequence(1, cast((length(mark) - 1) / {_DUE_KEY_BYTES} AS int)"
+                     f" - 1), i -> substring(mark, 2 + i * {_DUE_KEY_BYTES}, {_DUE_KEY_BYTES}))")
+    return ((F.col("at") < F.col("mark_at")) & (F.col("key") < bound)
+            & ~F.array_contains(pending, F.col("key")))
 
 
 def _unsigned(raw: Column) -> Column:

@@ -1,14 +1,20 @@
 """The index changelog: a compacted topic that can rebuild any partition's index.
 
 Record key = due key, value = encoded index value; a tombstone (value None)
-when the entry is delivered, dead-lettered or cancelled. Partition ``p`` of the
-changelog mirrors partition ``p`` of the requests topic. Payloads never go in.
+when the entry is cancelled, or delivered or dead-lettered without a watermark
+to cover it. Delivery mostly writes no tombstone per entry: a *watermark*
+record (:data:`codec.WATERMARK_MARKER`, see :class:`~kdelay.protocol.codec.Watermark`)
+says that every entry put before it with a key below its bound is done, but
+for a few pending keys it names; the covered puts get their tombstones later,
+off the delivery path (the index's ``sweep`` column family), so that compaction
+still drops them. Partition ``p`` of the changelog mirrors partition ``p`` of
+the requests topic. Payloads never go in.
 
 Restore replays a changelog partition into a local index from the offset the
 index says it has replayed up to (``CHANGELOG`` in its metadata; the whole
-partition when the store is new). Replay is idempotent: re-applying a put or a
-tombstone yields the same store. It reads with ``read_committed``, so effects of
-transactions that never committed are skipped.
+partition when the store is new). Replay is idempotent: re-applying a put, a
+tombstone or a watermark yields the same store. It reads with
+``read_committed``, so effects of transactions that never committed are skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -27,7 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.protocol import codec
-from kdelay.protocol.codec import IdState
+from kdelay.protocol.codec import IdState, Watermark
 from kdelay.state.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,50 @@ Progress = Callable[[int, int], None]
 PartitionProgress = Callable[[int, int, int], None]
 # Replayed records by changelog key, the latest value winning; None is a tombstone.
 Staged = dict[bytes, bytes | None]
+
+
+@dataclass(slots=True)
+class Staging:
+    """Records replayed but not yet written, split at the latest watermark record.
+
+    ``before`` holds what came before the latest watermark (``mark``), ``after``
+    what came after it: a put in ``before`` that the watermark covers is done,
+    one in ``after`` is not, whatever its key. A newer watermark says all an
+    older one did (:class:`~kdelay.protocol.codec.Watermark`), so only the
+    latest is kept, and ``after`` joins ``before`` when one arrives.
+    """
+
+    before: Staged = field(default_factory=dict)
+    after: Staged = field(default_factory=dict)
+    mark: Watermark | None = None
+
+    def __len__(self) -> int:
+        return len(self.before) + len(self.after)
+
+    def add(self, keys: list[bytes], values: list[bytes | None]) -> None:
+        """Stage records in changelog order, cutting at each watermark record."""
+        start = 0
+        while True:
+            try:
+                at = keys.index(codec.WATERMARK_MARKER, start)
+            except ValueError:
+                break
+            self.after.update(zip(keys[start:at], values[start:at], strict=True))
+            self._watermark(values[at])
+            start = at + 1
+        self.after.update(zip(keys[start:], values[start:], strict=True))
+
+    def _watermark(self, raw: bytes | None) -> None:
+        try:
+            mark = None if raw is None else codec.decode_watermark(raw)
+        except ValueError as exc:
+            log.warning("changelog watermark ignored: %s", exc)
+            return
+        if mark is None:
+            return
+        self.before.update(self.after)
+        self.after.clear()
+        self.mark = mark
 
 
 class StaleIndex(Exception):
@@ -131,19 +181,19 @@ class Restorer:
 
     def _replay(self, index: PartitionIndex, begin: int, high: int,
                 progress: Progress | None) -> int:
-        staged: Staged = {}
+        staging = Staging()
         applied = 0
         position = begin
         deadline = time.monotonic() + self._timeout_s
         while position < high:
             if time.monotonic() > deadline:
                 raise RestoreError(f"{self._topic}[{index.partition}] stuck at {position}/{high}")
-            reached = _stage(staged, take(self._consumer, 10_000, 0.5), high, self._topic)
+            reached = _stage(staging, take(self._consumer, 10_000, 0.5), high, self._topic)
             position = position if reached is None else reached
-            if len(staged) >= APPLY_EVERY or position >= high:
-                applied += len(staged)
-                _apply(index, staged, position)
-                staged = {}
+            if len(staging) >= APPLY_EVERY or position >= high:
+                applied += len(staging) + (staging.mark is not None)
+                _apply(index, staging, position)
+                staging = Staging()
                 if progress is not None:
                     progress(position - begin, high - begin)
         return applied
@@ -169,7 +219,7 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _stage(staged: Staged, messages: list[Message], high: int, topic: str) -> int | None:
+def _stage(staged: Staging, messages: list[Message], high: int, topic: str) -> int | None:
     """Stage the keys and values of ``messages``; return the changelog position they reach.
 
     The position is ``high`` once the end-of-partition event is seen (messages
@@ -181,7 +231,7 @@ def _stage(staged: Staged, messages: list[Message], high: int, topic: str) -> in
     if any(map(Message.error, messages)):
         messages, reached = _usable(messages, high, topic)
     keys = [key or b"" for key in map(Message.key, messages)]
-    staged.update(zip(keys, map(Message.value, messages), strict=True))
+    staged.add(keys, list(map(Message.value, messages)))
     if reached is None and messages:
         reached = int(messages[-1].offset() or 0) + 1
     return reached
@@ -202,15 +252,24 @@ def _usable(messages: list[Message], high: int, topic: str) -> tuple[list[Messag
     return usable, None
 
 
-def _apply(index: PartitionIndex, staged: Staged, position: int) -> None:
+def _apply(index: PartitionIndex, staging: Staging | Staged, position: int) -> None:
     """Write replayed records and the changelog position they reach in one batch.
 
-    ``staged`` becomes the batch's puts. Odd keys, tombstones and schedule ids
-    are rare; each is looked for with one scan that runs in C (``map``, ``in``)
+    The latest watermark, if any, goes first: it deletes the entries of the
+    store it covers (all were put before it) and drops the puts staged before
+    it that it covers; those are noted for a sweep tombstone. What is staged
+    then becomes the batch's puts. Odd keys, tombstones and schedule ids are
+    rare; each is looked for with one scan that runs in C (``map``, ``in``)
     and handled in Python only when present, so a batch of plain puts is
     sorted out without Python code per record.
     """
+    if not isinstance(staging, Staging):  # records with no watermark among them
+        staging = Staging(before=staging)
     changes = Changes(changelog=position)
+    staged = staging.before
+    if staging.mark is not None:
+        changes = _covered(index, staging, position)
+    staged.update(staging.after)
     marker = staged.pop(codec.CONSUMED_MARKER, None)
     staged.pop(codec.CLOCK_PROBE, None)
     if marker is not None:
@@ -225,9 +284,33 @@ def _apply(index: PartitionIndex, staged: Staged, position: int) -> None:
         _note_ended(index, ended, changes)
     # No tombstone is left in ``staged``.
     changes.raw_puts = cast(dict[bytes, bytes], staged)
+    if changes.deletes and changes.raw_puts:  # put again after the watermark: pending
+        changes.deletes = [key for key in changes.deletes if key not in changes.raw_puts]
     if set(map(len, changes.raw_puts.values())) - {codec.INDEX_HEAD_SIZE}:
         _note_ids(changes)
     index.apply(changes)
+
+
+def _covered(index: PartitionIndex, staging: Staging, position: int) -> Changes:
+    """Apply ``staging.mark`` to the store and to the puts staged before it.
+
+    Returns the store's changes (deletes, released ids, sweep keys, the
+    watermark itself) with the changelog position; the covered puts leave
+    ``staging.before`` (a key whose latest record comes after the watermark
+    stays, in ``staging.after``).
+    """
+    mark = staging.mark
+    assert mark is not None  # noqa: S101 - the caller checks
+    changes = index.cover(mark)
+    changes.changelog = position
+    before, after = staging.before, staging.after
+    size = codec.DUE_KEY_SIZE
+    covered = [key for key, raw in before.items()
+               if raw is not None and len(key) == size and key not in after and mark.covers(key)]
+    for key in covered:
+        del before[key]
+    changes.swept.extend(covered)
+    return changes
 
 
 def _ended_ids(staged: Staged) -> Staged:

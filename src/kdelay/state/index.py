@@ -7,11 +7,17 @@ One store (rocksdict, raw mode) per request partition, three column families:
   for dedup, cancel and their outcomes;
 - ``expiry``: ``end time | schedule id -> ""``, so that ended-id markers older
   than the id window can be found (:meth:`expired_ids`) without a scan of every id;
+- ``sweep``: ``first due key | u64 sequence -> due keys end to end``, chunks of
+  the entries that are done and covered by the partition's watermark (see
+  :class:`~kdelay.protocol.codec.Watermark`) but whose put is still in the
+  changelog: each gets a tombstone later, off the delivery path, so that
+  compaction can drop the put (:meth:`unswept`). A chunk per write, not a key
+  per entry: a delivered batch costs one sweep write;
 - ``meta``: the offsets the index covers (``consumed``: the next requests offset
   to read; ``changelog``: the next changelog offset to replay), when the store
   was last known in step with the changelog (``synced``, see :meth:`mark_synced`),
-  and the exact tally of pending entries (:mod:`kdelay.state.tally`), written with
-  every batch.
+  the latest watermark written or replayed (``watermark``), and the exact
+  tally of pending entries (:mod:`kdelay.state.tally`), written with every batch.
 
 Every change, with the offsets it covers, is written in one ``WriteBatch``, so
 the store is never ahead of or behind its own offsets. Scans are bounded by an
@@ -23,10 +29,10 @@ lives.
 
 from __future__ import annotations
 
-import fcntl
 import itertools
-import os
 import shutil
+import struct
+import time
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +41,21 @@ from typing import cast
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from kdelay.protocol import codec
-from kdelay.protocol.codec import IdState, IndexValue
+from kdelay.protocol.codec import IdState, IndexValue, Watermark
+from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
 from kdelay.state.tally import MINUTE_MS, Change, Tally
 
 IDS_CF = "ids"
 META_CF = "meta"
 EXPIRY_CF = "expiry"
+SWEEP_CF = "sweep"
+# The most keys one sweep chunk holds (20 kB).
+SWEEP_CHUNK = 1_000
+_SEQUENCE = struct.Struct(">Q")
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
-STATE_DIR_LOCK = "kdelay.lock"
+WATERMARK = b"watermark"
 # The most scanned entries whose values an index keeps for their deletion (about
 # 13 MB): delivery holds at most 20 batches of a partition (20 000 entries with
 # the default batch size) and deletes them as they are delivered. Past the cap
@@ -56,77 +67,6 @@ _RdictKey = str | int | float | bytes | bool
 
 class IndexCorrupt(Exception):
     """The store on disk cannot be opened or read; it must be rebuilt from the changelog."""
-
-
-class IndexLocked(Exception):
-    """Another process (or object) holds the store open; it must not be touched."""
-
-
-class StateDirFull(Exception):
-    """The state dir's volume has no room left for a write; ``path`` and ``free_bytes`` say where.
-
-    Nothing is lost: a write that failed is not applied, and the requests
-    behind it are read again after a restart on a volume with room.
-    """
-
-    def __init__(self, path: Path, detail: str) -> None:
-        self.path = path
-        self.free_bytes = free_bytes(path)
-        super().__init__(f"no space left on the volume of {path} ({self.free_bytes} bytes free): "
-                         f"grow it or free space, then restart; nothing is lost ({detail})")
-
-
-_NO_SPACE = ("no space left on device", "disk full", "enospc")
-
-
-def free_bytes(path: Path) -> int:
-    """Return the bytes free on ``path``'s volume (nearest existing ancestor); -1: unknown."""
-    for candidate in (path, *path.parents):
-        try:
-            return shutil.disk_usage(candidate).free
-        except OSError:
-            continue
-    return -1
-
-
-def _no_space(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return any(marker in text for marker in _NO_SPACE)
-class StateDirLock:
-    """The lock one process holds on a whole state dir, from before it meets Kafka to its exit.
-
-    Every partition's store is locked by RocksDB too, but only once it is
-    opened, after the consumer group assigned the partition: by then a second
-    process started on the same state dir has joined the group under the same
-    static member id (derived from the state dir, see :mod:`kdelay.plumbing.identity`)
-    and fenced the first. This lock (``flock`` on ``<state dir>/kdelay.lock``,
-    released by the kernel when the process dies, however it dies) is taken
-    first. Raises :class:`IndexLocked` when another process (or another lock
-    object) holds it.
-    """
-
-    def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        path = state_dir / STATE_DIR_LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            raise IndexLocked(f"state dir {state_dir} is in use by another process "
-                              f"({path} is locked)") from exc
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        """Release the lock (once; later calls do nothing)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def store_path(state_dir: Path, requests_topic: str, partition: int) -> Path:
-    """Return where the index of one request partition lives under ``state_dir``."""
-    return state_dir / f"{requests_topic}-{partition}"
 
 
 @dataclass(slots=True)
@@ -161,10 +101,21 @@ class Changes:
     expired: list[bytes] = field(default_factory=list)
     consumed: int | None = None
     changelog: int | None = None
+    # The partition's new watermark, once written to the changelog (or replayed).
+    watermark: Watermark | None = None
+    # Keys done under the watermark whose puts still await a changelog tombstone,
+    # and the sweep chunks whose tombstones are written (see :meth:`PartitionIndex.unswept`).
+    swept: list[bytes] = field(default_factory=list)
+    unswept: list[bytes] = field(default_factory=list)
+    # The encoded values of deleted keys the caller knows to be in the store (read
+    # by a scan, untouched since): their tally needs no lookup.
+    known: dict[bytes, bytes] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired) or (
+        return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired
+                    or self.swept or self.unswept) or (
             self.consumed is not None or self.changelog is not None
+            or self.watermark is not None
         )
 
 
@@ -205,12 +156,13 @@ class PartitionIndex:
         self.path = path
         self.partition = partition
         path.parent.mkdir(parents=True, exist_ok=True)
-        families = {IDS_CF: _options(), META_CF: _options(), EXPIRY_CF: _options()}
+        families = {IDS_CF: _options(), META_CF: _options(), EXPIRY_CF: _options(),
+                    SWEEP_CF: _options()}
         try:
             self._db = Rdict(str(path), _options(), column_families=families,
                              access_type=AccessType.read_write())
         except Exception as exc:
-            if _no_space(exc):
+            if no_space(exc):
                 raise StateDirFull(path, str(exc)) from None
             if "lock" in str(exc).lower():
                 raise IndexLocked(f"index {path} is in use by another process: {exc}") from exc
@@ -218,10 +170,17 @@ class PartitionIndex:
         self._ids = self._db.get_column_family(IDS_CF)
         self._meta = self._db.get_column_family(META_CF)
         self._expiry = self._db.get_column_family(EXPIRY_CF)
+        self._sweep = self._db.get_column_family(SWEEP_CF)
         self._ids_handle = self._db.get_column_family_handle(IDS_CF)
         self._meta_handle = self._db.get_column_family_handle(META_CF)
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
+        self._sweep_handle = self._db.get_column_family_handle(SWEEP_CF)
         self._head = b""
+        # Where the next :meth:`unswept` starts: every sweep chunk below it is swept.
+        self._sweep_head = b""
+        # Sweep chunk ids end with a sequence number: unique within this process,
+        # and starting from the time, unique across its restarts too.
+        self._chunks = time.time_ns()
         self._full = False
         # The encoded values of entries :meth:`scan` returned, by key, while they are
         # certainly in the store: every write to the due keys goes through
@@ -229,6 +188,8 @@ class PartitionIndex:
         # entry (a delivery) then needs no lookup to count it out of the tally.
         self._scanned: dict[bytes, bytes] = {}
         self.tally = self._load_tally()
+        raw = self._meta.get(WATERMARK)
+        self.watermark: Watermark | None = None if raw is None else codec.decode_watermark(raw)
 
     def close(self) -> None:
         """Close the store and release its lock; the object is unusable afterwards."""
@@ -236,7 +197,8 @@ class PartitionIndex:
             self._ids.close()
             self._meta.close()
             self._expiry.close()
-            del self._ids_handle, self._meta_handle, self._expiry_handle
+            self._sweep.close()
+            del self._ids_handle, self._meta_handle, self._expiry_handle, self._sweep_handle
             self._db.close()
         except Exception:
             # After a write found no room, closing fails with the writer's
@@ -301,7 +263,7 @@ class PartitionIndex:
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         new = _encoded_puts(changes)
-        change = self._tally_change(new, changes.deletes)
+        change = self._tally_change(new, changes.deletes, changes.known)
         for key, count in self.tally.rows(change):
             if count > 0:
                 put(key, codec.encode_count(count), self._meta_handle)
@@ -325,9 +287,22 @@ class PartitionIndex:
             put(CONSUMED, codec.encode_offset(changes.consumed), self._meta_handle)
         if changes.changelog is not None:
             put(CHANGELOG, codec.encode_offset(changes.changelog), self._meta_handle)
+        if changes.watermark is not None:
+            put(WATERMARK, codec.encode_watermark(changes.watermark), self._meta_handle)
+        swept = changes.swept
+        for start in range(0, len(swept), SWEEP_CHUNK):
+            chunk = swept[start : start + SWEEP_CHUNK]
+            self._chunks += 1
+            put(min(chunk) + _SEQUENCE.pack(self._chunks), b"".join(chunk), self._sweep_handle)
+        for chunk_id in changes.unswept:
+            batch.delete(chunk_id, self._sweep_handle)
         lowest = self._note_puts(list(new))
         self._write(batch)
         self.tally.commit(change)
+        if changes.watermark is not None:
+            self.watermark = changes.watermark
+        if swept and self._sweep_head and min(swept) < self._sweep_head:
+            self._sweep_head = min(swept)
         scanned = self._scanned
         if scanned:
             for key in (*changes.deletes, *new):
@@ -339,17 +314,19 @@ class PartitionIndex:
         try:
             self._db.write(batch)
         except Exception as exc:
-            if _no_space(exc):
+            if no_space(exc):
                 self._full = True
                 raise StateDirFull(self.path, str(exc)) from None
             raise
 
-    def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes]) -> Change:
+    def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes],
+                      given: dict[bytes, bytes]) -> Change:
         """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
         add and really remove."""
         change = Change()
         scanned = self._scanned
         known = {key: scanned[key] for key in deletes if key in scanned}
+        known.update(given)
         keys = [*new, *(key for key in deletes if key not in known)]
         present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
                    if v is not None}
@@ -390,6 +367,37 @@ class PartitionIndex:
             self._head = lowest
         return lowest
 
+    def scan_raw(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
+                 start: bytes | None = None) -> tuple[list[bytes], list[bytes]]:
+        """Return the keys and encoded values :meth:`scan` would return, as two lists.
+
+        For delivery's read-ahead, which holds entries as columns: nothing is
+        decoded, and the caller passes the values back (``Changes.known``) when
+        it deletes the entries.
+        """
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        if limit <= 0:
+            return keys, values
+        upper = codec.due_upper_bound(upper_ms)
+        options = ReadOptions()
+        options.set_iterate_upper_bound(upper)
+        begin = start if start is not None else self._head
+        first_live = b""
+        for key, raw in cast(Iterator[tuple[bytes, bytes]],
+                             self._db.items(from_key=begin, read_opt=options)):
+            first_live = first_live or key
+            if key in skip:
+                continue
+            keys.append(key)
+            values.append(raw)
+            if len(keys) >= limit:
+                break
+        if start is None:  # as in scan: start the next scan past the tombstones
+            self._head = first_live or upper
+        del options
+        return keys, values
+
     def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
              start: bytes | None = None) -> list[Entry]:
         """Return up to ``limit`` entries due at or before ``upper_ms``, in key order.
@@ -426,6 +434,60 @@ class PartitionIndex:
         # scan past those tombstones. Inserts below the head move it back.
         self._head = first_live or codec.due_upper_bound(upper_ms)
         return found
+
+    def cover(self, watermark: Watermark) -> Changes:
+        """Return the changes that apply ``watermark`` to the entries in the store.
+
+        Every entry in the store was put before the watermark record (changelog
+        replay applies what came before a watermark first), so each one it
+        covers is done: deleted, its id released unless the id already names
+        another state, and noted for a sweep tombstone. The changes also record
+        the watermark. For changelog replay; reads every key below the bound.
+        """
+        changes = Changes(watermark=watermark)
+        pending = watermark.pending
+        for key, raw in self._iterate(watermark.bound, from_head=False):
+            if key in pending:
+                continue
+            changes.deletes.append(key)
+            changes.swept.append(key)
+            schedule_id = codec.schedule_id_of(raw)
+            if schedule_id is not None:
+                state = self.id_state(schedule_id)
+                if state is not None and state.pending_key == key:
+                    changes.ids[schedule_id] = None
+        return changes
+
+    def unswept(self, limit: int) -> list[tuple[bytes, list[bytes]]]:
+        """Return sweep chunks (their id, and their keys) of up to about ``limit`` keys.
+
+        At least one chunk, whole, when any is left. The scan starts at the
+        remembered sweep head (chunks swept leave tombstones at the front of the
+        column family, as delivered entries do in the due index) and moves it
+        past what it returns.
+        """
+        it = self._sweep.iter(ReadOptions())
+        if self._sweep_head:
+            it.seek(self._sweep_head)
+        else:
+            it.seek_to_first()
+        found: list[tuple[bytes, list[bytes]]] = []
+        count = 0
+        while it.valid() and (not found or count < limit):
+            raw = cast(bytes, it.value())
+            keys = [raw[at : at + codec.DUE_KEY_SIZE]
+                    for at in range(0, len(raw), codec.DUE_KEY_SIZE)]
+            found.append((cast(bytes, it.key()), keys))
+            count += len(keys)
+            it.next()
+        del it
+        if found:
+            self._sweep_head = found[-1][0] + b"\x00"
+        return found
+
+    def rewind_sweep(self) -> None:
+        """Start the next :meth:`unswept` from the first key again (a sweep was given up)."""
+        self._sweep_head = b""
 
     def entries(self, upper_ms: int | None = None) -> Iterator[Entry]:
         """Iterate over every pending entry (due at or before ``upper_ms``), in key order."""

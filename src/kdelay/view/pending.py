@@ -39,8 +39,9 @@ from kdelay.plumbing.topics import admin_client, topic_config
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import record_time
 from kdelay.state.changelog import Restorer, open_restored
-from kdelay.state.index import CONSUMED, IndexLocked, PartitionIndex, store_path
+from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.originals import Missing, OriginalReader
+from kdelay.state.statedir import IndexLocked, store_path
 
 SYNCED_FILE = "synced_ms"
 DEFAULT_DELETE_RETENTION_MS = 86_400_000

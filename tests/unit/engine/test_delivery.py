@@ -23,11 +23,12 @@ from confluent_kafka import (
     Message,
 )
 
-from kdelay.engine.checkpoint import ReportedTombstones, TransactedTombstones
+from kdelay.engine.checkpoint import Acknowledged, Transacted
 from kdelay.engine.delivery import (
     IN_FLIGHT_WAIT_MS,
     MAX_RETRYING_BATCHES,
     MAX_WAIT_MS,
+    STALL_S,
     Delivery,
     DeliveryConfig,
     Release,
@@ -39,11 +40,14 @@ from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol.codec import (
+    WATERMARK_MARKER,
     End,
     Fingerprint,
     IdState,
     IndexValue,
+    Watermark,
     decode_id_state,
+    decode_watermark,
     encode_due_key,
     fingerprint_of,
     id_record_key,
@@ -98,9 +102,15 @@ class Sent:
 
 
 class FakeProducer:
-    """Records produce calls; delivery reports fire only from :meth:`report`."""
+    """Records produce calls; delivery reports fire only from :meth:`report`.
 
-    def __init__(self) -> None:
+    With ``only_errors`` it reports as librdkafka does with
+    ``delivery.report.only.error``: a record that succeeds leaves the queue
+    without a callback.
+    """
+
+    def __init__(self, *, only_errors: bool = False) -> None:
+        self.only_errors = only_errors
         self.sent: list[Sent] = []
         self.unreported: list[Sent] = []
         self.raises: list[BaseException] = []
@@ -147,9 +157,10 @@ class FakeProducer:
             offset = self._offsets[(sent.topic, partition)]
             self._offsets[(sent.topic, partition)] += 1
             message = Message(topic=sent.topic, partition=partition, offset=offset, key=sent.key,
-                              value=sent.value, error=error)
+                              value=sent.value, headers=sent.headers, error=error)
             assert sent.on_delivery is not None, "every produce needs a delivery callback"
-            sent.on_delivery(error, message)
+            if error is not None or not self.only_errors:
+                sent.on_delivery(error, message)
         return chosen
 
 
@@ -182,7 +193,7 @@ class World:
         self.metrics = Metrics()
         self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
-        durability = (TransactedTombstones if transactional else ReportedTombstones)(self.writer)
+        durability = (Transacted if transactional else Acknowledged)(self.writer)
         self.outage = False
         self.delivery = Delivery(config, self.targets, self.internal, self.reader,
                                  self.clock, self.metrics, durability, release,
@@ -225,7 +236,8 @@ class World:
         self.delivery.settle(self.indexes)
 
     def finish(self, committed: bool) -> None:
-        """End the transaction the way the service does after commit or abort."""
+        """End the transaction the way the service does: seal into it, then commit or abort."""
+        self.delivery.seal(self.indexes)
         if committed:
             self.delivery.settle(self.indexes)
         else:
@@ -254,6 +266,13 @@ def txn(tmp_path: Path) -> Iterator[World]:
 
 def origin(partition: int, offset: int) -> bytes:
     return f"{REQUESTS}/{partition}/{offset}".encode()
+
+
+def watermarks(world: World, partition: int | None = None) -> list[Watermark]:
+    """The watermarks written to the changelog (of ``partition``), in order."""
+    return [decode_watermark(s.value or b"") for s in world.internal.sent
+            if s.topic == CHANGELOG and s.key == WATERMARK_MARKER
+            and (partition is None or s.partition == partition)]
 
 
 def timed_out() -> KafkaError:
@@ -412,10 +431,9 @@ def test_an_entry_leaves_the_index_only_after_its_report(world: World) -> None:
     assert world.pending() == []
     assert not world.delivery.in_flight(key)
     assert world.delivery.idle()
-    [ended, tombstone] = world.internal.sent
-    assert (tombstone.topic, tombstone.partition, tombstone.key, tombstone.value) == (
-        CHANGELOG, 0, key, None
-    )
+    [ended, mark] = world.internal.sent
+    assert (mark.topic, mark.partition, mark.key) == (CHANGELOG, 0, WATERMARK_MARKER)
+    assert decode_watermark(mark.value or b"").covers(key), "one watermark, no tombstone"
     assert (ended.topic, ended.partition, ended.key) == (CHANGELOG, 0, id_record_key("order-7"))
     state = world.indexes[0].id_state("order-7")
     assert state is not None
@@ -426,16 +444,40 @@ def test_an_entry_leaves_the_index_only_after_its_report(world: World) -> None:
     assert world.sample("kdelay_delivered_records_total") == 1
 
 
-def test_the_tombstone_goes_to_the_request_partition(world: World) -> None:
+def test_the_watermark_goes_to_the_request_partition_and_covers_the_delivered(
+        world: World) -> None:
     key = world.request(2, 11, T0)
+    later = world.request(2, 12, T0 + 60_000)
     world.at(T0)
     world.targets.report()
     world.settle()
-    assert [(s.topic, s.partition, s.key) for s in world.internal.sent] == [(CHANGELOG, 2, key)]
-    assert world.pending(2) == []
+    assert [(s.topic, s.partition, s.key) for s in world.internal.sent] == [
+        (CHANGELOG, 2, WATERMARK_MARKER)]
+    assert tombstones(world) == []
+    [mark] = watermarks(world)
+    assert mark.covers(key)
+    assert not mark.covers(later), "not what is pending"
+    assert world.pending(2) == [later]
+    assert world.indexes[2].watermark == mark
+    assert [keys for _, keys in world.indexes[2].unswept(10)] == [[key]], (
+        "its put awaits a tombstone, off the hot path")
 
 
-def test_confirmed_tombstones_advance_the_changelog_position(world: World) -> None:
+def test_one_watermark_covers_a_whole_batch(world: World) -> None:
+    keys = [world.request(0, offset, T0 + offset) for offset in range(50)]
+    world.at(T0 + 100)
+    assert len(world.targets.sent) == 50
+    world.targets.report()
+    world.settle()
+    [mark] = watermarks(world)
+    assert all(mark.covers(key) for key in keys)
+    assert mark.pending == frozenset()
+    assert tombstones(world) == []
+    assert len(world.internal.sent) == 1
+    assert world.pending() == []
+
+
+def test_confirmed_watermarks_advance_the_changelog_position(world: World) -> None:
     world.request(0, 1, T0)
     world.at(T0)
     world.targets.report()
@@ -450,7 +492,7 @@ def test_confirmed_tombstones_advance_the_changelog_position(world: World) -> No
     assert world.indexes[0].offset(b"changelog") == 1
 
 
-def test_a_failed_tombstone_is_counted_and_confirms_nothing(world: World) -> None:
+def test_a_failed_watermark_is_counted_and_confirms_nothing(world: World) -> None:
     world.request(0, 1, T0)
     world.at(T0)
     world.targets.report()
@@ -485,8 +527,9 @@ def test_an_expired_original_is_dead_lettered_as_expired(world: World) -> None:
     world.internal.report()
     world.settle()
     assert world.pending() == []
-    [ended, tombstone] = world.internal.sent[1:]
-    assert (tombstone.topic, tombstone.key, tombstone.value) == (CHANGELOG, key, None)
+    [ended, mark] = world.internal.sent[1:]
+    assert mark.key == WATERMARK_MARKER
+    assert decode_watermark(mark.value or b"").covers(key)
     state = world.indexes[0].id_state("gone")
     assert state is not None
     assert (state.end, state.first_key) == (End.DEAD_LETTERED, key), "remembered"
@@ -601,7 +644,8 @@ def test_a_target_that_succeeds_on_retry_is_delivered(world: World) -> None:
     world.settle()
     assert world.pending() == []
     assert [s.origin for s in world.targets.sent] == [origin(0, 7), origin(0, 7)]
-    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, key)]
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, WATERMARK_MARKER)]
+    assert watermarks(world)[0].covers(key)
     assert world.sample("kdelay_delivered_records_total") == 1
 
 
@@ -730,7 +774,8 @@ def test_forget_leaves_an_in_flight_entry_to_its_report(world: World) -> None:
     world.targets.report()
     world.settle()
     assert world.pending() == []
-    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, key)]
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, WATERMARK_MARKER)]
+    assert watermarks(world)[0].covers(key)
 
 
 def test_entries_due_within_the_lookahead_are_read_before_they_are_due(world: World) -> None:
@@ -824,14 +869,18 @@ def tombstones(world: World) -> list[tuple[str, int, bytes | None, bytes | None]
 def ends(world: World) -> list[tuple[int, bytes | None, IdState]]:
     """The changelog records of ended ids: partition, key, state."""
     return [(s.partition, s.key, decode_id_state(s.value)) for s in world.internal.sent
-            if s.topic == CHANGELOG and s.value is not None]
+            if s.topic == CHANGELOG and s.value is not None and s.key != WATERMARK_MARKER]
 
 
-def test_a_transaction_produces_the_target_and_its_tombstone_together(txn: World) -> None:
+def test_a_transaction_produces_the_target_and_its_seal_together(txn: World) -> None:
     key = txn.request(2, 5, T0, sid="s-5")
     txn.at(T0)
     assert [(s.topic, s.origin) for s in txn.targets.sent] == [("orders", origin(2, 5))]
-    assert tombstones(txn) == [(CHANGELOG, 2, key, None)]
+    assert txn.internal.sent == [], "sealed when the transaction is about to commit"
+    txn.delivery.seal(txn.indexes)
+    assert tombstones(txn) == []
+    [mark] = watermarks(txn, 2)
+    assert mark.covers(key)
     [(partition, ended_key, state)] = ends(txn)
     assert (partition, ended_key, state.end, state.first_key) == (
         2, id_record_key("s-5"), End.DELIVERED, key), "the id's end is in the transaction too"
@@ -840,22 +889,23 @@ def test_a_transaction_produces_the_target_and_its_tombstone_together(txn: World
     assert not txn.delivery.has_failures()
 
 
-def test_a_committed_transaction_deletes_the_entry_without_another_tombstone(
+def test_a_committed_transaction_deletes_the_entry_with_the_seal_inside_it(
     txn: World,
 ) -> None:
     key = txn.request(2, 5, T0, sid="s-5")
     txn.at(T0)
     txn.targets.report()
+    txn.clock.set(T0 + 20)
+    txn.delivery.seal(txn.indexes)
     txn.internal.report()
     assert not txn.delivery.has_failures()
-    txn.clock.set(T0 + 20)
-    txn.finish(committed=True)
+    txn.delivery.settle(txn.indexes)
     assert txn.pending(2) == []
     state = txn.indexes[2].id_state("s-5")
     assert state is not None
     assert (state.pending_key, state.ended_ms, state.end) == (None, T0 + 20, End.DELIVERED)
-    assert tombstones(txn) == [(CHANGELOG, 2, key, None)], "the one inside the transaction"
-    assert txn.indexes[2].offset(b"changelog") == 2, "past the id's end and the tombstone"
+    assert [mark.covers(key) for mark in watermarks(txn)] == [True], "inside the transaction"
+    assert txn.indexes[2].offset(b"changelog") == 2, "past the id's end and the watermark"
     assert txn.sample("kdelay_delivered_records_total") == 1
     assert txn.delivery.idle()
     txn.at(T0 + 10_000)
@@ -881,7 +931,8 @@ def test_an_aborted_transaction_keeps_the_entry_and_produces_it_again(txn: World
     assert [(s.origin, s.timestamp) for s in txn.targets.sent] == [
         (origin(0, 7), T0), (origin(0, 7), T0 + 5)
     ], "retried at once, and the later entry not before its due time"
-    assert tombstones(txn) == [(CHANGELOG, 0, key, None)] * 2
+    txn.delivery.seal(txn.indexes)
+    assert [mark.covers(key) for mark in watermarks(txn)] == [True, True], "a seal each time"
 
 
 def test_a_failed_report_aborts_and_only_that_entry_backs_off(txn: World) -> None:
@@ -907,33 +958,39 @@ def test_a_failed_report_aborts_and_only_that_entry_backs_off(txn: World) -> Non
     assert txn.sample("kdelay_delivery_retries_total") == 1
 
 
-def test_a_failed_tombstone_report_is_a_transaction_failure(txn: World) -> None:
+def test_a_failed_watermark_report_is_a_transaction_failure(txn: World) -> None:
     key = txn.request(0, 1, T0)
     txn.at(T0)
     txn.targets.report()
+    txn.delivery.seal(txn.indexes)
     assert not txn.delivery.has_failures()
     txn.internal.report(timed_out())
     assert txn.delivery.has_failures()
     assert txn.writer.position(0) is None
     assert txn.sample("kdelay_changelog_errors_total") == 1
-    txn.finish(committed=False)
+    txn.delivery.abandon()
     assert txn.pending() == [key]
     txn.at(T0)
     assert len(txn.targets.sent) == 2
-    assert len(tombstones(txn)) == 2
+    txn.delivery.seal(txn.indexes)
+    assert len(watermarks(txn)) == 2
 
 
-def test_a_buffer_error_on_the_tombstone_never_commits_a_delete_without_it(
+def test_a_buffer_error_on_the_watermark_never_commits_a_delete_without_it(
     txn: World,
 ) -> None:
     key = txn.request(0, 1, T0)
     txn.internal.raises.append(BufferError("queue full"))
     txn.at(T0)
     txn.targets.report()
+    txn.delivery.seal(txn.indexes)
     txn.internal.report()
-    txn.finish(committed=not txn.delivery.has_failures())
+    if txn.delivery.has_failures():
+        txn.delivery.abandon()
+    else:
+        txn.delivery.settle(txn.indexes)
     deleted = key not in txn.pending()
-    assert not deleted or (CHANGELOG, 0, key, None) in tombstones(txn)
+    assert not deleted or any(mark.covers(key) for mark in watermarks(txn))
 
 
 def test_a_missing_target_does_not_abort_the_transaction(txn: World) -> None:
@@ -1209,7 +1266,7 @@ def test_an_adopted_entry_goes_out_before_it_is_indexed_and_leaves_only_after(
     world: World,
 ) -> None:
     """Intake's changelog records may be acknowledged late: the entry goes out when due
-    anyway, but its delete and tombstone wait until its put is in the index, or a later
+    anyway, but its delete and its seal wait until its put is in the index, or a later
     index write of the put would bring the delivered entry back."""
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 100)
@@ -1218,13 +1275,13 @@ def test_an_adopted_entry_goes_out_before_it_is_indexed_and_leaves_only_after(
     assert [s.timestamp for s in world.targets.sent] == [T0 + 100], "on time, not indexed"
     world.targets.report()
     world.settle()
-    assert world.internal.sent == [], "no tombstone before the entry is indexed"
+    assert world.internal.sent == [], "no seal before the entry is indexed"
     assert world.delivery.in_flight(entry.key), "held: too late to cancel"
 
     _index(world, 0, [entry])
     world.settle()
-    assert [(s.topic, s.key, s.value) for s in world.internal.sent] == [
-        (CHANGELOG, entry.key, None)]
+    assert [(s.topic, s.key) for s in world.internal.sent] == [(CHANGELOG, WATERMARK_MARKER)]
+    assert watermarks(world)[0].covers(entry.key)
     assert list(world.indexes[0].entries()) == []
     assert len(world.targets.sent) == 1, "delivered once"
 
@@ -1289,7 +1346,7 @@ def test_with_default_settings_a_missing_target_is_retried_for_fifteen_minutes(
 def test_a_target_missing_beyond_the_retry_window_ends_undeliverable(world: World) -> None:
     config = dataclasses.replace(CONFIG, attempts=0, retry_ms=10_000)
     world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
-                              world.metrics, ReportedTombstones(world.writer))
+                              world.metrics, Acknowledged(world.writer))
     world.targets.missing_topics.add("gone")
     world.request(0, 1, T0, target="gone")
     for now in range(T0, T0 + 10_000, 100):
@@ -1331,7 +1388,7 @@ def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
 ) -> None:
     config = dataclasses.replace(CONFIG, attempts=0, retry_ms=900_000)
     world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
-                              world.metrics, ReportedTombstones(world.writer))
+                              world.metrics, Acknowledged(world.writer))
     world.targets.missing_topics.add("gone")
     for offset in range(20):
         world.request(0, offset, T0, target="gone")
@@ -1412,5 +1469,53 @@ def test_an_entry_forwarded_to_its_ids_partition_reads_the_original_where_it_lie
     assert world.pending(2) == []
     state = world.indexes[2].id_state("order-7")
     assert state == IdState(None, T0 + 100, End.DELIVERED, due_key, fingerprint_of(message))
-    [_, tombstone] = world.internal.sent
-    assert (tombstone.topic, tombstone.partition, tombstone.key) == (CHANGELOG, 2, due_key)
+    [_, mark] = world.internal.sent
+    assert (mark.topic, mark.partition, mark.key) == (CHANGELOG, 2, WATERMARK_MARKER)
+    assert watermarks(world, 2)[0].covers(due_key), "in the changelog of the id's partition"
+
+
+# -- flights ---------------------------------------------------------------------------------
+
+
+def test_a_flight_lands_when_every_record_reported_and_one_failure_backs_off_alone(
+        world: World) -> None:
+    keys = [world.request(0, offset, T0) for offset in range(5)]
+    world.at(T0)
+    assert len(world.targets.sent) == 5
+    failing = world.targets.unreported[2]
+    world.targets.unreported.remove(failing)
+    world.targets.report()
+    world.settle()
+    assert world.pending() == keys, "one record has not reported: the flight is in the air"
+    world.targets.unreported.append(failing)
+    world.targets.report(timed_out())
+    world.settle()
+    assert world.pending() == [keys[2]], "the others are done, the failed one backs off"
+    assert not world.delivery.in_flight(keys[2])
+    [mark] = watermarks(world)
+    assert mark.pending == frozenset({keys[2]}), "the watermark lists it as pending"
+    assert all(mark.covers(k) for k in keys if k != keys[2])
+
+
+def test_a_flight_stalled_on_one_partition_does_not_hold_the_entries_behind_it(
+        world: World) -> None:
+    """A target partition without a leader keeps its records unacknowledged until the
+    message timeout: after STALL_S its flight is detached, and later deliveries of the
+    same partition settle meanwhile."""
+    stuck = world.request(0, 1, T0, target="stuck")
+    later = [world.request(0, offset, T0 + 10) for offset in (2, 3)]
+    world.at(T0)
+    assert [s.topic for s in world.targets.sent] == ["stuck"]
+    world.at(T0 + 10)
+    assert world.reader.calls == [{0: [1, 2, 3]}], "one run, read at once"
+    world.targets.report(topic="orders")
+    world.settle()
+    assert world.pending() == [stuck, *later], "behind the stuck flight: not settled yet"
+    world.clock.set(T0 + int(STALL_S * 1000) + 1)
+    world.settle()
+    assert world.pending() == [stuck], "the stuck one detached: the others are sealed"
+    assert world.delivery.in_flight(stuck)
+    world.targets.report(topic="stuck")
+    world.settle()
+    assert world.pending() == []
+    assert len(world.targets.sent) == 3, "nothing was produced twice"

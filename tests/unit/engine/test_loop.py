@@ -40,8 +40,9 @@ from kdelay.plumbing.topics import Layout
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import Headers, cancel_headers, schedule_headers
 from kdelay.protocol.forward import id_partition
-from kdelay.state.index import Changes, PartitionIndex, store_path
+from kdelay.state.index import Changes, PartitionIndex
 from kdelay.state.originals import Found, Reading
+from kdelay.state.statedir import store_path
 
 REQUESTS = "kdelay.requests"
 CHANGELOG = "kdelay.changelog"
@@ -278,7 +279,8 @@ def eos(tmp_path: Path) -> Iterator[Loop]:
 
 
 def produced(events: list[Event]) -> list[tuple[str, bytes | None]]:
-    return [(e[2], e[3]) for e in events if e[0] == "produce"]
+    """What the service's own producers produced (the sweeper's tombstones left out)."""
+    return [(e[2], e[3]) for e in events if e[0] == "produce" and e[1] != "sweeper"]
 
 
 # -- at-least-once: the double tick ------------------------------------------------------------
@@ -310,12 +312,11 @@ def test_an_adopted_entry_already_due_goes_out_in_the_step_that_took_it_in(alo: 
         (CHANGELOG, key),
         (CHANGELOG, codec.CONSUMED_MARKER),
         ("orders", b"now"),
-        (CHANGELOG, key),
-    ], "put, marker, the record (second tick), then its tombstone once acknowledged"
+        (CHANGELOG, codec.WATERMARK_MARKER),
+    ], "put, marker, the record (second tick), then its watermark once acknowledged"
     target_ack = events.index(("ack", "targets", "orders", b"now", True))
-    tombstone = [i for i, e in enumerate(events)
-                 if e == ("produce", "internal", CHANGELOG, key)][-1]
-    assert target_ack < tombstone, "the tombstone follows the record's acknowledgement"
+    mark = events.index(("produce", "internal", CHANGELOG, codec.WATERMARK_MARKER))
+    assert target_ack < mark, "the watermark follows the record's acknowledgement"
     assert alo.pending() == []
 
 
@@ -357,9 +358,9 @@ def test_a_step_does_not_wait_for_the_changelog_and_due_entries_still_go_out(alo
     assert [e[1] for e in alo.wire.kinds("store")] == [[(0, 1)], [(0, 2)]], "in order"
     alo.step()
     assert alo.pending() == [second], "first: indexed, then deleted as delivered"
-    puts_and_tombstones = [e[3] for e in alo.wire.kinds("produce")
-                           if e[1] == "internal" and e[3] == first]
-    assert puts_and_tombstones == [first, first], "its put, then its tombstone"
+    written = [e[3] for e in alo.wire.kinds("produce")
+               if e[1] == "internal" and e[3] in (first, codec.WATERMARK_MARKER)]
+    assert written == [first, codec.WATERMARK_MARKER], "its put, then a watermark"
 
 
 def test_a_duplicate_id_in_a_later_batch_sees_the_unacknowledged_one(alo: Loop) -> None:
@@ -663,16 +664,16 @@ def test_a_step_without_work_opens_no_transaction(eos: Loop) -> None:
     assert [e for e in events if e[0] in ("begin", "commit", "abort")] == []
 
 
-def test_a_due_record_and_its_tombstone_share_a_transaction(eos: Loop) -> None:
-    key = eos.request(T0 + 1_000, key=b"a")
+def test_a_due_record_and_its_watermark_share_a_transaction(eos: Loop) -> None:
+    eos.request(T0 + 1_000, key=b"a")
     eos.step()
     eos.clock.set(T0 + 1_000)
     events = eos.step()
     begin = events.index(("begin", "transactions"))
     commit = events.index(("commit", "transactions"))
     record = events.index(("produce", "transactions", "orders", b"a"))
-    tombstone = events.index(("produce", "transactions", CHANGELOG, key))
-    assert begin < record < tombstone < commit
+    mark = events.index(("produce", "transactions", CHANGELOG, codec.WATERMARK_MARKER))
+    assert begin < record < mark < commit
     assert eos.pending() == []
 
 
@@ -690,9 +691,9 @@ def test_a_revoked_partition_is_drained_settled_and_committed_before_it_closes(
     alo.clients.group.revoke_next.append(0)
     events = alo.step()
     ack = events.index(("ack", "targets", "orders", b"now", True))
-    tombstone = events.index(("produce", "internal", CHANGELOG, key))
+    mark = events.index(("produce", "internal", CHANGELOG, codec.WATERMARK_MARKER))
     commit = events.index(("commit-offsets",))
-    assert ack < tombstone < commit
+    assert ack < mark < commit
     assert alo.service.owned() == []
     path = store_path(alo.settings.state_dir, REQUESTS, 0)
     index = PartitionIndex(path, 0)
@@ -709,7 +710,7 @@ def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
     counts = {phase: registry.get_sample_value("kdelay_loop_phase_seconds_count",
                                                {"phase": phase})
               for phase in ("consume", "read-ahead", "dispatch", "write", "commit", "apply",
-                            "settle", "housekeeping")}
+                            "settle", "sweep", "housekeeping")}
     assert counts == dict.fromkeys(counts, 1.0)
 
 
@@ -732,9 +733,9 @@ def test_an_index_records_a_changelog_position_only_with_the_deletes_behind_it(
     eos: Loop,
 ) -> None:
     """A transaction carrying a delivery and an intake batch for one partition: its
-    tombstone confirms a changelog position; whichever index write first records that
+    watermark confirms a changelog position; whichever index write first records that
     position must also hold the delete. Otherwise a crash before the delete is written
-    would restore past the tombstone and deliver the entry again."""
+    would restore past the watermark and deliver the entry again."""
     delivered = eos.request(T0 + 1_000, key=b"a")
     eos.step()
     index = eos.service.indexes[0]
@@ -750,11 +751,11 @@ def test_an_index_records_a_changelog_position_only_with_the_deletes_behind_it(
     eos.clock.set(T0 + 1_000)
     eos.request(T0 + 60_000, key=b"b")
     events = eos.step()
-    assert ("produce", "transactions", CHANGELOG, delivered) in events
-    tombstone_offset = 2  # put a, marker, then this step: tombstone a, put b, marker
+    assert ("produce", "transactions", CHANGELOG, codec.WATERMARK_MARKER) in events
+    mark_offset = 4  # put a, marker, then this step: put b, marker, the watermark over a
     past = [present for position, present in seen
-            if position is not None and position > tombstone_offset]
-    assert past, "some index write recorded the position past the tombstone"
+            if position is not None and position > mark_offset]
+    assert past, "some index write recorded the position past the watermark"
     assert not any(past), "...and every such write already held the delete"
 
 

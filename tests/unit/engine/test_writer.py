@@ -66,18 +66,36 @@ def errors(metrics: Metrics) -> float:
     return metrics.registry.get_sample_value("kdelay_changelog_errors_total") or 0.0
 
 
+def tombstone(writer: ChangelogWriter, partition: int, key: bytes) -> None:
+    """A seal of one uncovered key: a tombstone and no watermark."""
+    writer.seal(partition, None, [key], [])
+
+
+def test_a_seal_writes_ends_then_tombstones_then_the_watermark() -> None:
+    producer = Producer()
+    writer, _ = writer_with(producer)
+    mark = codec.Watermark(K2, frozenset({K1}))
+    ended = (codec.id_record_key("a"), b"end")
+    writer.seal(4, mark, [K2], [ended])
+    assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [
+        (4, ended[0], b"end"), (4, K2, None), (4, codec.WATERMARK_MARKER,
+                                                codec.encode_watermark(mark))]
+    producer.report([7, 8, 9])
+    assert writer.position(4) == 10, "each confirms its position"
+
+
 def test_positions_keep_the_highest_next_offset_per_partition() -> None:
     producer = Producer()
     writer, _ = writer_with(producer)
     assert writer.position(0) is None
-    writer.tombstone(0, K1)
+    tombstone(writer, 0, K1)
     producer.report([5])
     assert writer.position(0) == 6
-    writer.tombstone(0, K2)
+    tombstone(writer, 0, K2)
     producer.report([3])
     assert writer.position(0) == 6, "a late report never moves the position back"
-    writer.tombstone(1, K1)
-    writer.tombstone(0, K1)
+    tombstone(writer, 1, K1)
+    tombstone(writer, 0, K1)
     producer.report([0, 9])
     assert (writer.position(0), writer.position(1), writer.position(2)) == (10, 1, None)
 
@@ -105,7 +123,7 @@ def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
     writer, metrics = writer_with(producer)
     acks = writer.acks()
     writer.put(0, K1, b"v", acks)
-    writer.tombstone(0, K2)
+    tombstone(writer, 0, K2)
     writer.mark_consumed(0, 7, acks)
     producer.report([1, 2, 3], KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
     assert writer.position(0) is None
@@ -122,18 +140,18 @@ def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
 def test_a_full_queue_is_waited_out_not_dropped() -> None:
     producer = Producer(full=3)
     writer, _ = writer_with(producer)
-    writer.tombstone(1, K1)
+    tombstone(writer, 1, K1)
     assert producer.polls == 3
     assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(1, K1, None)]
 
 
 def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
-    """Intake's records and dead letters count against their step; tombstones do not."""
+    """Intake's records and dead letters count against their step; seals do not."""
     producer = Producer()
     writer, _ = writer_with(producer)
     acks = writer.acks()
     writer.put(0, K1, b"v", acks)
-    writer.tombstone(0, K2)
+    tombstone(writer, 0, K2)
     on_dead_letter = acks.dead_letter()
     writer.mark_consumed(0, 7, acks)
     assert acks.waiting == 3

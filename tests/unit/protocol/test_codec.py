@@ -14,11 +14,13 @@ from kdelay.protocol.codec import (
     Fingerprint,
     IdState,
     IndexValue,
+    Watermark,
     decode_due_key,
     decode_expiry_key,
     decode_id_state,
     decode_index_value,
     decode_offset,
+    decode_watermark,
     due_times,
     due_upper_bound,
     encode_due_key,
@@ -26,8 +28,10 @@ from kdelay.protocol.codec import (
     encode_id_state,
     encode_index_value,
     encode_offset,
+    encode_watermark,
     expiry_upper_bound,
     fingerprint,
+    key_after,
     record_times,
     schedule_id_of,
 )
@@ -270,3 +274,43 @@ def test_expiry_key_errors() -> None:
         decode_expiry_key(b"\x00" * 7)
     with pytest.raises(ValueError, match="not UTF-8"):
         decode_expiry_key(b"\x00" * 8 + b"\xff")
+
+
+@given(due_keys, st.lists(due_keys, max_size=20))
+def test_watermark_round_trips_with_the_pending_keys_below_its_bound(
+        bound: DueKey, below: list[DueKey]) -> None:
+    raw_bound = encode_due_key(*bound)
+    pending = frozenset(k for k in (encode_due_key(*b) for b in below) if k < raw_bound)
+    mark = Watermark(raw_bound, pending)
+    assert decode_watermark(encode_watermark(mark)) == mark
+
+
+def test_a_watermark_covers_keys_below_its_bound_but_its_pending_ones() -> None:
+    a, b, c = (encode_due_key(1_000, 0, offset) for offset in (1, 2, 3))
+    mark = Watermark(c, frozenset({b}))
+    assert [mark.covers(k) for k in (a, b, c)] == [True, False, False]
+    assert encode_watermark(mark) == b"\x01" + c + b, "version, bound, pending keys sorted"
+
+
+def test_a_watermark_refuses_pending_keys_at_or_above_its_bound_and_odd_bytes() -> None:
+    key = encode_due_key(5, 0, 0)
+    with pytest.raises(ValueError, match="below its bound"):
+        encode_watermark(Watermark(key, frozenset({key})))
+    with pytest.raises(ValueError, match="20 bytes"):
+        encode_watermark(Watermark(b"short"))
+    for raw in (b"", b"\x02" + key, b"\x01", b"\x01" + key + b"x"):
+        with pytest.raises(ValueError, match="not a watermark"):
+            decode_watermark(raw)
+
+
+@given(due_keys)
+def test_key_after_is_the_next_key_in_byte_order(key: DueKey) -> None:
+    raw = encode_due_key(*key)
+    if raw == b"\xff" * DUE_KEY_SIZE:
+        with pytest.raises(ValueError, match="no due key follows"):
+            key_after(raw)
+        return
+    following = key_after(raw)
+    assert following > raw
+    assert len(following) == DUE_KEY_SIZE
+    assert Watermark(following).covers(raw)

@@ -10,6 +10,7 @@ import gc
 import logging
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -22,6 +23,7 @@ from kdelay.state.changelog import (
     Progress,
     RestoreError,
     Restorer,
+    Staging,
     StaleIndex,
     Staleness,
     _apply,
@@ -34,9 +36,9 @@ from kdelay.state.index import (
     CONSUMED,
     Changes,
     Entry,
-    IndexLocked,
     PartitionIndex,
 )
+from kdelay.state.statedir import IndexLocked
 from kdelay.state.tally import Tally
 
 T0 = 1_700_000_000_000
@@ -214,36 +216,36 @@ def eof(offset: int) -> Message:
 
 
 def test_staging_keeps_the_latest_value_per_key_and_returns_the_next_offset() -> None:
-    into: dict[bytes, bytes | None] = {}
+    into = Staging()
     v1, v2 = codec.encode_index_value(V1), codec.encode_index_value(V2)
     reached = _stage(into, [message(4, K1, v1), message(5, K2, v2), message(6, K1, None)],
                      100, "chg")
     assert reached == 7
-    assert into == {K1: None, K2: v2}
+    assert into.after == {K1: None, K2: v2}
 
 
 def test_staging_an_empty_batch_reaches_nothing() -> None:
-    into: dict[bytes, bytes | None] = {}
+    into = Staging()
     assert _stage(into, [], 100, "chg") is None
-    assert into == {}
+    assert len(into) == 0
 
 
 def test_staging_stops_at_the_end_of_the_partition_and_skips_errors(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    into: dict[bytes, bytes | None] = {}
+    into = Staging()
     failed = message(0, None, None, KafkaError(KafkaError._TRANSPORT))
     batch = [message(4, K1, b"a"), failed, message(5, None, b"b"), eof(6), message(6, K2, b"c")]
     assert _stage(into, batch, 6, "chg") == 6
-    assert into == {K1: b"a", b"": b"b"}, "a null key stages as empty, to be dropped as odd"
+    assert into.after == {K1: b"a", b"": b"b"}, "a null key stages as empty, to be dropped as odd"
     assert "restoring chg" in caplog.text
 
 
 def test_staging_skips_errors_and_reaches_past_the_last_message() -> None:
-    into: dict[bytes, bytes | None] = {}
+    into = Staging()
     failed = message(0, None, None, KafkaError(KafkaError._TRANSPORT))
     assert _stage(into, [message(4, K1, b"a"), failed], 100, "chg") == 5
-    assert into == {K1: b"a"}
+    assert into.after == {K1: b"a"}
 
 
 # -- replay in batches against a record-at-a-time model ----------------------------------
@@ -255,48 +257,86 @@ def replay(index: PartitionIndex, records: list[Record], batch: int) -> None:
     """Stage and apply ``records`` (offsets 0…) ``batch`` messages at a time, as a restore does."""
     for start in range(0, len(records), batch):
         chunk = records[start : start + batch]
-        into: dict[bytes, bytes | None] = {}
+        into = Staging()
         reached = _stage(into, [message(start + i, k, v) for i, (k, v) in enumerate(chunk)],
                          len(records), "chg")
         assert reached is not None
         _apply(index, into, reached)
 
 
-def model(records: list[Record]) -> tuple[dict[bytes, bytes], dict[str, bytes], int | None]:
-    """Apply ``records`` one at a time: entries, pending ids and the consumed offset."""
-    store: dict[bytes, bytes] = {}
-    ids: dict[str, bytes] = {}
-    consumed = None
-    for key, raw in records:
+@dataclass
+class Model:
+    """A changelog applied one record at a time: what a replay must end with."""
+
+    store: dict[bytes, bytes] = field(default_factory=dict)
+    ids: dict[str, bytes] = field(default_factory=dict)
+    consumed: int | None = None
+    # Keys a watermark found done with no record of their own since: each needs a
+    # tombstone; and every key a watermark ever found done (a tombstone may be redundant).
+    sweep: set[bytes] = field(default_factory=set)
+    covered: set[bytes] = field(default_factory=set)
+    bound: bytes = codec.encode_due_key(0, 0, 0)
+
+    def apply(self, key: bytes, raw: bytes | None) -> None:
         if key == codec.CONSUMED_MARKER:
-            consumed = None if raw is None else codec.decode_offset(raw)
+            self.consumed = None if raw is None else codec.decode_offset(raw)
+        elif key == codec.WATERMARK_MARKER:
+            assert raw is not None
+            mark = codec.decode_watermark(raw)
+            for done in [k for k in self.store if mark.covers(k)]:
+                self._drop(done)
+                self.sweep.add(done)
+                self.covered.add(done)
         elif raw is None:
-            old = store.pop(key, None)
-            old_id = None if old is None else codec.schedule_id_of(old)
-            if old_id is not None:
-                del ids[old_id]
+            self._drop(key)
+            self.sweep.discard(key)
         else:
-            store[key] = raw
+            self.store[key] = raw
+            self.sweep.discard(key)
             schedule_id = codec.schedule_id_of(raw)
             if schedule_id is not None:
-                ids[schedule_id] = key
-    return store, ids, consumed
+                self.ids[schedule_id] = key
+
+    def _drop(self, key: bytes) -> None:
+        old = self.store.pop(key, None)
+        old_id = None if old is None else codec.schedule_id_of(old)
+        if old_id is not None:
+            del self.ids[old_id]
 
 
-def history(seed: int, length: int) -> list[Record]:
-    """A random changelog over a few keys: puts, tombstones and consumed markers.
+def model(records: list[Record]) -> Model:
+    """Apply ``records`` one at a time."""
+    result = Model()
+    for key, raw in records:
+        result.apply(key, raw)
+    return result
+
+
+def history(seed: int, length: int, watermarks: bool = True) -> list[Record]:
+    """A random changelog over a few keys: puts, tombstones, consumed markers and watermarks.
 
     Every third key carries a schedule id of its own, so no two pending
-    entries share one, as intake guarantees.
+    entries share one, as intake guarantees. Watermarks keep the protocol's
+    promise (:class:`~kdelay.protocol.codec.Watermark`): a bound never lower
+    than the last one, and pending keys among those pending at the time.
     """
     rng = random.Random(seed)
     keys = [codec.encode_due_key(T0 + rng.randrange(1_000), PART, i) for i in range(12)]
     records: list[Record] = []
+    now = Model()
     for offset in range(length):
         pick = rng.randrange(len(keys))
         roll = rng.random()
         if roll < 0.1:
             records.append((codec.CONSUMED_MARKER, codec.encode_offset(offset)))
+        elif roll < 0.16 and watermarks:
+            picked = rng.choice(keys)
+            bound = max(now.bound, rng.choice([picked, codec.key_after(picked)]))
+            below = [k for k in now.store if k < bound]
+            pending = frozenset(k for k in below if rng.random() < 0.3)
+            now.bound = bound
+            records.append((codec.WATERMARK_MARKER,
+                            codec.encode_watermark(codec.Watermark(bound, pending))))
         elif roll < 0.45:
             records.append((keys[pick], None))
         else:
@@ -304,6 +344,7 @@ def history(seed: int, length: int) -> list[Record]:
             value = IndexValue(Fingerprint(T0, rng.randrange(2**32)), schedule_id,
                                rng.choice([None, "orders"]))
             records.append((keys[pick], codec.encode_index_value(value)))
+        now.apply(*records[-1])
     return records
 
 
@@ -314,14 +355,18 @@ def test_batched_replay_equals_record_at_a_time(tmp_path: Path, seed: int, batch
     index = PartitionIndex(tmp_path / "store", PART)
     try:
         replay(index, records, batch)
-        store, ids, consumed = model(records)
+        expected = model(records)
+        store = expected.store
         assert {e.key: codec.encode_index_value(e.value) for e in entries(index)} == store
         for pick in range(0, 12, 3):
-            expected = ids.get(f"id-{pick}")
+            pending = expected.ids.get(f"id-{pick}")
             state = index.id_state(f"id-{pick}")
-            assert state == (None if expected is None else IdState(expected, None))
-        assert index.offset(CONSUMED) == consumed
+            assert state == (None if pending is None else IdState(pending, None))
+        assert index.offset(CONSUMED) == expected.consumed
         assert index.offset(CHANGELOG) == len(records)
+        swept = {key for _, chunk in index.unswept(100_000) for key in chunk}
+        assert expected.sweep <= swept, "every put a watermark covered awaits its tombstone"
+        assert swept <= expected.covered, "and only those"
         counted = Tally.of(store.items())
         assert (index.tally.total, index.tally.due, index.tally.slack) == (
             counted.total, counted.due, counted.slack), "the tally is exact after a replay"

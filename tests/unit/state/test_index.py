@@ -22,12 +22,9 @@ from kdelay.state.index import (
     DueSummary,
     Entry,
     IndexCorrupt,
-    IndexLocked,
     PartitionIndex,
-    StateDirFull,
-    StateDirLock,
-    free_bytes,
 )
+from kdelay.state.statedir import IndexLocked, StateDirFull, StateDirLock, free_bytes
 
 
 def entry(due_ms: int, partition: int = 0, offset: int = 0, sid: str | None = None) -> Entry:
@@ -631,3 +628,69 @@ def test_a_state_dir_is_locked_once_until_released(tmp_path: Path) -> None:
     lock.release()
     lock.release()
     StateDirLock(state).release()
+
+
+# -- watermarks and the sweep list ---------------------------------------------
+
+
+def test_a_watermark_is_kept_with_the_changes_and_read_back_on_open(tmp_path: Path) -> None:
+    from kdelay.protocol.codec import Watermark
+    a, b = entry(100, offset=1), entry(200, offset=2)
+    store = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        put(store, a, b)
+        mark = Watermark(b.key, frozenset({a.key}))
+        store.apply(Changes(watermark=mark))
+        assert store.watermark == mark
+    finally:
+        store.close()
+    again = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        assert again.watermark == mark
+    finally:
+        again.close()
+
+
+def test_cover_deletes_what_the_watermark_covers_and_notes_it_for_the_sweep(
+        index: PartitionIndex) -> None:
+    from kdelay.protocol.codec import Watermark
+    done, kept, later = entry(100, offset=1, sid="x"), entry(150, offset=2), entry(300, offset=3)
+    index.apply(Changes(puts=[done, kept, later], ids={"x": IdState(done.key, None)}))
+    changes = index.cover(Watermark(later.key, frozenset({kept.key})))
+    assert (changes.deletes, changes.swept) == ([done.key], [done.key])
+    assert changes.ids == {"x": None}, "its pending id is released"
+    index.apply(changes)
+    assert [e.key for e in index.entries()] == [kept.key, later.key]
+    assert [keys for _, keys in index.unswept(10)] == [[done.key]]
+    assert index.tally.total == 2
+
+
+def test_the_sweep_list_is_kept_in_chunks_read_from_a_head(index: PartitionIndex) -> None:
+    from kdelay.state.index import SWEEP_CHUNK
+    keys = [encode_due_key(100, 0, offset) for offset in range(SWEEP_CHUNK + 5)]
+    index.apply(Changes(swept=keys[:2]))
+    index.apply(Changes(swept=keys[2:]))
+    chunks = index.unswept(1)
+    assert [chunk for _, chunk in chunks] == [keys[:2]], "whole chunks, at least one"
+    rest = index.unswept(10 * SWEEP_CHUNK)
+    assert [chunk for _, chunk in rest] == [keys[2:SWEEP_CHUNK + 2], keys[SWEEP_CHUNK + 2:]], \
+        "from where the last read stopped; one write's keys cut into chunks"
+    index.apply(Changes(unswept=[chunk_id for chunk_id, _ in chunks + rest[:1]]))
+    assert index.unswept(10) == []
+    index.rewind_sweep()
+    assert [chunk for _, chunk in index.unswept(10)] == [keys[SWEEP_CHUNK + 2:]]
+    index.apply(Changes(swept=keys[:1]))
+    assert [chunk for _, chunk in index.unswept(10)] == [keys[:1], keys[SWEEP_CHUNK + 2:]], (
+        "a chunk below the head moves it back")
+
+
+def test_scan_raw_returns_the_columns_scan_does(index: PartitionIndex) -> None:
+    entries = [entry(100 + i, offset=i) for i in range(6)]
+    put(index, *entries)
+    skip = {entries[1].key}
+    keys, values = index.scan_raw(103, 3, skip=skip)
+    assert keys == [entries[0].key, entries[2].key, entries[3].key]
+    assert [e.key for e in index.scan(103, 3, skip=skip)] == keys
+    assert values == [encode_index_value(e.value) for e in (entries[0], entries[2], entries[3])]
+    assert index.scan_raw(103, 10, start=entries[3].key) == (
+        [entries[3].key], [encode_index_value(entries[3].value)])

@@ -1,0 +1,174 @@
+"""Read-ahead: the entries delivery holds, read from the indexes before they are due.
+
+Each partition's index is scanned (a bounded scan from where the last one
+stopped, see :class:`~kdelay.engine.window.Window`) for entries due within
+the look-ahead, and their originals are fetched as sorted offset ranges; what
+comes back is held as :class:`~kdelay.engine.runs.Run` s, so that when an entry
+comes due only a produce is left to do. :class:`ReadAhead` keeps the runs of
+every partition, the run of every key it holds, and how far each index was read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from typing import cast
+
+from kdelay.engine.book import Book, State
+from kdelay.engine.runs import Run
+from kdelay.engine.window import Window
+from kdelay.protocol import codec
+from kdelay.state.index import PartitionIndex
+from kdelay.state.originals import Found, Reading
+
+# A partition holds at most this many batches in memory, whatever their state.
+MAX_HELD_BATCHES = 20
+
+
+class ReadAhead:
+    """The runs delivery holds, per partition and by key, and its read-ahead windows.
+
+    Holds at most ``batch_size`` entries waiting to be sent per partition (but
+    adopted ones) and at most :data:`MAX_HELD_BATCHES` batches in all; the
+    ``book``'s jobs count against both.
+    """
+
+    def __init__(self, reader: Reading, book: Book, lookahead_ms: int,
+                 batch_size: int) -> None:
+        self._reader = reader
+        self._book = book
+        self._lookahead_ms = lookahead_ms
+        self._batch_size = batch_size
+        self.runs: dict[int, list[Run]] = {}
+        # The run of every entry held in a run and not settled, by key.
+        self.held: dict[bytes, Run] = {}
+        self.windows: dict[int, Window] = {}
+
+    def window(self, partition: int) -> Window:
+        """The read-ahead window of ``partition`` (a new one at first)."""
+        window = self.windows.get(partition)
+        if window is None:
+            window = self.windows[partition] = Window()
+        return window
+
+    def read(self, indexes: Mapping[int, PartitionIndex], now: int) -> None:
+        """Scan each index whose window needs it, and fetch the originals of what it finds."""
+        horizon = now + self._lookahead_ms
+        wanted: dict[int, tuple[list[bytes], list[bytes]]] = {}
+        skip = _Held(self.held, self._book.keys)
+        for partition, index in indexes.items():
+            window = self.window(partition)
+            if window.needs_scan(now, self._lookahead_ms):
+                room = self.room(partition)
+                if room <= 0:
+                    continue
+                keys, values = index.scan_raw(horizon, room, skip=skip, start=window.cursor)
+                if keys:
+                    # Everything below the last key read is held or gone: the next
+                    # scan resumes right after it instead of walking the held keys.
+                    window.cursor = codec.key_after(keys[-1])
+                    wanted[partition] = keys, values
+                window.covered = horizon
+                window.truncated = len(keys) >= room
+        if wanted:
+            self._fetch(wanted)
+
+    def room(self, partition: int) -> int:
+        """Return how many more entries of ``partition`` the read-ahead may take.
+
+        Only entries waiting to be sent count against the batch: not those in
+        flight or backing off (the next batch is read while the last one is
+        acknowledged), nor those adopted from intake and not yet sent (they
+        were never read, and under steady load with short delays they alone
+        would fill the batch and stop the read-ahead). The cap on all held
+        entries keeps memory bounded.
+        """
+        waiting = sum(len(run.keys) - run.sent for run in self.runs.get(partition, ())
+                      if not run.adopted)
+        waiting += self._book.count(partition, State.READY)
+        return min(self._batch_size - waiting, self.cap(partition))
+
+    def cap(self, partition: int) -> int:
+        """Return how many more entries ``partition`` may hold in memory, whatever their state."""
+        held = sum(len(run.keys) - run.settled for run in self.runs.get(partition, ()))
+        return MAX_HELD_BATCHES * self._batch_size - held - self._book.held(partition)
+
+    def _fetch(self, wanted: dict[int, tuple[list[bytes], list[bytes]]]) -> None:
+        """Read the originals of the entries scanned and hold them as runs."""
+        # An original lies on the partition its key names (another for a forwarded id).
+        offsets: dict[int, list[int]] = {}
+        decoded: dict[int, list[tuple[int, int, int]]] = {}
+        for partition, (keys, _) in wanted.items():
+            coordinates = decoded[partition] = list(codec.decode_due_keys(b"".join(keys)))
+            for _, lies, offset in coordinates:
+                found = offsets.get(lies)
+                if found is None:
+                    offsets[lies] = [offset]
+                else:
+                    found.append(offset)
+        originals = self._reader.read(offsets)
+        for partition, (keys, values) in wanted.items():
+            found_all = [originals.get((lies, offset)) for _, lies, offset in decoded[partition]]
+            if None in found_all:  # unresolved: the run stops before the first of them
+                cut = found_all.index(None)
+                window = self.window(partition)
+                window.covered = None
+                window.rewind(keys[cut])
+                del keys[cut:], values[cut:], found_all[cut:]
+            if keys:
+                self.hold(Run(partition, keys, values, cast(list[Found], found_all)))
+
+    def hold(self, run: Run) -> None:
+        """Start holding ``run``: its entries wait for their due time."""
+        self.runs.setdefault(run.partition, []).append(run)
+        held = self.held
+        for key in run.keys:
+            held[key] = run
+
+    def drop(self, partition: int) -> None:
+        """Forget every run and the window of ``partition``."""
+        for run in self.runs.pop(partition, []):
+            for key in run.keys:
+                if self.held.get(key) is run:
+                    del self.held[key]
+        self.windows.pop(partition, None)
+
+    def settled(self, partition: int, runs: list[tuple[Run, int]]) -> int:
+        """The ranges of ``runs`` up to each end are out of the index: stop holding
+        them, and forget finished runs; return how many entries left (not taken out)."""
+        held = self.held
+        left = 0
+        for run, landed in runs:
+            if landed <= run.settled:
+                continue
+            for key in run.keys[run.settled:landed]:
+                if held.get(key) is run:
+                    del held[key]
+            taken = run.taken
+            left += landed - run.settled - (
+                0 if not taken else sum(1 for at in taken if run.settled <= at < landed))
+            run.settled = landed
+        kept = [run for run in self.runs.get(partition, []) if not run.finished]
+        if kept:
+            self.runs[partition] = kept
+        else:
+            self.runs.pop(partition, None)
+        return left
+
+    def first_unsent(self) -> bytes | None:
+        """The smallest key of every run not yet produced, None if none."""
+        keys = [key for runs in self.runs.values() for run in runs
+                if (key := run.unsent_key()) is not None]
+        return min(keys, default=None)
+
+
+class _Held(Container[bytes]):
+    """The keys delivery holds, in runs or in the book: what a scan passes over."""
+
+    __slots__ = ("_book", "_runs")
+
+    def __init__(self, runs: Mapping[bytes, Run], book: Container[bytes]) -> None:
+        self._runs = runs
+        self._book = book
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._runs or key in self._book

@@ -1,0 +1,137 @@
+"""Runs: delivery's batches of index entries, held as columns rather than objects.
+
+A :class:`Run` is what one read-ahead scan (or one intake plan) hands
+delivery: entries of one partition's index in key order, as parallel lists of
+keys, encoded index values and original records. Delivery walks a run with
+three cursors, ``settled <= landed <= sent``: entries before ``sent`` were
+produced, those before ``landed`` are acknowledged (or, under transactions,
+part of the transaction being committed), those before ``settled`` are out of
+the index. The happy path of a million records is a walk over lists; only
+entries that need care (withheld by a cancel, failed, dead-lettered) leave
+their run, as a job of the :class:`~kdelay.engine.book.Book`.
+
+:func:`merged` orders the due slices of several runs by key, a slice at a
+time rather than an entry at a time: in a burst, whole runs follow each
+other and are sent as they are.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kdelay.state.originals import Found
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    """Entries of one partition's index, in key order, with their originals.
+
+    ``taken`` holds the positions of entries taken out of the run (into the
+    book, or dropped by a cancel): the cursors step over them. ``adopted``
+    runs come from intake, with their records, and were never read back;
+    ``indexed`` is False while their plan is not applied to the index: they may
+    go out, but leave the index only once it is.
+    """
+
+    partition: int
+    keys: list[bytes]
+    values: list[bytes]
+    originals: list[Found]
+    indexed: bool = True
+    adopted: bool = False
+    sent: int = 0
+    landed: int = 0
+    settled: int = 0
+    taken: set[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every entry is settled or taken out."""
+        return self.settled >= len(self.keys)
+
+    def due_end(self, bound: bytes) -> int:
+        """Return the position after the last unsent entry whose key is below ``bound``."""
+        return bisect.bisect_left(self.keys, bound, self.sent)
+
+    def below(self, bound: bytes) -> int:
+        """Return the position of the first entry whose key is not below ``bound``."""
+        return bisect.bisect_left(self.keys, bound)
+
+    def position(self, key: bytes) -> int | None:
+        """Return where ``key`` is in the run, None if it is not (or was taken out)."""
+        at = bisect.bisect_left(self.keys, key)
+        if at == len(self.keys) or self.keys[at] != key:
+            return None
+        if self.taken is not None and at in self.taken:
+            return None
+        return at
+
+    def take(self, at: int) -> None:
+        """Take the entry at ``at`` out of the run: the cursors step over it."""
+        if self.taken is None:
+            self.taken = set()
+        self.taken.add(at)
+
+    def flying(self, at: int) -> bool:
+        """Whether the entry at ``at`` is produced and not settled."""
+        return self.settled <= at < self.sent
+
+    def first_pending(self) -> bytes | None:
+        """Return the smallest key whose entry is not done, None if none: not landed, or
+        (not indexed yet) not settled; entries taken out are the book's."""
+        return self._first_live(self.landed if self.indexed else self.settled)
+
+    def unsent_key(self) -> bytes | None:
+        """Return the smallest key not yet produced (nor taken out), None if none."""
+        return self._first_live(self.sent)
+
+    def _first_live(self, at: int) -> bytes | None:
+        taken = self.taken
+        while at < len(self.keys):
+            if taken is None or at not in taken:
+                return self.keys[at]
+            at += 1
+        return None
+
+    def live(self, start: int, end: int) -> Iterator[int]:
+        """The positions in ``[start, end)`` not taken out."""
+        taken = self.taken
+        if not taken:
+            return iter(range(start, end))
+        return (at for at in range(start, end) if at not in taken)
+
+
+Slice = tuple[Run, int, int]
+"""Entries ``[start, end)`` of a run."""
+
+
+def merged(slices: list[Slice]) -> Iterator[Slice]:
+    """Yield the entries of ``slices`` in key order, as sub-slices of them.
+
+    Each slice is sorted; the result cuts them only where their key ranges
+    interleave. Slices that follow each other (a burst of one due time over
+    several partitions, or one run) come out whole.
+    """
+    live = [(run.keys[start], index, run, start, end)
+            for index, (run, start, end) in enumerate(slices) if start < end]
+    if len(live) <= 1:
+        for _, _, run, start, end in live:
+            yield run, start, end
+        return
+    heapq.heapify(live)
+    while live:
+        _, index, run, start, end = heapq.heappop(live)
+        if not live:
+            yield run, start, end
+            return
+        # Everything of this slice below the next slice's head goes out now.
+        cut = bisect.bisect_left(run.keys, live[0][0], start + 1, end)
+        yield run, start, cut
+        if cut < end:
+            heapq.heappush(live, (run.keys[cut], index, run, cut, end))

@@ -1,0 +1,115 @@
+"""Sealing: what delivery writes, and applies, once a batch of entries is done.
+
+A seal covers one partition: the entries of its runs that landed (and are in
+the index), and the book's jobs that are done. :func:`seal_of` turns them into
+the index changes (deletes, ids' ends, the watermark, the sweep keys) and the
+changelog records: one watermark (:mod:`kdelay.engine.watermarks`) covering
+what it can, a tombstone for each done entry it cannot, and an end record for
+each schedule id. The watermark's bound is the partition's frontier
+(:func:`frontier`); what delivery holds below it that is not done is listed as
+pending (:func:`pending_below`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kdelay.engine.book import Job, Sink
+from kdelay.engine.runs import Run
+from kdelay.engine.watermarks import Marks, Seal
+from kdelay.engine.window import Window
+from kdelay.protocol import codec
+from kdelay.protocol.codec import End, IdRecord, IndexValue
+from kdelay.state.index import Changes
+
+
+@dataclass(slots=True)
+class Sealed:
+    """A partition's seal, and what applying it to the index does: the changes, the
+    runs whose landed range it settles (with that range's end) and the jobs it ends.
+    ``ended`` holds the changelog records of the ids whose schedules end."""
+
+    partition: int
+    seal: Seal
+    done: list[bytes]
+    changes: Changes
+    runs: list[tuple[Run, int]]
+    jobs: list[tuple[Job, Sink]]
+    ended: list[IdRecord] = field(default_factory=list)
+
+
+def landed_runs(runs: Iterable[Run]) -> list[tuple[Run, int]]:
+    """The indexed runs with landed entries not yet settled, with their landed end."""
+    return [(run, run.landed) for run in runs if run.indexed and run.settled < run.landed]
+
+
+def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, Sink]],
+            marks: Marks, frontier_key: bytes | None, held: Iterable[Job],
+            now: int) -> Sealed:
+    """Seal what is done in ``partition``: the landed ranges of ``runs`` and ``jobs``.
+
+    ``held`` are the partition's jobs in the book (pending, unless in ``jobs``).
+    Entries with a schedule id get their end, at ``now``.
+    """
+    changes = Changes()
+    done: list[bytes] = []
+    ended: list[IdRecord] = []
+    for run, landed in runs:
+        keys, values = run.keys, run.values
+        for at in run.live(run.settled, landed):
+            key, raw = keys[at], values[at]
+            done.append(key)
+            changes.known[key] = raw
+            if codec.has_schedule_id(raw):
+                _end(changes, ended, key, codec.decode_index_value(raw), Sink.TARGET, now)
+    for job, sink in jobs:
+        done.append(job.key)
+        if job.entry.raw:
+            changes.known[job.key] = job.entry.raw
+        _end(changes, ended, job.key, job.entry.value, sink, now)
+    if not done:  # only entries taken out of their runs: nothing leaves the index
+        return Sealed(partition, Seal(None, [], []), [], changes, runs, jobs)
+    bound = marks.next_bound(frontier_key)
+    seal = marks.seal(frontier_key, pending_below(bound, held, (run for run, _ in runs)),
+                      done)
+    changes.deletes = done
+    changes.watermark = seal.mark
+    changes.swept = seal.covered
+    return Sealed(partition, seal, done, changes, runs, jobs, ended)
+
+
+def _end(changes: Changes, ended: list[IdRecord], key: bytes, value: IndexValue, sink: Sink,
+         now: int) -> None:
+    """Record how the schedule of a done entry with an id ended."""
+    end = End.DELIVERED if sink is Sink.TARGET else End.DEAD_LETTERED
+    state, record = codec.end_of(value.schedule_id, end, now, key, value.fingerprint)
+    if value.schedule_id is not None and state is not None and record is not None:
+        changes.ids[value.schedule_id] = state
+        ended.append(record)
+
+
+def frontier(window: Window | None, marks: Marks, runs: Iterable[Run]) -> bytes | None:
+    """The smallest key of a partition that is neither done nor an exception: the next
+    entry of a run that is not landed (or not indexed), what the read-ahead has not
+    seen, a plan not yet applied.
+
+    None when the read-ahead has not looked at the partition yet: then nothing
+    is known of the keys above the last watermark.
+    """
+    seen = None if window is None else window.held_below()
+    if seen is None:
+        return None
+    candidates = [seen, marks.frontier(), *(run.first_pending() for run in runs)]
+    return min(key for key in candidates if key is not None)
+
+
+def pending_below(bound: bytes | None, held: Iterable[Job], runs: Iterable[Run]) -> list[bytes]:
+    """The keys delivery holds below ``bound`` that are not done: the book's jobs and
+    the entries of runs that have not landed."""
+    if bound is None:
+        return []
+    pending = [job.key for job in held if job.key < bound]
+    for run in runs:
+        pending.extend(run.keys[at] for at in run.live(run.landed, run.below(bound)))
+    return pending

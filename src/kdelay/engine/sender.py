@@ -1,0 +1,280 @@
+"""The sender: turns due entries into produces, to their targets or to the DLQ.
+
+:meth:`Sender.slice` is delivery's hot path: for each entry of a run slice,
+the fingerprint check, one pass over the original's headers (routing, and the
+user's headers kept in their order) and one produce, with the slice's flight
+as the delivery callback; routing is checked once per distinct target (the
+target policy, whether the topic exists), not per record. An entry that needs
+care goes back to delivery (``take_out``) and comes back as a job of the book,
+which :meth:`Sender.job` sends one at a time: verified in full, to its target,
+or to the DLQ with a stable reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message
+
+from kdelay.engine.book import Job, Sink
+from kdelay.engine.failures import TopicCheck
+from kdelay.engine.flights import Flight
+from kdelay.engine.runs import Run
+from kdelay.plumbing.clients import Producing
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import fingerprint_of
+from kdelay.protocol.envelope import ErrorCode, Headers
+from kdelay.protocol.targets import TargetPolicy
+from kdelay.state.originals import Missing
+
+# Dead letters that carry the original record, so that it can be sent again as is.
+_WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
+                                 ErrorCode.TARGET_NOT_ALLOWED, ErrorCode.WRONG_LANE,
+                                 ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
+_PREFIX = envelope.PREFIX
+_TARGET = envelope.TARGET
+_PARTITION = envelope.PARTITION
+_LANE = envelope.LANE
+_ORIGIN = envelope.ORIGIN
+_DUE_MS = envelope.DUE_MS
+_NO_TIME = TIMESTAMP_NOT_AVAILABLE
+
+Routes = dict["RouteKey", "_Route"]
+"""The routes of one dispatch, by the routing headers that lead to them."""
+TakeOut = Callable[[Run, int, "Flight | None", "KafkaError | None"], Job]
+"""Moves an entry out of its run into the book: ``(run, position, flight, refused)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """Where records with one set of routing headers go, or why they cannot."""
+
+    target: str
+    partition: int
+    lane: str | None
+    failure: tuple[ErrorCode, str] | None = None
+    missing: KafkaError | None = None
+
+
+RouteKey = tuple[envelope.HeaderValue, envelope.HeaderValue, envelope.HeaderValue]
+
+
+class Sender:
+    """Produces due entries to their targets (or dead-letters them).
+
+    ``withheld`` is the live set of keys a planned cancel holds back;
+    ``take_out`` hands an entry that needs care back to delivery. The
+    lateness of every record produced is gathered in :attr:`lateness_ms`,
+    which delivery takes at each settle.
+    """
+
+    def __init__(self, requests_topic: str, dlq_topic: str, targets: Producing,
+                 internal: Producing, policy: TargetPolicy, topics: TopicCheck,
+                 withheld: set[bytes], take_out: TakeOut,
+                 outage: Callable[[], bool]) -> None:
+        self._requests_topic = requests_topic
+        self._dlq_topic = dlq_topic
+        self._producer = targets
+        self._internal = internal
+        self._policy = policy
+        self._topics = topics
+        self._withheld = withheld
+        self._take_out = take_out
+        self._outage = outage
+        self._origin = f"{requests_topic}/".encode()
+        self.lateness_ms: list[int] = []
+
+    def slice(self, run: Run, start: int, end: int, now: int, flight: Flight,
+              routes: Routes) -> bool:
+        """Produce the entries ``[start, end)`` of ``run``; False when the queue filled up.
+
+        The hot path of a burst: per entry, the fingerprint check, the routing
+        headers read in one pass, and one produce; everything else is per
+        slice. An entry that needs care leaves the run for the book.
+        """
+        keys, values, originals, taken = run.keys, run.values, run.originals, run.taken
+        produce, report = self._producer.produce, flight.report
+        withheld = self._withheld
+        lateness = self.lateness_ms
+        lanes = flight.lanes
+        produced = 0
+        prefix = self._origin
+        head, crc_of, unpack = codec.index_head, codec.framed_crc, codec.unpack_due_key
+        due_text = b""
+        due_seen = -1
+        at = start
+        try:
+            while at < end:
+                if taken is not None and at in taken:
+                    at += 1
+                    continue
+                key = keys[at]
+                original = originals[at]
+                if (withheld and key in withheld) or original.__class__ is not Message:
+                    self._take_out(run, at, flight, None)
+                    at += 1
+                    continue
+                assert isinstance(original, Message)  # noqa: S101 - checked just above
+                stamp, crc = head(values[at])
+                record_key, value = original.key(), original.value()
+                kind, timestamp = original.timestamp()
+                if (timestamp if kind != _NO_TIME else 0) != stamp or crc_of(
+                        record_key, value) != crc:
+                    self._take_out(run, at, flight, None)
+                    at += 1
+                    continue
+                user: Headers = []
+                target = partition = lane = None
+                for pair in cast(Headers, original.headers() or ()):
+                    name = pair[0]
+                    if name.startswith(_PREFIX):
+                        if name == _TARGET:
+                            target = pair[1]
+                        elif name == _PARTITION:
+                            partition = pair[1]
+                        elif name == _LANE:
+                            lane = pair[1]
+                    else:
+                        user.append(pair)
+                route = routes.get((target, partition, lane))
+                if route is None:
+                    route = routes[(target, partition, lane)] = self._route(
+                        target, partition, lane)
+                    if self._outage():  # the topic check found the cluster silent
+                        break
+                if route.failure is not None or route.missing is not None:
+                    self._take_out(run, at, flight, route.missing)
+                    at += 1
+                    continue
+                due_ms, lies, offset = unpack(key)
+                if due_ms != due_seen:
+                    due_seen, due_text = due_ms, str(due_ms).encode()
+                user.append((_ORIGIN, b"%s%d/%d" % (prefix, lies, offset)))
+                user.append((_DUE_MS, due_text))
+                try:
+                    produce(route.target, value=value, key=record_key,
+                            partition=route.partition, headers=user, timestamp=now,
+                            on_delivery=report)
+                except KafkaException as exc:  # refused before anything was written
+                    self._take_out(run, at, flight, exc.args[0])
+                    at += 1
+                    continue
+                produced += 1
+                lateness.append(now - due_ms)
+                if route.lane is not None:
+                    lanes[route.lane] = lanes.get(route.lane, 0) + 1
+                at += 1
+        except BufferError:
+            self._producer.poll(0)
+            self._internal.poll(0)
+        flight.produced += produced
+        if at > start:
+            run.sent = flight.end = at
+        return at >= end
+
+    def _route(self, target: envelope.HeaderValue, partition: envelope.HeaderValue,
+               lane: envelope.HeaderValue) -> _Route:
+        """Where records with these routing headers go, or why they cannot (cached per
+        dispatch: one target policy and topic check per target, not per record)."""
+        try:
+            name = envelope.text_of(target)
+            place = -1 if partition is None else int(partition)
+            lane_name = None if lane is None else envelope.text_of(lane)
+        except (ValueError, TypeError):
+            return _Route("", -1, None, (ErrorCode.MISMATCH, "no longer carries a valid schedule"))
+        refused = self._policy.refusal(name, lane_name)
+        if refused is not None:
+            return _Route(name, place, lane_name, (refused.code, refused.detail))
+        return _Route(name, place, lane_name, None, self._topics.missing(name))
+
+    def job(self, job: Job, now: int, flight: Flight) -> None:
+        """Produce the job's record to its target, or to the DLQ with a reason."""
+        if job.failure is None and job.routing is None:
+            job.failure = self._verify(job)
+        failure = job.failure
+        sink = Sink.TARGET if failure is None else Sink.DLQ
+        try:
+            if failure is not None:
+                self._produce_dead_letter(job, *failure, flight)
+            elif isinstance(job.original, Message):
+                self._produce_target(job, job.original, now, flight)
+        except KafkaException as exc:
+            # Refused before anything was written: nothing in a transaction to abort.
+            flight.refused(job.key, sink, str(exc.args[0]))
+        flight.jobs.append((job, sink))
+
+    def _verify(self, job: Job) -> tuple[ErrorCode, str] | None:
+        """Return why the fetched original cannot be delivered, or None if it can."""
+        original = job.original
+        if original is Missing.EXPIRED:
+            return (ErrorCode.EXPIRED,
+                    f"{self._where(job)} is below the log start offset (retention)")
+        if original is Missing.ABSENT:
+            return ErrorCode.MISMATCH, f"{self._where(job)} holds no record any more"
+        assert isinstance(original, Message)  # noqa: S101 - Missing handled above
+        expected = job.entry.value.fingerprint
+        found = fingerprint_of(original)
+        if found != expected:
+            return (ErrorCode.MISMATCH,
+                    f"{self._where(job)} fingerprint {found} differs from {expected}")
+        routing = envelope.routing(original.headers())
+        if routing is None:
+            return ErrorCode.MISMATCH, f"{self._where(job)} no longer carries a valid schedule"
+        # Intake refuses these targets; an entry indexed before the policy
+        # narrowed (a new allow-list, an older kdelay) is refused here.
+        refused = self._policy.refusal(routing.target, routing.lane)
+        if refused is not None:
+            return refused.code, refused.detail
+        job.routing = routing
+        return None
+
+    def _where(self, job: Job) -> str:
+        """Return the request's coordinates, ``topic/partition/offset`` (``kdelay-origin``)."""
+        due = job.entry.due
+        return envelope.origin_of(self._requests_topic, due.partition, due.offset)
+
+    def _produce_target(self, job: Job, original: Message, now: int,
+                        flight: Flight) -> None:
+        routing = job.routing
+        assert routing is not None  # noqa: S101 - _verify set it
+        missing = self._topics.missing(routing.target)
+        if missing is not None:
+            raise KafkaException(missing)
+        due = job.entry.due
+        headers = [*routing.user, *envelope.delivery_tail(self._where(job), due.due_ms)]
+        self._producer.produce(
+            routing.target, value=original.value(), key=original.key(),
+            partition=-1 if routing.partition is None else routing.partition,
+            headers=headers, timestamp=now, on_delivery=flight.report,
+        )
+        flight.produced += 1
+        self.lateness_ms.append(now - due.due_ms)
+        if routing.lane is not None:
+            flight.lanes[routing.lane] = flight.lanes.get(routing.lane, 0) + 1
+
+    def _produce_dead_letter(self, job: Job, code: ErrorCode, detail: str,
+                             flight: Flight) -> None:
+        due = job.entry.due
+        reason = envelope.rejection_headers(envelope.Rejection(code, detail))
+        tail = [*reason, *envelope.delivery_tail(self._where(job), due.due_ms)]
+        if isinstance(job.original, Message) and code in _WHOLE_DEAD_LETTERS:
+            # The original's own kdelay-* headers are replaced by the target and
+            # due time, so the DLQ record can be sent back as a request as is.
+            original = job.original
+            headers = [*envelope.user_headers(original.headers()),
+                       *envelope.routing_headers(envelope.routing(original.headers())), *tail]
+            self._internal.produce(self._dlq_topic, value=original.value(),
+                                   key=original.key(), headers=headers,
+                                   on_delivery=flight.dead_letter_report)
+        else:
+            # No original to copy: the DLQ record carries what the index knows of it.
+            _, sid, target = job.entry.value
+            known = [] if sid is None else [(envelope.SCHEDULE_ID, sid.encode())]
+            if target is not None:
+                known.append((envelope.SCHEDULED_TARGET, target.encode()))
+            self._internal.produce(self._dlq_topic, value=None, key=None,
+                                   headers=[*known, *tail],
+                                   on_delivery=flight.dead_letter_report)
+        flight.dead_letters += 1
