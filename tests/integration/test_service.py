@@ -250,3 +250,39 @@ def _recreate(admin: AdminClient, topic: str) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def test_a_record_the_broker_refuses_backs_off_alone_and_ends_in_the_dlq(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    """The broker refuses a record too large for its target topic: its delivery report
+    fails (and carries no headers). Sent together with records to another target, that
+    record alone backs off, then goes to the DLQ as undeliverable; the others are
+    delivered once."""
+    deployment = deployment_factory(partitions=1, delivery_attempts=2)
+    small = topic_factory("small", 1, {"max.message.bytes": "1024"})
+    wide = topic_factory("wide", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+    records = [{"key": f"k{i}".encode(), "value": b"x" * (4_000 if i == 1 else 10),
+                "timestamp": now, "headers": [
+                    (envelope.TARGET, (small if i == 1 else wide).encode()),
+                    (envelope.DELAY_MS, b"100")]}
+               for i in range(3)]
+    produce(bootstrap, deployment.requests, records)
+    out = collector([small, wide, deployment.settings.dlq_topic])
+    service = running(deployment, clock)
+    service.add()
+
+    def settled() -> bool:
+        out.poll()
+        return len(out.messages) >= 3
+
+    service.until(settled, advance_ms=200)
+    assert sorted(m.key() for m in out.on(wide)) == [b"k0", b"k2"]
+    assert out.on(small) == []
+    [dead] = out.on(deployment.settings.dlq_topic)
+    assert dead.key() == b"k1"
+    assert header(dead, envelope.ERROR) == b"undeliverable"
+    assert b"2 attempts" in (header(dead, envelope.ERROR_DETAIL) or b"")

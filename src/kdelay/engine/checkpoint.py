@@ -119,7 +119,7 @@ class Transacted:
     def landed(self, flight: Flight) -> bool:
         """When asked (at commit), unless a record failed: the transaction decides for
         every record, and one that failed aborts it (then delivery takes it all back)."""
-        return not flight.failed
+        return not flight.errors
 
     def seal(self, partition: int, mark: Watermark | None, tombstones: list[bytes],
              ended: list[IdRecord]) -> None:

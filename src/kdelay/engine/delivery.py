@@ -34,11 +34,11 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
+from confluent_kafka import KafkaError, Message
 
 from kdelay.engine.book import Book, Job, Sink, State
 from kdelay.engine.failures import Retries, TopicCheck
-from kdelay.engine.flights import Durability, Flight
+from kdelay.engine.flights import Durability, Flight, failed_entries
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.runs import Run, merged
@@ -48,7 +48,7 @@ from kdelay.engine.watermarks import Marks
 from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import codec
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Entry, PartitionIndex
@@ -78,19 +78,6 @@ MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
 STALL_S = 5.0
 # Detached flights are logged together, at most once per this many seconds.
 STALL_LOG_EVERY_S = 30.0
-
-
-# Dead letters that carry the original record, so that it can be sent again as is.
-_WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
-                                 ErrorCode.TARGET_NOT_ALLOWED, ErrorCode.WRONG_LANE,
-                                 ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
-_PREFIX = envelope.PREFIX
-_TARGET = envelope.TARGET
-_PARTITION = envelope.PARTITION
-_LANE = envelope.LANE
-_ORIGIN = envelope.ORIGIN
-_DUE_MS = envelope.DUE_MS
-_NO_TIME = TIMESTAMP_NOT_AVAILABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,7 +361,7 @@ class Delivery:
     def has_failures(self) -> bool:
         """Return whether a produce or a changelog write reported a failure since the
         flights were last settled."""
-        return (any(flight.failed for flight in (*self._landed, *self._flights))
+        return (any(flight.errors for flight in (*self._landed, *self._flights))
                 or self._durability.has_failures())
 
     def seal(self, indexes: Mapping[int, PartitionIndex]) -> None:
@@ -449,17 +436,17 @@ class Delivery:
         self._sealed, self._sealing = [], False
         flights, self._landed, self._flights = [*self._landed, *self._flights], [], []
         self._counts.delivered = 0
-        for flight in flights:
+        failed = [self._failures(flight) for flight in flights]
+        for flight, failures in zip(flights, failed, strict=True):
             run = flight.run
             if run is not None:
                 run.sent = min(run.sent, flight.start)
                 run.landed = min(run.landed, flight.start)
             for job, _ in flight.jobs:
-                if (job.key not in flight.failed and job.key not in flight.refusals
-                        and job.state is State.IN_FLIGHT):
+                if job.key not in failures and job.state is State.IN_FLIGHT:
                     self._book.move(job, State.READY)
-        for flight in flights:
-            for key, sink, reason in flight.failures():
+        for failures in failed:
+            for key, (sink, reason) in failures.items():
                 self._failed(key, sink, reason, now)
         self._retries.flush()
 
@@ -532,7 +519,7 @@ class Delivery:
         retry; the run range that landed waits to be sealed; the book's jobs
         that are done join ``done``, by partition.
         """
-        failed = flight.failed
+        failed = self._failures(flight)
         run = flight.run
         if run is not None:
             if failed:
@@ -541,16 +528,23 @@ class Delivery:
                     self._book.move(self._take_out(run, at), State.IN_FLIGHT)
             run.landed = max(run.landed, flight.end)
         for job, sink in flight.jobs:
-            if job.key in failed or job.key in flight.refusals:
+            if job.key in failed:
                 continue
             if job.indexed:
                 done.setdefault(job.partition, []).append((job, sink))
             else:
                 self._unindexed.append((job, sink))
-        for key, sink, reason in flight.failures():
+        for key, (sink, reason) in failed.items():
             self._failed(key, sink, reason, now)
         for lane, count in flight.lanes.items():
             self._counts.by_lane[lane] = self._counts.by_lane.get(lane, 0) + count
+
+    def _failures(self, flight: Flight) -> dict[bytes, tuple[Sink, str]]:
+        """The entries of ``flight`` whose produce was refused or reported failed."""
+        failures = dict(flight.refusals)
+        if flight.errors:
+            failures.update(failed_entries(flight.errors, self._sender.produced(flight)))
+        return failures
 
     def _detach(self, flight: Flight) -> None:
         """Turn a stalled flight's entries into jobs of the book, in flight with it, so

@@ -2,28 +2,35 @@
 
 A :class:`Flight` is one slice of a run (or a set of the book's jobs) in the
 air: every record of it reports to the flight's one callback, which counts it
-and remembers only the failures, by the due key the record's own headers name
-(:func:`delivered_key`). What a flight's landing means, and where the seals of
-what it delivered are written, is the :class:`Durability`'s to say (see
-:mod:`kdelay.engine.checkpoint`).
+and keeps only the failures, as librdkafka reports them: topic, key and value
+(a delivery report carries no headers). Delivery finds out which entries
+failed from those only once the flight has landed (:func:`failed_entries`).
+What a flight's landing means, and where the seals of what it delivered are
+written, is the :class:`Durability`'s to say (see :mod:`kdelay.engine.checkpoint`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from confluent_kafka import KafkaError, Message
 
 from kdelay.engine.book import Job, Sink
 from kdelay.engine.runs import Run
 from kdelay.plumbing.callbacks import latch
-from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IdRecord, Watermark
 
-_ORIGIN = envelope.ORIGIN
-_DUE_MS = envelope.DUE_MS
+
+class Reported(NamedTuple):
+    """A record a delivery report said failed: what the report tells of it."""
+
+    sink: Sink
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    reason: str
 
 
 @dataclass(slots=True, eq=False)
@@ -31,10 +38,11 @@ class Flight:
     """Records produced together: a slice of a run, or a set of the book's jobs.
 
     Every record reports to the flight's shared callback (:meth:`report`,
-    :meth:`dead_letter_report`), which counts it and remembers the failed
-    ones by key; the flight has landed when every record it produced has
+    :meth:`dead_letter_report`), which counts it and keeps the failed ones in
+    :attr:`errors`; the flight has landed when every record it produced has
     reported (:attr:`complete`). Under transactions a flight lands with its
-    transaction instead. ``since`` is when it was produced (monotonic seconds).
+    transaction instead. ``refusals`` are produces refused before anything
+    was written, by entry key. ``since`` is when it was produced (monotonic seconds).
     """
 
     run: Run | None
@@ -44,15 +52,10 @@ class Flight:
     produced: int = 0
     reported: int = 0
     dead_letters: int = 0
-    failed: dict[bytes, tuple[Sink, str]] = field(default_factory=dict)
+    errors: list[Reported] = field(default_factory=list)
     refusals: dict[bytes, tuple[Sink, str]] = field(default_factory=dict)
     lanes: dict[str, int] = field(default_factory=dict)
     since: float = 0.0
-
-    def failures(self) -> list[tuple[bytes, Sink, str]]:
-        """Every record that failed or was refused, with where it went and why."""
-        return [(key, sink, reason) for key, (sink, reason)
-                in (*self.refusals.items(), *self.failed.items())]
 
     @property
     def complete(self) -> bool:
@@ -68,7 +71,8 @@ class Flight:
         try:
             self.reported += 1
             if error is not None:
-                self.failed[delivered_key(message.headers())] = (Sink.TARGET, error.str())
+                self.errors.append(Reported(Sink.TARGET, message.topic(), message.key(),
+                                            message.value(), error.str()))
         except BaseException as exc:
             latch(exc)
             raise
@@ -78,7 +82,8 @@ class Flight:
         try:
             self.dead_letters -= 1
             if error is not None:
-                self.failed[delivered_key(message.headers())] = (Sink.DLQ, error.str())
+                self.errors.append(Reported(Sink.DLQ, message.topic(), message.key(),
+                                            message.value(), error.str()))
         except BaseException as exc:
             latch(exc)
             raise
@@ -89,15 +94,24 @@ class Flight:
         self.refusals[key] = (sink, reason)
 
 
-def delivered_key(headers: envelope.AnyHeaders) -> bytes:
-    """Return the due key of a record delivery produced, from its ``kdelay-origin`` and
-    ``kdelay-due-ms`` headers; ValueError when they are missing or unreadable."""
-    pairs = dict(headers.items() if isinstance(headers, Mapping) else headers or [])
-    origin, due = pairs.get(_ORIGIN), pairs.get(_DUE_MS)
-    if not isinstance(origin, bytes) or not isinstance(due, bytes):
-        raise ValueError(f"a delivered record without its {_ORIGIN} and {_DUE_MS} headers")
-    _, partition, offset = origin.decode().rsplit("/", 2)
-    return codec.encode_due_key(int(due), int(partition), int(offset))
+Produced = tuple[Sink, str | None, bytes | None, bytes | None]
+"""What identifies a produced record in its delivery report: sink, topic, key and value."""
+
+
+def failed_entries(errors: list[Reported],
+                   produced: Iterable[tuple[bytes, Produced]]) -> dict[bytes, tuple[Sink, str]]:
+    """Which entries failed, from the ``errors`` a flight kept and what it ``produced``
+    (each entry's key and its record's sink, topic, key and value).
+
+    Records of several entries can look alike (the same key and value to the same
+    topic): when one of them fails, every one of them is taken as failed, and those
+    that were in fact written go out again. At-least-once allows that; nothing
+    is lost.
+    """
+    wanted: dict[Produced, str] = {
+        (error.sink, error.topic, error.key, error.value): error.reason for error in errors}
+    return {key: (record[0], reason) for key, record in produced
+            if (reason := wanted.get(record)) is not None}
 
 
 class Durability(Protocol):

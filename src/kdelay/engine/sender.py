@@ -12,7 +12,7 @@ or to the DLQ with a stable reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -20,7 +20,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException,
 
 from kdelay.engine.book import Job, Sink
 from kdelay.engine.failures import TopicCheck
-from kdelay.engine.flights import Flight
+from kdelay.engine.flights import Flight, Produced
 from kdelay.engine.runs import Run
 from kdelay.plumbing.clients import Producing
 from kdelay.protocol import codec, envelope
@@ -30,7 +30,7 @@ from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.originals import Missing
 
 # Dead letters that carry the original record, so that it can be sent again as is.
-_WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
+WHOLE_DEAD_LETTERS = frozenset({ErrorCode.UNDELIVERABLE, ErrorCode.FORBIDDEN_TARGET,
                                  ErrorCode.TARGET_NOT_ALLOWED, ErrorCode.WRONG_LANE,
                                  ErrorCode.MISSING_LANE, ErrorCode.UNKNOWN_LANE})
 _PREFIX = envelope.PREFIX
@@ -259,7 +259,7 @@ class Sender:
         due = job.entry.due
         reason = envelope.rejection_headers(envelope.Rejection(code, detail))
         tail = [*reason, *envelope.delivery_tail(self._where(job), due.due_ms)]
-        if isinstance(job.original, Message) and code in _WHOLE_DEAD_LETTERS:
+        if isinstance(job.original, Message) and code in WHOLE_DEAD_LETTERS:
             # The original's own kdelay-* headers are replaced by the target and
             # due time, so the DLQ record can be sent back as a request as is.
             original = job.original
@@ -278,3 +278,25 @@ class Sender:
                                    headers=[*known, *tail],
                                    on_delivery=flight.dead_letter_report)
         flight.dead_letters += 1
+
+    def produced(self, flight: Flight) -> Iterator[tuple[bytes, Produced]]:
+        """Each entry ``flight`` produced, with what its delivery report tells of it:
+        sink, topic, key and value (a report carries no headers)."""
+        run = flight.run
+        if run is not None:
+            for at in run.live(flight.start, flight.end):
+                original = run.originals[at]
+                if isinstance(original, Message):
+                    routing = envelope.routing(original.headers())
+                    target = None if routing is None else routing.target
+                    yield run.keys[at], (Sink.TARGET, target, original.key(), original.value())
+        for job, sink in flight.jobs:
+            original = job.original
+            whole = isinstance(original, Message) and (sink is Sink.TARGET or (
+                job.failure is not None and job.failure[0] in WHOLE_DEAD_LETTERS))
+            routed = None if job.routing is None else job.routing.target
+            topic = self._dlq_topic if sink is Sink.DLQ else routed
+            if whole and isinstance(original, Message):
+                yield job.key, (sink, topic, original.key(), original.value())
+            else:
+                yield job.key, (sink, topic, None, None)

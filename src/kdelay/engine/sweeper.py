@@ -4,9 +4,11 @@ A watermark record tells a restore that the entries it covers are done, but
 compaction keeps a put until a newer record of its own key arrives. Each
 covered key waits in its index's sweep list (see
 :class:`~kdelay.state.index.PartitionIndex`) until the sweeper writes its
-tombstone: a batch at a time, a small one while deliveries go on and a larger
-one when nothing is due, with a producer of its own that reports failures
-only, so a tombstone that lands costs no Python call. A key leaves the sweep
+tombstone: a batch at a time when nothing is due, with a producer of its own
+that reports failures only, so a tombstone that lands costs no Python call.
+While deliveries are due (a burst), nothing is swept, unless a partition's
+sweep list has grown past :data:`BACKLOG_LIMIT` (a load that never lets up):
+then a small batch a step keeps it bounded. A key leaves the sweep
 list once its batch has landed; a batch with a failure is swept again later.
 A key put again since it was covered (a request read again) is pending, and
 gets no tombstone.
@@ -30,7 +32,9 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 5_000
 """Keys a partition sweeps at once while nothing is due."""
 SWEEP_TRICKLE = 200
-"""Keys a partition sweeps at once while deliveries go on: the backlog still shrinks."""
+"""Keys a partition sweeps at once while deliveries go on, past the backlog limit."""
+BACKLOG_LIMIT = 1_000_000
+"""Keys a partition's sweep list may hold before it is swept while deliveries go on."""
 DRAIN_POLL_S = 0.01
 
 
@@ -48,16 +52,18 @@ class Sweeper:
         self._failure = ""
 
     def step(self, indexes: Mapping[int, PartitionIndex], busy: bool) -> None:
-        """Finish the batch in the air if it landed, else start one (``busy``: a small one)."""
+        """Finish the batch in the air if it landed, else start one (``busy``: deliveries are
+        due, so only where the backlog is past its limit, and a small one)."""
         self._producer.poll(0)
         if self._sweeping:
             if len(self._producer):
                 return
             self._landed(indexes)
             return
-        limit = SWEEP_TRICKLE if busy else SWEEP_BATCH
         for partition, index in indexes.items():
-            chunks = index.unswept(limit)
+            if not index.sweep_backlog or (busy and index.sweep_backlog <= BACKLOG_LIMIT):
+                continue
+            chunks = index.unswept(SWEEP_TRICKLE if busy else SWEEP_BATCH)
             if chunks:
                 self._sweep(partition, index, chunks)
 

@@ -181,6 +181,9 @@ class PartitionIndex:
         # Sweep chunk ids end with a sequence number: unique within this process,
         # and starting from the time, unique across its restarts too.
         self._chunks = time.time_ns()
+        # The keys in the sweep list, and the size of each chunk :meth:`unswept` handed out.
+        self.sweep_backlog = self._count_unswept()
+        self._handed: dict[bytes, int] = {}
         self._full = False
         # The encoded values of entries :meth:`scan` returned, by key, while they are
         # certainly in the store: every write to the due keys goes through
@@ -296,6 +299,8 @@ class PartitionIndex:
             put(min(chunk) + _SEQUENCE.pack(self._chunks), b"".join(chunk), self._sweep_handle)
         for chunk_id in changes.unswept:
             batch.delete(chunk_id, self._sweep_handle)
+        self.sweep_backlog += len(swept) - sum(self._handed.pop(chunk_id, 0)
+                                                for chunk_id in changes.unswept)
         lowest = self._note_puts(list(new))
         self._write(batch)
         self.tally.commit(change)
@@ -322,8 +327,13 @@ class PartitionIndex:
     def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes],
                       given: dict[bytes, bytes]) -> Change:
         """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
-        add and really remove."""
+        add and really remove. Deletes whose values ``given`` names (read by a scan,
+        untouched since: certainly in the store) need no lookup; a batch of only
+        such deletes (delivery's) is counted without one."""
         change = Change()
+        if not new and given and len(given) == len(deletes):
+            change.count_all(deletes, [given[key] for key in deletes], -1)
+            return change
         scanned = self._scanned
         known = {key: scanned[key] for key in deletes if key in scanned}
         known.update(given)
@@ -478,12 +488,18 @@ class PartitionIndex:
             keys = [raw[at : at + codec.DUE_KEY_SIZE]
                     for at in range(0, len(raw), codec.DUE_KEY_SIZE)]
             found.append((cast(bytes, it.key()), keys))
+            self._handed[found[-1][0]] = len(keys)
             count += len(keys)
             it.next()
         del it
         if found:
             self._sweep_head = found[-1][0] + b"\x00"
         return found
+
+    def _count_unswept(self) -> int:
+        """Count the keys in the sweep list (a walk over it: at open)."""
+        return sum(len(raw) for raw in cast(Iterator[bytes], self._sweep.values())
+                   ) // codec.DUE_KEY_SIZE
 
     def rewind_sweep(self) -> None:
         """Start the next :meth:`unswept` from the first key again (a sweep was given up)."""

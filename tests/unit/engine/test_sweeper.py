@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Message
 
+from kdelay.engine import sweeper as sweeper_module
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.sweeper import SWEEP_TRICKLE, Sweeper
 from kdelay.plumbing.clients import Report
@@ -81,7 +82,9 @@ def test_covered_keys_get_tombstones_and_leave_the_sweep_list_once_landed(
     assert metrics.registry.get_sample_value("kdelay_swept_records_total") == 3
 
 
-def test_a_sweep_takes_whole_chunks(index: PartitionIndex) -> None:
+def test_a_sweep_takes_whole_chunks(index: PartitionIndex,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweeper_module, "BACKLOG_LIMIT", 0)
     index.apply(Changes(swept=keys(3)))
     index.apply(Changes(swept=keys(7)[3:]))
     producer = OnlyErrors()
@@ -89,12 +92,23 @@ def test_a_sweep_takes_whole_chunks(index: PartitionIndex) -> None:
     assert len(producer.sent) == 7, "the trickle is reached within the chunks"
 
 
-def test_a_busy_step_sweeps_a_trickle(index: PartitionIndex) -> None:
+def test_while_deliveries_are_due_nothing_is_swept_below_the_backlog_limit(
+        index: PartitionIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst is not slowed down by the sweep; a load that never lets up still is,
+    a little, once a partition's sweep list is past its limit."""
     for start in range(0, 3 * SWEEP_TRICKLE, 10):
         index.apply(Changes(swept=keys(3 * SWEEP_TRICKLE)[start : start + 10]))
+    assert index.sweep_backlog == 3 * SWEEP_TRICKLE
     producer = OnlyErrors()
-    Sweeper(producer, CHANGELOG, Metrics()).step({0: index}, busy=True)
+    sweeper = Sweeper(producer, CHANGELOG, Metrics())
+    sweeper.step({0: index}, busy=True)
+    assert producer.sent == []
+    monkeypatch.setattr(sweeper_module, "BACKLOG_LIMIT", SWEEP_TRICKLE)
+    sweeper.step({0: index}, busy=True)
     assert len(producer.sent) == SWEEP_TRICKLE
+    producer.land()
+    sweeper.step({0: index}, busy=True)
+    assert index.sweep_backlog == 2 * SWEEP_TRICKLE
 
 
 def test_a_failed_batch_is_swept_again(index: PartitionIndex) -> None:

@@ -675,7 +675,9 @@ def test_the_sweep_list_is_kept_in_chunks_read_from_a_head(index: PartitionIndex
     rest = index.unswept(10 * SWEEP_CHUNK)
     assert [chunk for _, chunk in rest] == [keys[2:SWEEP_CHUNK + 2], keys[SWEEP_CHUNK + 2:]], \
         "from where the last read stopped; one write's keys cut into chunks"
+    assert index.sweep_backlog == SWEEP_CHUNK + 5
     index.apply(Changes(unswept=[chunk_id for chunk_id, _ in chunks + rest[:1]]))
+    assert index.sweep_backlog == 3, "the chunks handed out and swept are counted out"
     assert index.unswept(10) == []
     index.rewind_sweep()
     assert [chunk for _, chunk in index.unswept(10)] == [keys[SWEEP_CHUNK + 2:]]
@@ -694,3 +696,16 @@ def test_scan_raw_returns_the_columns_scan_does(index: PartitionIndex) -> None:
     assert values == [encode_index_value(e.value) for e in (entries[0], entries[2], entries[3])]
     assert index.scan_raw(103, 10, start=entries[3].key) == (
         [entries[3].key], [encode_index_value(entries[3].value)])
+
+
+def test_the_sweep_backlog_is_counted_again_on_open(tmp_path: Path) -> None:
+    store = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        store.apply(Changes(swept=[encode_due_key(1, 0, offset) for offset in range(7)]))
+    finally:
+        store.close()
+    again = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        assert again.sweep_backlog == 7
+    finally:
+        again.close()
