@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Message, Producer
 
 from kdelay import native
-from kdelay.engine.book import Book
+from kdelay.engine.book import Book, Job
 from kdelay.engine.failures import TopicCheck
 from kdelay.engine.flights import Flight
 from kdelay.engine.runner import tune_gc
@@ -38,6 +38,7 @@ from kdelay.engine.watermarks import Marks
 from kdelay.plumbing.clock import SystemClock
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IndexValue
+from kdelay.protocol.envelope import Headers
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.index import Changes, Entry, PartitionIndex
 from kdelay.state.originals import Found
@@ -51,7 +52,8 @@ VALUE = bytes(range(100))
 
 def _originals(count: int) -> list[Message]:
     """``count`` request records as a producer of the bench writes them."""
-    headers = [(envelope.TARGET, TARGET.encode()), (envelope.DUE_MS, str(BASE_MS).encode())]
+    headers: Headers = [(envelope.TARGET, TARGET.encode()),
+                        (envelope.DUE_MS, str(BASE_MS).encode())]
     return [Message(topic=REQUESTS, partition=0, offset=i, key=f"k{i}".encode(), value=VALUE,
                     headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, BASE_MS - 5_000))
             for i in range(count)]
@@ -77,13 +79,13 @@ def _timed(work: Callable[[], int]) -> float:
 def _sender(producer: Producer) -> Sender:
     """A sender producing with ``producer``, every topic known to exist."""
     topics = TopicCheck(producer, SystemClock())
-    topics._known[TARGET] = (float("inf"), None)  # noqa: SLF001 - no metadata request
+    topics._known[TARGET] = (float("inf"), None)  # no metadata request
     return Sender(REQUESTS, "bench.dlq", producer, producer,
                   TargetPolicy((REQUESTS, "bench.changelog", "bench.dlq"), ()), topics, set(),
                   _never_taken, lambda: False)
 
 
-def _never_taken(run: Run, at: int, flight: Flight | None, refused: object) -> object:
+def _never_taken(run: Run, at: int, flight: Flight | None, refused: KafkaError | None) -> Job:
     raise AssertionError(f"entry {at} of the bench's run was taken out")
 
 
