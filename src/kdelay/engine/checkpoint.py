@@ -48,7 +48,8 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from kdelay.engine.delivery import Delivery
-from kdelay.engine.flights import Durability, Flight
+from kdelay.engine.durability import Acknowledged, Transacted
+from kdelay.engine.flights import Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.transactional import Renewable
@@ -57,7 +58,6 @@ from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
-from kdelay.protocol.codec import IdRecord, Watermark
 from kdelay.state.index import PartitionIndex
 
 log = logging.getLogger(__name__)
@@ -103,44 +103,6 @@ class Batch:
 
 Fate = tuple[Batch, bool]
 """A batch whose fate is known, and whether it is durable (else: give it back)."""
-
-
-class Transacted:
-    """Exactly-once: delivery produces within the step's transaction, and seals into it.
-
-    Every flight lands with the transaction: when it is about to commit (if
-    any record fails, the transaction aborts and delivery takes every flight
-    of it back).
-    """
-
-    def __init__(self, writer: ChangelogWriter) -> None:
-        self._writer = writer
-
-    def landed(self, flight: Flight) -> bool:
-        """When asked (at commit), unless a record failed: the transaction decides for
-        every record, and one that failed aborts it (then delivery takes it all back)."""
-        return not flight.errors
-
-    def seal(self, partition: int, mark: Watermark | None, tombstones: list[bytes],
-             ended: list[IdRecord]) -> None:
-        """Write the seal's records (into the open transaction, under exactly-once)."""
-        self._writer.seal(partition, mark, tombstones, ended)
-
-    def position(self, partition: int) -> int | None:
-        """The writer's confirmed changelog position."""
-        return self._writer.position(partition)
-
-    def has_failures(self) -> bool:
-        """Whether a changelog write failed since the failures were last taken."""
-        return self._writer.has_failures()
-
-
-class Acknowledged(Transacted):
-    """At-least-once: a flight lands when every one of its records has reported."""
-
-    def landed(self, flight: Flight) -> bool:
-        """Whether every record of ``flight`` has reported."""
-        return flight.complete
 
 
 class Checkpoint(Protocol):
@@ -220,11 +182,14 @@ class AtLeastOnce:
 
     def __init__(self, settings: Settings, targets: Producing, internal: Producing,
                  writer: ChangelogWriter, clock: Clock, metrics: Metrics,
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], each: Producing | None = None) -> None:
+        """``targets`` is the bulk lane (failures reported only), ``each`` the producer
+        that reports every record, for while the bulk lane is stalled."""
         self.targets = targets
         self.internal = internal
         self.writer = writer
-        self.durability: Durability = Acknowledged(writer)
+        self._each = each or targets
+        self.durability: Durability = Acknowledged(writer, targets, self._each)
         self._requests_topic = settings.requests_topic
         self._drain_s = settings.delivery_timeout_ms / 1000 + 5
         self._clock = clock
@@ -312,6 +277,7 @@ class AtLeastOnce:
         """Produce what intake adopted and came due, then apply the reports that arrived."""
         delivery.tick(indexes)
         self.targets.poll(0)
+        self._each.poll(0)
         self.internal.poll(0)
         delivery.settle(indexes)
 
@@ -319,8 +285,8 @@ class AtLeastOnce:
                indexes: Mapping[int, PartitionIndex]) -> None:
         """Wait for the produces in flight, settle them, and commit the stored offsets."""
         deadline = self._clock.monotonic() + self._drain_s
-        flush_until(self.targets, deadline, self._clock.monotonic)
-        flush_until(self.internal, deadline, self._clock.monotonic)
+        for producer in (self.targets, self._each, self.internal):
+            flush_until(producer, deadline, self._clock.monotonic)
         delivery.settle(indexes)
         try:
             consumer.commit(asynchronous=False)
@@ -329,8 +295,9 @@ class AtLeastOnce:
                 log.warning("offset commit failed: %s", exc)
 
     def close(self) -> None:
-        """Flush both producers (briefly)."""
+        """Flush the producers (briefly)."""
         self.targets.flush(CLOSE_FLUSH_S)
+        self._each.flush(CLOSE_FLUSH_S)
         self.internal.flush(CLOSE_FLUSH_S)
 
 
@@ -354,7 +321,7 @@ class ExactlyOnce:
         self.targets: Producing = producer
         self.internal: Producing = producer
         self.writer = writer
-        self.durability: Durability = Transacted(writer)
+        self.durability: Durability = Transacted(writer, producer)
         self._flush_s = settings.delivery_timeout_ms / 1000
         self._clock = clock
         self._metrics = metrics
@@ -621,10 +588,12 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
         producer.init_transactions(TXN_CALL_S)
         writer = ChangelogWriter(producer, s.changelog_topic, metrics, observe)
         return ExactlyOnce(s, producer, writer, clock, metrics, stopping, waiting, unreachable)
-    targets = producers("targets", **{
+    lane: dict[str, str | int | bool] = {
         "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
-        "message.timeout.ms": s.delivery_timeout_ms})
+        "message.timeout.ms": s.delivery_timeout_ms}
+    targets = producers("targets", **lane, **{"delivery.report.only.error": True})
+    each = producers("targets-each", **lane)
     internal = producers("internal", **{
         "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0})
     writer = ChangelogWriter(internal, s.changelog_topic, metrics, observe)
-    return AtLeastOnce(s, targets, internal, writer, clock, metrics, stopping)
+    return AtLeastOnce(s, targets, internal, writer, clock, metrics, stopping, each)

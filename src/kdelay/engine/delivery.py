@@ -38,7 +38,7 @@ from confluent_kafka import KafkaError, Message
 
 from kdelay.engine.book import Book, Job, Sink, State
 from kdelay.engine.failures import Retries, TopicCheck
-from kdelay.engine.flights import Durability, Flight, failed_entries
+from kdelay.engine.flights import STALL_S, Channel, Durability, Flight, failed_entries
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.runs import Run, merged
@@ -73,9 +73,6 @@ IN_FLIGHT_WAIT_MS = 1
 # for a retry: the rest stays free for the entries of targets that work. A
 # failure beyond it is dead-lettered at once.
 MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
-# A flight not landed after this long (a target partition without a leader) is
-# detached from its run, so that the entries behind it are settled meanwhile.
-STALL_S = 5.0
 # Detached flights are logged together, at most once per this many seconds.
 STALL_LOG_EVERY_S = 30.0
 
@@ -327,7 +324,10 @@ class Delivery:
         if limit is None or self._outage():
             return
         since = self._clock.monotonic()
-        if not self._dispatch_jobs(limit, now, since):
+        channel = self._durability.channel(self._flights, since)
+        if channel is None:  # the bulk lane's generation in the air lands first
+            return
+        if not self._dispatch_jobs(channel, limit, now, since):
             return
         bound = codec.due_upper_bound(limit)
         due = [(run, run.sent, run.due_end(bound)) for runs in self._ahead.runs.values()
@@ -335,18 +335,18 @@ class Delivery:
         routes: Routes = {}
         taken = self._book.held_total()
         for run, start, end in merged(due):
-            flight = Flight(run, start, start, since=since)
+            flight = Flight(run, start, start, channel.producer, channel.bulk, since=since)
             sending = self._sender.slice(run, start, end, now, flight, routes)
             if flight.end > start:
                 self._flights.append(flight)
             if not sending:
                 return
         if self._book.held_total() > taken:  # entries the slices handed the book
-            self._dispatch_jobs(limit, now, since)
+            self._dispatch_jobs(channel, limit, now, since)
 
-    def _dispatch_jobs(self, limit: int, now: int, since: float) -> bool:
+    def _dispatch_jobs(self, channel: Channel, limit: int, now: int, since: float) -> bool:
         """Send the book's due jobs as one flight; False when the queue filled up."""
-        jobs = Flight(None, since=since)
+        jobs = Flight(None, producer=channel.producer, bulk=channel.bulk, since=since)
         sending = self._send_jobs(jobs, limit, now)
         if jobs.jobs or jobs.refusals:
             self._flights.append(jobs)
@@ -483,7 +483,8 @@ class Delivery:
                 self._sender.job(job, now, flight)
                 self._book.sent(job)
             except BufferError:
-                self._producer.poll(0)
+                if flight.producer is not None:
+                    flight.producer.poll(0)
                 self._internal.poll(0)
                 return False
         return True

@@ -5,13 +5,14 @@ air: every record of it reports to the flight's one callback, which counts it
 and keeps only the failures, as librdkafka reports them: topic, key and value
 (a delivery report carries no headers). Delivery finds out which entries
 failed from those only once the flight has landed (:func:`failed_entries`).
-What a flight's landing means, and where the seals of what it delivered are
-written, is the :class:`Durability`'s to say (see :mod:`kdelay.engine.checkpoint`).
+What a flight's landing means, which producer it goes out on (its
+:class:`Channel`), and where the seals of what it delivered are written, is the
+:class:`Durability`'s to say (see :mod:`kdelay.engine.checkpoint`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -20,7 +21,21 @@ from confluent_kafka import KafkaError, Message
 from kdelay.engine.book import Job, Sink
 from kdelay.engine.runs import Run
 from kdelay.plumbing.callbacks import latch
+from kdelay.plumbing.clients import Producing
 from kdelay.protocol.codec import IdRecord, Watermark
+
+STALL_S = 5.0
+"""A flight not landed after this long (a target partition without a leader, say)
+is stalled: its entries are taken off their run, and a bulk lane stops being used."""
+
+
+class Channel(NamedTuple):
+    """The producer a flight goes out on, and whether it is the bulk lane: a producer
+    that reports failures only, so that a flight on it has landed when it holds no
+    record any more (one generation of flights is in the air at a time)."""
+
+    producer: Producing
+    bulk: bool
 
 
 class Reported(NamedTuple):
@@ -48,6 +63,8 @@ class Flight:
     run: Run | None
     start: int = 0
     end: int = 0
+    producer: Producing | None = None
+    bulk: bool = False
     jobs: list[tuple[Job, Sink]] = field(default_factory=list)
     produced: int = 0
     reported: int = 0
@@ -115,8 +132,13 @@ def failed_entries(errors: list[Reported],
 
 
 class Durability(Protocol):
-    """How delivery's work becomes durable: when a flight has landed, and where a seal's
-    records are written (see :mod:`kdelay.engine.checkpoint`)."""
+    """How delivery's work becomes durable: which producer a flight goes out on, when it
+    has landed, and where a seal's records are written (see :mod:`kdelay.engine.checkpoint`)."""
+
+    def channel(self, airborne: Sequence[Flight], now_s: float) -> Channel | None:
+        """The channel of the next flights, given those in the ``airborne`` (monotonic
+        ``now_s``); None: none may go before those land."""
+        ...
 
     def landed(self, flight: Flight) -> bool:
         """Whether every record of ``flight`` is written (or reported failed), as far as

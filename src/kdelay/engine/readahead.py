@@ -54,7 +54,9 @@ class ReadAhead:
         """Scan each index whose window needs it, and fetch the originals of what it finds."""
         horizon = now + self._lookahead_ms
         wanted: dict[int, tuple[list[bytes], list[bytes]]] = {}
-        skip = _Held(self.held, self._book.keys)
+        # A plain dict when the book is empty (a burst): its ``in`` runs in C.
+        skip: Container[bytes] = (_Held(self.held, self._book.keys) if self._book.held_total()
+                                  else self.held)
         for partition, index in indexes.items():
             window = self.window(partition)
             if window.needs_scan(now, self._lookahead_ms):

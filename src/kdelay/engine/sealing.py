@@ -55,14 +55,21 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
     changes = Changes()
     done: list[bytes] = []
     ended: list[IdRecord] = []
+    known = changes.known
     for run, landed in runs:
-        keys, values = run.keys, run.values
-        for at in run.live(run.settled, landed):
-            key, raw = keys[at], values[at]
-            done.append(key)
-            changes.known[key] = raw
-            if codec.has_schedule_id(raw):
-                _end(changes, ended, key, codec.decode_index_value(raw), Sink.TARGET, now)
+        if run.taken:
+            live = list(run.live(run.settled, landed))
+            keys = [run.keys[at] for at in live]
+            values = [run.values[at] for at in live]
+        else:  # a whole range, sliced and zipped in C
+            keys, values = run.keys[run.settled:landed], run.values[run.settled:landed]
+        done.extend(keys)
+        known.update(zip(keys, values, strict=True))
+        if any(map(codec.has_schedule_id, values)):
+            for key, raw in zip(keys, values, strict=True):
+                if codec.has_schedule_id(raw):
+                    _end(changes, ended, key, codec.decode_index_value(raw), Sink.TARGET,
+                         now)
     for job, sink in jobs:
         done.append(job.key)
         if job.entry.raw:

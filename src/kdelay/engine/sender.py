@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import cast
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message
 
@@ -41,8 +40,9 @@ _ORIGIN = envelope.ORIGIN
 _DUE_MS = envelope.DUE_MS
 _NO_TIME = TIMESTAMP_NOT_AVAILABLE
 
-Routes = dict["RouteKey", "_Route"]
-"""The routes of one dispatch, by the routing headers that lead to them."""
+Routes = dict["bytes | str | RouteKey | None", "_Route"]
+"""The routes of one dispatch, by the routing headers that lead to them (the target
+alone when a record names no partition and no lane)."""
 TakeOut = Callable[[Run, int, "Flight | None", "KafkaError | None"], Job]
 """Moves an entry out of its run into the book: ``(run, position, flight, refused)``."""
 
@@ -95,13 +95,16 @@ class Sender:
         slice. An entry that needs care leaves the run for the book.
         """
         keys, values, originals, taken = run.keys, run.values, run.originals, run.taken
-        produce, report = self._producer.produce, flight.report
-        withheld = self._withheld
-        lateness = self.lateness_ms
-        lanes = flight.lanes
-        produced = 0
+        # Not "flight.producer or ...": a producer with an empty queue is falsy (len 0).
+        producer = self._producer if flight.producer is None else flight.producer
+        produce, report = producer.produce, flight.report
+        withheld, lateness, lanes = self._withheld, self.lateness_ms, flight.lanes
         prefix = self._origin
-        head, crc_of, unpack = codec.index_head, codec.framed_crc, codec.unpack_due_key
+        # Bound once: module globals cost a lookup each (compiled, a dict lookup).
+        message_type, no_time = Message, _NO_TIME
+        kdelay, target_name, partition_name, lane_name = _PREFIX, _TARGET, _PARTITION, _LANE
+        origin_name, due_name = _ORIGIN, _DUE_MS
+        produced = 0
         due_text = b""
         due_seen = -1
         at = start
@@ -112,51 +115,60 @@ class Sender:
                     continue
                 key = keys[at]
                 original = originals[at]
-                if (withheld and key in withheld) or original.__class__ is not Message:
+                if (withheld and key in withheld) or original.__class__ is not message_type:
                     self._take_out(run, at, flight, None)
                     at += 1
                     continue
                 assert isinstance(original, Message)  # noqa: S101 - checked just above
-                stamp, crc = head(values[at])
+                stamp, crc = codec.index_head(values[at])
                 record_key, value = original.key(), original.value()
                 kind, timestamp = original.timestamp()
-                if (timestamp if kind != _NO_TIME else 0) != stamp or crc_of(
+                if (timestamp if kind != no_time else 0) != stamp or codec.framed_crc(
                         record_key, value) != crc:
                     self._take_out(run, at, flight, None)
                     at += 1
                     continue
                 user: Headers = []
-                target = partition = lane = None
-                for pair in cast(Headers, original.headers() or ()):
-                    name = pair[0]
-                    if name.startswith(_PREFIX):
-                        if name == _TARGET:
-                            target = pair[1]
-                        elif name == _PARTITION:
-                            partition = pair[1]
-                        elif name == _LANE:
-                            lane = pair[1]
-                    else:
-                        user.append(pair)
-                route = routes.get((target, partition, lane))
+                target: envelope.HeaderValue = None
+                partition: envelope.HeaderValue = None
+                lane: envelope.HeaderValue = None
+                headers: Headers | None = original.headers()  # type: ignore[assignment]
+                if headers is not None:
+                    for pair in headers:
+                        name = pair[0]
+                        if name.startswith(kdelay):
+                            if name == target_name:
+                                target = pair[1]
+                            elif name == partition_name:
+                                partition = pair[1]
+                            elif name == lane_name:
+                                lane = pair[1]
+                        else:
+                            user.append(pair)
+                plain = partition is None and lane is None
+                route = routes.get(target if plain else (target, partition, lane))
                 if route is None:
-                    route = routes[(target, partition, lane)] = self._route(
-                        target, partition, lane)
+                    route = routes[target if plain else (target, partition, lane)] = (
+                        self._route(target, partition, lane))
                     if self._outage():  # the topic check found the cluster silent
                         break
                 if route.failure is not None or route.missing is not None:
                     self._take_out(run, at, flight, route.missing)
                     at += 1
                     continue
-                due_ms, lies, offset = unpack(key)
+                due_ms, lies, offset = codec.unpack_due_key(key)
                 if due_ms != due_seen:
                     due_seen, due_text = due_ms, str(due_ms).encode()
-                user.append((_ORIGIN, b"%s%d/%d" % (prefix, lies, offset)))
-                user.append((_DUE_MS, due_text))
+                user.append((origin_name, b"%s%d/%d" % (prefix, lies, offset)))
+                user.append((due_name, due_text))
                 try:
-                    produce(route.target, value=value, key=record_key,
-                            partition=route.partition, headers=user, timestamp=now,
-                            on_delivery=report)
+                    if route.partition < 0:  # one keyword less to parse, per record
+                        produce(route.target, value=value, key=record_key, headers=user,
+                                timestamp=now, on_delivery=report)
+                    else:
+                        produce(route.target, value=value, key=record_key,
+                                partition=route.partition, headers=user, timestamp=now,
+                                on_delivery=report)
                 except KafkaException as exc:  # refused before anything was written
                     self._take_out(run, at, flight, exc.args[0])
                     at += 1
@@ -167,7 +179,7 @@ class Sender:
                     lanes[route.lane] = lanes.get(route.lane, 0) + 1
                 at += 1
         except BufferError:
-            self._producer.poll(0)
+            producer.poll(0)
             self._internal.poll(0)
         flight.produced += produced
         if at > start:
@@ -244,7 +256,7 @@ class Sender:
             raise KafkaException(missing)
         due = job.entry.due
         headers = [*routing.user, *envelope.delivery_tail(self._where(job), due.due_ms)]
-        self._producer.produce(
+        (self._producer if flight.producer is None else flight.producer).produce(
             routing.target, value=original.value(), key=original.key(),
             partition=-1 if routing.partition is None else routing.partition,
             headers=headers, timestamp=now, on_delivery=flight.report,

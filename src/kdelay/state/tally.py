@@ -71,6 +71,15 @@ class Change:
         if len(dues) != len(stamps):
             raise ValueError(f"{len(dues)} keys but {len(stamps)} values")
         _add(self.due, Counter([due_ms // MINUTE_MS for due_ms in dues]), sign)
+        if not dues:
+            return
+        # A batch whose slacks all fall in one minute (a burst: one due time, requests
+        # written close together) is counted in one step; floor division is monotonic,
+        # so the extremes tell.
+        low, high = min(stamps) - max(dues), max(stamps) - min(dues)
+        if low // MINUTE_MS == high // MINUTE_MS:
+            _add(self.slack, Counter({low // MINUTE_MS: len(dues)}), sign)
+            return
         _add(self.slack, Counter([(stamp - due_ms) // MINUTE_MS
                                   for stamp, due_ms in zip(stamps, dues, strict=True)]),
              sign)

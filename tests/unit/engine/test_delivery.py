@@ -23,18 +23,18 @@ from confluent_kafka import (
     Message,
 )
 
-from kdelay.engine.checkpoint import Acknowledged, Transacted
 from kdelay.engine.delivery import (
     IN_FLIGHT_WAIT_MS,
     MAX_RETRYING_BATCHES,
     MAX_WAIT_MS,
-    STALL_S,
     Delivery,
     DeliveryConfig,
     Release,
     by_service_clock,
 )
+from kdelay.engine.durability import Acknowledged, Transacted
 from kdelay.engine.failures import TopicCheck, backoff_ms
+from kdelay.engine.flights import STALL_S
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
@@ -148,10 +148,12 @@ class FakeProducer:
     def __len__(self) -> int:
         return len(self.unreported)
 
-    def report(self, error: KafkaError | None = None, *, topic: str | None = None) -> list[Sent]:
-        """Fire the callbacks of unreported records (of ``topic`` only, if given)."""
-        chosen = [s for s in self.unreported if topic is None or s.topic == topic]
-        self.unreported = [s for s in self.unreported if topic is not None and s.topic != topic]
+    def report(self, error: KafkaError | None = None, *, topic: str | None = None,
+               these: list[Sent] | None = None) -> list[Sent]:
+        """Fire the callbacks of unreported records (of ``topic`` only, or ``these``)."""
+        chosen = [s for s in self.unreported if (topic is None or s.topic == topic)
+                  and (these is None or any(s is t for t in these))]
+        self.unreported = [s for s in self.unreported if not any(s is c for c in chosen)]
         for sent in chosen:
             partition = max(sent.partition, 0)
             offset = self._offsets[(sent.topic, partition)]
@@ -188,13 +190,17 @@ class World:
     def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG, *,
                  transactional: bool = False, release: Release = by_service_clock) -> None:
         self.clock = ManualClock(T0)
-        self.targets = FakeProducer()
+        # At-least-once: the bulk lane reports failures only; the other producer
+        # (for while the bulk lane is stalled) reports every record.
+        self.targets = FakeProducer(only_errors=not transactional)
+        self.each = FakeProducer()
         self.internal = FakeProducer()
         self.reader = FakeReader()
         self.metrics = Metrics()
         self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
-        durability = (Transacted if transactional else Acknowledged)(self.writer)
+        durability = (Transacted(self.writer, self.targets) if transactional
+                      else Acknowledged(self.writer, self.targets, self.each))
         self.outage = False
         self.delivery = Delivery(config, self.targets, self.internal, self.reader,
                                  self.clock, self.metrics, durability, release,
@@ -235,6 +241,15 @@ class World:
 
     def settle(self) -> None:
         self.delivery.settle(self.indexes)
+
+    def step(self, now_ms: int) -> None:
+        """One step of the service as it goes when the broker acknowledges at once:
+        tick, every record in the air (targets, dead letters, changelog) acknowledged,
+        settle."""
+        self.at(now_ms)
+        self.targets.report()
+        self.internal.report()
+        self.settle()
 
     def finish(self, committed: bool) -> None:
         """End the transaction the way the service does: seal into it, then commit or abort."""
@@ -305,11 +320,11 @@ def test_a_release_limit_holds_entries_the_service_clock_sees_due(tmp_path: Path
         assert w.at(T0 + 5_000) == MAX_WAIT_MS, "nothing to release yet: look again soon"
         assert w.targets.sent == []
         limit[0] = T0 + 2_000
-        w.at(T0 + 5_000)
+        w.step(T0 + 5_000)
         assert [s.origin for s in w.targets.sent] == [origin(0, 1)]
         assert w.targets.sent[0].timestamp == T0 + 5_000, "stamped by the service clock"
         limit[0] = T0 + 3_000
-        w.at(T0 + 5_001)
+        w.step(T0 + 5_001)
         assert [s.origin for s in w.targets.sent] == [origin(0, 1), origin(0, 2)]
     finally:
         w.close()
@@ -374,7 +389,7 @@ def test_entries_becoming_due_over_several_ticks_go_out_in_due_order(world: Worl
     world.request(1, 1, T0 + 100)
     world.request(2, 1, T0 + 200)
     for now in (T0 + 100, T0 + 250, T0 + 300):
-        world.at(now)
+        world.step(now)
     assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
         (origin(1, 1), T0 + 100), (origin(2, 1), T0 + 250), (origin(0, 1), T0 + 300),
     ]
@@ -673,8 +688,8 @@ def test_a_failing_target_does_not_block_other_targets(world: World) -> None:
     world.at(T0)
     world.targets.report(timed_out())
     world.settle()
-    world.at(T0 + 100)
-    world.at(T0 + 200)
+    world.step(T0 + 100)
+    world.step(T0 + 200)
     assert [(s.topic, s.timestamp) for s in world.targets.sent] == [
         ("broken", T0), ("orders", T0 + 100), ("orders", T0 + 200),
     ]
@@ -740,8 +755,8 @@ def test_a_withheld_entry_is_not_produced_when_due_until_released(world: World) 
     key = world.request(0, 1, T0 + 1_000)
     world.at(T0)
     assert world.delivery.withhold(key)
-    world.at(T0 + 1_000)
-    world.at(T0 + 1_500)
+    world.step(T0 + 1_000)
+    world.step(T0 + 1_500)
     assert world.targets.sent == []
     world.delivery.release([key])
     world.at(T0 + 1_501)
@@ -787,8 +802,8 @@ def test_entries_due_within_the_lookahead_are_read_before_they_are_due(world: Wo
     assert world.targets.sent == []
     world.at(T0 + 1_000)
     assert world.reader.calls == [{0: [10]}, {0: [20]}]
-    world.at(T0 + 1_500)
-    world.at(T0 + 2_500)
+    world.step(T0 + 1_500)
+    world.step(T0 + 2_500)
     assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
         (origin(0, 10), T0 + 1_500), (origin(0, 20), T0 + 2_500),
     ]
@@ -810,10 +825,10 @@ def test_an_entry_put_inside_the_read_window_is_picked_up(world: World) -> None:
     world.at(T0)
     world.request(0, 2, T0 + 500)
     world.request(1, 3, T0 - 10)
-    world.at(T0 + 1)
+    world.step(T0 + 1)
     assert [(s.origin, s.timestamp) for s in world.targets.sent] == [(origin(1, 3), T0 + 1)]
-    world.at(T0 + 500)
-    world.at(T0 + 1_800)
+    world.step(T0 + 500)
+    world.step(T0 + 1_800)
     assert [(s.origin, s.timestamp) for s in world.targets.sent] == [
         (origin(1, 3), T0 + 1), (origin(0, 2), T0 + 500), (origin(0, 1), T0 + 1_800),
     ]
@@ -1084,8 +1099,8 @@ def test_topic_check_asks_again_about_a_missing_topic_after_a_second() -> None:
 def test_delivery_reuses_the_topic_answer_across_entries(world: World) -> None:
     world.request(0, 1, T0, target="orders")
     world.request(0, 2, T0 + 10, target="orders")
-    world.at(T0)
-    world.at(T0 + 10)
+    world.step(T0)
+    world.step(T0 + 10)
     assert len(world.targets.sent) == 2
     assert world.targets.metadata_requests == ["orders"]
 
@@ -1236,9 +1251,9 @@ def test_more_adopted_entries_than_a_batch_are_all_adopted_and_leave_room_to_rea
     world.request(0, 1_000, T0 + 400)  # indexed by other means: found by a scan
     world.at(T0 + 1)
     assert [call.get(0) for call in world.reader.calls if call.get(0)] == [[1_000]]
-    world.at(T0 + 400)
+    world.step(T0 + 400)
     assert [s.timestamp for s in world.targets.sent] == [T0 + 400]
-    world.at(T0 + 500)
+    world.step(T0 + 500)
     assert len(world.targets.sent) == 251
     reads = [call.get(0) for call in world.reader.calls if call.get(0)]
     assert reads == [[1_000]], "no adopted entry was read back"
@@ -1347,7 +1362,7 @@ def test_with_default_settings_a_missing_target_is_retried_for_fifteen_minutes(
 def test_a_target_missing_beyond_the_retry_window_ends_undeliverable(world: World) -> None:
     config = dataclasses.replace(CONFIG, attempts=0, retry_ms=10_000)
     world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
-                              world.metrics, Acknowledged(world.writer))
+                              world.metrics, Acknowledged(world.writer, world.targets, world.each))
     world.targets.missing_topics.add("gone")
     world.request(0, 1, T0, target="gone")
     for now in range(T0, T0 + 10_000, 100):
@@ -1374,8 +1389,7 @@ def test_records_waiting_for_a_retry_are_bounded_per_partition(tmp_path: Path) -
             world.request(0, offset, T0, target="gone")
         world.request(0, room + 2, T0 + 1, target="orders")
         for _ in range(room + 3):
-            world.at(T0 + 1)
-            world.settle()
+            world.step(T0 + 1)
         dead = [s for s in world.internal.sent if s.topic == DLQ]
         assert len(dead) == 2, "beyond the room, failures are dead-lettered at once"
         assert all(b"wait for a retry" in (d.header(ERROR_DETAIL)[0] or b"") for d in dead)
@@ -1389,7 +1403,7 @@ def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
 ) -> None:
     config = dataclasses.replace(CONFIG, attempts=0, retry_ms=900_000)
     world.delivery = Delivery(config, world.targets, world.internal, world.reader, world.clock,
-                              world.metrics, Acknowledged(world.writer))
+                              world.metrics, Acknowledged(world.writer, world.targets, world.each))
     world.targets.missing_topics.add("gone")
     for offset in range(20):
         world.request(0, offset, T0, target="gone")
@@ -1484,11 +1498,9 @@ def test_a_flight_lands_when_every_record_reported_and_one_failure_backs_off_alo
     world.at(T0)
     assert len(world.targets.sent) == 5
     failing = world.targets.unreported[2]
-    world.targets.unreported.remove(failing)
-    world.targets.report()
+    world.targets.report(these=[s for s in world.targets.sent if s is not failing])
     world.settle()
     assert world.pending() == keys, "one record has not reported: the flight is in the air"
-    world.targets.unreported.append(failing)
     world.targets.report(timed_out())
     world.settle()
     assert world.pending() == [keys[2]], "the others are done, the failed one backs off"
@@ -1498,28 +1510,34 @@ def test_a_flight_lands_when_every_record_reported_and_one_failure_backs_off_alo
     assert all(mark.covers(k) for k in keys if k != keys[2])
 
 
-def test_a_flight_stalled_on_one_partition_does_not_hold_the_entries_behind_it(
+def test_a_stalled_bulk_lane_hands_over_to_a_producer_that_reports_each_record(
         world: World) -> None:
-    """A target partition without a leader keeps its records unacknowledged until the
-    message timeout: after STALL_S its flight is detached, and later deliveries of the
-    same partition settle meanwhile."""
+    """A target partition without a leader keeps its records unacknowledged until their
+    timeout. The bulk lane lets one generation in the air at a time, so after STALL_S
+    the next deliveries go out on a producer that reports each record, the stalled
+    flight is taken off its run (the entries behind it settle meanwhile), and the bulk
+    lane serves again once everything in the air has landed."""
     stuck = world.request(0, 1, T0, target="stuck")
-    later = [world.request(0, offset, T0 + 10) for offset in (2, 3)]
+    for offset in (2, 3):
+        world.request(0, offset, T0 + 10)
     world.at(T0)
     assert [s.topic for s in world.targets.sent] == ["stuck"]
     world.at(T0 + 10)
+    assert len(world.targets.sent) == 1, "one generation in the air on the bulk lane"
     assert world.reader.calls == [{0: [1, 2, 3]}], "one run, read at once"
-    world.targets.report(topic="orders")
-    world.settle()
-    assert world.pending() == [stuck, *later], "behind the stuck flight: not settled yet"
-    world.clock.set(T0 + int(STALL_S * 1000) + 1)
+    world.at(T0 + int(STALL_S * 1000) + 1)
+    assert [s.topic for s in world.each.sent] == ["orders", "orders"], "the other producer"
+    world.each.report()
     world.settle()
     assert world.pending() == [stuck], "the stuck one detached: the others are sealed"
     assert world.delivery.in_flight(stuck)
     world.targets.report(topic="stuck")
     world.settle()
     assert world.pending() == []
-    assert len(world.targets.sent) == 3, "nothing was produced twice"
+    world.request(0, 4, T0 + 6_000)
+    world.at(T0 + 6_000)
+    assert len(world.targets.sent) == 2, "back on the bulk lane"
+    assert len(world.each.sent) == 2, "nothing was produced twice"
 
 
 def test_a_failure_is_told_apart_by_its_topic_key_and_value_the_report_carries(
