@@ -78,6 +78,9 @@ ABORT_RETRY_S = 1.0
 # At-least-once: how many intake records may await their acknowledgements
 # before a step waits for them (memory, and how much a crash re-reads).
 MAX_UNACKED_RECORDS = 20_000
+# At-least-once: how often a partition's deliveries are sealed (a watermark, index
+# deletes) while fewer than a batch landed. Exactly-once seals with each transaction.
+SEAL_EVERY_S = 0.05
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
@@ -279,7 +282,7 @@ class AtLeastOnce:
         self.targets.poll(0)
         self._each.poll(0)
         self.internal.poll(0)
-        delivery.settle(indexes)
+        delivery.settle(indexes, SEAL_EVERY_S)
 
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:

@@ -7,7 +7,7 @@ scan returns is held as a :class:`~kdelay.engine.runs.Run`: columns of keys,
 index values and originals, walked by cursors. Due entries go out in key order
 (due time, then request partition, then offset), a run slice at a time.
 
-Produces are grouped in :class:`Flight` s, one per run slice: every record of
+Produces are grouped in :class:`Flight` s, one per run and dispatch: every record of
 a flight reports to one shared callback that counts it, and only a failed
 record is looked at on its own. A flight is settled as a whole, once its
 :class:`Durability` says it has landed (at-least-once: every record reported;
@@ -31,15 +31,16 @@ clock's time.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
 
 from kdelay.engine.book import Book, Job, Sink, State
 from kdelay.engine.failures import Retries, TopicCheck
-from kdelay.engine.flights import STALL_S, Channel, Durability, Flight, failed_entries
-from kdelay.engine.metrics import Metrics
+from kdelay.engine.flights import FEW, STALL_S, Channel, Durability, Flight, failed_entries
+from kdelay.engine.metrics import DeliveryCounts, Metrics
 from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.runs import Run, merged
 from kdelay.engine.sealing import Sealed, frontier, landed_runs, seal_of
@@ -96,16 +97,6 @@ class DeliveryConfig:
     """How long after its first failure a record is retried before it is dead-lettered."""
 
 
-@dataclass(slots=True)
-class _Counts:
-    """Per-record figures gathered between two settles, handed to Prometheus at once."""
-
-    delivered: int = 0
-    lateness_ms: list[int] = field(default_factory=list)
-    by_lane: dict[str, int] = field(default_factory=dict)
-    dead_lettered: dict[str, int] = field(default_factory=dict)
-
-
 class Delivery:
     """Reads due entries ahead, produces them when due, and settles the outcomes."""
 
@@ -139,13 +130,15 @@ class Delivery:
         # The flights produced and not landed, in the order produced, and those
         # landed and sealed but not yet applied (exactly-once: until settle or abandon).
         self._flights: list[Flight] = []
+        self._sealed_at: dict[int, float] = {}  # per partition (monotonic)
+        self._cut = False  # the last dispatch stopped at a full producer queue
         self._landed: list[Flight] = []
         self._sealed: list[Sealed] = []
         # Whether seal ran since the last settle (exactly-once seals before committing).
         self._sealing = False
         # Jobs done whose entries are not in their index yet (see adopt).
         self._unindexed: list[tuple[Job, Sink]] = []
-        self._counts = _Counts()
+        self._counts = DeliveryCounts()
         self._stalled = 0
         self._stall_logged = float("-inf")
         self._sender = Sender(config.requests_topic, config.dlq_topic, targets, internal,
@@ -235,9 +228,9 @@ class Delivery:
              and entry.key not in book and entry.key in originals), key=lambda e: e.key)
         del taken[max(0, room):]
         if taken:
-            self._ahead.hold(Run(partition, [e.key for e in taken],
-                           [e.raw or codec.encode_index_value(e.value) for e in taken],
-                           [originals[e.key] for e in taken], indexed=False, adopted=True))
+            self._ahead.adopt(partition, [e.key for e in taken],
+                              [e.raw or codec.encode_index_value(e.value) for e in taken],
+                              [originals[e.key] for e in taken])
 
     def indexed(self, partition: int, entries: list[Entry]) -> None:
         """Learn that intake's ``entries`` are in ``partition``'s index now.
@@ -251,12 +244,9 @@ class Delivery:
         window = self._ahead.window(partition)
         covered = window.covered
         lowest: bytes | None = None
-        for entry in entries:
-            run = self._ahead.held.get(entry.key)
-            job = None if run is not None else self._book.get(entry.key)
-            if run is not None:
-                run.indexed = True
-            elif job is not None:
+        for entry in self._ahead.indexed(entries):
+            job = self._book.get(entry.key)
+            if job is not None:
                 job.indexed = True
             elif (covered is None or entry.due.due_ms <= covered) and (
                     lowest is None or entry.key < lowest):
@@ -273,8 +263,8 @@ class Delivery:
             self._marks_of(partition).given_back(entries[0].key)
         for entry in entries:
             run = self._ahead.held.get(entry.key)
-            if run is not None and not run.indexed:
-                at = run.position(entry.key)
+            at = None if run is None else run.position(entry.key)
+            if run is not None and (at is None or not run.in_index(at)):
                 if at is not None and at >= run.sent:
                     run.take(at)
                     del self._ahead.held[entry.key]
@@ -323,26 +313,36 @@ class Delivery:
         limit = self._release(now)
         if limit is None or self._outage():
             return
-        since = self._clock.monotonic()
-        channel = self._durability.channel(self._flights, since)
-        if channel is None:  # the bulk lane's generation in the air lands first
-            return
-        if not self._dispatch_jobs(channel, limit, now, since):
-            return
         bound = codec.due_upper_bound(limit)
         due = [(run, run.sent, run.due_end(bound)) for runs in self._ahead.runs.values()
                for run in runs if run.sent < len(run.keys) and run.keys[run.sent] < bound]
+        # A dispatch the full queue cut short goes on where it stopped, on its lane.
+        few = not self._cut and sum(end - start for _, start, end in due) <= FEW
+        since = self._clock.monotonic()
+        channel = self._durability.channel(self._flights, since, few)
+        if channel is None:  # the bulk lane's generation in the air lands first
+            return
+        self._cut = True
+        if not self._dispatch_jobs(channel, limit, now, since):
+            return
         routes: Routes = {}
         taken = self._book.held_total()
-        for run, start, end in merged(due):
-            flight = Flight(run, start, start, channel.producer, channel.bulk, since=since)
-            sending = self._sender.slice(run, start, end, now, flight, routes)
-            if flight.end > start:
-                self._flights.append(flight)
-            if not sending:
-                return
+        latest: dict[int, Flight] = {}  # of each run: the run's next slice joins it
+        try:
+            for run, start, end in merged(due):
+                flight = latest.get(id(run))
+                if flight is None or flight.end != start:
+                    flight = latest[id(run)] = Flight(run, start, start, channel.producer,
+                                                      channel.bulk, since=since)
+                    self._flights.append(flight)
+                if not self._sender.slice(run, start, end, now, flight, routes):
+                    return
+        finally:
+            self._flights = [f for f in self._flights if f.end > f.start or f.run is None]
         if self._book.held_total() > taken:  # entries the slices handed the book
-            self._dispatch_jobs(channel, limit, now, since)
+            self._cut = not self._dispatch_jobs(channel, limit, now, since)
+        else:
+            self._cut = False
 
     def _dispatch_jobs(self, channel: Channel, limit: int, now: int, since: float) -> bool:
         """Send the book's due jobs as one flight; False when the queue filled up."""
@@ -364,8 +364,10 @@ class Delivery:
         return (any(flight.errors for flight in (*self._landed, *self._flights))
                 or self._durability.has_failures())
 
-    def seal(self, indexes: Mapping[int, PartitionIndex]) -> None:
-        """Land the flights that have landed and write the seals of what is done.
+    def seal(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
+        """Land the flights that have landed and write the seals of what is done: of each
+        partition, or (``every_s``) of those not sealed for that long, with a batch
+        landed, or jobs done (a seal per step per partition costs more than its records).
 
         Flights of one run land in the order they were produced. A flight
         that has not landed after :data:`STALL_S` (a target partition without a
@@ -404,17 +406,23 @@ class Delivery:
                 else:
                     self._unindexed.append((job, sink))
         self._retries.flush()
+        since = self._clock.monotonic() - every_s
         for partition in sorted({*self._ahead.runs, *done}):
-            if partition in indexes:
-                self._seal(partition, done.get(partition, []), now)
+            if partition in indexes and (
+                    every_s <= 0 or partition in done
+                    or self._sealed_at.get(partition, -math.inf) <= since
+                    or self._ahead.landed(partition) >= self._ahead.batch_size):
+                if self._seal(partition, done.get(partition, []), now):
+                    self._sealed_at[partition] = since + every_s
 
-    def settle(self, indexes: Mapping[int, PartitionIndex]) -> None:
+    def settle(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
         """Apply what was sealed: done entries leave the index; count and forget them.
 
-        Seals what has landed first, unless :meth:`seal` did it already (exactly-once).
+        Seals what has landed first (see :meth:`seal`), unless :meth:`seal` did it
+        already (exactly-once).
         """
         if not self._sealing:
-            self.seal(indexes)
+            self.seal(indexes, every_s)
         sealed, self._sealed, self._landed, self._sealing = self._sealed, [], [], False
         for item in sealed:
             self._marks_of(item.partition).sealed(item.seal, item.done)
@@ -503,7 +511,7 @@ class Delivery:
         self._ahead.held.pop(key, None)
         raw = run.values[at]
         job = Job(Entry(key, codec.decode_index_value(raw), raw), run.originals[at],
-                  run.partition, indexed=run.indexed)
+                  run.partition, indexed=run.in_index(at))
         self._book.hold(job)
         if refused is not None and flight is not None:
             self._book.move(job, State.IN_FLIGHT)
@@ -566,8 +574,9 @@ class Delivery:
                         self._stalled, STALL_S)
             self._stall_logged, self._stalled = now, 0
 
-    def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> None:
-        """Write the seal of what is done in ``partition`` and keep it to apply."""
+    def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> bool:
+        """Write the seal of what is done in ``partition`` and keep it to apply; return
+        whether anything was done."""
         runs = self._ahead.runs.get(partition, [])
         marks = self._marks_of(partition)
         item = seal_of(partition, landed_runs(runs), jobs, marks,
@@ -575,9 +584,10 @@ class Delivery:
                        self._book.jobs_of(partition), now)
         if not item.done:
             self._settled(item)
-            return
+            return False
         self._durability.seal(partition, item.seal.mark, item.seal.uncovered, item.ended)
         self._sealed.append(item)
+        return True
 
     def _settled(self, item: Sealed) -> None:
         """A seal is applied: its runs' ranges and its jobs are out of the index."""
@@ -593,15 +603,9 @@ class Delivery:
 
     def _flush_metrics(self) -> None:
         """Hand the per-record counts gathered since the last call to Prometheus at once."""
-        counts, self._counts = self._counts, _Counts()
-        if counts.delivered:
-            self._metrics.delivered.inc(counts.delivered)
-        for lane, count in counts.by_lane.items():
-            self._metrics.lane_delivered.labels(lane=lane).inc(count)
-        for reason, count in counts.dead_lettered.items():
-            self._metrics.dead_lettered.labels(reason=reason).inc(count)
+        counts, self._counts = self._counts, DeliveryCounts()
         lateness, self._sender.lateness_ms = self._sender.lateness_ms, []
-        self._metrics.lateness.observe_ms(lateness)
+        counts.flush(self._metrics, lateness)
 
     # -- failures -------------------------------------------------------------------
 

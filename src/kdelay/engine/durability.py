@@ -31,7 +31,7 @@ class Transacted:
         self._writer = writer
         self._channel = Channel(producer, bulk=False)
 
-    def channel(self, airborne: Sequence[Flight], now_s: float) -> Channel | None:
+    def channel(self, airborne: Sequence[Flight], now_s: float, few: bool) -> Channel | None:
         """The transactional producer, always."""
         return self._channel
 
@@ -57,6 +57,11 @@ class Transacted:
 class Acknowledged(Transacted):
     """At-least-once: flights go out on the bulk lane, one generation at a time.
 
+    While a generation is in the air, a dispatch of :data:`~kdelay.engine.flights.FEW`
+    entries goes out on the producer that reports each record, rather than wait
+    for it to land (so a steady rate is as prompt as before; a burst's large
+    dispatches wait).
+
     The bulk producer reports failures only (``delivery.report.only.error``):
     a record that lands costs no Python call, and a generation has landed
     once the producer holds no record any more. A generation still in the air
@@ -73,9 +78,11 @@ class Acknowledged(Transacted):
         self._each = self._channel
         self._stalled = False
 
-    def channel(self, airborne: Sequence[Flight], now_s: float) -> Channel | None:
-        """The bulk lane when nothing is in the air on it; the reporting producer while
-        a bulk generation is stalled (and until everything in the air landed)."""
+    def channel(self, airborne: Sequence[Flight], now_s: float, few: bool) -> Channel | None:
+        """The bulk lane when nothing is in the air on it; else the reporting producer
+        for ``few`` flights (a steady rate need not wait for a generation to land), or
+        for any while a bulk generation is stalled (and until everything in the air
+        landed); None: a large dispatch waits for the generation in the air."""
         bulk = [flight.since for flight in airborne if flight.bulk]
         if self._stalled:
             if bulk or len(self._each.producer) or any(not f.bulk for f in airborne):
@@ -84,6 +91,8 @@ class Acknowledged(Transacted):
             log.info("deliveries go out on the bulk lane again")
         if not bulk:
             return self._bulk
+        if few:
+            return self._each
         if now_s - min(bulk) < STALL_S:
             return None
         self._stalled = True

@@ -27,6 +27,10 @@ from kdelay.protocol.codec import IdRecord, Watermark
 STALL_S = 5.0
 """A flight not landed after this long (a target partition without a leader, say)
 is stalled: its entries are taken off their run, and a bulk lane stops being used."""
+FEW = 1_000
+"""A dispatch of at most this many due entries need not wait for the bulk lane: it may
+go out on a producer that reports each record while a bulk generation is in the air
+(what a steady rate dispatches per step; a burst's dispatches are larger)."""
 
 
 class Channel(NamedTuple):
@@ -135,9 +139,10 @@ class Durability(Protocol):
     """How delivery's work becomes durable: which producer a flight goes out on, when it
     has landed, and where a seal's records are written (see :mod:`kdelay.engine.checkpoint`)."""
 
-    def channel(self, airborne: Sequence[Flight], now_s: float) -> Channel | None:
+    def channel(self, airborne: Sequence[Flight], now_s: float, few: bool) -> Channel | None:
         """The channel of the next flights, given those in the ``airborne`` (monotonic
-        ``now_s``); None: none may go before those land."""
+        ``now_s``) and whether they are ``few`` (see :data:`FEW`); None: none may go
+        before those land."""
         ...
 
     def landed(self, flight: Flight) -> bool:

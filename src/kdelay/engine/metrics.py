@@ -10,6 +10,7 @@ import bisect
 import logging
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -238,6 +239,25 @@ class Metrics:
     def serve(self, port: int) -> None:
         """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""
         start_http_server(port, registry=self.registry)
+
+
+@dataclass(slots=True)
+class DeliveryCounts:
+    """Per-record figures delivery gathers between two settles, handed to Prometheus at once."""
+
+    delivered: int = 0
+    by_lane: dict[str, int] = field(default_factory=dict)
+    dead_lettered: dict[str, int] = field(default_factory=dict)
+
+    def flush(self, metrics: Metrics, lateness_ms: list[int]) -> None:
+        """Add the counts, and observe the lateness of each record produced, at once."""
+        if self.delivered:
+            metrics.delivered.inc(self.delivered)
+        for lane, count in self.by_lane.items():
+            metrics.lane_delivered.labels(lane=lane).inc(count)
+        for reason, count in self.dead_lettered.items():
+            metrics.dead_lettered.labels(reason=reason).inc(count)
+        metrics.lateness.observe_ms(lateness_ms)
 
 
 class PhaseTimer:

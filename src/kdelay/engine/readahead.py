@@ -17,7 +17,7 @@ from kdelay.engine.book import Book, State
 from kdelay.engine.runs import Run
 from kdelay.engine.window import Window
 from kdelay.protocol import codec
-from kdelay.state.index import PartitionIndex
+from kdelay.state.index import Entry, PartitionIndex
 from kdelay.state.originals import Found, Reading
 
 # A partition holds at most this many batches in memory, whatever their state.
@@ -37,7 +37,7 @@ class ReadAhead:
         self._reader = reader
         self._book = book
         self._lookahead_ms = lookahead_ms
-        self._batch_size = batch_size
+        self.batch_size = batch_size
         self.runs: dict[int, list[Run]] = {}
         # The run of every entry held in a run and not settled, by key.
         self.held: dict[bytes, Run] = {}
@@ -87,12 +87,12 @@ class ReadAhead:
         waiting = sum(len(run.keys) - run.sent for run in self.runs.get(partition, ())
                       if not run.adopted)
         waiting += self._book.count(partition, State.READY)
-        return min(self._batch_size - waiting, self.cap(partition))
+        return min(self.batch_size - waiting, self.cap(partition))
 
     def cap(self, partition: int) -> int:
         """Return how many more entries ``partition`` may hold in memory, whatever their state."""
         held = sum(len(run.keys) - run.settled for run in self.runs.get(partition, ()))
-        return MAX_HELD_BATCHES * self._batch_size - held - self._book.held(partition)
+        return MAX_HELD_BATCHES * self.batch_size - held - self._book.held(partition)
 
     def _fetch(self, wanted: dict[int, tuple[list[bytes], list[bytes]]]) -> None:
         """Read the originals of the entries scanned and hold them as runs."""
@@ -118,6 +118,41 @@ class ReadAhead:
                 del keys[cut:], values[cut:], found_all[cut:]
             if keys:
                 self.hold(Run(partition, keys, values, cast(list[Found], found_all)))
+
+    def adopt(self, partition: int, keys: list[bytes], values: list[bytes],
+              originals: list[Found]) -> None:
+        """Hold entries intake adopted (sorted, not in the index yet): after the last
+        adopted run of ``partition`` when they follow it and it has room (a steady rate
+        adopts a few entries a step, due in the order they came), else as a run of their own."""
+        runs = self.runs.get(partition)
+        last = runs[-1] if runs else None
+        if (last is not None and last.adopted and len(last.keys) < self.batch_size
+                and last.keys[-1] < keys[0]):
+            last.extend(keys, values, originals)
+            held = self.held
+            for key in keys:
+                held[key] = last
+        else:
+            self.hold(Run(partition, keys, values, originals, adopted=True, indexed_to=0))
+
+    def landed(self, partition: int) -> int:
+        """Return how many entries of ``partition`` have landed and are not settled."""
+        return sum(run.settles_to() - run.settled for run in self.runs.get(partition, ()))
+
+    def indexed(self, entries: list[Entry]) -> list[Entry]:
+        """Learn that ``entries`` are in the index now; return those not held in a run."""
+        runs: dict[int, tuple[Run, list[int]]] = {}
+        rest: list[Entry] = []
+        for entry in entries:
+            run = self.held.get(entry.key)
+            at = None if run is None else run.position(entry.key)
+            if run is None or at is None:
+                rest.append(entry)
+            else:
+                runs.setdefault(id(run), (run, []))[1].append(at)
+        for run, positions in runs.values():
+            run.indexed(positions)
+        return rest
 
     def hold(self, run: Run) -> None:
         """Start holding ``run``: its entries wait for their due time."""

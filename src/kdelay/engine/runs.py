@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kdelay.state.originals import Found
+
+INDEXED = sys.maxsize
+"""The ``indexed_to`` of a run whose every entry is in the index (one read ahead)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -31,24 +35,55 @@ class Run:
 
     ``taken`` holds the positions of entries taken out of the run (into the
     book, or dropped by a cancel): the cursors step over them. ``adopted``
-    runs come from intake, with their records, and were never read back;
-    ``indexed`` is False while their plan is not applied to the index: they may
-    go out, but leave the index only once it is.
+    runs come from intake, with their records, and were never read back; the
+    plans of several steps may follow each other in one (:meth:`extend`).
+    Entries from ``indexed_to`` on are not in the index yet (their plan is not
+    applied): they may go out, but leave the index only once they are in it.
     """
 
     partition: int
     keys: list[bytes]
     values: list[bytes]
     originals: list[Found]
-    indexed: bool = True
     adopted: bool = False
+    indexed_to: int = INDEXED
     sent: int = 0
     landed: int = 0
     settled: int = 0
     taken: set[int] | None = None
+    indexed_ahead: set[int] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def extend(self, keys: list[bytes], values: list[bytes], originals: list[Found]) -> None:
+        """Append entries (not in the index yet) whose keys all follow the run's last."""
+        self.keys += keys
+        self.values += values
+        self.originals += originals
+
+    def indexed(self, positions: Iterable[int]) -> None:
+        """The entries at ``positions`` are in the index now: the indexed prefix grows
+        over them (and over entries taken out, which are the book's)."""
+        ahead = self.indexed_ahead
+        if ahead is None:
+            ahead = self.indexed_ahead = set()
+        ahead.update(at for at in positions if at >= self.indexed_to)
+        at, end, taken = self.indexed_to, len(self.keys), self.taken
+        while at < end and (at in ahead or (taken is not None and at in taken)):
+            ahead.discard(at)
+            at += 1
+        self.indexed_to = at
+        if not ahead:
+            self.indexed_ahead = None
+
+    def in_index(self, at: int) -> bool:
+        """Whether the entry at ``at`` is in the index (its plan was applied)."""
+        return at < self.indexed_to
+
+    def settles_to(self) -> int:
+        """The end of what may be settled: landed, and in the index."""
+        return min(self.landed, self.indexed_to)
 
     @property
     def finished(self) -> bool:
@@ -85,7 +120,7 @@ class Run:
     def first_pending(self) -> bytes | None:
         """Return the smallest key whose entry is not done, None if none: not landed, or
         (not indexed yet) not settled; entries taken out are the book's."""
-        return self._first_live(self.landed if self.indexed else self.settled)
+        return self._first_live(max(self.settled, self.settles_to()))
 
     def unsent_key(self) -> bytes | None:
         """Return the smallest key not yet produced (nor taken out), None if none."""

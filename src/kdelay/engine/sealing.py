@@ -40,8 +40,8 @@ class Sealed:
 
 
 def landed_runs(runs: Iterable[Run]) -> list[tuple[Run, int]]:
-    """The indexed runs with landed entries not yet settled, with their landed end."""
-    return [(run, run.landed) for run in runs if run.indexed and run.settled < run.landed]
+    """The runs with landed entries in the index not yet settled, with their end."""
+    return [(run, end) for run in runs if run.settled < (end := run.settles_to())]
 
 
 def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, Sink]],

@@ -78,6 +78,9 @@ PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
+# Steps start at most once per this many ms (unless a full batch of requests comes): a
+# step per millisecond of a steady rate costs more than its few records; none is early.
+STEP_MS = 5
 # How long a clean stop writes the sweeper's tombstones before it leaves the rest.
 SWEEP_CLOSE_S = 5.0
 
@@ -151,6 +154,7 @@ class Service:
         self._clients: _Clients | None = None
         self._delivery: Delivery | None = None
         self._sweeper: Sweeper | None = None
+        self._started_at = 0.0  # when the last step started (monotonic)
         self._phases = PhaseTimer(self.metrics.phases, phase_clock or clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
@@ -296,9 +300,15 @@ class Service:
         wait_ms = delivery.wait_ms()
         if checkpoint.awaiting():
             wait_ms = min(wait_ms, ACK_WAIT_MS)
+        if reachable and self._sweeper is not None and self._sweeper.waiting(self._indexes):
+            wait_ms = min(wait_ms, STEP_MS)
+        started, self._started_at = self._started_at, self._clock.monotonic()
+        gather_ms = STEP_MS - int((self._started_at - started) * 1000)
+        wait_ms = max(wait_ms, gather_ms)
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
-        plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000))
+        plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000,
+                                gather_ms / 1000))
         phases.lap("consume")
         due = reachable and delivery.prepare(self._indexes)
         phases.lap("read-ahead")

@@ -4,7 +4,8 @@ A watermark record tells a restore that the entries it covers are done, but
 compaction keeps a put until a newer record of its own key arrives. Each
 covered key waits in its index's sweep list (see
 :class:`~kdelay.state.index.PartitionIndex`) until the sweeper writes its
-tombstone: a batch at a time when nothing is due, with a producer of its own
+tombstone: a batch of a few milliseconds' work a step when nothing is due
+(the loop keeps stepping while there is sweeping to do), with a producer of its own
 that reports failures only, so a tombstone that lands costs no Python call.
 While deliveries are due (a burst), nothing is swept, unless a partition's
 sweep list has grown past :data:`BACKLOG_LIMIT` (a load that never lets up):
@@ -29,10 +30,11 @@ from kdelay.state.index import Changes, PartitionIndex
 
 log = logging.getLogger(__name__)
 
-SWEEP_BATCH = 5_000
-"""Keys a partition sweeps at once while nothing is due."""
+SWEEP_BATCH = 1_000
+"""Keys swept at once (in all partitions, whole chunks) while nothing is due: a few
+milliseconds of the loop's step, so that a sweep never makes a delivery late."""
 SWEEP_TRICKLE = 200
-"""Keys a partition sweeps at once while deliveries go on, past the backlog limit."""
+"""Keys swept at once while deliveries go on, where a backlog is past its limit."""
 BACKLOG_LIMIT = 1_000_000
 """Keys a partition's sweep list may hold before it is swept while deliveries go on."""
 DRAIN_POLL_S = 0.01
@@ -60,12 +62,20 @@ class Sweeper:
                 return
             self._landed(indexes)
             return
+        left = SWEEP_TRICKLE if busy else SWEEP_BATCH
         for partition, index in indexes.items():
+            if left <= 0:
+                break
             if not index.sweep_backlog or (busy and index.sweep_backlog <= BACKLOG_LIMIT):
                 continue
-            chunks = index.unswept(SWEEP_TRICKLE if busy else SWEEP_BATCH)
+            chunks = index.unswept(left)
             if chunks:
-                self._sweep(partition, index, chunks)
+                left -= self._sweep(partition, index, chunks)
+
+    def waiting(self, indexes: Mapping[int, PartitionIndex]) -> bool:
+        """Whether there is sweeping to do: a batch in the air, or keys to sweep (the loop
+        then steps, at its cadence, rather than wait for requests)."""
+        return bool(self._sweeping) or any(index.sweep_backlog for index in indexes.values())
 
     def drain(self, indexes: Mapping[int, PartitionIndex], timeout_s: float) -> bool:
         """Sweep until nothing is left to sweep or ``timeout_s`` passed (a clean stop);
@@ -87,8 +97,9 @@ class Sweeper:
         self._producer.flush(timeout_s)
 
     def _sweep(self, partition: int, index: PartitionIndex,
-               chunks: list[tuple[bytes, list[bytes]]]) -> None:
-        """Produce the tombstones of the chunks' keys but those pending again."""
+               chunks: list[tuple[bytes, list[bytes]]]) -> int:
+        """Produce the tombstones of the chunks' keys but those pending again; return
+        how many keys the chunks hold."""
         producer, topic, report = self._producer, self._topic, self._report
         keys = [key for _, chunk in chunks for key in chunk]
         for key, raw in zip(keys, index.raw_values(keys), strict=True):
@@ -97,6 +108,7 @@ class Sweeper:
                         on_delivery=report)
         self._sweeping[partition] = [chunk_id for chunk_id, _ in chunks]
         self._counted += len(keys)
+        return len(keys)
 
     def _landed(self, indexes: Mapping[int, PartitionIndex]) -> None:
         """Take the swept keys out of their sweep lists, or sweep them again after a failure."""

@@ -223,12 +223,14 @@ def reader_config(config: Mapping[str, str | int | bool], group_id: str,
     }
 
 
-def take(consumer: Taking, limit: int, timeout_s: float) -> list[Message]:
-    """Return up to ``limit`` messages: what is queued now, else the first within ``timeout_s``."""
-    messages = consumer.consume(limit, timeout=0)
-    if messages or timeout_s <= 0:
+def take(consumer: Taking, limit: int, timeout_s: float, gather_s: float = 0.0) -> list[Message]:
+    """Return up to ``limit`` messages: what arrives within ``gather_s`` (all of it:
+    only ``limit`` messages end that wait early), else the first within ``timeout_s``."""
+    gather_s = max(0.0, min(gather_s, timeout_s))
+    messages = consumer.consume(limit, timeout=gather_s)
+    if messages or timeout_s <= gather_s:
         return messages
-    messages = consumer.consume(1, timeout=timeout_s)
+    messages = consumer.consume(1, timeout=timeout_s - gather_s)
     if messages and limit > 1:
         messages.extend(consumer.consume(limit - 1, timeout=0))
     return messages

@@ -23,6 +23,7 @@ from confluent_kafka import (
     Message,
 )
 
+from kdelay.engine import delivery as delivery_module
 from kdelay.engine.delivery import (
     IN_FLIGHT_WAIT_MS,
     MAX_RETRYING_BATCHES,
@@ -114,6 +115,7 @@ class FakeProducer:
         self.sent: list[Sent] = []
         self.unreported: list[Sent] = []
         self.raises: list[BaseException] = []
+        self.queue_limit: int | None = None  # BufferError beyond this many unreported
         self.polls = 0
         self.missing_topics: set[str] = set()
         self.metadata_requests: list[str] = []
@@ -134,6 +136,8 @@ class FakeProducer:
                 headers: Headers | None = None) -> None:
         if self.raises:
             raise self.raises.pop(0)
+        if self.queue_limit is not None and len(self.unreported) >= self.queue_limit:
+            raise BufferError("Local: Queue full")
         sent = Sent(topic, key, value, partition, list(headers or []), timestamp, on_delivery)
         self.sent.append(sent)
         self.unreported.append(sent)
@@ -1302,6 +1306,43 @@ def test_an_adopted_entry_goes_out_before_it_is_indexed_and_leaves_only_after(
     assert len(world.targets.sent) == 1, "delivered once"
 
 
+def test_plans_adopted_one_after_another_share_a_run_and_leave_the_index_each_when_in_it(
+    world: World,
+) -> None:
+    """A steady rate adopts a few entries a step, each due after the last: they follow
+    each other in one run (so a step walks a few runs, not one per step), and each
+    plan's entries still leave the index only once that plan is applied."""
+    world.at(T0)
+    first = [_new_request(world, 0, offset, T0 + 100 + offset) for offset in (1, 2)]
+    second = [_new_request(world, 0, offset, T0 + 100 + offset) for offset in (3, 4)]
+    world.delivery.adopt(0, [e for e, _ in first], {e.key: m for e, m in first})
+    world.delivery.adopt(0, [e for e, _ in second], {e.key: m for e, m in second})
+    [run] = world.delivery._ahead.runs[0]
+    assert len(run) == 4
+    _index(world, 0, [e for e, _ in second])  # acknowledged first: it waits for the first
+    world.at(T0 + 104)
+    world.targets.report()
+    world.settle()
+    assert len(world.targets.sent) == 4
+    assert world.internal.sent == [], "nothing leaves the index before its plan is in it"
+    _index(world, 0, [e for e, _ in first])
+    world.settle()
+    assert list(world.indexes[0].entries()) == []
+    assert all(watermarks(world)[-1].covers(e.key) for e, _ in first + second)
+
+
+def test_an_adopted_plan_due_before_the_last_one_is_a_run_of_its_own(world: World) -> None:
+    world.at(T0)
+    late = [_new_request(world, 0, 1, T0 + 300)]
+    early = [_new_request(world, 0, 2, T0 + 200)]
+    _adopt_and_index(world, 0, late)
+    _adopt_and_index(world, 0, early)
+    assert len(world.delivery._ahead.runs[0]) == 2
+    world.step(T0 + 200)
+    world.step(T0 + 300)
+    assert [s.timestamp for s in world.targets.sent] == [T0 + 200, T0 + 300]
+
+
 def test_a_given_back_plan_takes_its_adopted_entries_back(world: World) -> None:
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 100)
@@ -1510,13 +1551,80 @@ def test_a_flight_lands_when_every_record_reported_and_one_failure_backs_off_alo
     assert all(mark.covers(k) for k in keys if k != keys[2])
 
 
-def test_a_stalled_bulk_lane_hands_over_to_a_producer_that_reports_each_record(
+def test_a_few_due_entries_go_out_at_once_beside_a_bulk_generation_in_the_air(
         world: World) -> None:
+    """A steady rate must not wait for the bulk lane's generation to land: a dispatch
+    of few entries goes out on the producer that reports each record, and lands
+    by its reports, whatever the bulk lane does meanwhile."""
+    first = world.request(0, 1, T0)
+    second = world.request(1, 1, T0 + 1)
+    world.at(T0)
+    assert len(world.targets.sent) == 1, "on the bulk lane"
+    world.at(T0 + 1)
+    assert [s.origin for s in world.each.sent] == [origin(1, 1)], "at once, not after it"
+    assert world.each.sent[0].timestamp == T0 + 1
+    world.each.report()
+    world.settle()
+    assert world.pending() == [first], "the reported one is done, the bulk one in the air"
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert second not in world.pending()
+
+
+def test_a_dispatch_the_full_queue_cut_short_goes_on_on_the_bulk_lane(
+        world: World) -> None:
+    """Entries due at one millisecond go out in key order: what a full queue left of a
+    dispatch follows it on the same producer (after its generation landed), even when
+    it is few."""
+    keys = [world.request(0, offset, T0) for offset in range(3)]
+    world.targets.queue_limit = 1
+    world.at(T0)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 0)], "the queue filled up"
+    world.at(T0 + 1)
+    assert world.each.sent == [], "the rest waits for the generation, on its lane"
+    world.targets.report()
+    world.settle()
+    world.targets.queue_limit = None
+    world.at(T0 + 2)
+    assert [s.origin for s in world.targets.sent] == [origin(0, o) for o in range(3)]
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
+    assert all(watermarks(world)[-1].covers(key) for key in keys)
+
+
+def test_with_a_cadence_a_partition_is_sealed_once_per_period_not_once_per_step(
+        world: World) -> None:
+    """At-least-once seals a partition at most once per period (a seal per step of a
+    steady rate costs more than its records): what lands meanwhile waits for the next."""
+    first = world.request(0, 1, T0)
+    second = world.request(0, 2, T0 + 10)
+    world.at(T0)
+    world.targets.report()
+    world.delivery.settle(world.indexes, every_s=0.05)
+    assert len(watermarks(world)) == 1, "never sealed yet: sealed at once"
+    world.clock.set(T0 + 10)
+    world.delivery.tick(world.indexes)
+    world.targets.report()
+    world.delivery.settle(world.indexes, every_s=0.05)
+    assert len(watermarks(world)) == 1, "landed within the period: it waits"
+    assert world.pending() == [second]
+    world.clock.set(T0 + 60)
+    world.delivery.settle(world.indexes, every_s=0.05)
+    assert len(watermarks(world)) == 2
+    assert world.pending() == []
+    assert all(watermarks(world)[-1].covers(key) for key in (first, second))
+
+
+def test_a_stalled_bulk_lane_hands_over_to_a_producer_that_reports_each_record(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """A target partition without a leader keeps its records unacknowledged until their
-    timeout. The bulk lane lets one generation in the air at a time, so after STALL_S
-    the next deliveries go out on a producer that reports each record, the stalled
-    flight is taken off its run (the entries behind it settle meanwhile), and the bulk
-    lane serves again once everything in the air has landed."""
+    timeout. The bulk lane lets one generation in the air at a time (but for a few
+    entries), so after STALL_S the next deliveries go out on a producer that reports
+    each record, the stalled flight is taken off its run (the entries behind it settle
+    meanwhile), and the bulk lane serves again once everything in the air has landed."""
+    monkeypatch.setattr(delivery_module, "FEW", 1)
     stuck = world.request(0, 1, T0, target="stuck")
     for offset in (2, 3):
         world.request(0, offset, T0 + 10)

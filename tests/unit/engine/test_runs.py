@@ -58,7 +58,24 @@ def test_the_cursors_step_over_entries_taken_out() -> None:
     assert run.position(key(10, 0, 3)) == 3
     run.sent = run.landed = 2
     assert run.first_pending() == key(10, 0, 3), "landed, and 2 is the book's"
-    run.indexed = False
+    run.indexed_to = 0
     assert run.first_pending() == key(10, 0, 1), "not indexed: not done until settled"
     assert run.due_end(key(11, 0, 0)) == 5
     assert run.below(key(10, 0, 3)) == 3
+
+
+def test_the_indexed_prefix_grows_only_over_entries_in_the_index() -> None:
+    run = run_of(0, [key(10, 0, o) for o in range(6)])
+    run.indexed_to = 0
+    run.indexed([3, 4])
+    assert run.indexed_to == 0, "the entries before them are not in the index yet"
+    assert not run.in_index(3)
+    run.take(2)  # the book's now
+    run.indexed([0, 1])
+    assert run.indexed_to == 5, "over the one taken out, and the two indexed ahead"
+    run.sent = run.landed = 6
+    assert run.settles_to() == 5
+    assert run.first_pending() == key(10, 0, 5), "landed, not indexed"
+    run.extend([key(11, 0, 9)], [b"v"], [run.originals[0]])
+    assert run.keys[-1] == key(11, 0, 9)
+    assert len(run) == 7

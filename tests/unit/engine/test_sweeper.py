@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError, Message
 
 from kdelay.engine import sweeper as sweeper_module
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.sweeper import SWEEP_TRICKLE, Sweeper
+from kdelay.engine.sweeper import SWEEP_BATCH, SWEEP_TRICKLE, Sweeper
 from kdelay.plumbing.clients import Report
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
@@ -90,6 +90,30 @@ def test_a_sweep_takes_whole_chunks(index: PartitionIndex,
     producer = OnlyErrors()
     Sweeper(producer, CHANGELOG, Metrics()).step({0: index}, busy=True)
     assert len(producer.sent) == 7, "the trickle is reached within the chunks"
+
+
+def test_a_step_sweeps_one_batch_in_all_partitions_and_says_while_more_is_left(
+        tmp_path: Path) -> None:
+    """A sweep is a few milliseconds of the loop's step, whatever the partitions hold
+    (after a burst, a million keys): the rest waits for the next steps."""
+    indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1)}
+    try:
+        for index in indexes.values():
+            for start in range(0, SWEEP_BATCH, 100):
+                index.apply(Changes(swept=keys(SWEEP_BATCH)[start : start + 100]))
+        producer = OnlyErrors()
+        sweeper = Sweeper(producer, CHANGELOG, Metrics())
+        assert sweeper.waiting(indexes)
+        sweeper.step(indexes, busy=False)
+        assert len(producer.sent) == SWEEP_BATCH, "one batch, not one per partition"
+        for _ in range(4):
+            producer.land()
+            sweeper.step(indexes, busy=False)
+        assert len(producer.sent) == 2 * SWEEP_BATCH
+        assert not sweeper.waiting(indexes), "all swept and landed"
+    finally:
+        for index in indexes.values():
+            index.close()
 
 
 def test_while_deliveries_are_due_nothing_is_swept_below_the_backlog_limit(

@@ -75,6 +75,24 @@ def test_a_limit_of_one_waits_for_one_and_stops() -> None:
     assert consumer.calls == [(1, 0), (1, 1.0)]
 
 
+def test_a_gather_takes_all_that_arrives_within_it_in_one_wait() -> None:
+    consumer = FakeConsumer(records(1), arriving=records(2, 3))
+    assert offsets(take(consumer, 10, 1.0, gather_s=0.005)) == [1, 2, 3]
+    assert consumer.calls == [(10, 0.005)], "not ended by the first record"
+
+
+def test_a_gather_that_yields_nothing_waits_the_rest_of_the_timeout_for_one() -> None:
+    consumer = FakeConsumer()
+    assert take(consumer, 10, 0.5, gather_s=0.005) == []
+    assert consumer.calls == [(10, 0.005), (1, 0.495)]
+
+
+def test_a_gather_never_waits_past_the_timeout() -> None:
+    consumer = FakeConsumer()
+    assert take(consumer, 10, 0.002, gather_s=0.005) == []
+    assert consumer.calls == [(10, 0.002)]
+
+
 @pytest.mark.parametrize("timeout_s", [0, 0.0, -1.0])
 def test_a_timeout_of_zero_or_less_never_blocks(timeout_s: float) -> None:
     consumer = FakeConsumer(arriving=records(1))
