@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.state.originals import Found, Missing, OriginalReader, _Run
+from kdelay.state.originals import Found, Missing, OriginalReader
 from tests.conftest import TopicFactory
 from tests.integration.conftest import produce
 
@@ -56,23 +56,18 @@ def test_offsets_below_the_log_start_are_expired(
                            (0, 10): b"0-10", (0, 15): b"0-15"}
 
 
-class _NoPrecheck(OriginalReader):
-    """A reader that skips the watermark pre-check, as if retention ran mid-read."""
-
-    def _classify_by_watermarks(self, consumer: Consumer, partition: int, queue: list[_Run],
-                                result: dict[tuple[int, int], Found]) -> bool:
-        return True
-
-
 def test_log_start_moving_under_a_fetch_is_detected_from_the_fetch_error(
     topic_factory: TopicFactory, bootstrap: str, admin: AdminClient,
 ) -> None:
+    """The log start the reader knows is older than the broker's (retention ran since it
+    asked): the fetch's out-of-range error tells the offsets below it expired."""
     topic = topic_factory("orig", 1)
     fill(bootstrap, topic, 1, 20)
-    cut = TopicPartition(topic, 0, 10)
-    admin.delete_records([cut])[cut].result(timeout=30)
-    reader = _NoPrecheck({"bootstrap.servers": bootstrap}, topic)
+    reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
     try:
+        assert keys(reader.read({0: [15]})) == {(0, 15): b"0-15"}, "its watermarks: 0 and 20"
+        cut = TopicPartition(topic, 0, 10)
+        admin.delete_records([cut])[cut].result(timeout=30)
         found = reader.read({0: [2, 9, 12]})
     finally:
         reader.close()
@@ -124,15 +119,6 @@ class _Counting:
         return getattr(self._consumer, name)
 
 
-class _CountingReader(OriginalReader):
-    counting: _Counting | None = None
-
-    def _open(self) -> Consumer:
-        self.counting = _Counting(super()._open())
-        self._consumer = self.counting  # type: ignore[assignment]
-        return self._consumer  # type: ignore[return-value]
-
-
 def test_consecutive_reads_read_on_without_a_seek_and_a_jump_seeks(
     topic_factory: TopicFactory, bootstrap: str,
 ) -> None:
@@ -140,14 +126,20 @@ def test_consecutive_reads_read_on_without_a_seek_and_a_jump_seeks(
     (records fetched past a run are kept for the next read), and seeks only elsewhere."""
     topic = topic_factory("orig", 2)
     fill(bootstrap, topic, 2, 600)
-    reader = _CountingReader({"bootstrap.servers": bootstrap}, topic, max_gap=50)
+    made: list[_Counting] = []
+
+    def client(config: dict[str, str | int | bool]) -> Consumer:
+        made.append(_Counting(Consumer(config)))
+        return cast(Consumer, made[-1])
+
+    reader = OriginalReader({"bootstrap.servers": bootstrap}, topic, max_gap=50,
+                            client=client)
     try:
         for start in range(0, 400, 100):
             found = reader.read({p: range(start, start + 100) for p in (0, 1)})
             assert keys(found) == {(p, o): f"{p}-{o}".encode()
                                    for p in (0, 1) for o in range(start, start + 100)}
-        counting = reader.counting
-        assert counting is not None
+        [counting] = made
         assert (counting.assigns, counting.seeks) == (1, 0)
         assert keys(reader.read({0: [5]})) == {(0, 5): b"0-5"}, "back: a seek"
         assert counting.seeks == 1

@@ -49,6 +49,11 @@ class FollowingClock(ManualClock):
             return base
         return base + (time.monotonic_ns() - self._since_ns) // 1_000_000
 
+    def monotonic(self) -> float:
+        """Return the system's monotonic clock: the service paces its steps, seals and
+        sweeps in real time, whatever the bench does to the time it shows."""
+        return time.monotonic()
+
     def follow(self) -> None:
         """Run on from the time last set. Do not :meth:`set` it afterwards: that moves
         the base, not the time it shows."""

@@ -31,7 +31,6 @@ clock's time.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -43,7 +42,7 @@ from kdelay.engine.flights import FEW, STALL_S, Channel, Durability, Flight, fai
 from kdelay.engine.metrics import DeliveryCounts, Metrics
 from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.runs import Run, merged
-from kdelay.engine.sealing import Sealed, frontier, landed_runs, seal_of
+from kdelay.engine.sealing import Cadence, Sealed, frontier, landed_runs, seal_of
 from kdelay.engine.sender import Routes, Sender
 from kdelay.engine.watermarks import Marks
 from kdelay.plumbing.callbacks import unheard
@@ -130,7 +129,7 @@ class Delivery:
         # The flights produced and not landed, in the order produced, and those
         # landed and sealed but not yet applied (exactly-once: until settle or abandon).
         self._flights: list[Flight] = []
-        self._sealed_at: dict[int, float] = {}  # per partition (monotonic)
+        self._cadence = Cadence()
         self._cut = False  # the last dispatch stopped at a full producer queue
         self._landed: list[Flight] = []
         self._sealed: list[Sealed] = []
@@ -366,8 +365,8 @@ class Delivery:
 
     def seal(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
         """Land the flights that have landed and write the seals of what is done: of each
-        partition, or (``every_s``) of those not sealed for that long, with a batch
-        landed, or jobs done (a seal per step per partition costs more than its records).
+        partition, or (``every_s``, see :class:`~kdelay.engine.sealing.Cadence`) of those
+        not sealed for a while, with a batch landed, or jobs done.
 
         Flights of one run land in the order they were produced. A flight
         that has not landed after :data:`STALL_S` (a target partition without a
@@ -406,14 +405,14 @@ class Delivery:
                 else:
                     self._unindexed.append((job, sink))
         self._retries.flush()
-        since = self._clock.monotonic() - every_s
+        now_s, cadence = self._clock.monotonic(), self._cadence
+        cadence.asked()
         for partition in sorted({*self._ahead.runs, *done}):
             if partition in indexes and (
-                    every_s <= 0 or partition in done
-                    or self._sealed_at.get(partition, -math.inf) <= since
+                    partition in done or cadence.due(partition, now_s, every_s)
                     or self._ahead.landed(partition) >= self._ahead.batch_size):
                 if self._seal(partition, done.get(partition, []), now):
-                    self._sealed_at[partition] = since + every_s
+                    cadence.sealed(partition, now_s)
 
     def settle(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
         """Apply what was sealed: done entries leave the index; count and forget them.

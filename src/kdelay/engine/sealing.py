@@ -39,6 +39,35 @@ class Sealed:
     ended: list[IdRecord] = field(default_factory=list)
 
 
+SEAL_EVERY_STEPS = 10
+"""With a cadence, a partition is sealed again after this many seals were asked for, if
+its time has not come before (a clock that stands still, in tests, still seals)."""
+
+
+class Cadence:
+    """When each partition was sealed last: at-least-once seals a partition at most so
+    often while less than a batch landed (a seal per step of a steady rate costs more
+    than its records). Exactly-once seals with each transaction."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[float, int]] = {}
+        self._asked = 0
+
+    def asked(self) -> None:
+        """A seal of every partition is asked for."""
+        self._asked += 1
+
+    def due(self, partition: int, now_s: float, every_s: float) -> bool:
+        """Whether ``partition`` may be sealed at monotonic ``now_s`` (every ``every_s``)."""
+        last = self._last.get(partition)
+        return (every_s <= 0 or last is None or now_s - last[0] >= every_s
+                or self._asked - last[1] >= SEAL_EVERY_STEPS)
+
+    def sealed(self, partition: int, now_s: float) -> None:
+        """``partition`` was sealed at ``now_s``."""
+        self._last[partition] = (now_s, self._asked)
+
+
 def landed_runs(runs: Iterable[Run]) -> list[tuple[Run, int]]:
     """The runs with landed entries in the index not yet settled, with their end."""
     return [(run, end) for run in runs if run.settled < (end := run.settles_to())]

@@ -126,9 +126,11 @@ class OriginalReader:
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
                  max_gap: int = 1_000, timeout_s: float = 10.0,
-                 away: Callable[[str], None] = unheard) -> None:
+                 away: Callable[[str], None] = unheard,
+                 client: Callable[[dict[str, str | int | bool]], Consumer] = Consumer) -> None:
         """``away`` is told when the cluster does not answer a watermark query, which
-        then waits at most :data:`WATERMARKS_S`: the service confirms and waits it out."""
+        then waits at most :data:`WATERMARKS_S`: the service confirms and waits it out.
+        ``client`` makes the consumer from its configuration (tests watch it)."""
         tuning: dict[str, str | int | bool] = {
             "auto.offset.reset": "error",
             "fetch.wait.max.ms": 10,
@@ -144,6 +146,7 @@ class OriginalReader:
         self._max_gap = max_gap
         self._timeout_s = timeout_s
         self._away = away
+        self._client = client
         self._consumer: Consumer | None = None
         # Per assigned partition: the offset after the last record it returned, and
         # the records it returned that no read used yet (in offset order).
@@ -183,7 +186,7 @@ class OriginalReader:
         return result
 
     def _open(self) -> Consumer:
-        self._consumer = Consumer(self._config)
+        self._consumer = self._client(self._config)
         return self._consumer
 
     def _classify_by_watermarks(self, consumer: Consumer, partition: int,

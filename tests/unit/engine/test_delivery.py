@@ -37,6 +37,7 @@ from kdelay.engine.durability import Acknowledged, Transacted
 from kdelay.engine.failures import TopicCheck, backoff_ms
 from kdelay.engine.flights import STALL_S
 from kdelay.engine.metrics import Metrics
+from kdelay.engine.sealing import SEAL_EVERY_STEPS
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
@@ -1615,6 +1616,14 @@ def test_with_a_cadence_a_partition_is_sealed_once_per_period_not_once_per_step(
     assert len(watermarks(world)) == 2
     assert world.pending() == []
     assert all(watermarks(world)[-1].covers(key) for key in (first, second))
+    third = world.request(0, 3, T0 + 60)
+    world.delivery.tick(world.indexes)
+    world.targets.report()
+    for _ in range(SEAL_EVERY_STEPS - 1):
+        world.delivery.settle(world.indexes, every_s=0.05)
+    assert world.pending() == [third], "a clock that stands still..."
+    world.delivery.settle(world.indexes, every_s=0.05)
+    assert world.pending() == [], "...seals once so many seals were asked for"
 
 
 def test_a_stalled_bulk_lane_hands_over_to_a_producer_that_reports_each_record(
