@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -81,6 +82,9 @@ class Options:
     seed: int = 1
     ids: float = 0.3
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kdelay-crash-")))
+    # The environment tools/kafka kills and restarts the broker with (a broker of
+    # its own: KDELAY_CACHE_DIR); None: this process's, the broker tools/kafka runs.
+    broker_env: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -288,12 +292,17 @@ def read_all(bootstrap: str, topic: str, keys: set[str], timeout_s: float) -> li
         reader.close()
 
 
-def kill_broker() -> bool:
+def kill_broker(broker_env: Mapping[str, str] | None) -> bool:
     """SIGKILL the broker tools/kafka started and start it again on the same data.
 
-    Returns False (and kills nothing) when the broker is not one tools/kafka runs.
+    ``broker_env`` is the environment tools/kafka runs with (None: this
+    process's). Returns False (and kills nothing) when the broker is not one
+    tools/kafka runs.
     """
-    env = {k: v for k, v in os.environ.items() if k != "KDELAY_BOOTSTRAP_SERVERS"}
+    if broker_env is None:
+        env = {k: v for k, v in os.environ.items() if k != "KDELAY_BOOTSTRAP_SERVERS"}
+    else:
+        env = dict(broker_env)
     if subprocess.run([str(KAFKA), "status"], env=env, capture_output=True,
                       check=False).returncode != 0:
         log("the broker is not one tools/kafka runs; not killing it")
@@ -337,7 +346,7 @@ def run(options: Options) -> Report:
         instance.kill()
         if k in broker_kills_at:
             log(f"kill {k + 1}: broker too")
-            broker_kills += kill_broker()
+            broker_kills += kill_broker(options.broker_env)
         if rng.random() < options.state_loss:
             shutil.rmtree(instance.state_dir, ignore_errors=True)
             state_losses += 1

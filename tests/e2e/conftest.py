@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kafka_broker
 import pytest
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -37,8 +38,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import produce_all
+from tests.conftest import ROOT, _unavailable, produce_all
 
+KAFKA = ROOT / "tools" / "kafka"
 READY = re.compile(r"assigned \[\d")
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 60.0
@@ -67,6 +69,51 @@ def run_cli(env: dict[str, str], *args: str,
     """Run one ``kdelay`` command to completion; stdout and stderr are captured."""
     return subprocess.run([*kdelay_command(), *args], env=env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
+
+class OwnBroker:
+    """A broker of ``tools/kafka`` that only one test uses, in ``cache``.
+
+    For a test that kills or stops its broker: never the broker the other
+    tests share (``tools/test`` runs two parts of the suite side by side on
+    it). Of the version the session runs (``KDELAY_KAFKA_VERSION``, set by
+    the compatibility runs), else the default one.
+    """
+
+    def __init__(self, cache: Path) -> None:
+        version = os.environ.get("KDELAY_KAFKA_VERSION")
+        self.env = {**clean_environment(), "KDELAY_CACHE_DIR": str(cache),
+                    "KDELAY_BROKER_PORT": "0", "KDELAY_BROKER_HEAP": "512m",
+                    **({"KDELAY_KAFKA_VERSION": version} if version else {})}
+        self.bootstrap = ""
+
+    def start(self) -> None:
+        done = subprocess.run([str(KAFKA), "start"], env=self.env, capture_output=True,
+                              text=True, check=True, timeout=180)
+        self.bootstrap = done.stdout.strip().removeprefix("bootstrap=")
+
+    def kill(self) -> None:
+        subprocess.run([str(KAFKA), "kill"], env=self.env, capture_output=True, check=True)
+
+    def stop(self) -> None:
+        subprocess.run([str(KAFKA), "stop"], env=self.env, capture_output=True, check=False)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    """A fresh jar broker in the test's tmp dir, sharing only the downloaded jars."""
+    libs = kafka_broker.LIBS
+    if not (libs / ".complete").exists():
+        _unavailable(f"the broker jars are not fetched into {libs} (tools/kafka start does)")
+    cache = tmp_path / "broker-cache"
+    cache.mkdir()
+    (cache / libs.name).symlink_to(libs)
+    broker = OwnBroker(cache)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
 
 
 @dataclass(frozen=True)

@@ -14,26 +14,21 @@ number of log lines whatever the number of records in flight.
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import kafka_broker
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kdelay.protocol import envelope
-from tests.conftest import ROOT, _unavailable
-from tests.e2e.conftest import Deployment, KdelayProcess, clean_environment, run_cli
+from tests.e2e.conftest import Deployment, KdelayProcess, OwnBroker, run_cli
 from tests.e2e.prometheus_server import free_port
 
 kafka = pytest.mark.kafka
-KAFKA = ROOT / "tools" / "kafka"
 # Longer than the produce timeout (30 s), the transaction calls' (30 s) and the
 # session timeout (10 s): every client gives up on something meanwhile.
 OUTAGE_S = 35.0
@@ -42,43 +37,6 @@ DELAY_MS = 2_000
 AVAILABLE = re.compile(r"^kdelay_kafka_available (\S+)$", re.MULTILINE)
 # Log lines (WARNING and above) the outage may cost, whatever the load.
 MAX_OUTAGE_LINES = 25
-
-
-class OwnBroker:
-    """A broker of ``tools/kafka`` that only this test uses, in ``cache``."""
-
-    def __init__(self, cache: Path) -> None:
-        self.env = {**clean_environment(), "KDELAY_CACHE_DIR": str(cache),
-                    "KDELAY_BROKER_PORT": "0", "KDELAY_BROKER_HEAP": "512m"}
-        self.bootstrap = ""
-
-    def start(self) -> None:
-        done = subprocess.run([str(KAFKA), "start"], env=self.env, capture_output=True,
-                              text=True, check=True, timeout=180)
-        self.bootstrap = done.stdout.strip().removeprefix("bootstrap=")
-
-    def kill(self) -> None:
-        subprocess.run([str(KAFKA), "kill"], env=self.env, capture_output=True, check=True)
-
-    def stop(self) -> None:
-        subprocess.run([str(KAFKA), "stop"], env=self.env, capture_output=True, check=False)
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    """A fresh jar broker in the test's tmp dir, sharing only the downloaded jars."""
-    libs = kafka_broker.LIBS
-    if not (libs / ".complete").exists():
-        _unavailable(f"the broker jars are not fetched into {libs} (tools/kafka start does)")
-    cache = tmp_path / "broker-cache"
-    cache.mkdir()
-    (cache / libs.name).symlink_to(libs)
-    broker = OwnBroker(cache)
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 class Load:
