@@ -9,8 +9,12 @@ summed over the threads). The busiest thread by name (``rdk:broker1``, a
 librdkafka broker thread; ``kdelay``, the service's main thread) says where a
 process's CPU went. The machine's own split
 (``/proc/stat``: busy, idle, stolen by the hypervisor) shows whether the
-cores were saturated. Nothing here needs psutil; a process that has gone is
-simply left out.
+cores were saturated, and the kernel's pressure stall figures
+(``/proc/pressure/io``: seconds in which some, or all, runnable tasks waited
+on I/O) with the kilobytes written to disk (``pgpgout`` of ``/proc/vmstat``)
+whether a stall was the disk's. Nothing here needs psutil; a process that
+has gone is simply left out, and a kernel without pressure figures leaves
+them out.
 """
 
 from __future__ import annotations
@@ -141,6 +145,50 @@ def own_cpu_s() -> float:
     return time.process_time()
 
 
+@dataclass(frozen=True, slots=True)
+class Disk:
+    """Seconds some / all runnable tasks stalled on I/O, and kilobytes written to disk."""
+
+    io_some_s: float
+    io_full_s: float
+    written_kb: int
+
+    def minus(self, before: Disk) -> Disk:
+        """Return the figures between ``before`` and this reading."""
+        return Disk(self.io_some_s - before.io_some_s, self.io_full_s - before.io_full_s,
+                    self.written_kb - before.written_kb)
+
+
+def pressure_totals(text: str) -> tuple[float, float]:
+    """Return the (some, full) stall seconds of one ``/proc/pressure/*`` file.
+
+    Lines: ``some avg10=0.00 avg60=0.00 avg300=0.00 total=<microseconds>``, then
+    ``full ...`` (the kernel's cumulative stall time).
+    """
+    totals = {line.split()[0]: int(line.rsplit("total=", 1)[1])
+              for line in text.splitlines() if "total=" in line}
+    return totals.get("some", 0) / 1e6, totals.get("full", 0) / 1e6
+
+
+def vmstat_value(text: str, name: str) -> int:
+    """Return counter ``name`` of ``/proc/vmstat`` (0 when the kernel has none)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    return 0
+
+
+def read_disk() -> Disk | None:
+    """Read the I/O pressure and the kilobytes written so far; None without PSI."""
+    try:
+        some, full = pressure_totals((PROC / "pressure" / "io").read_text())
+        written = vmstat_value((PROC / "vmstat").read_text(), "pgpgout")
+    except (OSError, ValueError, IndexError):
+        return None
+    return Disk(some, full, written)
+
+
 def read_machine() -> Machine:
     """Read the machine's split now."""
     with (PROC / "stat").open() as stat:
@@ -153,6 +201,7 @@ class CpuMeter:
     def __init__(self, pids: Mapping[str, int | None]) -> None:
         self._pids = {name: pid for name, pid in pids.items() if pid is not None}
         self._machine = read_machine()
+        self._disk = read_disk()
         self._before = {name: read_process(pid) for name, pid in self._pids.items()}
 
     def figures(self, elapsed_s: float,
@@ -179,4 +228,10 @@ class CpuMeter:
                     "steal_s": round(machine.steal_s, 2),
                     "rest_cpu_s": round(machine.busy_s - sum(u.cpu_s for u in used.values()),
                                         2)})
+        disk = read_disk()
+        if disk is not None and self._disk is not None:
+            spent = disk.minus(self._disk)
+            out.update({"io_some_s": round(spent.io_some_s, 2),
+                        "io_full_s": round(spent.io_full_s, 2),
+                        "disk_written_mb": round(spent.written_kb / 1024, 1)})
         return out

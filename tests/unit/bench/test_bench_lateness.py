@@ -13,11 +13,14 @@ from kdelay_bench import phases
 from kdelay_bench.broker import left_running
 from kdelay_bench.cputime import (
     TICK_S,
+    Disk,
     Reading,
     Thread,
     machine_split,
+    pressure_totals,
     schedstat_wait_s,
     stat_cpu_s,
+    vmstat_value,
 )
 from kdelay_bench.lateness import TARGETS, Load, Run, Suite, Target, passed
 from kdelay_bench.options import parse_options
@@ -110,6 +113,16 @@ def test_the_machine_split_keeps_steal_out_of_busy() -> None:
     assert split.busy_s == pytest.approx(160 * TICK_S)
     assert split.idle_s == pytest.approx(320 * TICK_S)
     assert split.steal_s == pytest.approx(40 * TICK_S)
+
+
+def test_io_stalls_and_disk_writes_come_from_pressure_and_vmstat() -> None:
+    pressure = ("some avg10=0.00 avg60=0.03 avg300=0.32 total=2500000\n"
+                "full avg10=0.00 avg60=0.03 avg300=0.29 total=1250000\n")
+    assert pressure_totals(pressure) == (2.5, 1.25)
+    assert vmstat_value("pgpgin 10\npgpgout 2048\nnr_dirty 5\n", "pgpgout") == 2048
+    assert vmstat_value("pgpgin 10\n", "pgpgout") == 0
+    spent = Disk(4.0, 2.0, 3072).minus(Disk(2.5, 1.25, 1024))
+    assert (spent.io_some_s, spent.io_full_s, spent.written_kb) == (1.5, 0.75, 2048)
 
 
 def run(number: int, *, p99: float, stamp_p99: float, stamp_max: float,
