@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from kdelay_bench.report import Figure
 
@@ -51,8 +52,7 @@ class Machine:
 
     def minus(self, before: Machine) -> Machine:
         """Return the split between ``before`` and this reading."""
-        return Machine(self.busy_s - before.busy_s, self.idle_s - before.idle_s,
-                       self.steal_s - before.steal_s)
+        return _between(self, before)
 
 
 def stat_cpu_s(stat: str) -> float:
@@ -155,8 +155,15 @@ class Disk:
 
     def minus(self, before: Disk) -> Disk:
         """Return the figures between ``before`` and this reading."""
-        return Disk(self.io_some_s - before.io_some_s, self.io_full_s - before.io_full_s,
-                    self.written_kb - before.written_kb)
+        return _between(self, before)
+
+
+_Counters = TypeVar("_Counters", Machine, Disk)
+
+
+def _between(after: _Counters, before: _Counters) -> _Counters:
+    """The figures between two readings of the same counters, field by field."""
+    return type(after)(*(a - b for a, b in zip(astuple(after), astuple(before), strict=True)))
 
 
 def pressure_totals(text: str) -> tuple[float, float]:

@@ -191,7 +191,8 @@ class AtLeastOnce:
         self.targets = targets
         self.internal = internal
         self.writer = writer
-        self._each = each or targets
+        # Not "each or targets": a producer with a length and an empty queue may be falsy.
+        self._each = targets if each is None else each
         self.durability: Durability = Acknowledged(writer, targets, self._each)
         self._requests_topic = settings.requests_topic
         self._drain_s = settings.delivery_timeout_ms / 1000 + 5

@@ -331,8 +331,8 @@ class Delivery:
             for run, start, end in merged(due):
                 flight = latest.get(id(run))
                 if flight is None or flight.end != start:
-                    flight = latest[id(run)] = Flight(run, start, start, channel.producer,
-                                                      channel.bulk, since=since)
+                    flight = latest[id(run)] = Flight(run, start, start, channel,
+                                                      since=since)
                     self._flights.append(flight)
                 if not self._sender.slice(run, start, end, now, flight, routes):
                     return
@@ -345,7 +345,7 @@ class Delivery:
 
     def _dispatch_jobs(self, channel: Channel, limit: int, now: int, since: float) -> bool:
         """Send the book's due jobs as one flight; False when the queue filled up."""
-        jobs = Flight(None, producer=channel.producer, bulk=channel.bulk, since=since)
+        jobs = Flight(None, channel=channel, since=since)
         sending = self._send_jobs(jobs, limit, now)
         if jobs.jobs or jobs.refusals:
             self._flights.append(jobs)

@@ -67,8 +67,7 @@ class Flight:
     run: Run | None
     start: int = 0
     end: int = 0
-    producer: Producing | None = None
-    bulk: bool = False
+    channel: Channel | None = None
     jobs: list[tuple[Job, Sink]] = field(default_factory=list)
     produced: int = 0
     reported: int = 0
@@ -77,6 +76,16 @@ class Flight:
     refusals: dict[bytes, tuple[Sink, str]] = field(default_factory=dict)
     lanes: dict[str, int] = field(default_factory=dict)
     since: float = 0.0
+
+    @property
+    def producer(self) -> Producing | None:
+        """The producer the flight went out on (its channel's), None without a channel."""
+        return None if self.channel is None else self.channel.producer
+
+    @property
+    def bulk(self) -> bool:
+        """Whether the flight went out on a bulk lane (see :class:`Channel`)."""
+        return self.channel is not None and self.channel.bulk
 
     @property
     def complete(self) -> bool:
