@@ -70,13 +70,17 @@ class Change:
         stamps = codec.record_times(values)
         if len(dues) != len(stamps):
             raise ValueError(f"{len(dues)} keys but {len(stamps)} values")
-        _add(self.due, Counter([due_ms // MINUTE_MS for due_ms in dues]), sign)
         if not dues:
             return
-        # A batch whose slacks all fall in one minute (a burst: one due time, requests
-        # written close together) is counted in one step; floor division is monotonic,
-        # so the extremes tell.
-        low, high = min(stamps) - max(dues), max(stamps) - min(dues)
+        # A batch whose due times, or slacks, all fall in one minute (a burst: one due
+        # time, requests written close together) is counted in one step; floor division
+        # is monotonic, so the extremes tell.
+        first, last = min(dues), max(dues)
+        if first // MINUTE_MS == last // MINUTE_MS:
+            _add(self.due, Counter({first // MINUTE_MS: len(dues)}), sign)
+        else:
+            _add(self.due, Counter([due_ms // MINUTE_MS for due_ms in dues]), sign)
+        low, high = min(stamps) - last, max(stamps) - first
         if low // MINUTE_MS == high // MINUTE_MS:
             _add(self.slack, Counter({low // MINUTE_MS: len(dues)}), sign)
             return

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kdelay.protocol.codec import (
     DUE_KEY_SIZE,
+    SMALL_RECORD,
     DueKey,
     Fingerprint,
     IdState,
@@ -31,6 +32,7 @@ from kdelay.protocol.codec import (
     encode_watermark,
     expiry_upper_bound,
     fingerprint,
+    framed_crc,
     key_after,
     record_times,
     schedule_id_of,
@@ -127,6 +129,21 @@ def test_fingerprint_framing_is_unambiguous(
 def test_fingerprint_crc_is_the_documented_framing() -> None:
     framed = b"\x01" + (1).to_bytes(4, "big") + b"k" + b"\x00"
     assert fingerprint(b"k", None, 0).crc == zlib.crc32(framed)
+
+
+def documented_framing(field: bytes | None) -> bytes:
+    return b"\x00" if field is None else b"\x01" + len(field).to_bytes(4, "big") + field
+
+
+@given(optional_bytes, optional_bytes, st.sampled_from([0, 1, SMALL_RECORD]))
+def test_fingerprint_crc_is_the_framing_whether_copied_or_chained(
+    key: bytes | None, value: bytes | None, padding: int
+) -> None:
+    """A record up to SMALL_RECORD bytes is framed into one copy, a larger one is
+    chained: both are the CRC of the documented framing, and framed_crc is the same."""
+    value = None if value is None else value + b"p" * padding
+    expected = zlib.crc32(documented_framing(key) + documented_framing(value))
+    assert fingerprint(key, value, 0).crc == framed_crc(key, value) == expected
 
 
 @given(optional_bytes, optional_bytes, i64)

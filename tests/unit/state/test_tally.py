@@ -56,6 +56,20 @@ def test_a_batch_counts_exactly_as_one_entry_at_a_time() -> None:
     assert len(batch.slack) > 5
 
 
+@pytest.mark.parametrize("spread_ms", [0, 59_000, 61_000], ids=["one-instant", "one-minute",
+                                                               "two-minutes"])
+def test_a_burst_batch_counts_as_one_entry_at_a_time(spread_ms: int) -> None:
+    """A batch due within one minute (a burst) is counted in one step; the same result."""
+    start = NOW - NOW % MINUTE_MS
+    burst = [entry(start + spread_ms * i // 99, start - 5_000, i) for i in range(100)]
+    one, batch = Change(), Change()
+    for key, raw in burst:
+        one.count(key, raw, -1)
+    batch.count_all([k for k, _ in burst], [v for _, v in burst], -1)
+    assert (batch.due, batch.slack) == (one.due, one.slack)
+    assert sum(batch.due.values()) == -100
+
+
 def test_a_batch_needs_a_value_for_every_key() -> None:
     key, raw = entry(NOW, NOW)
     change = Change()
