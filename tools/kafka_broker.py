@@ -5,7 +5,10 @@ everything else on stderr. It is idempotent: a second ``start`` finds the
 broker it started before and prints the same line. The broker comes from, in
 order of preference:
 
-1. ``KDELAY_BOOTSTRAP_SERVERS``: a broker somebody else runs; nothing starts.
+1. ``KDELAY_BOOTSTRAP_SERVERS``: a broker somebody else runs; nothing starts,
+   unless nothing listens there and it is the address this tool's own broker
+   has or would get (127.0.0.1:9092 by default): then that broker starts, so a
+   shell that exports the variable for kdelay can still ``kill`` and ``start`` it.
 2. A Docker engine that answers: the ``kafka`` service of ``compose.yml`` (only
    for the default version; another ``KDELAY_KAFKA_VERSION`` runs from jars).
 3. Kafka's jars from Maven Central (fetched with Maven into ``.cache/``) run
@@ -35,7 +38,9 @@ prints ``tls_bootstrap=HOST:PORT`` and ``tls_ca=PATH`` (exit 1 when there is non
 
 ``stop`` ends only the broker this tool started (by its recorded pid, or the
 compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
-``start`` reuses its log directory.
+``start`` reuses its log directory. The jar broker's output goes to
+``broker.log``; when it exits during ``start``, ``start`` says how and prints
+the log's last lines of that run.
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ SASL_USER = "kdelay"
 SASL_PASSWORD = "kdelay-dev-secret"  # noqa: S105 - the development broker's fixed user
 SCRAM_MECHANISM = "SCRAM-SHA-256"
 READY_TIMEOUT_S = 120.0
+LOG_TAIL_LINES = 30
+RUN_MARKER = "--- tools/kafka start: "
+STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 
 
 class BrokerUnavailable(Exception):
@@ -124,8 +132,7 @@ def wait_ready(bootstrap: str, deadline: float, pid: int | None = None) -> None:
 
     host, port = bootstrap.rsplit(":", 1)
     while not port_open(host, int(port)):
-        if pid is not None and not pid_alive(pid):
-            sys.exit(f"tools/kafka: broker exited during start; see {RUN / 'broker.log'}")
+        exit_if_dead(pid)
         if time.monotonic() > deadline:
             sys.exit(f"tools/kafka: nothing listens on {bootstrap}")
         time.sleep(0.2)
@@ -135,9 +142,39 @@ def wait_ready(bootstrap: str, deadline: float, pid: int | None = None) -> None:
             admin.list_topics(timeout=5)
             return
         except Exception as exc:
+            exit_if_dead(pid)
             if time.monotonic() > deadline:
                 sys.exit(f"tools/kafka: broker at {bootstrap} does not answer: {exc}")
             time.sleep(0.5)
+
+
+def exit_reason(pid: int) -> str:
+    """How process ``pid`` ended: its exit status when it is this process's child."""
+    try:
+        _, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return "exit status unknown: an earlier tools/kafka start started it"
+    code = os.waitstatus_to_exitcode(status)
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+
+
+def log_tail(lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines that the latest run of the jar broker wrote to broker.log,
+    without the frames of stack traces (their messages and causes stay)."""
+    try:
+        text = (RUN / "broker.log").read_text(errors="replace")
+    except OSError:
+        return "(no broker.log)"
+    latest = text.rsplit(RUN_MARKER, 1)[-1].splitlines()[1:]
+    kept = [ln for ln in latest if not STACK_FRAME.match(ln)]
+    return "\n".join(kept[-lines:]) or "(it wrote nothing)"
+
+
+def exit_if_dead(pid: int | None) -> None:
+    """Exit, saying how and with its last log lines, when the broker ``pid`` has ended."""
+    if pid is not None and not pid_alive(pid):
+        sys.exit(f"tools/kafka: broker pid {pid} exited during start ({exit_reason(pid)}); "
+                 f"the last lines of {RUN / 'broker.log'}:\n{log_tail()}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -345,6 +382,8 @@ def start_jars() -> str:
             check=True, stdout=sys.stderr,
         )
     with (RUN / "broker.log").open("ab") as out:
+        out.write(f"{RUN_MARKER}{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        out.flush()
         proc = subprocess.Popen(
             java_command("kafka.Kafka", str(config)),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -464,9 +503,37 @@ def start_docker() -> str:
     return DOCKER_BOOTSTRAP
 
 
+def own_addresses() -> set[str]:
+    """The addresses this tool's broker has (recorded) or would get (compose's, the port
+    ``KDELAY_BROKER_PORT`` names)."""
+    found = {DOCKER_BOOTSTRAP, f"127.0.0.1:{os.environ.get('KDELAY_BROKER_PORT', DEFAULT_PORT)}"}
+    with contextlib.suppress(OSError):
+        found.add((RUN / "bootstrap").read_text().strip())
+    return found
+
+
+def external_broker() -> str | None:
+    """``KDELAY_BOOTSTRAP_SERVERS`` when it names a broker that ``start`` only waits for.
+
+    None when it is unset, or when it names this tool's own broker and nothing
+    listens there (killed or stopped): then ``start`` starts that broker.
+    """
+    external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    if not external:
+        return None
+    first = external.split(",")[0]
+    host, port = first.rsplit(":", 1)
+    if first in own_addresses() and not port_open(host, int(port)):
+        log(f"KDELAY_BOOTSTRAP_SERVERS={external} names this tool's broker and nothing "
+            "listens there: starting it")
+        return None
+    log(f"KDELAY_BOOTSTRAP_SERVERS={external}: waiting for that broker, starting none")
+    return external
+
+
 def start() -> int:
     """Print the bootstrap line of a ready broker, starting one when needed."""
-    external = os.environ.get("KDELAY_BOOTSTRAP_SERVERS")
+    external = external_broker()
     if external:
         wait_ready(external.split(",")[0], time.monotonic() + READY_TIMEOUT_S)
         bootstrap = external
