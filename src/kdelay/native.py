@@ -46,6 +46,7 @@ HOT_PATH = (
     "kdelay.engine.writer",
     "kdelay.protocol.codec",
     "kdelay.protocol.envelope",
+    "kdelay.state.changes",
     "kdelay.state.originals",
     "kdelay.state.tally",
 )

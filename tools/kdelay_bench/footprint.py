@@ -22,7 +22,8 @@ from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
-from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.changes import Changes, Entry
+from kdelay.state.index import PartitionIndex
 from kdelay_bench.load import request_headers
 from kdelay_bench.progress import Progress, say
 from kdelay_bench.report import Result

@@ -40,7 +40,8 @@ from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import IndexValue
 from kdelay.protocol.envelope import Headers
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.changes import Changes, Entry
+from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Found
 
 BATCH = 1_000

@@ -20,7 +20,7 @@ from enum import Enum, IntEnum
 
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.envelope import ErrorCode
-from kdelay.state.index import Entry
+from kdelay.state.changes import Entry
 from kdelay.state.originals import Found
 
 

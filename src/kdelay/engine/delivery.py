@@ -51,7 +51,8 @@ from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.index import Entry, PartitionIndex
+from kdelay.state.changes import Entry
+from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Reading
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from kdelay.protocol.envelope import (
 )
 from kdelay.protocol.forward import Forward, id_partition
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.index import Changes, Entry
+from kdelay.state.changes import Changes, Entry
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from kdelay.engine.book import Book, State
 from kdelay.engine.runs import Run
 from kdelay.engine.window import Window
 from kdelay.protocol import codec
-from kdelay.state.index import Entry, PartitionIndex
+from kdelay.state.changes import Entry
+from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Found, Reading
 
 # A partition holds at most this many batches in memory, whatever their state.

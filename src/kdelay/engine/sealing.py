@@ -21,7 +21,7 @@ from kdelay.engine.watermarks import Marks, Seal
 from kdelay.engine.window import Window
 from kdelay.protocol import codec
 from kdelay.protocol.codec import End, IdRecord, IndexValue
-from kdelay.state.index import Changes
+from kdelay.state.changes import Changes
 
 
 @dataclass(slots=True)

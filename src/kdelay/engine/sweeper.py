@@ -26,7 +26,8 @@ from confluent_kafka import KafkaError, Message
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import latch
 from kdelay.plumbing.clients import Producing, produce
-from kdelay.state.index import Changes, PartitionIndex
+from kdelay.state.changes import Changes
+from kdelay.state.index import PartitionIndex
 
 log = logging.getLogger(__name__)
 

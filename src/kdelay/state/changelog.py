@@ -34,7 +34,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, Watermark
-from kdelay.state.index import CHANGELOG, Changes, IndexCorrupt, PartitionIndex
+from kdelay.state.changes import Changes
+from kdelay.state.index import CHANGELOG, IndexCorrupt, PartitionIndex
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import shutil
 import struct
 import time
 from collections.abc import Container, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -42,6 +42,7 @@ from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
+from kdelay.state.changes import Changes, Entry
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
 from kdelay.state.tally import MINUTE_MS, Change, Tally
 
@@ -67,56 +68,6 @@ _RdictKey = str | int | float | bytes | bool
 
 class IndexCorrupt(Exception):
     """The store on disk cannot be opened or read; it must be rebuilt from the changelog."""
-
-
-@dataclass(slots=True)
-class Entry:
-    """A pending request: where its original lives and how to recognise it.
-
-    Treated as immutable, but not a frozen dataclass: intake makes one per
-    request, and a frozen one costs twice as much to build.
-    """
-
-    key: bytes
-    value: IndexValue
-    # The value as encoded, when the caller already has it (saves encoding twice).
-    raw: bytes = field(default=b"", compare=False, repr=False)
-    due: codec.DueKey = field(init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        """Decode the key once: due time, request partition, request offset."""
-        self.due = codec.decode_due_key(self.key)
-
-
-@dataclass(slots=True)
-class Changes:
-    """Writes for one partition's store, applied atomically by :meth:`PartitionIndex.apply`."""
-
-    puts: list[Entry] = field(default_factory=list)
-    # Already encoded index values (changelog replay): written as they are.
-    raw_puts: dict[bytes, bytes] = field(default_factory=dict)
-    deletes: list[bytes] = field(default_factory=list)
-    ids: dict[str, IdState | None] = field(default_factory=dict)
-    # Expiry keys (see :func:`codec.encode_expiry_key`) to delete: markers dropped.
-    expired: list[bytes] = field(default_factory=list)
-    consumed: int | None = None
-    changelog: int | None = None
-    # The partition's new watermark, once written to the changelog (or replayed).
-    watermark: Watermark | None = None
-    # Keys done under the watermark whose puts still await a changelog tombstone,
-    # and the sweep chunks whose tombstones are written (see :meth:`PartitionIndex.unswept`).
-    swept: list[bytes] = field(default_factory=list)
-    unswept: list[bytes] = field(default_factory=list)
-    # The encoded values of deleted keys the caller knows to be in the store (read
-    # by a scan, untouched since): their tally needs no lookup.
-    known: dict[bytes, bytes] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired
-                    or self.swept or self.unswept) or (
-            self.consumed is not None or self.changelog is not None
-            or self.watermark is not None
-        )
 
 
 @dataclass(frozen=True, slots=True)

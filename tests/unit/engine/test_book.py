@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdelay.engine.book import Book, Job, State
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
-from kdelay.state.index import Entry
+from kdelay.state.changes import Entry
 from kdelay.state.originals import Missing
 
 

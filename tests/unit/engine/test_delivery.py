@@ -67,7 +67,8 @@ from kdelay.protocol.envelope import (
     schedule_headers,
     user_headers,
 )
-from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.changes import Changes, Entry
+from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Found, Missing
 
 REQUESTS = "kdelay.requests"

@@ -18,7 +18,7 @@ from kdelay.protocol import codec, forward
 from kdelay.protocol.codec import IdState, IndexValue
 from kdelay.protocol.envelope import ERROR, Headers, cancel_headers, schedule_headers
 from kdelay.protocol.forward import FORWARD, Forward, id_partition
-from kdelay.state.index import Entry
+from kdelay.state.changes import Entry
 from tests.unit.engine.test_intake import LIMITS, TOPICS, TS, Ids, header, request
 
 PARTITIONS = 4

@@ -44,7 +44,7 @@ from kdelay.protocol.envelope import (
     schedule_headers,
 )
 from kdelay.protocol.forward import id_partition
-from kdelay.state.index import Entry
+from kdelay.state.changes import Entry
 
 TOPICS = Topics(requests="kdelay.requests", changelog="kdelay.changelog", dlq="kdelay.dlq")
 OUTCOMES = "kdelay.outcomes"

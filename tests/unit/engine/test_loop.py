@@ -40,7 +40,8 @@ from kdelay.plumbing.topics import Layout
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import Headers, cancel_headers, schedule_headers
 from kdelay.protocol.forward import id_partition
-from kdelay.state.index import Changes, PartitionIndex
+from kdelay.state.changes import Changes
+from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Found, Reading
 from kdelay.state.statedir import store_path
 

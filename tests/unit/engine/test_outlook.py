@@ -12,7 +12,8 @@ from kdelay.engine.metrics import Metrics
 from kdelay.engine.outlook import Outlook
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout
-from kdelay.state.index import Changes, PartitionIndex
+from kdelay.state.changes import Changes
+from kdelay.state.index import PartitionIndex
 from tests.unit.state.test_index import entry
 
 NOW = 1_700_000_000_000

@@ -15,7 +15,8 @@ from kdelay.plumbing.clients import Report
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.protocol.envelope import Headers
-from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.changes import Changes, Entry
+from kdelay.state.index import PartitionIndex
 
 CHANGELOG = "kdelay.changelog"
 

@@ -31,11 +31,10 @@ from kdelay.state.changelog import (
     _stage,
     open_restored,
 )
+from kdelay.state.changes import Changes, Entry
 from kdelay.state.index import (
     CHANGELOG,
     CONSUMED,
-    Changes,
-    Entry,
     PartitionIndex,
 )
 from kdelay.state.statedir import IndexLocked

@@ -7,8 +7,9 @@ from pathlib import Path
 from kdelay.protocol import codec
 from kdelay.protocol.codec import End, Fingerprint, IdState, IndexValue
 from kdelay.protocol.forward import id_partition
+from kdelay.state.changes import Changes, Entry
 from kdelay.state.homes import Move, moves_of
-from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.index import PartitionIndex
 
 BEFORE, AFTER = 2, 5
 SOURCE = 1

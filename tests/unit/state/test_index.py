@@ -15,12 +15,11 @@ from kdelay.protocol.codec import (
     encode_due_key,
     encode_index_value,
 )
+from kdelay.state.changes import Changes, Entry
 from kdelay.state.index import (
     CHANGELOG,
     CONSUMED,
-    Changes,
     DueSummary,
-    Entry,
     IndexCorrupt,
     PartitionIndex,
 )

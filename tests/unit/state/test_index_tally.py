@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from kdelay.protocol.codec import Fingerprint, IndexValue, encode_due_key, encode_index_value
 from kdelay.state import index as index_module
-from kdelay.state.index import Changes, Entry, PartitionIndex
+from kdelay.state.changes import Changes, Entry
+from kdelay.state.index import PartitionIndex
 from kdelay.state.tally import MINUTE_MS, Tally
 
 NOW = 1_700_000_000_000

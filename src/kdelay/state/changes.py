@@ -1,0 +1,64 @@
+"""What an index write is made of: the entries put and the changes around them.
+
+Intake builds an :class:`Entry` per request and delivery reads them back; both
+hand :class:`Changes` to :meth:`~kdelay.state.index.PartitionIndex.apply`. They
+live apart from the index so that they run compiled with the hot path (see
+:mod:`kdelay.native`): the index itself stays interpreted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kdelay.protocol import codec
+from kdelay.protocol.codec import IdState, IndexValue, Watermark
+
+
+@dataclass(slots=True)
+class Entry:
+    """A pending request: where its original lives and how to recognise it.
+
+    Treated as immutable, but not a frozen dataclass: intake makes one per
+    request, and a frozen one costs twice as much to build.
+    """
+
+    key: bytes
+    value: IndexValue
+    # The value as encoded, when the caller already has it (saves encoding twice).
+    raw: bytes = field(default=b"", compare=False, repr=False)
+    due: codec.DueKey = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Decode the key once: due time, request partition, request offset."""
+        self.due = codec.decode_due_key(self.key)
+
+
+@dataclass(slots=True)
+class Changes:
+    """Writes for one partition's store, applied atomically by :meth:`PartitionIndex.apply`."""
+
+    puts: list[Entry] = field(default_factory=list)
+    # Already encoded index values (changelog replay): written as they are.
+    raw_puts: dict[bytes, bytes] = field(default_factory=dict)
+    deletes: list[bytes] = field(default_factory=list)
+    ids: dict[str, IdState | None] = field(default_factory=dict)
+    # Expiry keys (see :func:`codec.encode_expiry_key`) to delete: markers dropped.
+    expired: list[bytes] = field(default_factory=list)
+    consumed: int | None = None
+    changelog: int | None = None
+    # The partition's new watermark, once written to the changelog (or replayed).
+    watermark: Watermark | None = None
+    # Keys done under the watermark whose puts still await a changelog tombstone,
+    # and the sweep chunks whose tombstones are written (see :meth:`PartitionIndex.unswept`).
+    swept: list[bytes] = field(default_factory=list)
+    unswept: list[bytes] = field(default_factory=list)
+    # The encoded values of deleted keys the caller knows to be in the store (read
+    # by a scan, untouched since): their tally needs no lookup.
+    known: dict[bytes, bytes] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired
+                    or self.swept or self.unswept) or (
+            self.consumed is not None or self.changelog is not None
+            or self.watermark is not None
+        )
