@@ -18,7 +18,7 @@ from kdelay.engine.runs import Run
 from kdelay.engine.window import Window
 from kdelay.protocol import codec
 from kdelay.state.changes import Entry
-from kdelay.state.index import PartitionIndex
+from kdelay.state.index import PartitionIndex, Scan
 from kdelay.state.originals import Found, Reading
 
 # A partition holds at most this many batches in memory, whatever their state.
@@ -54,7 +54,7 @@ class ReadAhead:
     def read(self, indexes: Mapping[int, PartitionIndex], now: int) -> None:
         """Scan each index whose window needs it, and fetch the originals of what it finds."""
         horizon = now + self._lookahead_ms
-        wanted: dict[int, tuple[list[bytes], list[bytes]]] = {}
+        wanted: dict[int, Scan] = {}
         # A plain dict when the book is empty (a burst): its ``in`` runs in C.
         skip: Container[bytes] = (_Held(self.held, self._book.keys) if self._book.held_total()
                                   else self.held)
@@ -64,14 +64,14 @@ class ReadAhead:
                 room = self.room(partition)
                 if room <= 0:
                     continue
-                keys, values = index.scan_raw(horizon, room, skip=skip, start=window.cursor)
-                if keys:
+                scan = index.scan_raw(horizon, room, skip=skip, start=window.cursor)
+                if scan.keys:
                     # Everything below the last key read is held or gone: the next
                     # scan resumes right after it instead of walking the held keys.
-                    window.cursor = codec.key_after(keys[-1])
-                    wanted[partition] = keys, values
+                    window.cursor = codec.key_after(scan.keys[-1])
+                    wanted[partition] = scan
                 window.covered = horizon
-                window.truncated = len(keys) >= room
+                window.truncated = len(scan.keys) >= room
         if wanted:
             self._fetch(wanted)
 
@@ -95,13 +95,13 @@ class ReadAhead:
         held = sum(len(run.keys) - run.settled for run in self.runs.get(partition, ()))
         return MAX_HELD_BATCHES * self.batch_size - held - self._book.held(partition)
 
-    def _fetch(self, wanted: dict[int, tuple[list[bytes], list[bytes]]]) -> None:
+    def _fetch(self, wanted: dict[int, Scan]) -> None:
         """Read the originals of the entries scanned and hold them as runs."""
         # An original lies on the partition its key names (another for a forwarded id).
         offsets: dict[int, list[int]] = {}
         decoded: dict[int, list[tuple[int, int, int]]] = {}
-        for partition, (keys, _) in wanted.items():
-            coordinates = decoded[partition] = list(codec.decode_due_keys(b"".join(keys)))
+        for partition, scan in wanted.items():
+            coordinates = decoded[partition] = list(codec.decode_due_keys(b"".join(scan.keys)))
             for _, lies, offset in coordinates:
                 found = offsets.get(lies)
                 if found is None:
@@ -109,7 +109,7 @@ class ReadAhead:
                 else:
                     found.append(offset)
         originals = self._reader.read(offsets)
-        for partition, (keys, values) in wanted.items():
+        for partition, (keys, values, gapless, puts_seen) in wanted.items():
             found_all = [originals.get((lies, offset)) for _, lies, offset in decoded[partition]]
             if None in found_all:  # unresolved: the run stops before the first of them
                 cut = found_all.index(None)
@@ -117,8 +117,9 @@ class ReadAhead:
                 window.covered = None
                 window.rewind(keys[cut])
                 del keys[cut:], values[cut:], found_all[cut:]
-            if keys:
-                self.hold(Run(partition, keys, values, cast(list[Found], found_all)))
+            if keys:  # a cut run is still gapless: it holds a prefix of what was read
+                self.hold(Run(partition, keys, values, cast(list[Found], found_all),
+                              gapless=gapless, puts_seen=puts_seen))
 
     def adopt(self, partition: int, keys: list[bytes], values: list[bytes],
               originals: list[Found]) -> None:

@@ -39,6 +39,9 @@ class Run:
     plans of several steps may follow each other in one (:meth:`extend`).
     Entries from ``indexed_to`` on are not in the index yet (their plan is not
     applied): they may go out, but leave the index only once they are in it.
+    A ``gapless`` run was every key of its index between its first and last
+    when read, at the index's ``puts_seen``: its settled ranges may leave the
+    index as ranges (see :class:`~kdelay.state.changes.Changes`).
     """
 
     partition: int
@@ -52,6 +55,8 @@ class Run:
     settled: int = 0
     taken: set[int] | None = None
     indexed_ahead: set[int] | None = None
+    gapless: bool = False
+    puts_seen: int = 0
 
     def __len__(self) -> int:
         return len(self.keys)

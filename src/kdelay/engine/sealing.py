@@ -39,6 +39,10 @@ class Sealed:
     ended: list[IdRecord] = field(default_factory=list)
 
 
+RANGE_DELETE_MIN = 100
+"""A settled slice of a gapless run this long leaves the index as one range tombstone
+(a burst); a shorter one (a steady rate's) key by key, so that range tombstones stay few."""
+
 SEAL_EVERY_STEPS = 10
 """With a cadence, a partition is sealed again after this many seals were asked for, if
 its time has not come before (a clock that stands still, in tests, still seals)."""
@@ -92,6 +96,8 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
             values = [run.values[at] for at in live]
         else:  # a whole range, sliced and zipped in C
             keys, values = run.keys[run.settled:landed], run.values[run.settled:landed]
+            if run.gapless and len(keys) >= RANGE_DELETE_MIN:
+                changes.ranges.append((len(done), len(done) + len(keys), run.puts_seen))
         done.extend(keys)
         known.update(zip(keys, values, strict=True))
         if any(map(codec.has_schedule_id, values)):

@@ -55,6 +55,16 @@ class Changes:
     # The encoded values of deleted keys the caller knows to be in the store (read
     # by a scan, untouched since): their tally needs no lookup.
     known: dict[bytes, bytes] = field(default_factory=dict)
+    # Slices ``deletes[start:end]`` that were every key of the store in their range
+    # when read, at ``puts_seen`` (see ``Scan``): each is deleted as one range unless
+    # a put since fell inside it.
+    ranges: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def encoded_puts(self) -> dict[bytes, bytes]:
+        """The puts by key, values encoded (a raw put wins over an entry)."""
+        new = {e.key: e.raw or codec.encode_index_value(e.value) for e in self.puts}
+        new.update(self.raw_puts)
+        return new
 
     def __bool__(self) -> bool:
         return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired

@@ -33,10 +33,11 @@ import itertools
 import shutil
 import struct
 import time
+from collections import deque
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
@@ -62,12 +63,28 @@ WATERMARK = b"watermark"
 # the default batch size) and deletes them as they are delivered. Past the cap
 # the values are dropped and deletes look their keys up again.
 SCANNED_CAP = 100_000
+# The key spans of the latest writes with puts that an index remembers (see
+# PartitionIndex.apply): a range delete of keys read before the oldest of them is
+# written key by key instead.
+PUT_SPANS = 1_024
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 
 
 class IndexCorrupt(Exception):
     """The store on disk cannot be opened or read; it must be rebuilt from the changelog."""
+
+
+class Scan(NamedTuple):
+    """What :meth:`PartitionIndex.scan_raw` read: keys and encoded values as columns."""
+
+    keys: list[bytes]
+    values: list[bytes]
+    # Whether no key of the store between the first and the last read was passed
+    # over (in ``skip``): then the keys are every key of the store in that range.
+    gapless: bool
+    # :attr:`PartitionIndex.puts_applied` when the scan read them.
+    puts_seen: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +96,6 @@ class DueSummary:
     oldest_request_ms: int | None
     # Whether counting stopped at the limit with more entries due.
     capped: bool
-
-
-def _encoded_puts(changes: Changes) -> dict[bytes, bytes]:
-    """The puts of ``changes`` by key, values encoded (a raw put wins over an entry)."""
-    new = {e.key: e.raw or codec.encode_index_value(e.value) for e in changes.puts}
-    new.update(changes.raw_puts)
-    return new
 
 
 def _options() -> Options:
@@ -141,6 +151,11 @@ class PartitionIndex:
         # :meth:`apply`, which drops the keys it deletes or puts. Deleting a scanned
         # entry (a delivery) then needs no lookup to count it out of the tally.
         self._scanned: dict[bytes, bytes] = {}
+        # How many writes with puts were applied, and the key span of the latest
+        # (their sequence number, lowest and highest key put): a range of keys read
+        # before is deleted as a range only when no put since fell inside it.
+        self.puts_applied = 0
+        self._put_spans: deque[tuple[int, bytes, bytes]] = deque(maxlen=PUT_SPANS)
         self.tally = self._load_tally()
         raw = self._meta.get(WATERMARK)
         self.watermark: Watermark | None = None if raw is None else codec.decode_watermark(raw)
@@ -216,7 +231,7 @@ class PartitionIndex:
         """
         batch = WriteBatch(raw_mode=True)
         put = batch.put
-        new = _encoded_puts(changes)
+        new = changes.encoded_puts()
         change = self._tally_change(new, changes.deletes, changes.known)
         for key, count in self.tally.rows(change):
             if count > 0:
@@ -225,8 +240,10 @@ class PartitionIndex:
                 batch.delete(key, self._meta_handle)
         for key, raw in new.items():
             put(key, raw)
-        for key in changes.deletes:
-            batch.delete(key)
+        if new:
+            self.puts_applied += 1
+            self._put_spans.append((self.puts_applied, min(new), max(new)))
+        self._delete(batch, changes)
         for schedule_id, state in changes.ids.items():
             if state is None:
                 batch.delete(schedule_id.encode(), self._ids_handle)
@@ -264,6 +281,36 @@ class PartitionIndex:
             for key in (*changes.deletes, *new):
                 scanned.pop(key, None)
         return lowest
+
+    def _delete(self, batch: WriteBatch, changes: Changes) -> None:
+        """Add the deletes of ``changes`` to ``batch``: each of its ``ranges`` that no
+        put since it was read fell into as one range tombstone (a burst's settle writes
+        one instead of a thousand), every other key on its own."""
+        deletes, delete = changes.deletes, batch.delete
+        at = 0
+        for start, end, seen in changes.ranges:
+            first, last = deletes[start], deletes[end - 1]
+            if not self._untouched(first, last, seen):
+                continue
+            for key in deletes[at:start]:
+                delete(key)
+            batch.delete_range(first, last + b"\x00")  # the least key after ``last``
+            at = end
+        for key in deletes[at:]:
+            delete(key)
+
+    def _untouched(self, first: bytes, last: bytes, seen: int) -> bool:
+        """Whether no write since the ``seen``-th with puts (this one's too) put a key
+        between ``first`` and ``last``: false when the spans kept do not go back so far."""
+        spans = self._put_spans
+        if seen < self.puts_applied and (not spans or spans[0][0] > seen + 1):
+            return False
+        for sequence, lowest, highest in reversed(spans):
+            if sequence <= seen:
+                return True
+            if lowest <= last and highest >= first:
+                return False
+        return True
 
     def _write(self, batch: WriteBatch) -> None:
         """Write ``batch`` atomically; :class:`StateDirFull` when the volume has no room."""
@@ -329,17 +376,20 @@ class PartitionIndex:
         return lowest
 
     def scan_raw(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
-                 start: bytes | None = None) -> tuple[list[bytes], list[bytes]]:
+                 start: bytes | None = None) -> Scan:
         """Return the keys and encoded values :meth:`scan` would return, as two lists.
 
         For delivery's read-ahead, which holds entries as columns: nothing is
         decoded, and the caller passes the values back (``Changes.known``) when
-        it deletes the entries.
+        it deletes the entries, as a range when the scan was gapless
+        (``Changes.ranges``).
         """
         keys: list[bytes] = []
         values: list[bytes] = []
+        seen = self.puts_applied
         if limit <= 0:
-            return keys, values
+            return Scan(keys, values, True, seen)
+        gap = -1  # how many keys were read when the first key was passed over after them
         upper = codec.due_upper_bound(upper_ms)
         options = ReadOptions()
         options.set_iterate_upper_bound(upper)
@@ -349,6 +399,8 @@ class PartitionIndex:
                              self._db.items(from_key=begin, read_opt=options)):
             first_live = first_live or key
             if key in skip:
+                if keys and gap < 0:
+                    gap = len(keys)
                 continue
             keys.append(key)
             values.append(raw)
@@ -357,7 +409,7 @@ class PartitionIndex:
         if start is None:  # as in scan: start the next scan past the tombstones
             self._head = first_live or upper
         del options
-        return keys, values
+        return Scan(keys, values, gap < 0 or gap == len(keys), seen)
 
     def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
              start: bytes | None = None) -> list[Entry]:

@@ -37,7 +37,7 @@ from kdelay.engine.durability import Acknowledged, Transacted
 from kdelay.engine.failures import TopicCheck, backoff_ms
 from kdelay.engine.flights import STALL_S
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.sealing import SEAL_EVERY_STEPS
+from kdelay.engine.sealing import RANGE_DELETE_MIN, SEAL_EVERY_STEPS
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
@@ -464,6 +464,52 @@ def test_an_entry_leaves_the_index_only_after_its_report(world: World) -> None:
     assert state.ended_ms is not None
     assert T0 <= state.ended_ms <= T0 + 50
     assert world.sample("kdelay_delivered_records_total") == 1
+
+
+def settled_ranges(world: World, partition: int = 0) -> list[list[tuple[int, int, int]]]:
+    """Watch what the partition's settles ask to delete as ranges (one list per apply)."""
+    index = world.indexes[partition]
+    seen: list[list[tuple[int, int, int]]] = []
+    apply = index.apply
+
+    def watched(changes: Changes) -> bytes | None:
+        if changes.deletes:
+            seen.append(list(changes.ranges))
+        return apply(changes)
+
+    index.apply = watched  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_burst_read_in_one_scan_leaves_the_index_as_a_range(world: World) -> None:
+    keys = [world.request(0, offset, T0) for offset in range(RANGE_DELETE_MIN)]
+    ranges = settled_ranges(world)
+    world.step(T0)
+    world.clock.set(T0 + 50)
+    world.settle()
+    assert ranges == [[(0, len(keys), RANGE_DELETE_MIN)]]
+    assert world.pending() == []
+    assert world.indexes[0].tally.total == 0
+
+
+def test_an_entry_put_inside_a_settling_range_stays_pending(world: World) -> None:
+    """A request put between the keys of a run in the air (intake, a forward) is not
+    deleted with them: the range goes key by key."""
+    for offset in range(0, 2 * RANGE_DELETE_MIN, 2):
+        world.request(0, offset, T0)
+    world.at(T0)
+    assert len(world.targets.sent) == RANGE_DELETE_MIN
+    inside = world.request(0, 101, T0)
+    world.targets.report()
+    world.clock.set(T0 + 50)
+    world.settle()
+    assert world.pending() == [inside]
+    assert world.indexes[0].tally.total == 1
+    world.step(T0 + 60)
+    world.clock.set(T0 + 110)
+    world.settle()
+    assert world.pending() == []
+    assert [s.origin for s in world.targets.sent].count(origin(0, 101)) == 1
 
 
 def test_the_watermark_goes_to_the_request_partition_and_covers_the_delivered(

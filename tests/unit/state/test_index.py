@@ -19,6 +19,7 @@ from kdelay.state.changes import Changes, Entry
 from kdelay.state.index import (
     CHANGELOG,
     CONSUMED,
+    PUT_SPANS,
     DueSummary,
     IndexCorrupt,
     PartitionIndex,
@@ -689,12 +690,70 @@ def test_scan_raw_returns_the_columns_scan_does(index: PartitionIndex) -> None:
     entries = [entry(100 + i, offset=i) for i in range(6)]
     put(index, *entries)
     skip = {entries[1].key}
-    keys, values = index.scan_raw(103, 3, skip=skip)
+    keys, values, gapless, seen = index.scan_raw(103, 3, skip=skip)
     assert keys == [entries[0].key, entries[2].key, entries[3].key]
     assert [e.key for e in index.scan(103, 3, skip=skip)] == keys
     assert values == [encode_index_value(e.value) for e in (entries[0], entries[2], entries[3])]
+    assert (gapless, seen) == (False, 1)  # entries[1] lies between the keys read
     assert index.scan_raw(103, 10, start=entries[3].key) == (
-        [entries[3].key], [encode_index_value(entries[3].value)])
+        [entries[3].key], [encode_index_value(entries[3].value)], True, 1)
+
+
+def test_a_key_passed_over_outside_the_keys_read_leaves_the_scan_gapless(
+        index: PartitionIndex) -> None:
+    entries = [entry(100 + i, offset=i) for i in range(5)]
+    put(index, *entries)
+    scan = index.scan_raw(104, 2, skip={entries[0].key, entries[3].key})
+    assert (scan.keys, scan.gapless) == ([entries[1].key, entries[2].key], True)
+    scan = index.scan_raw(104, 10, skip={entries[4].key})
+    assert (len(scan.keys), scan.gapless) == (4, True)
+
+
+def delete_read(index: PartitionIndex, keys: list[bytes], seen: int) -> None:
+    """Delete keys a gapless scan read (at ``seen``), as delivery's settle does."""
+    values = [value for value in index.raw_values(keys) if value is not None]
+    index.apply(Changes(deletes=keys, known=dict(zip(keys, values, strict=True)),
+                        ranges=[(0, len(keys), seen)]))
+
+
+def test_a_gapless_range_leaves_as_a_range_and_the_tally_counts_it(
+        index: PartitionIndex) -> None:
+    entries = [entry(100 + i, offset=i) for i in range(10)]
+    after = entry(200, offset=99)
+    put(index, *entries, after)
+    scan = index.scan_raw(150, 100)
+    assert scan.gapless
+    delete_read(index, scan.keys[2:8], scan.puts_seen)
+    left = [*entries[:2], *entries[8:], after]
+    assert [e.key for e in index.entries()] == [e.key for e in left]
+    assert index.tally.total == len(left)
+
+
+def test_a_put_inside_a_range_since_it_was_read_keeps_the_range_to_its_keys(
+        index: PartitionIndex) -> None:
+    entries = [entry(100 + 2 * i, offset=i) for i in range(10)]
+    put(index, *entries)
+    scan = index.scan_raw(150, 100)
+    inside, outside = entry(105, offset=50), entry(300, offset=51)
+    put(index, outside)  # after the range: the range may go as one
+    put(index, inside)  # between the keys read: only they may go
+    delete_read(index, scan.keys, scan.puts_seen)
+    assert [e.key for e in index.entries()] == [inside.key, outside.key]
+    assert index.tally.total == 2
+
+
+def test_a_range_read_before_the_puts_remembered_goes_key_by_key(
+        index: PartitionIndex) -> None:
+    entries = [entry(100 + 2 * i, offset=i) for i in range(10)]
+    put(index, *entries)
+    scan = index.scan_raw(150, 100)
+    inside = entry(105, offset=50)
+    put(index, inside)  # inside the range, then more puts than are remembered
+    for i in range(PUT_SPANS):
+        put(index, entry(10_000 + i, offset=100 + i))
+    delete_read(index, scan.keys, scan.puts_seen)
+    assert index.get(inside.key) == inside.value
+    assert index.tally.total == PUT_SPANS + 1
 
 
 def test_the_sweep_backlog_is_counted_again_on_open(tmp_path: Path) -> None:
