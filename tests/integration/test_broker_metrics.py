@@ -44,4 +44,9 @@ def test_a_run_of_produce_requests_shows_in_the_brokers_own_figures(
     assert isinstance(got["Produce_queue_mean_ms"], float)
     assert got["safepoints"] is not None
     assert isinstance(got["gc_young_count"], int)
+    handlers, java = got["cpu_handlers_s"], got["cpu_java_s"]
+    assert isinstance(handlers, float)
+    assert isinstance(java, float)
+    assert 0 <= handlers <= java
+    assert java > 0, "the broker's threads ran in the meantime"
     assert reader.read() == "broker metrics reader closed"

@@ -4,7 +4,9 @@
 // every line read on stdin ("read"); end of input ends the program. The JVM's
 // safepoint counters (sun.rt.safepoint*, as `jcmd PID PerfCounter.print` shows
 // them, from the JVM's performance data; not in JMX) come as the bean
-// "jvm:type=PerfCounter".
+// "jvm:type=PerfCounter". The CPU time of the broker's Java threads, summed by
+// name with digits folded ("kafka-log-cleaner-thread-N"), in nanoseconds, comes
+// as the bean "jvm:type=ThreadCpu".
 //
 //   java --add-exports jdk.internal.jvmstat/sun.jvmstat.monitor=ALL-UNNAMED \
 //       tools/jmx/BrokerMetrics.java PID 'kafka.network:type=RequestMetrics,*' ...
@@ -17,8 +19,10 @@
 import com.sun.tools.attach.VirtualMachine;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.lang.management.ManagementFactory;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.TreeMap;
 import java.util.TreeSet;
 import javax.management.Attribute;
 import javax.management.MBeanAttributeInfo;
@@ -82,6 +86,25 @@ public final class BrokerMetrics {
         return out.append("}").toString();
     }
 
+    private static String threadCpu(MBeanServerConnection server) throws Exception {
+        com.sun.management.ThreadMXBean threads = ManagementFactory.newPlatformMXBeanProxy(
+                server, ManagementFactory.THREAD_MXBEAN_NAME,
+                com.sun.management.ThreadMXBean.class);
+        long[] ids = threads.getAllThreadIds();
+        java.lang.management.ThreadInfo[] infos = threads.getThreadInfo(ids);
+        long[] cpu = threads.getThreadCpuTime(ids);
+        TreeMap<String, Long> byName = new TreeMap<>();
+        for (int i = 0; i < ids.length; i++) {
+            if (infos[i] != null && cpu[i] > 0) {
+                byName.merge(infos[i].getThreadName().replaceAll("[0-9]+", "N"), cpu[i], Long::sum);
+            }
+        }
+        StringBuilder out = new StringBuilder("{");
+        byName.forEach((name, ns) -> out.append(out.length() > 1 ? ", " : "")
+                .append(quote(name)).append(": ").append(ns));
+        return out.append("}").toString();
+    }
+
     private static String read(MBeanServerConnection server, MonitoredVm perf,
             List<ObjectName> patterns) throws Exception {
         TreeSet<ObjectName> names = new TreeSet<>();
@@ -90,7 +113,9 @@ public final class BrokerMetrics {
         }
         StringBuilder out = new StringBuilder();
         out.append("{\"t_ms\": ").append(System.nanoTime() / 1_000_000L).append(", \"beans\": {")
-           .append(quote("jvm:type=PerfCounter")).append(": ").append(safepoints(perf));
+           .append(quote("jvm:type=PerfCounter")).append(": ").append(safepoints(perf))
+           .append(", ").append(quote("jvm:type=ThreadCpu")).append(": ")
+           .append(threadCpu(server));
         for (ObjectName name : names) {
             String attributes;
             try {

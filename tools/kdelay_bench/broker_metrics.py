@@ -29,6 +29,11 @@ Then the JVM's: ``gc_young_count``, ``gc_young_s``, ``gc_old_count``,
 ``safepoint_s`` (seconds every Java thread was stopped) and ``safepoint_sync_s``
 (of which, waiting for all threads to stop), and ``jit_s`` (seconds of the JIT
 compilers, over their threads).
+
+And the CPU seconds the broker's Java threads used in the run: ``cpu_java_s``
+all of them, of which ``cpu_handlers_s`` the request handlers (appends and
+reads), ``cpu_network_s`` the network threads and ``cpu_cleaner_s`` the log
+cleaner (compaction). GC's own threads are not Java threads: see ``gc_*``.
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ PATTERNS = (
 )
 # The reader's pseudo-bean of JVM performance counters (ticks of sun.os.hrt.frequency).
 PERF = "jvm:type=PerfCounter"
+# The reader's pseudo-bean of Java threads' CPU ns, by name with digits folded to "N".
+THREAD_CPU = "jvm:type=ThreadCpu"
+# Figure -> what the thread names it sums contain.
+THREAD_GROUPS = {"cpu_handlers_s": "request-handler", "cpu_network_s": "network-thread",
+                 "cpu_cleaner_s": "log-cleaner"}
 JAVA_OPTIONS = ("--add-exports", "jdk.internal.jvmstat/sun.jvmstat.monitor=ALL-UNNAMED")
 GC = {"G1 Young Generation": "gc_young", "G1 Old Generation": "gc_old"}
 READ_TIMEOUT_S = 60.0  # the first read compiles the program and attaches
@@ -134,6 +144,17 @@ def _ticks_s(after: Snapshot, before: Snapshot, counter: str) -> float:
     return round(change / frequency, 3)
 
 
+def _thread_cpu(after: Snapshot, before: Snapshot) -> dict[str, Figure]:
+    """CPU seconds of the broker's Java threads in the run, in all and by group (a thread
+    that ended in the run takes its time with it: a group never goes below 0)."""
+    used = {name: max(ns - before.attribute(THREAD_CPU, name), 0.0)
+            for name, ns in after.beans.get(THREAD_CPU, {}).items()}
+    out: dict[str, Figure] = {"cpu_java_s": round(sum(used.values()) / 1e9, 2)}
+    for figure, part in THREAD_GROUPS.items():
+        out[figure] = round(sum(ns for name, ns in used.items() if part in name) / 1e9, 2)
+    return out
+
+
 def figures(after: Snapshot, before: Snapshot) -> dict[str, Figure]:
     """Return the run's figures (see the module's text) from the reads around it."""
     out: dict[str, Figure] = {"seconds": round((after.t_ms - before.t_ms) / 1000, 1)}
@@ -149,6 +170,7 @@ def figures(after: Snapshot, before: Snapshot) -> dict[str, Figure]:
                               - before.attribute(PERF, "sun.rt.safepoints"))
     out["safepoint_s"] = _ticks_s(after, before, "sun.rt.safepointTime")
     out["safepoint_sync_s"] = _ticks_s(after, before, "sun.rt.safepointSyncTime")
+    out.update(_thread_cpu(after, before))
     jit = "java.lang:type=Compilation"
     out["jit_s"] = round((after.attribute(jit, "TotalCompilationTime")
                           - before.attribute(jit, "TotalCompilationTime")) / 1000, 1)

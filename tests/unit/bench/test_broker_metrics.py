@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from kdelay_bench import broker_metrics
-from kdelay_bench.broker_metrics import PERF, Snapshot, between, figures, parse
+from kdelay_bench.broker_metrics import PERF, THREAD_CPU, Snapshot, between, figures, parse
 
 PRODUCE = "kafka.network:type=RequestMetrics,name={},request=Produce"
 FETCH = "kafka.network:type=RequestMetrics,name={},request=FetchConsumer"
@@ -72,6 +72,21 @@ def test_jvm_pauses_and_compilation_are_differences_in_seconds() -> None:
     assert (got["gc_young_count"], got["gc_young_s"]) == (4, 0.08)
     assert (got["gc_old_count"], got["gc_old_s"]) == (0, 0.0)
     assert got["jit_s"] == 13.4
+
+
+def test_thread_cpu_is_summed_by_group_and_a_thread_gone_counts_nothing() -> None:
+    before = Snapshot(0, {THREAD_CPU: {
+        "kafka-log-cleaner-thread-N": 1e9, "data-plane-kafka-request-handler-N": 4e9,
+        "data-plane-kafka-network-thread-N-ListenerName(PLAINTEXT)-PLAINTEXT-N": 1e9,
+        "kafka-scheduler-N": 5e9}})
+    after = Snapshot(0, {THREAD_CPU: {
+        "kafka-log-cleaner-thread-N": 3.5e9, "data-plane-kafka-request-handler-N": 4.25e9,
+        "data-plane-kafka-network-thread-N-ListenerName(PLAINTEXT)-PLAINTEXT-N": 1.5e9,
+        "kafka-scheduler-N": 2e9, "new-thread": 0.5e9}})
+    got = figures(after, before)
+    assert (got["cpu_cleaner_s"], got["cpu_handlers_s"], got["cpu_network_s"]) == (
+        2.5, 0.25, 0.5)
+    assert got["cpu_java_s"] == 3.75  # the scheduler's threads ended: 0, not -3
 
 
 def test_a_reader_line_parses_and_a_broken_one_says_what_it_was() -> None:
