@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, cast
 
-from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
@@ -58,15 +58,15 @@ CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
 WATERMARK = b"watermark"
-# The most scanned entries whose values an index keeps for their deletion (about
-# 13 MB): delivery holds at most 20 batches of a partition (20 000 entries with
-# the default batch size) and deletes them as they are delivered. Past the cap
-# the values are dropped and deletes look their keys up again.
+# The most scanned entries whose values an index keeps for their deletion (13 MB):
+# delivery holds at most 20 batches of a partition (20 000 entries by default). Past
+# the cap the values are dropped and deletes look their keys up again.
 SCANNED_CAP = 100_000
-# The key spans of the latest writes with puts that an index remembers (see
-# PartitionIndex.apply): a range delete of keys read before the oldest of them is
-# written key by key instead.
+# The key spans of the latest writes with puts an index remembers: a range of keys
+# read before the oldest of them is deleted key by key (see PartitionIndex._delete).
 PUT_SPANS = 1_024
+BLOOM_MEMTABLE_RATIO = 0.02  # of a 64 MB write buffer: 1.3 MB, 13 bits a key when full
+BLOOM_BITS_PER_KEY = 10  # in the due index's and the ids' files
 # What rocksdict's stubs accept as a key; a list of them makes ``get`` a multi-get.
 _RdictKey = str | int | float | bytes | bool
 
@@ -80,11 +80,8 @@ class Scan(NamedTuple):
 
     keys: list[bytes]
     values: list[bytes]
-    # Whether no key of the store between the first and the last read was passed
-    # over (in ``skip``): then the keys are every key of the store in that range.
-    gapless: bool
-    # :attr:`PartitionIndex.puts_applied` when the scan read them.
-    puts_seen: int
+    gapless: bool  # no key between the first and last read was skipped: they are all there
+    puts_seen: int  # PartitionIndex.puts_applied when they were read
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +95,18 @@ class DueSummary:
     capped: bool
 
 
-def _options() -> Options:
+def _options(looked_up: bool = False) -> Options:
+    """A column family's options: bloom filters (memtables and files) for one ``looked_up``
+    for keys mostly absent (each put's tally lookup, each new id's): a miss 0.6 us, not 1.2."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    if looked_up:
+        options.set_memtable_prefix_bloom_ratio(BLOOM_MEMTABLE_RATIO)
+        options.set_memtable_whole_key_filtering(True)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+        options.set_block_based_table_factory(table)
     return options
 
 
@@ -117,10 +122,10 @@ class PartitionIndex:
         self.path = path
         self.partition = partition
         path.parent.mkdir(parents=True, exist_ok=True)
-        families = {IDS_CF: _options(), META_CF: _options(), EXPIRY_CF: _options(),
-                    SWEEP_CF: _options()}
+        families = {IDS_CF: _options(looked_up=True), META_CF: _options(),
+                    EXPIRY_CF: _options(), SWEEP_CF: _options()}
         try:
-            self._db = Rdict(str(path), _options(), column_families=families,
+            self._db = Rdict(str(path), _options(looked_up=True), column_families=families,
                              access_type=AccessType.read_write())
         except Exception as exc:
             if no_space(exc):

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rocksdict import AccessType, Options, Rdict
 
 from kdelay.protocol.codec import (
     DueKey,
@@ -19,7 +20,11 @@ from kdelay.state.changes import Changes, Entry
 from kdelay.state.index import (
     CHANGELOG,
     CONSUMED,
+    EXPIRY_CF,
+    IDS_CF,
+    META_CF,
     PUT_SPANS,
+    SWEEP_CF,
     DueSummary,
     IndexCorrupt,
     PartitionIndex,
@@ -684,6 +689,32 @@ def test_the_sweep_list_is_kept_in_chunks_read_from_a_head(index: PartitionIndex
     index.apply(Changes(swept=keys[:1]))
     assert [chunk for _, chunk in index.unswept(10)] == [keys[:1], keys[SWEEP_CHUNK + 2:]], (
         "a chunk below the head moves it back")
+
+
+def test_a_store_written_without_bloom_filters_opens_and_reads_with_them(
+        tmp_path: Path) -> None:
+    """Stores made before the due index and the ids had bloom filters keep working."""
+    def plain() -> Options:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        return options
+
+    old = entry(100, offset=1)
+    store = Rdict(str(tmp_path / "p0"), plain(), access_type=AccessType.read_write(),
+                  column_families={cf: plain() for cf in (IDS_CF, META_CF, EXPIRY_CF,
+                                                          SWEEP_CF)})
+    store[old.key] = encode_index_value(old.value)
+    store.close()
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        new = entry(200, offset=2)
+        put(index, new)
+        assert index.raw_values([old.key, new.key, entry(300, offset=3).key]) == [
+            encode_index_value(old.value), encode_index_value(new.value), None]
+        assert index.tally.total == 2
+    finally:
+        index.close()
 
 
 def test_scan_raw_returns_the_columns_scan_does(index: PartitionIndex) -> None:
