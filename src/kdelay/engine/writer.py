@@ -165,8 +165,12 @@ class ChangelogWriter:
     def put(self, partition: int, key: bytes, value: bytes | None, acks: Acks) -> None:
         """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
         acks.waiting += 1
-        produce(self._producer, self._topic, key=key, value=value, partition=partition,
-                on_delivery=acks.on_changelog)
+        try:  # once per request taken in: the call alone, unless the queue is full
+            self._producer.produce(self._topic, value=value, key=key, partition=partition,
+                                   on_delivery=acks.on_changelog)
+        except BufferError:
+            produce(self._producer, self._topic, key=key, value=value, partition=partition,
+                    on_delivery=acks.on_changelog)
 
     def seal(self, partition: int, mark: Watermark | None, tombstones: Iterable[bytes],
              ended: Iterable[IdRecord]) -> None:

@@ -145,6 +145,16 @@ def test_a_full_queue_is_waited_out_not_dropped() -> None:
     assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(1, K1, None)]
 
 
+def test_a_put_waits_out_a_full_queue_and_counts_once() -> None:
+    producer = Producer(full=2)
+    writer, _ = writer_with(producer)
+    acks = writer.acks()
+    writer.put(2, K1, b"v", acks)
+    assert producer.polls >= 1  # served reports to make room
+    assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(2, K1, b"v")]
+    assert acks.waiting == 1
+
+
 def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
     """Intake's records and dead letters count against their step; seals do not."""
     producer = Producer()
