@@ -110,16 +110,17 @@ class ReadAhead:
                     found.append(offset)
         originals = self._reader.read(offsets)
         for partition, (keys, values, gapless, puts_seen) in wanted.items():
-            found_all = [originals.get((lies, offset)) for _, lies, offset in decoded[partition]]
+            coordinates = decoded[partition]
+            found_all = [originals.get((lies, offset)) for _, lies, offset in coordinates]
             if None in found_all:  # unresolved: the run stops before the first of them
                 cut = found_all.index(None)
                 window = self.window(partition)
                 window.covered = None
                 window.rewind(keys[cut])
-                del keys[cut:], values[cut:], found_all[cut:]
+                del keys[cut:], values[cut:], found_all[cut:], coordinates[cut:]
             if keys:  # a cut run is still gapless: it holds a prefix of what was read
                 self.hold(Run(partition, keys, values, cast(list[Found], found_all),
-                              gapless=gapless, puts_seen=puts_seen))
+                              gapless=gapless, puts_seen=puts_seen, coordinates=coordinates))
 
     def adopt(self, partition: int, keys: list[bytes], values: list[bytes],
               originals: list[Found]) -> None:

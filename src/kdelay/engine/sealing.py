@@ -100,7 +100,9 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
                 changes.ranges.append((len(done), len(done) + len(keys), run.puts_seen))
         done.extend(keys)
         known.update(zip(keys, values, strict=True))
-        if any(map(codec.has_schedule_id, values)):
+        # A value with an id is longer than the head alone: lengths are checked in C.
+        if (values and max(map(len, values)) > codec.INDEX_HEAD_SIZE
+                and any(map(codec.has_schedule_id, values))):
             for key, raw in zip(keys, values, strict=True):
                 if codec.has_schedule_id(raw):
                     _end(changes, ended, key, codec.decode_index_value(raw), Sink.TARGET,

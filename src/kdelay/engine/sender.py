@@ -95,6 +95,7 @@ class Sender:
         slice. An entry that needs care leaves the run for the book.
         """
         keys, values, originals, taken = run.keys, run.values, run.originals, run.taken
+        coordinates = run.coordinates
         # Not "flight.producer or ...": a producer with an empty queue is falsy (len 0).
         producer = self._producer if flight.producer is None else flight.producer
         produce, report = producer.produce, flight.report
@@ -156,7 +157,8 @@ class Sender:
                     self._take_out(run, at, flight, route.missing)
                     at += 1
                     continue
-                due_ms, lies, offset = codec.unpack_due_key(key)
+                due_ms, lies, offset = (codec.unpack_due_key(key) if coordinates is None
+                                        else coordinates[at])
                 if due_ms != due_seen:
                     due_seen, due_text = due_ms, str(due_ms).encode()
                 user.append((origin_name, b"%s%d/%d" % (prefix, lies, offset)))
