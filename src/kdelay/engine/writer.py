@@ -32,7 +32,7 @@ from confluent_kafka import KafkaError, Message
 
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import latch
-from kdelay.plumbing.clients import Producing, produce
+from kdelay.plumbing.clients import ROOM_POLL_S, Producing, produce
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdRecord, Watermark
 
@@ -165,12 +165,7 @@ class ChangelogWriter:
     def put(self, partition: int, key: bytes, value: bytes | None, acks: Acks) -> None:
         """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
         acks.waiting += 1
-        try:  # once per request taken in: the call alone, unless the queue is full
-            self._producer.produce(self._topic, value=value, key=key, partition=partition,
-                                   on_delivery=acks.on_changelog)
-        except BufferError:
-            produce(self._producer, self._topic, key=key, value=value, partition=partition,
-                    on_delivery=acks.on_changelog)
+        self._write(partition, key, value, acks.on_changelog)
 
     def seal(self, partition: int, mark: Watermark | None, tombstones: Iterable[bytes],
              ended: Iterable[IdRecord]) -> None:
@@ -182,24 +177,34 @@ class ChangelogWriter:
         giving up: it follows accepted target produces, which cannot be taken
         back, and a transaction must never commit a delivery without its seal.
         """
-        producer, topic, report = self._producer, self._topic, self._confirming_reported
+        write, report = self._write, self._confirming_reported
         for key, value in ended:
-            produce(producer, topic, key=key, value=value, partition=partition,
-                    on_delivery=report)
+            write(partition, key, value, report)
         for key in tombstones:
-            produce(producer, topic, key=key, value=None, partition=partition,
-                    on_delivery=report)
+            write(partition, key, None, report)
         if mark is not None:
-            produce(producer, topic, key=codec.WATERMARK_MARKER,
-                    value=codec.encode_watermark(mark), partition=partition,
-                    on_delivery=report)
+            write(partition, codec.WATERMARK_MARKER, codec.encode_watermark(mark), report)
 
     def mark_consumed(self, partition: int, offset: int, acks: Acks) -> None:
         """Write how far intake has read ``partition`` (after the plan's own records)."""
         acks.waiting += 1
-        produce(self._producer, self._topic, key=codec.CONSUMED_MARKER,
-                value=codec.encode_offset(offset), partition=partition,
-                on_delivery=acks.on_marker)
+        self._write(partition, codec.CONSUMED_MARKER, codec.encode_offset(offset),
+                    acks.on_marker)
+
+    def _write(self, partition: int, key: bytes, value: bytes | None,
+               report: Callable[[KafkaError | None, Message], None]) -> None:
+        """Produce one changelog record, waiting for queue room rather than dropping it.
+
+        Once per request taken in: the producer's call alone, and the waiting
+        helper (interpreted) only when the queue refused the record.
+        """
+        try:
+            self._producer.produce(self._topic, value=value, key=key, partition=partition,
+                                   on_delivery=report)
+        except BufferError:  # serve reports for room, as the helper does after each refusal
+            self._producer.poll(ROOM_POLL_S)
+            produce(self._producer, self._topic, key=key, value=value, partition=partition,
+                    on_delivery=report)
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""

@@ -245,9 +245,10 @@ class PartitionIndex:
                 batch.delete(key, self._meta_handle)
         for key, raw in new.items():
             put(key, raw)
-        if new:
+        lowest = min(new) if new else None
+        if lowest is not None:
             self.puts_applied += 1
-            self._put_spans.append((self.puts_applied, min(new), max(new)))
+            self._put_spans.append((self.puts_applied, lowest, max(new)))
         self._delete(batch, changes)
         for schedule_id, state in changes.ids.items():
             if state is None:
@@ -274,7 +275,8 @@ class PartitionIndex:
             batch.delete(chunk_id, self._sweep_handle)
         self.sweep_backlog += len(swept) - sum(self._handed.pop(chunk_id, 0)
                                                 for chunk_id in changes.unswept)
-        lowest = self._note_puts(list(new))
+        if lowest is not None and self._head and lowest < self._head:
+            self._head = lowest  # the next scan starts no later than the keys written
         self._write(batch)
         self.tally.commit(change)
         if changes.watermark is not None:
@@ -370,15 +372,6 @@ class PartitionIndex:
         batch.put(codec.TALLY_COMPLETE, b"", self._meta_handle)
         self._write(batch)
         return tally
-
-    def _note_puts(self, keys: list[bytes]) -> bytes | None:
-        """Move the scan head back for the keys written; return the lowest of them."""
-        if not keys:
-            return None
-        lowest = min(keys)
-        if self._head and lowest < self._head:
-            self._head = lowest
-        return lowest
 
     def scan_raw(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
                  start: bytes | None = None) -> Scan:

@@ -77,19 +77,19 @@ class Change:
         # is monotonic, so the extremes tell.
         first, last = min(dues), max(dues)
         if first // MINUTE_MS == last // MINUTE_MS:
-            _add(self.due, Counter({first // MINUTE_MS: len(dues)}), sign)
+            _add(self.due, {first // MINUTE_MS: len(dues)}, sign)
         else:
             _add(self.due, Counter([due_ms // MINUTE_MS for due_ms in dues]), sign)
         low, high = min(stamps) - last, max(stamps) - first
         if low // MINUTE_MS == high // MINUTE_MS:
-            _add(self.slack, Counter({low // MINUTE_MS: len(dues)}), sign)
+            _add(self.slack, {low // MINUTE_MS: len(dues)}, sign)
             return
         _add(self.slack, Counter([(stamp - due_ms) // MINUTE_MS
                                   for stamp, due_ms in zip(stamps, dues, strict=True)]),
              sign)
 
 
-def _add(counts: dict[int, int], found: Counter[int], sign: int) -> None:
+def _add(counts: dict[int, int], found: Mapping[int, int], sign: int) -> None:
     """Add ``sign`` times each of ``found``'s counts to ``counts``."""
     for minute, n in found.items():
         counts[minute] = counts.get(minute, 0) + sign * n
