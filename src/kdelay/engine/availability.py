@@ -11,12 +11,16 @@ ended: a fence right after one is the clients' own doing.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from confluent_kafka import KafkaException
 from prometheus_client import Gauge
 
+from kdelay.engine.checkpoint import ServiceError
 from kdelay.plumbing.callbacks import ClientErrors
-from kdelay.plumbing.clients import Producing
+from kdelay.plumbing.clients import AWAY, Producing
 from kdelay.plumbing.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -28,6 +32,8 @@ PROBE_TIMEOUT_S = 1.0
 # A fence reported this soon after an outage is the client's own doing, not a
 # second process with this instance's ids (see Service._check_fatal).
 FENCE_AFTER_OUTAGE_S = 60.0
+
+T = TypeVar("T")
 
 
 class Availability:
@@ -78,6 +84,29 @@ class Availability:
         """A call waits for Kafka (a transaction commit that timed out): say so, once."""
         self._errors.unreachable_now(why)
         self._note_down(why)
+
+    def waited(self, call: Callable[[], T], what: str, stopping: Callable[[], bool],
+               pause: Callable[[float], None] = time.sleep) -> T:
+        """Return ``call()``, called again for as long as it fails because Kafka is silent.
+
+        A failure with an :data:`AWAY` code (a request timed out, every broker
+        down) is an outage: said once (:meth:`waiting`), then ``call`` is tried
+        again every :data:`PROBE_EVERY_S`; the next :meth:`reachable` says when
+        Kafka answers. Any other failure is raised. Asked to stop meanwhile
+        (``stopping``), it raises :class:`ServiceError` ``kafka-unreachable``.
+        """
+        while True:
+            try:
+                return call()
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() not in AWAY:
+                    raise
+                if stopping():
+                    raise ServiceError("kafka-unreachable", (
+                        f"stopped while {what} waited for Kafka: {error.str()}")) from exc
+                self.waiting(f"{what}: {error.str()}")
+            pause(PROBE_EVERY_S)
 
     def _note_down(self, why: str) -> None:
         """Set the gauge and log the one line of an outage, at its start."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from confluent_kafka import (
@@ -37,7 +38,7 @@ from confluent_kafka import (
 
 from kdelay import native
 from kdelay.engine import checkpoint as checkpoints
-from kdelay.engine.availability import Availability
+from kdelay.engine.availability import Availability, T
 from kdelay.engine.checkpoint import MAX_UNACKED_RECORDS, Batch, Checkpoint, ServiceError
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
@@ -61,7 +62,7 @@ from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
-from kdelay.state.changelog import Progress, Restoring, Staleness, open_restored
+from kdelay.state.changelog import Restoring, Staleness, logged_progress, open_restored
 from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.originals import Reading
 from kdelay.state.statedir import IndexLocked, StateDirLock, store_path
@@ -84,16 +85,16 @@ STEP_MS = 5
 # How long a clean stop writes the sweeper's tombstones before it leaves the rest.
 SWEEP_CLOSE_S = 5.0
 
+
+@dataclass(slots=True)
 class _Clients:
     """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
 
-    def __init__(self, consumer: Consuming, checkpoint: Checkpoint, reader: Reading,
-                 restorer: Restoring, guard: BrokerGuard | None) -> None:
-        self.consumer = consumer
-        self.checkpoint = checkpoint
-        self.reader = reader
-        self.restorer = restorer
-        self.guard = guard
+    consumer: Consuming
+    checkpoint: Checkpoint
+    reader: Reading
+    restorer: Restoring
+    guard: BrokerGuard | None
 
 
 class Service:
@@ -551,7 +552,9 @@ class Service:
             # Added underneath the running service: no changelog partition backs them.
             self._partitions_added(max(beyond) + 1)
             partitions = [tp for tp in partitions if tp.partition < self._partitions]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        offsets = self._waited(lambda: consumer.committed(partitions, timeout=30),
+                               "reading the group's committed offsets")
+        committed = {tp.partition: tp.offset for tp in offsets}
         outcomes = self._outcome_partitions
         topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
                         self.settings.dlq_topic,
@@ -579,14 +582,17 @@ class Service:
         consumer.assign(partitions)
 
     def _open(self, partition: int) -> PartitionIndex:
-        """Open a partition's index and catch it up from the changelog before it serves."""
+        """Open a partition's index and catch it up from the changelog (Kafka waited for)."""
         clients, _ = self._started()
         path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
         self.metrics.restoring.inc()
-        staleness = Staleness(self._clock.now_ms(), self._tombstones_kept_ms)
+
+        def restore() -> tuple[PartitionIndex, int]:
+            staleness = Staleness(self._clock.now_ms(), self._tombstones_kept_ms)
+            return open_restored(path, partition, clients.restorer,
+                                 logged_progress(partition, self.metrics.restored), staleness)
         try:
-            index, restored = open_restored(path, partition, clients.restorer,
-                                            self._restore_progress(partition), staleness)
+            index, restored = self._waited(restore, f"restoring partition {partition}")
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
@@ -595,15 +601,9 @@ class Service:
         log.info("partition %d: %d changelog records replayed", partition, restored)
         return index
 
-    def _restore_progress(self, partition: int) -> Progress:
-        last = [0]
-
-        def progress(done: int, total: int) -> None:
-            self.metrics.restored.inc(done - last[0])
-            last[0] = done
-            log.info("partition %d: restored %d/%d changelog offsets", partition, done, total)
-
-        return progress
+    def _waited(self, call: Callable[[], T], what: str) -> T:
+        """``call()``, waiting while Kafka does not answer it (:meth:`Availability.waited`)."""
+        return self._availability.waited(call, what, lambda: self._stopping)
 
     def _on_revoke(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         clients, delivery = self._started()

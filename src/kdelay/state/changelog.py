@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from prometheus_client import Counter
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.protocol import codec
@@ -414,6 +415,18 @@ class Staleness:
         return (f"it was last in step with the changelog {age} ms ago, longer than "
                 f"{self.limit_ms} ms (half the changelog's delete.retention.ms): "
                 "compaction may have removed tombstones it has not seen")
+
+
+def logged_progress(partition: int, restored: Counter) -> Progress:
+    """A restore's :data:`Progress` for ``partition``: logged, and counted in ``restored``."""
+    last = [0]
+
+    def progress(done: int, total: int) -> None:
+        restored.inc(done - last[0])
+        last[0] = done
+        log.info("partition %d: restored %d/%d changelog offsets", partition, done, total)
+
+    return progress
 
 
 def open_restored(path: Path, partition: int, restorer: Restoring,

@@ -31,8 +31,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kdelay.engine import checkpoint
+from kdelay.engine import availability, checkpoint
 from kdelay.engine.service import Service
+from kdelay.plumbing import callbacks
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Guarantee, Settings
@@ -842,3 +843,92 @@ def test_at_least_once_markers_never_pass_a_forward_not_yet_acknowledged(
         assert markers(alo)[-1] == 4, "once the forward is acknowledged, markers move on"
     finally:
         alo.service.close()
+
+
+# -- a restore Kafka does not answer --------------------------------------------------------
+
+
+class SilentRestorer(FakeRestorer):
+    """A restore whose first ``silent`` requests time out (a broker that just came back)."""
+
+    def __init__(self, silent: int, code: int = KafkaError._TIMED_OUT) -> None:
+        self.silent = silent
+        self.code = code
+        self.calls = 0
+
+    def restore(self, index: PartitionIndex, progress: Any = None) -> int:
+        self.calls += 1
+        if self.calls <= self.silent:
+            raise KafkaException(KafkaError(self.code, "Failed to get watermark offsets"))
+        return 0
+
+
+def silent_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                restorer: SilentRestorer) -> Loop:
+    monkeypatch.setattr(availability, "PROBE_EVERY_S", 0.0)
+    monkeypatch.setattr(Clients, "restorer", lambda self: restorer)
+    return Loop(tmp_path, Guarantee.AT_LEAST_ONCE)
+
+
+def test_a_restore_kafka_does_not_answer_is_waited_for_and_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Right after an outage a broker can take a request and not answer it within its
+    # time-out: the restore in the assignment waits for Kafka, the service does not exit.
+    restorer = SilentRestorer(silent=3)
+    loop = silent_loop(tmp_path, monkeypatch, restorer)
+    try:
+        with caplog.at_level("WARNING"):
+            loop.step()
+            assert restorer.calls == 4, "tried again until it answered"
+            assert loop.service.owned() == [0], "then the partition serves"
+            assert loop.service.metrics.kafka_available._value.get() == 0
+            loop.step()
+        assert loop.service.metrics.kafka_available._value.get() == 1
+        lines = [r.getMessage() for r in caplog.records]
+        down = [line for line in lines if "Kafka is unreachable" in line]
+        assert len(down) == 1, lines
+        assert "restoring partition 0: Failed to get watermark offsets" in down[0]
+        assert len([line for line in lines if "Kafka answers again" in line]) == 1, lines
+        key = loop.request(T0 + 60_000, key=b"a")
+        loop.step()
+        assert loop.pending() == [key]
+    finally:
+        loop.service.close()
+
+
+def test_a_restore_refused_for_another_reason_ends_the_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    restorer = SilentRestorer(silent=1, code=KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    loop = silent_loop(tmp_path, monkeypatch, restorer)
+    try:
+        with pytest.raises(KafkaException):
+            loop.step()
+        assert restorer.calls == 1, "not tried again"
+        assert [type(e) for e in callbacks.drain_errors()] == [KafkaException]
+    finally:
+        loop.service.close()
+
+
+def test_a_stop_while_a_restore_waits_for_kafka_ends_the_service_with_a_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    restorer = SilentRestorer(silent=1_000)
+    loop = silent_loop(tmp_path, monkeypatch, restorer)
+    original = restorer.restore
+
+    def restore(index: PartitionIndex, progress: Any = None) -> int:
+        if restorer.calls == 5:
+            loop.service.stop()
+        return original(index, progress)
+
+    monkeypatch.setattr(restorer, "restore", restore)
+    try:
+        with pytest.raises(checkpoint.ServiceError) as raised:
+            loop.step()
+        assert raised.value.code == "kafka-unreachable"
+        assert "restoring partition 0" in str(raised.value)
+        assert callbacks.drain_errors() == [raised.value]
+    finally:
+        loop.service.close()
