@@ -57,6 +57,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from kdelay.plumbing.clients import produce
+from kdelay.protocol import envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
@@ -210,6 +211,12 @@ class Instance:
                 times.append((stamp_ms - started) / 1000)
         return times
 
+    def show_last_run(self, lines: int = 60) -> None:
+        """Print the last run's log lines (the run that delivered after the last kill)."""
+        path = self._options.workdir / f"run-{self._runs}.log"
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        log(f"the last {len(tail)} lines of {path}:\n" + "\n".join(tail))
+
     @property
     def state_dir(self) -> Path:
         return Path(self._env["KDELAY_STATE_DIR"])
@@ -361,12 +368,21 @@ def run(options: Options) -> Report:
     dead = read_all(options.bootstrap, dlq, set(), 0.0)
     report = judge(options, load.due, delivered, dead, kill_times, (state_losses, broker_kills),
                    time.monotonic() - started)
+    if report.unexplained_duplicates:
+        instance.show_last_run()
     serving = instance.serving_times_s()
     if serving:
         report = replace(report, restarts_served=len(serving),
                          serving_median_s=round(statistics.median(serving), 2),
                          serving_max_s=round(max(serving), 2))
     return report
+
+
+def _copy(message: Message) -> str:
+    """Where a delivered copy is, and the request it was made from (its origin header)."""
+    origin = dict(message.headers() or []).get(envelope.ORIGIN)
+    source = origin.decode(errors="replace") if isinstance(origin, bytes) else "?"
+    return f"{message.partition()}/{message.offset()} from {source}"
 
 
 def judge(options: Options, due: dict[str, int], delivered: list[Message],
@@ -386,10 +402,12 @@ def judge(options: Options, due: dict[str, int], delivered: list[Message],
     unexplained = [rid for rid in duplicated
                    if not any(0 <= kill - first[rid] <= IN_FLIGHT_WINDOW_MS for kill in kill_times)]
     for rid in unexplained[:10]:
-        stamps = sorted(m.timestamp()[1] for m in delivered if (m.key() or b"").decode() == rid)
+        copies = sorted((m for m in delivered if (m.key() or b"").decode() == rid),
+                        key=lambda m: m.timestamp()[1])
         after = [k - first[rid] for k in kill_times if k >= first[rid]]
         log(f"duplicate not explained by a kill: {rid} due {due.get(rid)} delivered at "
-            f"{stamps}; next kill {min(after) if after else None} ms after the first")
+            f"{[m.timestamp()[1] for m in copies]} ({', '.join(map(_copy, copies))}); "
+            f"next kill {min(after) if after else None} ms after the first")
     lost = [rid for rid in due if rid not in counts]
     if lost:
         log(f"lost: {lost[:10]}")
