@@ -52,6 +52,7 @@ from kdelay.engine.durability import Acknowledged, Transacted
 from kdelay.engine.flights import Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
+from kdelay.engine.takeover import owned
 from kdelay.engine.transactional import Renewable
 from kdelay.engine.writer import Acks, ChangelogWriter, Failure
 from kdelay.plumbing.callbacks import fatal_code, unheard
@@ -313,10 +314,12 @@ class ExactlyOnce:
     def __init__(self, settings: Settings, producer: Renewable, writer: ChangelogWriter,
                  clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
                  waiting: Callable[[str], None] = unheard,
-                 unreachable: Callable[[], bool] = lambda: False) -> None:
+                 unreachable: Callable[[], bool] = lambda: False, owner: str = "") -> None:
         """``waiting`` is told, on every retry, why a commit waits for Kafka;
-        ``unreachable`` tells whether Kafka is known to be away (no flush waits then)."""
+        ``unreachable`` tells whether Kafka is known to be away (no flush waits then);
+        ``owner`` is the metadata of the offsets committed (see :mod:`~kdelay.engine.takeover`)."""
         self.producer = producer
+        self._owner = owner
         self._tell_waiting = waiting
         self._unreachable = unreachable
         # Whether Kafka was away since the last transaction ended: the
@@ -403,7 +406,8 @@ class ExactlyOnce:
                 self._end(TXN_CALL_S, renew=False)
                 return False
             if offsets:
-                self._send_offsets(offsets, consumer.consumer_group_metadata())
+                self._send_offsets(owned(offsets, self._owner) if self._owner else offsets,
+                                   consumer.consumer_group_metadata())
         except KafkaException as exc:
             self._failed(exc)
             return False
@@ -576,12 +580,14 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
                  clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
                  observe: Callable[[Message], None],
                  waiting: Callable[[str], None] = unheard,
-                 unreachable: Callable[[], bool] = lambda: False) -> Checkpoint:
+                 unreachable: Callable[[], bool] = lambda: False,
+                 owner: str = "") -> Checkpoint:
     """Build the checkpoint of ``settings.guarantee``, with its producers and changelog writer.
 
     ``observe`` sees every acknowledged consumed-offset marker (clock skew);
-    ``waiting`` learns why a transaction commit waits for Kafka, and
-    ``unreachable`` tells whether Kafka is known to be away (exactly-once).
+    ``waiting`` learns why a transaction commit waits for Kafka, ``unreachable``
+    tells whether Kafka is known to be away, and ``owner`` names this instance
+    in the offsets it commits (exactly-once).
     """
     s = settings
     if s.guarantee is Guarantee.EXACTLY_ONCE:
@@ -591,7 +597,8 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
             "transaction.timeout.ms": s.delivery_timeout_ms + TXN_MARGIN_MS}))
         producer.init_transactions(TXN_CALL_S)
         writer = ChangelogWriter(producer, s.changelog_topic, metrics, observe)
-        return ExactlyOnce(s, producer, writer, clock, metrics, stopping, waiting, unreachable)
+        return ExactlyOnce(s, producer, writer, clock, metrics, stopping, waiting, unreachable,
+                           owner)
     lane: dict[str, str | int | bool] = {
         "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
         "message.timeout.ms": s.delivery_timeout_ms}

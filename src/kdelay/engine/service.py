@@ -35,6 +35,7 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from kdelay import native
 from kdelay.engine import checkpoint as checkpoints
@@ -53,8 +54,9 @@ from kdelay.engine.intake import (
 )
 from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
-from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew
+from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew, unmeasured
 from kdelay.engine.sweeper import Sweeper
+from kdelay.engine.takeover import Takeover, owner_metadata
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, produce, take
@@ -95,6 +97,7 @@ class _Clients:
     reader: Reading
     restorer: Restoring
     guard: BrokerGuard | None
+    takeover: Takeover
 
 
 class Service:
@@ -129,20 +132,15 @@ class Service:
         self._group: dict[str, str | int | bool] = {}
         self._limits = durations.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels)
-        self._housekeeper = Housekeeper(clock, self.metrics, Outlook(self.metrics, settings,
-                                                                      layout),
-                                        settings.state_dir)
+        outlook = Outlook(self.metrics, settings, layout)
+        self._housekeeper = Housekeeper(clock, self.metrics, outlook, settings.state_dir)
         self._id_window_ms = id_window_ms(layout.retention_ms)
         self._outcome_partitions = layout.outcomes
         if layout.outcomes is None:
             log.warning("outcome records are not published: topic %s does not exist (run "
                         "`kdelay topics create`)", settings.outcomes_topic)
         if not layout.broker_time:
-            log.warning("clock skew against the broker is not measured: changelog topic %s "
-                        "does not use LogAppendTime (kafka-configs.sh --alter --entity-type "
-                        "topics --entity-name %s --add-config "
-                        "message.timestamp.type=LogAppendTime)",
-                        settings.changelog_topic, settings.changelog_topic)
+            unmeasured(settings.changelog_topic)
         self._tombstones_kept_ms = layout.tombstones_kept_ms
         self._policy = settings.target_policy()
         self._partitions = layout.partitions
@@ -180,7 +178,10 @@ class Service:
         checkpoint = checkpoints.for_settings(
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
             lambda: self._stopping, skew.observe, self._availability.waiting,
-            lambda: self._errors.unreachable() is not None)
+            lambda: self._errors.unreachable() is not None,
+            owner_metadata(me.member_id, me.transactional_id))
+        takeover = Takeover(s.group_id, me.transactional_id,
+                            lambda: AdminClient(s.client_config("admin")), self._factory.producer)
         reader = self._factory.reader()
         guard = self._guard(skew)
         self._sweeper = Sweeper(self._factory.producer("sweeper", **{
@@ -200,7 +201,7 @@ class Service:
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         self._clients = _Clients(self._join(), checkpoint, reader, self._factory.restorer(),
-                                 guard)
+                                 guard, takeover)
 
     def _join(self) -> Consuming:
         """A new group consumer, subscribed to the requests topic."""
@@ -546,15 +547,15 @@ class Service:
     # -- partitions -------------------------------------------------------------
 
     def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
-        _, delivery = self._started()
+        clients, delivery = self._started()
         beyond = [tp.partition for tp in partitions if tp.partition >= self._partitions]
         if beyond:
             # Added underneath the running service: no changelog partition backs them.
             self._partitions_added(max(beyond) + 1)
             partitions = [tp for tp in partitions if tp.partition < self._partitions]
-        offsets = self._waited(lambda: consumer.committed(partitions, timeout=30),
-                               "reading the group's committed offsets")
-        committed = {tp.partition: tp.offset for tp in offsets}
+        committed = {tp.partition: tp.offset for tp in self._waited(
+            lambda: clients.takeover.committed(consumer, partitions, lambda: self._stopping),
+            "reading the group's committed offsets")}
         outcomes = self._outcome_partitions
         topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
                         self.settings.dlq_topic,

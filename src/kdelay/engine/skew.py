@@ -45,13 +45,15 @@ PROBE_EVERY_MS = 60_000
 
 
 class ClockSkew:
-    """Keeps the latest skew estimate in a gauge and warns, at most once a minute, when large."""
+    """Keeps the latest skew estimate in a gauge and warns, at most once a minute, when two
+    readings in a row are large."""
 
     def __init__(self, clock: Clock, gauge: Gauge, warn_above_ms: int = WARN_ABOVE_MS) -> None:
         self._clock = clock
         self._gauge = gauge
         self._warn_above_ms = warn_above_ms
         self._next_warning_ms = 0
+        self._large = False  # whether the last reading was over warn_above_ms
         self.last_ms: int | None = None
         # The latest broker stamp and the monotonic time (s) its report arrived.
         self._stamp: tuple[int, float] | None = None
@@ -80,7 +82,11 @@ class ClockSkew:
         skew = stamp - now
         self.last_ms = skew
         self._gauge.set(skew / 1000)
-        if abs(skew) > self._warn_above_ms and now >= self._next_warning_ms:
+        # A report served late (a loop held up by an assignment's restore) reads the
+        # broker as behind: a large skew is said only once the next reading confirms it.
+        large = abs(skew) > self._warn_above_ms
+        confirmed, self._large = large and self._large, large
+        if confirmed and now >= self._next_warning_ms:
             self._next_warning_ms = now + WARN_EVERY_MS
             side = "ahead of" if skew > 0 else "behind"
             log.warning("the broker's clock is %.3f s %s this service's clock: records go "
@@ -154,3 +160,11 @@ class BrokerGuard:
             log.warning("cannot read the broker's clock from %s: %s; delivery waits for it, "
                         "retrying",
                         self._topic, error.str())
+
+
+def unmeasured(changelog_topic: str) -> None:
+    """Say that the skew is not measured: the changelog is not stamped by the broker."""
+    log.warning("clock skew against the broker is not measured: changelog topic %s does not "
+                "use LogAppendTime (kafka-configs.sh --alter --entity-type topics "
+                "--entity-name %s --add-config message.timestamp.type=LogAppendTime)",
+                changelog_topic, changelog_topic)

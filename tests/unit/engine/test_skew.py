@@ -47,6 +47,7 @@ def test_a_large_skew_is_warned_about_once_a_minute(caplog: pytest.LogCaptureFix
     skew = ClockSkew(clock, metrics.clock_skew)
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         skew.observe(acknowledged(NOW + 5_000))
+        skew.observe(acknowledged(NOW + 5_000))
         clock.advance(WARN_EVERY_MS - 1)
         skew.observe(acknowledged(clock.now_ms() + 5_000))
         clock.advance(1)
@@ -55,6 +56,21 @@ def test_a_large_skew_is_warned_about_once_a_minute(caplog: pytest.LogCaptureFix
     assert len(messages) == 2
     assert "5.000 s ahead of" in messages[0]
     assert "5.000 s behind" in messages[1]
+
+
+def test_one_large_reading_between_small_ones_is_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A report served seconds late (the loop held up by a long assignment) reads the
+    # broker as that much behind; the next reading, served in time, shows no skew.
+    clock, metrics = ManualClock(NOW), Metrics()
+    skew = ClockSkew(clock, metrics.clock_skew)
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
+        skew.observe(acknowledged(NOW - 4_000))
+        skew.observe(acknowledged(NOW - 2))
+        skew.observe(acknowledged(NOW - 4_000))
+    assert caplog.records == []
+    assert skew.last_ms == -4_000, "the estimate still errs towards the broker behind"
 
 
 def test_a_small_skew_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
