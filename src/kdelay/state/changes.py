@@ -8,6 +8,7 @@ live apart from the index so that they run compiled with the hot path (see
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 from kdelay.protocol import codec
@@ -72,3 +73,28 @@ class Changes:
             self.consumed is not None or self.changelog is not None
             or self.watermark is not None
         )
+
+
+def collect(items: Iterator[tuple[bytes, bytes]], skip: Container[bytes], limit: int,
+            keys: list[bytes], values: list[bytes]) -> tuple[int, bytes]:
+    """Append the ``items`` not in ``skip`` to ``keys`` and ``values``, up to ``limit``.
+
+    The loop of :meth:`~kdelay.state.index.PartitionIndex.scan_raw`, compiled
+    with the hot path. Returns how many keys were appended when the first key
+    in ``skip`` was passed over after them (-1: none was), and the first key
+    read (b"": none).
+    """
+    gap = -1
+    first = b""
+    for key, raw in items:
+        if not first:
+            first = key
+        if key in skip:
+            if keys and gap < 0:
+                gap = len(keys)
+            continue
+        keys.append(key)
+        values.append(raw)
+        if len(keys) >= limit:
+            break
+    return gap, first

@@ -43,7 +43,7 @@ from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, ReadOptions
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
-from kdelay.state.changes import Changes, Entry
+from kdelay.state.changes import Changes, Entry, collect
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
 from kdelay.state.tally import MINUTE_MS, Change, Tally
 
@@ -387,23 +387,14 @@ class PartitionIndex:
         seen = self.puts_applied
         if limit <= 0:
             return Scan(keys, values, True, seen)
-        gap = -1  # how many keys were read when the first key was passed over after them
         upper = codec.due_upper_bound(upper_ms)
         options = ReadOptions()
         options.set_iterate_upper_bound(upper)
         begin = start if start is not None else self._head
-        first_live = b""
-        for key, raw in cast(Iterator[tuple[bytes, bytes]],
-                             self._db.items(from_key=begin, read_opt=options)):
-            first_live = first_live or key
-            if key in skip:
-                if keys and gap < 0:
-                    gap = len(keys)
-                continue
-            keys.append(key)
-            values.append(raw)
-            if len(keys) >= limit:
-                break
+        # gap: how many keys were read when the first key was passed over after them
+        gap, first_live = collect(
+            cast(Iterator[tuple[bytes, bytes]], self._db.items(from_key=begin, read_opt=options)),
+            skip, limit, keys, values)
         if start is None:  # as in scan: start the next scan past the tombstones
             self._head = first_live or upper
         del options
