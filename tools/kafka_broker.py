@@ -320,11 +320,6 @@ def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
         "group.min.session.timeout.ms": "0",
-        # The controller fences a broker whose heartbeats stop for this long (9 s by
-        # default). Here the broker is the controller's only one, on a machine the
-        # tests load: a CI run saw a 4.4 s controller stall (a slow metadata-log
-        # write) fence it, and every request after it fail for the rest of the run.
-        "broker.session.timeout.ms": "60000",
         "log.cleaner.dedupe.buffer.size": "2097152",
         "log.retention.check.interval.ms": "1000",
         "log.cleaner.backoff.ms": "1000",

@@ -61,7 +61,7 @@ from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, produce, take
 from kdelay.plumbing.clock import Clock
-from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
 from kdelay.state.changelog import Restoring, Staleness, logged_progress, open_restored
@@ -180,8 +180,8 @@ class Service:
             lambda: self._stopping, skew.observe, self._availability.waiting,
             lambda: self._errors.unreachable() is not None,
             owner_metadata(me.member_id, me.transactional_id))
-        takeover = Takeover(s.group_id, me.transactional_id,
-                            lambda: AdminClient(s.client_config("admin")), self._factory.producer)
+        takeover = Takeover(s.group_id, me.transactional_id, lambda: AdminClient(s.client_config(
+            "admin")), self._factory.producer, transactions=s.guarantee is Guarantee.EXACTLY_ONCE)
         reader = self._factory.reader()
         guard = self._guard(skew)
         self._sweeper = Sweeper(self._factory.producer("sweeper", **{

@@ -61,9 +61,12 @@ class Takeover:
     """Reads a new assignment's committed offsets, ending a dead owner's transaction."""
 
     def __init__(self, group_id: str, transactional_id: str, admin: Callable[[], AdminClient],
-                 producer: Callable[..., Transacting]) -> None:
+                 producer: Callable[..., Transacting], *, transactions: bool = True) -> None:
         """``admin`` makes the admin client (on first need); ``producer`` makes a
-        producer: ``(client_name, **librdkafka_overrides)``."""
+        producer: ``(client_name, **librdkafka_overrides)``. Without ``transactions``
+        (at-least-once: no instance commits offsets in a transaction) the offsets are
+        read with one plain call of :data:`CALL_S`."""
+        self._transactions = transactions
         self._group_id = group_id
         self._transactional_id = transactional_id
         self._make_admin = admin
@@ -80,6 +83,8 @@ class Takeover:
         transaction, and waits. Raises ``KafkaException`` when Kafka does not
         answer the lookups (an outage), or when asked to stop (``stopping``).
         """
+        if not self._transactions:
+            return consumer.committed(partitions, timeout=CALL_S)
         said = False
         while True:
             try:

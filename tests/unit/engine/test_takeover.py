@@ -161,3 +161,20 @@ def test_a_kafka_that_does_not_answer_the_lookup_is_an_outage() -> None:
         reader.committed(consumer, PARTITIONS, lambda: False)
     assert raised.value.args[0].code() == KafkaError._TIMED_OUT
     assert group.fenced == []
+
+
+def test_at_least_once_reads_the_offsets_with_one_plain_call() -> None:
+    group = Group({0: owner_metadata("host-a", "kdelay-kdelay-host-a")}, [], open_by=None)
+    calls: list[float] = []
+
+    class Plain:
+        def committed(self, partitions: list[TopicPartition],
+                      timeout: float = -1) -> list[TopicPartition]:
+            calls.append(timeout)
+            return partitions
+
+    reader = Takeover(GROUP, ME, lambda: cast(AdminClient, FakeAdmin(group)),
+                      lambda *_, **__: cast(Transacting, None), transactions=False)
+    assert reader.committed(cast(Consuming, Plain()), PARTITIONS, lambda: False) == PARTITIONS
+    assert calls == [takeover.CALL_S]
+    assert group.fenced == []
