@@ -32,14 +32,15 @@ from kdelay.protocol.envelope import Headers
 TRANSIENT = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.BROKER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT,
-    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._DESTROY_BROKER,
+    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE,
+    KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,
 })
 # Errors that say the cluster does not answer (not that one leader moved):
 # retrying at once is pointless, and the service should learn Kafka is away.
+# (_TIMED_OUT_QUEUE: the request timed out before it could even be sent.)
 AWAY = frozenset({
-    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._DESTROY_BROKER,
+    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE,
+    KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,
 })
 RETRY_PAUSE_S = 0.2
 # How long :func:`produce` polls between tries while librdkafka's queue is full.
