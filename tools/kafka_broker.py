@@ -36,6 +36,16 @@ runs as before) and ``kdelay`` (the SASL user, the tests' administrator); any
 other SCRAM user a test creates gets exactly the ACLs it is granted. ``tls``
 prints ``tls_bootstrap=HOST:PORT`` and ``tls_ca=PATH`` (exit 1 when there is none).
 
+The jar broker's log directories (its topics and KRaft's metadata log) are kept
+in memory, on ``/dev/shm``, when that is a writable tmpfs with at least
+``MEMORY_DATA_MIN_FREE`` free: a metadata log fsync then cannot stall behind
+other processes' disk writes (a stall of 20 s once made the controller fence its
+own broker while container images were built). ``KDELAY_BROKER_DATA_DIR`` picks
+another directory; otherwise the data stays in ``.cache/broker/data``. The choice
+is recorded in ``.cache/broker/data_dir`` at the first start and kept until
+``reset``, which removes the directory too. Data in memory does not survive a
+reboot; a later ``start`` then formats a new cluster.
+
 ``stop`` ends only the broker this tool started (by its recorded pid, or the
 compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
 ``start`` reuses its log directory. The jar broker's output goes to
@@ -55,6 +65,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +83,8 @@ SASL_USER = "kdelay"
 SASL_PASSWORD = "kdelay-dev-secret"  # noqa: S105 - the development broker's fixed user
 SCRAM_MECHANISM = "SCRAM-SHA-256"
 READY_TIMEOUT_S = 120.0
+MEMORY = Path("/dev/shm")  # noqa: S108 - a private directory is made in it, see own_dir
+MEMORY_DATA_MIN_FREE = 4 << 30
 LOG_TAIL_LINES = 30
 RUN_MARKER = "--- tools/kafka start: "
 STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
@@ -287,9 +300,46 @@ def broker_ports() -> tuple[int, int, int]:
     return known[0], known[1], known[2]
 
 
+def memory_has_room() -> bool:
+    """Whether ``/dev/shm`` is a writable directory with room for a broker's data."""
+    if not MEMORY.is_dir() or not os.access(MEMORY, os.W_OK):
+        return False
+    return shutil.disk_usage(MEMORY).free >= MEMORY_DATA_MIN_FREE
+
+
+def own_dir(path: Path) -> bool:
+    """Make ``path`` a directory only this user reaches; False when someone else owns it."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    return not path.is_symlink() and path.stat().st_uid == os.getuid()
+
+
+def data_dir() -> Path:
+    """The broker's log directory: the recorded one, else ``KDELAY_BROKER_DATA_DIR``,
+    else ``RUN/data`` when a broker was formatted there, else one on ``/dev/shm``
+    when it has room, else ``RUN/data``; the choice is recorded at once."""
+    recorded = RUN / "data_dir"
+    if recorded.exists():
+        return Path(recorded.read_text().strip())
+    given = os.environ.get("KDELAY_BROKER_DATA_DIR")
+    if given:
+        chosen = Path(given)
+    elif (RUN / "data" / "meta.properties").exists():  # formatted before the choice existed
+        chosen = RUN / "data"
+    else:
+        chosen = MEMORY / f"kdelay-{os.getuid()}-{RUN.name}-{zlib.crc32(str(RUN).encode()):08x}"
+        if not (memory_has_room() and own_dir(chosen)):
+            chosen = RUN / "data"
+    RUN.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(f"{chosen}\n")
+    return chosen
+
+
 def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
     """Write server.properties and a WARN-level log4j2 config; return the former."""
-    data = RUN / "data"
+    data = data_dir()
     config = RUN / "server.properties"
     listeners = (f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
                  f"CONTROLLER://127.0.0.1:{controller_port}")
@@ -372,7 +422,7 @@ def start_jars() -> str:
     port, controller_port, sasl_port = broker_ports()
     config = write_config(port, controller_port, sasl_port)
     started = time.monotonic()
-    if not (RUN / "data" / "meta.properties").exists():
+    if not (data_dir() / "meta.properties").exists():
         cluster_id = subprocess.run(
             java_command("kafka.tools.StorageTool", "random-uuid"),
             capture_output=True, text=True, check=True,
@@ -612,8 +662,10 @@ def main() -> int:
         return stop(signal.SIGKILL)
     if command == "reset":
         stop()
+        data = data_dir() if RUN.exists() else RUN
+        shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(RUN, ignore_errors=True)
-        log(f"removed {RUN}")
+        log(f"removed {RUN}" + ("" if data.is_relative_to(RUN) else f" and {data}"))
         return 0
     if command == "sasl":
         return sasl()
