@@ -500,3 +500,41 @@ def test_offsets_sent_to_a_transaction_commit_only_with_it(
     )
     partitions = listed[group].result(timeout=TIMEOUT_S).topic_partitions
     assert [(p.topic, p.partition, p.offset) for p in partitions] == [(source, 0, 3)]
+
+
+# --- a gapless producer (the at-least-once changelog's) -----------------------------------
+
+
+@pytest.mark.parametrize("gapless", [True, False])
+def test_a_record_failed_for_good_fails_every_later_one_only_when_gapless(
+        bootstrap: str, topic_factory: TopicFactory, gapless: bool) -> None:
+    """A batch the broker refuses for good (here: larger than the topic's
+    ``max.message.bytes``) leaves a gap before the records written after it,
+    unless the idempotent producer is gapless. Then its fatal error
+    ``_GAPLESS_GUARANTEE`` is raised by the next ``poll`` or ``flush`` (not
+    through ``error_cb``) and every later ``produce`` raises ``_FATAL``.
+    kdelay's changelog writer asks for the report of a plan's last put only,
+    and relies on this (``kdelay.engine.writer``)."""
+    topic = topic_factory("gapless", config={"max.message.bytes": "2000"})
+    producer = make_producer(bootstrap, {
+        "enable.gapless.guarantee": gapless, "message.timeout.ms": 0, "linger.ms": 0})
+    reports = Deliveries()
+
+    def raised(call: Callable[[], object]) -> int | None:
+        try:
+            call()
+        except KafkaException as exc:
+            return int(exc.args[0].code())
+        return None
+
+    producer.produce(topic, key=b"big", value=b"x" * 4000, partition=0)  # no report asked
+    first = raised(lambda: producer.flush(TIMEOUT_S))
+    later = raised(lambda: producer.produce(topic, key=b"later", value=b"v", partition=0,
+                                            on_delivery=reports))
+    last = raised(lambda: producer.flush(TIMEOUT_S))
+    if gapless:
+        assert (first, later) == (KafkaError._GAPLESS_GUARANTEE, KafkaError._FATAL)
+        assert reports.reports == [], "nothing after the refused record was written"
+    else:
+        assert (first, later, last) == (None, None, None)
+        assert reports.reports == [(0, 0)], "the later record landed: a gap before it"

@@ -8,11 +8,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from kdelay.engine.checkpoint import ServiceError
+from kdelay.plumbing import callbacks
 from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Guarantee
 from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
@@ -286,3 +290,29 @@ def test_a_record_the_broker_refuses_backs_off_alone_and_ends_in_the_dlq(
     assert dead.key() == b"k1"
     assert header(dead, envelope.ERROR) == b"undeliverable"
     assert b"2 attempts" in (header(dead, envelope.ERROR_DETAIL) or b"")
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE])
+def test_a_changelog_batch_the_broker_refuses_stops_the_service_with_its_code(
+    deployment_factory: Make, running: Run, topic_factory: TopicFactory, bootstrap: str,
+) -> None:
+    """At-least-once asks for the report of a plan's last changelog put only; its
+    changelog producer is gapless, so a batch of puts the broker refuses for good
+    (larger than the changelog's ``max.message.bytes``) ends the service with
+    ``changelog-write-failed`` and the broker's reason."""
+    deployment = deployment_factory(partitions=1, changelog_config={"max.message.bytes": "1000"})
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    produce(bootstrap, deployment.requests,
+            [request(target, i, clock.now_ms(), 60_000) for i in range(200)])
+    instances = running(deployment, clock)
+    service = instances.add()
+    with pytest.raises(ServiceError) as raised:
+        instances.until(lambda: False, timeout_s=60, advance_ms=10)
+    assert raised.value.code == "changelog-write-failed"
+    assert deployment.settings.changelog_topic in str(raised.value)
+    assert "too large" in str(raised.value)
+    with pytest.raises(ServiceError) as again:  # the close's drain meets the failed reports
+        service.close()
+    assert again.value.code == "changelog-write-failed"
+    callbacks.drain_errors()  # raised in the revoke callback of that close: seen above

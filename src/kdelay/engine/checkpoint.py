@@ -15,8 +15,9 @@
 
 What each step means differs by guarantee, and only here:
 
-- :class:`AtLeastOnce` has two idempotent producers (targets, and internal
-  topics). ``commit`` does not wait: a batch is durable once every one of
+- :class:`AtLeastOnce` has three idempotent producers (targets, the
+  changelog's, gapless, see :mod:`kdelay.engine.writer`, and the other
+  internal topics'). ``commit`` does not wait: a batch is durable once every one of
   its records is acknowledged, and batches are applied in the order they
   were written, in whichever later step that is. Meanwhile the service keeps
   consuming and dispatching, so a broker slow to acknowledge the changelog
@@ -54,9 +55,9 @@ from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.takeover import owned
 from kdelay.engine.transactional import Renewable
-from kdelay.engine.writer import Acks, ChangelogWriter, Failure
+from kdelay.engine.writer import GAPLESS, Acks, ChangelogWriter, Failure
 from kdelay.plumbing.callbacks import fatal_code, unheard
-from kdelay.plumbing.clients import Consuming, Producing, Transacting, flush_until
+from kdelay.plumbing.clients import Consuming, Flushing, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.state.index import PartitionIndex
@@ -117,9 +118,9 @@ class Checkpoint(Protocol):
     targets: Producing
     """The producer of records to targets."""
     internal: Producing
-    """The producer of changelog and DLQ records (the same one, under transactions)."""
+    """The producer of DLQ records, forwards and answers (under transactions, every record)."""
     writer: ChangelogWriter
-    """The changelog writer on this checkpoint's internal producer."""
+    """The changelog writer: on a gapless producer of its own, or the transactional one."""
     durability: Durability
     """What delivery tells of its sends and deliveries."""
 
@@ -221,9 +222,11 @@ class AtLeastOnce:
             self._unacked.append((batch, batch.acks.waiting))
             self._records += batch.acks.waiting
         self.internal.poll(0)
+        self.writer.serve()
         durable = self._take_acknowledged()
         while self._records > MAX_UNACKED_RECORDS and not self._stopping():
-            self.internal.poll(ACK_POLL_S)
+            self.writer.serve(ACK_POLL_S)  # most of what a step waits for: puts' markers
+            self.internal.poll(0)
             delivery.dispatch()
             durable += self._take_acknowledged()
         return [(done, True) for done in durable]
@@ -233,10 +236,17 @@ class AtLeastOnce:
         return bool(self._unacked)
 
     def drain(self) -> list[Batch]:
-        """Flush the internal producer (bounded); return the batches now acknowledged."""
+        """Flush the internal producers (bounded); return the batches now acknowledged."""
         deadline = self._clock.monotonic() + self._drain_s
-        flush_until(self.internal, deadline, self._clock.monotonic)
+        for producer in self._internals():
+            flush_until(producer, deadline, self._clock.monotonic)
         return self._take_acknowledged()
+
+    def _internals(self) -> list[Flushing]:
+        """The producers of the internal topics: the other one, and the changelog's (its
+        fatal errors kept by the writer as failed writes, see :meth:`ChangelogWriter.flush`)."""
+        writer = self.writer
+        return [self.internal] if writer.producer is self.internal else [self.internal, writer]
 
     def _take_acknowledged(self) -> list[Batch]:
         """Return the batches at the head of the queue whose records are all acknowledged."""
@@ -284,13 +294,14 @@ class AtLeastOnce:
         self.targets.poll(0)
         self._each.poll(0)
         self.internal.poll(0)
+        self.writer.serve()
         delivery.settle(indexes, SEAL_EVERY_S)
 
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:
         """Wait for the produces in flight, settle them, and commit the stored offsets."""
         deadline = self._clock.monotonic() + self._drain_s
-        for producer in (self.targets, self._each, self.internal):
+        for producer in (self.targets, self._each, *self._internals()):
             flush_until(producer, deadline, self._clock.monotonic)
         delivery.settle(indexes)
         try:
@@ -303,7 +314,8 @@ class AtLeastOnce:
         """Flush the producers (briefly)."""
         self.targets.flush(CLOSE_FLUSH_S)
         self._each.flush(CLOSE_FLUSH_S)
-        self.internal.flush(CLOSE_FLUSH_S)
+        for producer in self._internals():
+            producer.flush(CLOSE_FLUSH_S)
 
 
 class ExactlyOnce:
@@ -606,5 +618,6 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
     each = producers("targets-each", **lane)
     internal = producers("internal", **{
         "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0})
-    writer = ChangelogWriter(internal, s.changelog_topic, metrics, observe)
+    writer = ChangelogWriter(producers("changelog", **GAPLESS), s.changelog_topic, metrics,
+                             observe)
     return AtLeastOnce(s, targets, internal, writer, clock, metrics, stopping, each)

@@ -473,8 +473,7 @@ class Service:
         writer = checkpoint.writer
         acks = writer.acks()
         for plan in plans:
-            for record in plan.changelog:
-                writer.put(plan.partition, record.key or b"", record.value, acks)
+            writer.puts(plan.partition, plan.changelog, acks)
             for record in plan.dead_letters:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
                         headers=record.headers, on_delivery=acks.dead_letter())

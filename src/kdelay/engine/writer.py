@@ -12,9 +12,17 @@ Every changelog record this instance writes reflects a change already made
 (or, for intake, made right after the flush that confirms it) to the local
 index, so the position after the latest confirmed record is a safe place for
 the next restore to start from. Puts do not confirm: the marker that follows
-a plan's puts on the same partition does, and that keeps each put's report as
-cheap as possible (the producer is idempotent, so the marker's offset is the
-highest of the plan's).
+a plan's puts on the same partition does (the marker's offset is the highest
+of the plan's).
+
+The writer's producer is *gapless*: idempotent with
+``enable.gapless.guarantee`` (at-least-once, a producer of its own) or
+transactional (exactly-once). On one partition a record is then acknowledged
+only if every record written before it was, and a record that fails for good
+either stops the producer (a fatal error: the service ends) or fails the
+transaction. So only the last of a plan's puts asks for a delivery report
+(:meth:`ChangelogWriter.puts`): its acknowledgement proves the others, and a
+put costs no Python call when it is acknowledged.
 
 Intake's records are written on behalf of one step's :class:`Acks`, which
 counts the acknowledgements they still wait for: a step's plans reach the
@@ -25,10 +33,11 @@ indexes once its count is zero, while later steps go on (see
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import latch
@@ -37,6 +46,20 @@ from kdelay.protocol import codec
 from kdelay.protocol.codec import IdRecord, Watermark
 
 log = logging.getLogger(__name__)
+
+
+class Keyed(Protocol):
+    """A record to write to the changelog: an intake plan's put or tombstone."""
+
+    @property
+    def key(self) -> bytes | None:
+        """The record's key (an index key, or an id's)."""
+        ...
+
+    @property
+    def value(self) -> bytes | None:
+        """The record's value; None for a tombstone."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +160,13 @@ class Acks:
             raise
 
 
+GAPLESS: dict[str, str | int | bool] = {
+    "enable.idempotence": True, "enable.gapless.guarantee": True, "linger.ms": 2,
+    "message.timeout.ms": 0}
+"""The settings of the at-least-once changelog producer: its records never time out, and
+one that fails for good is a fatal error rather than a gap before later records."""
+
+
 class ChangelogWriter:
     """Writes the changelog through one producer; owns the positions it confirms.
 
@@ -162,10 +192,33 @@ class ChangelogWriter:
         """Return the tally of a new intake step's records."""
         return Acks(self._failed, self._marker_written)
 
-    def put(self, partition: int, key: bytes, value: bytes | None, acks: Acks) -> None:
-        """Write an intake record (a put, or a cancel's tombstone when ``value`` is None)."""
+    @property
+    def producer(self) -> Producing:
+        """The producer the changelog is written with (served by the checkpoint's polls)."""
+        return self._producer
+
+    def puts(self, partition: int, records: Sequence[Keyed], acks: Acks) -> None:
+        """Write a plan's intake records (puts; a cancel's tombstone has the value None).
+
+        Only the last asks for a report: on the gapless producer its
+        acknowledgement proves the others (see the module's text).
+        """
+        if not records:
+            return
+        produce_ = self._producer.produce
+        topic = self._topic
+        for record in records[:-1]:
+            try:
+                produce_(topic, value=record.value, key=record.key, partition=partition)
+            except BufferError:  # serve reports for room, as the helper does after each refusal
+                self.serve(ROOM_POLL_S)
+                produce(self._producer, topic, key=record.key, value=record.value,
+                        partition=partition, on_delivery=None)
+            except KafkaException as exc:
+                self._refused(exc, record.key)
+        last = records[-1]
         acks.waiting += 1
-        self._write(partition, key, value, acks.on_changelog)
+        self._write(partition, last.key, last.value, acks.on_changelog)
 
     def seal(self, partition: int, mark: Watermark | None, tombstones: Iterable[bytes],
              ended: Iterable[IdRecord]) -> None:
@@ -191,7 +244,7 @@ class ChangelogWriter:
         self._write(partition, codec.CONSUMED_MARKER, codec.encode_offset(offset),
                     acks.on_marker)
 
-    def _write(self, partition: int, key: bytes, value: bytes | None,
+    def _write(self, partition: int, key: bytes | None, value: bytes | None,
                report: Callable[[KafkaError | None, Message], None]) -> None:
         """Produce one changelog record, waiting for queue room rather than dropping it.
 
@@ -202,9 +255,42 @@ class ChangelogWriter:
             self._producer.produce(self._topic, value=value, key=key, partition=partition,
                                    on_delivery=report)
         except BufferError:  # serve reports for room, as the helper does after each refusal
-            self._producer.poll(ROOM_POLL_S)
+            self.serve(ROOM_POLL_S)
             produce(self._producer, self._topic, key=key, value=value, partition=partition,
                     on_delivery=report)
+        except KafkaException as exc:
+            self._refused(exc, key)
+
+    def serve(self, timeout_s: float = 0) -> None:
+        """Serve the producer's reports for up to ``timeout_s`` seconds.
+
+        A gapless producer that lost a record for good raises its fatal error
+        from ``poll`` (not through ``error_cb``): that is a failed write, kept
+        for :meth:`take_failures` like any other.
+        """
+        try:
+            self._producer.poll(timeout_s)
+        except KafkaException as exc:
+            self._refused(exc, None)
+
+    def flush(self, timeout: float = -1) -> int:
+        """Flush the producer for up to ``timeout`` seconds; return what remains queued.
+        A fatal error is kept as a failed write, as in :meth:`serve`."""
+        try:
+            return self._producer.flush(timeout)
+        except KafkaException as exc:
+            self._refused(exc, None)
+            return len(self._producer)
+
+    def _refused(self, exc: KafkaException, key: bytes | None) -> None:
+        """A fatal error of the producer (raised by ``poll``, or ``_FATAL`` by ``produce``
+        once it is fatal) is a failed write; any other error is raised again."""
+        error: KafkaError = exc.args[0]
+        if not (error.fatal() or error.code() == KafkaError._FATAL):
+            raise exc
+        self._failures.append(Failure(self._topic, key, error))
+        self._metrics.changelog_errors.inc()
+        log.error("changelog producer failed for good: %s", error.str())
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""

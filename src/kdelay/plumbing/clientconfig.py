@@ -349,6 +349,11 @@ def _translate_keystore(config: dict[str, str]) -> Iterator[str]:
 LOGGER = "kdelay.kafka"
 
 
+CHOSEN = ("enable.gapless.guarantee is experimental",)
+"""librdkafka's warnings about settings kdelay chooses on purpose: logged at DEBUG (the
+changelog's producer is gapless, see :mod:`kdelay.engine.writer`)."""
+
+
 class ClientLogger:
     """Where one librdkafka client's log lines go: the Python logger ``kdelay.kafka.<client>``.
 
@@ -359,7 +364,8 @@ class ClientLogger:
     INFO, DEBUG to DEBUG). Instead of librdkafka's own writes to stderr, the
     lines follow kdelay's logging configuration. Lines below WARNING (idle
     connections closed, reconnects) are logged at DEBUG, so a service running
-    at INFO shows librdkafka's warnings and errors only. Every secret value of
+    at INFO shows librdkafka's warnings and errors only (but for the warnings in
+    :data:`CHOSEN`, about kdelay's own choices). Every secret value of
     the client's configuration is replaced by ``***`` before a line is logged.
     """
 
@@ -374,6 +380,10 @@ class ClientLogger:
         if not self.logger.isEnabledFor(level):
             return
         text = message % args if args else message
+        if level >= logging.WARNING and any(chosen in text for chosen in CHOSEN):
+            level = logging.DEBUG
+            if not self.logger.isEnabledFor(level):
+                return
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
         self.logger.log(level, "%s", text)

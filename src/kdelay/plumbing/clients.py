@@ -75,6 +75,14 @@ class Producing(Protocol):
         ...
 
 
+class Flushing(Protocol):
+    """What can be flushed: a producer, or the changelog writer around one."""
+
+    def flush(self, timeout: float = ...) -> int:
+        """Wait up to ``timeout`` seconds for every queued record; return how many remain."""
+        ...
+
+
 class Transacting(Producing, Protocol):
     """A transactional producer."""
 
@@ -170,7 +178,7 @@ class Consuming(Protocol):
 
 
 def produce(producer: Producing, topic: str, *, value: bytes | None, key: bytes | None,
-            on_delivery: Report, partition: int | None = None,
+            on_delivery: Report | None, partition: int | None = None,
             headers: Headers | None = None, timestamp: int = 0) -> None:
     """Produce a record, polling for room while librdkafka's queue is full.
 
@@ -191,7 +199,7 @@ def produce(producer: Producing, topic: str, *, value: bytes | None, key: bytes 
             producer.poll(ROOM_POLL_S)
 
 
-def flush_until(producer: Producing, deadline: float,
+def flush_until(producer: Flushing, deadline: float,
                 monotonic: Callable[[], float] = time.monotonic,
                 hopeless: Callable[[], bool] = lambda: False) -> int:
     """Flush until nothing is queued or ``monotonic()`` passes ``deadline``; return what remains.

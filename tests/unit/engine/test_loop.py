@@ -72,14 +72,13 @@ class FakeProducer:
         self.name = name
         self.wire = wire
         self.hold = False
-        self._queued: list[tuple[str, int, bytes | None, bytes | None, Report]] = []
+        self._queued: list[tuple[str, int, bytes | None, bytes | None, Report | None]] = []
         self.sent: list[tuple[str, bytes | None, bytes | None]] = []
         self._offsets: dict[tuple[str, int], int] = {}
 
     def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
                 partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
-        assert on_delivery is not None, "every produce needs a delivery callback"
         self.wire.events.append(("produce", self.name, topic, key))
         self._queued.append((topic, max(partition, 0), key, value, on_delivery))
         self.sent.append((topic, key, value))
@@ -121,8 +120,9 @@ class FakeProducer:
             error = (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied")
                      if topic in self.wire.failing else None)
             self.wire.events.append(("ack", self.name, topic, key, error is None))
-            callback(error, Message(topic=topic, partition=partition, offset=offset, key=key,
-                                    value=value))
+            if callback is not None:  # a changelog put that is not its plan's last
+                callback(error, Message(topic=topic, partition=partition, offset=offset,
+                                        key=key, value=value))
         return len(queued)
 
 
@@ -317,7 +317,7 @@ def test_an_adopted_entry_already_due_goes_out_in_the_step_that_took_it_in(alo: 
         (CHANGELOG, codec.WATERMARK_MARKER),
     ], "put, marker, the record (second tick), then its watermark once acknowledged"
     target_ack = events.index(("ack", "targets", "orders", b"now", True))
-    mark = events.index(("produce", "internal", CHANGELOG, codec.WATERMARK_MARKER))
+    mark = events.index(("produce", "changelog", CHANGELOG, codec.WATERMARK_MARKER))
     assert target_ack < mark, "the watermark follows the record's acknowledgement"
     assert alo.pending() == []
 
@@ -330,8 +330,8 @@ def test_an_unacknowledged_record_keeps_its_entry_and_no_tombstone_is_written(
     alo.step()
     alo.step()
     assert alo.pending() == [key]
-    assert [e for e in alo.wire.events if e == ("produce", "internal", CHANGELOG, key)] == [
-        ("produce", "internal", CHANGELOG, key)], "only the put, no tombstone"
+    assert [e for e in alo.wire.events if e == ("produce", "changelog", CHANGELOG, key)] == [
+        ("produce", "changelog", CHANGELOG, key)], "only the put, no tombstone"
 
 
 # -- at-least-once: intake does not wait for its acknowledgements ------------------------------
@@ -341,8 +341,8 @@ def test_a_step_does_not_wait_for_the_changelog_and_due_entries_still_go_out(alo
     """With the changelog unacknowledged, later batches are still taken in and an adopted
     entry goes out when due; offsets are stored, batch by batch, only once acknowledged,
     and the delivered entry leaves the index only after its put is in it."""
-    internal = alo.clients.producers["internal"]
-    internal.hold = True
+    changelog = alo.clients.producers["changelog"]
+    changelog.hold = True
     first = alo.request(T0 + 10, key=b"first")
     alo.step()
     second = alo.request(T0 + 60_000, key=b"second")
@@ -355,23 +355,23 @@ def test_a_step_does_not_wait_for_the_changelog_and_due_entries_still_go_out(alo
     assert alo.pending() == []
     assert alo.wire.kinds("store") == []
 
-    internal.hold = False
+    changelog.hold = False
     alo.step()
     assert [e[1] for e in alo.wire.kinds("store")] == [[(0, 1)], [(0, 2)]], "in order"
     alo.step()
     assert alo.pending() == [second], "first: indexed, then deleted as delivered"
     written = [e[3] for e in alo.wire.kinds("produce")
-               if e[1] == "internal" and e[3] in (first, codec.WATERMARK_MARKER)]
+               if e[1] == "changelog" and e[3] in (first, codec.WATERMARK_MARKER)]
     assert written == [first, codec.WATERMARK_MARKER], "its put, then a watermark"
 
 
 def test_a_duplicate_id_in_a_later_batch_sees_the_unacknowledged_one(alo: Loop) -> None:
-    alo.clients.producers["internal"].hold = True
+    alo.clients.producers["changelog"].hold = True
     alo.request(T0 + 60_000, key=b"a", sid="order-1")
     alo.step()
     alo.request(T0 + 90_000, key=b"b", sid="order-1")
     alo.step()
-    alo.clients.producers["internal"].hold = False
+    alo.clients.producers["changelog"].hold = False
     alo.step()
     intake = alo.service.metrics.intake
     assert intake.labels(outcome="duplicate")._value.get() == 1
@@ -379,14 +379,14 @@ def test_a_duplicate_id_in_a_later_batch_sees_the_unacknowledged_one(alo: Loop) 
 
 
 def test_a_cancel_of_an_unacknowledged_schedule_keeps_it_from_going_out(alo: Loop) -> None:
-    alo.clients.producers["internal"].hold = True
+    alo.clients.producers["changelog"].hold = True
     alo.request(T0 + 10, key=b"a", sid="order-1")
     alo.step()
     alo.cancel("order-1")
     alo.step()
     alo.clock.set(T0 + 10)
     alo.step()
-    alo.clients.producers["internal"].hold = False
+    alo.clients.producers["changelog"].hold = False
     alo.step()
     alo.step()
     assert ("orders", b"a") not in produced(alo.wire.events)
@@ -395,7 +395,7 @@ def test_a_cancel_of_an_unacknowledged_schedule_keeps_it_from_going_out(alo: Loo
 
 
 def test_a_revoke_applies_the_batches_still_awaiting_acknowledgement(alo: Loop) -> None:
-    alo.clients.producers["internal"].hold = True
+    alo.clients.producers["changelog"].hold = True
     key = alo.request(T0 + 60_000, key=b"a")
     alo.step()
     alo.clients.group.revoke_next.append(0)
@@ -693,7 +693,7 @@ def test_a_revoked_partition_is_drained_settled_and_committed_before_it_closes(
     alo.clients.group.revoke_next.append(0)
     events = alo.step()
     ack = events.index(("ack", "targets", "orders", b"now", True))
-    mark = events.index(("produce", "internal", CHANGELOG, codec.WATERMARK_MARKER))
+    mark = events.index(("produce", "changelog", CHANGELOG, codec.WATERMARK_MARKER))
     commit = events.index(("commit-offsets",))
     assert ack < mark < commit
     assert alo.service.owned() == []
@@ -817,7 +817,7 @@ def test_a_forward_that_fails_for_good_stops_the_at_least_once_service(tmp_path:
 
 def markers(loop: Loop) -> list[int]:
     """The offsets of the consumed markers written so far, in order."""
-    producer = loop.clients.producers["internal"]
+    producer = loop.clients.producers["changelog"]
     return [codec.decode_offset(value) for topic, key, value in producer.sent
             if topic == CHANGELOG and key == codec.CONSUMED_MARKER and value is not None]
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, Message
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Message
 
+from kdelay.engine.intake import Record
 from kdelay.engine.metrics import Metrics
 from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clients import Report
@@ -21,9 +23,11 @@ class Producer:
     """Queues produces; :meth:`report` fires their callbacks at chosen offsets."""
 
     def __init__(self, full: int = 0) -> None:
-        self.queued: list[tuple[str, int, bytes | None, bytes | None, Report]] = []
+        self.queued: list[tuple[str, int, bytes | None, bytes | None, Report | None]] = []
         self.full = full
         self.polls = 0
+        self.fatal: KafkaError | None = None  # what poll raises once, as a fatal producer does
+        self.refuse: KafkaError | None = None  # what produce raises
 
     def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
                 partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
@@ -31,11 +35,15 @@ class Producer:
         if self.full:
             self.full -= 1
             raise BufferError("queue full")
-        assert on_delivery is not None
+        if self.refuse is not None:
+            raise KafkaException(self.refuse)
         self.queued.append((topic, partition, key, value, on_delivery))
 
     def poll(self, timeout: float = -1) -> int:
         self.polls += 1
+        if self.fatal is not None:
+            fatal, self.fatal = self.fatal, None
+            raise KafkaException(fatal)
         return 0
 
     def flush(self, timeout: float = -1) -> int:
@@ -50,8 +58,9 @@ class Producer:
     def report(self, offsets: list[int], error: KafkaError | None = None) -> None:
         queued, self.queued = self.queued, []
         for (topic, partition, key, value, callback), offset in zip(queued, offsets, strict=True):
-            callback(error, Message(topic=topic, partition=partition, offset=offset, key=key,
-                                    value=value))
+            if callback is not None:  # a record produced without a report
+                callback(error, Message(topic=topic, partition=partition, offset=offset, key=key,
+                                        value=value))
 
 
 def writer_with(producer: Producer, observe: Callable[[Message], None] | None = None,
@@ -60,6 +69,10 @@ def writer_with(producer: Producer, observe: Callable[[Message], None] | None = 
     if observe is None:
         return ChangelogWriter(producer, CHANGELOG, metrics), metrics
     return ChangelogWriter(producer, CHANGELOG, metrics, observe), metrics
+
+
+def put(key: bytes, value: bytes | None) -> Record:
+    return Record(CHANGELOG, None, key, value)
 
 
 def errors(metrics: Metrics) -> float:
@@ -105,8 +118,7 @@ def test_puts_confirm_nothing_and_the_marker_confirms_them_all() -> None:
     seen: list[Message] = []
     writer, _ = writer_with(producer, seen.append)
     acks = writer.acks()
-    writer.put(3, K1, b"value", acks)
-    writer.put(3, K2, None, acks)
+    writer.puts(3, [put(K1, b"value"), put(K2, None)], acks)
     producer.report([10, 11])
     assert writer.position(3) is None
     writer.mark_consumed(3, 42, acks)
@@ -122,7 +134,7 @@ def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
     producer = Producer()
     writer, metrics = writer_with(producer)
     acks = writer.acks()
-    writer.put(0, K1, b"v", acks)
+    writer.puts(0, [put(K1, b"v")], acks)
     tombstone(writer, 0, K2)
     writer.mark_consumed(0, 7, acks)
     producer.report([1, 2, 3], KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
@@ -149,9 +161,9 @@ def test_a_put_waits_out_a_full_queue_and_counts_once() -> None:
     producer = Producer(full=2)
     writer, _ = writer_with(producer)
     acks = writer.acks()
-    writer.put(2, K1, b"v", acks)
+    writer.puts(2, [put(K1, b"v"), put(K2, b"w")], acks)
     assert producer.polls >= 1  # served reports to make room
-    assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(2, K1, b"v")]
+    assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(2, K1, b"v"), (2, K2, b"w")]
     assert acks.waiting == 1
 
 
@@ -160,7 +172,7 @@ def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
     producer = Producer()
     writer, _ = writer_with(producer)
     acks = writer.acks()
-    writer.put(0, K1, b"v", acks)
+    writer.puts(0, [put(K1, b"v")], acks)
     tombstone(writer, 0, K2)
     on_dead_letter = acks.dead_letter()
     writer.mark_consumed(0, 7, acks)
@@ -177,3 +189,48 @@ def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
     assert acks.done
     assert [(f.topic, f.key) for f in acks.dead_letter_failures] == [("kdelay.dlq", b"bad")]
     assert not writer.has_failures(), "a dead letter is not a changelog failure"
+
+
+def test_only_the_last_put_of_a_plan_asks_for_a_report() -> None:
+    """The changelog producer is gapless: the last put's acknowledgement proves the others."""
+    producer = Producer()
+    writer, _ = writer_with(producer)
+    acks = writer.acks()
+    writer.puts(1, [put(K1, b"v"), put(K2, None), put(K1, b"w")], acks)
+    writer.puts(1, [], acks)
+    assert [callback is None for *_, callback in producer.queued] == [True, True, False]
+    assert acks.waiting == 1
+    producer.report([4, 5, 6])
+    assert acks.done
+    assert writer.position(1) is None, "puts still confirm nothing"
+
+
+def test_a_fatal_error_of_the_gapless_producer_is_a_failed_write() -> None:
+    """A gapless producer that lost a record raises its fatal error from ``poll``, then
+    ``_FATAL`` from every ``produce``: both are failed changelog writes, counted."""
+    producer = Producer()
+    writer, metrics = writer_with(producer)
+    gap = KafkaError(KafkaError._GAPLESS_GUARANTEE, "Message size too large", fatal=True)
+    producer.fatal = gap
+    writer.serve()
+    producer.refuse = KafkaError(KafkaError._FATAL, "Local: Fatal error")
+    acks = writer.acks()
+    writer.puts(0, [put(K1, b"v"), put(K2, b"w")], acks)
+    tombstone(writer, 0, K1)
+    failures = writer.take_failures()
+    assert [(f.key, f.error.code()) for f in failures] == [
+        (None, KafkaError._GAPLESS_GUARANTEE), (K1, KafkaError._FATAL),
+        (K2, KafkaError._FATAL), (K1, KafkaError._FATAL)]
+    assert errors(metrics) == 4
+
+
+def test_other_errors_of_produce_and_poll_are_raised() -> None:
+    producer = Producer()
+    writer, _ = writer_with(producer)
+    producer.fatal = KafkaError(KafkaError._TRANSPORT, "not fatal")
+    with pytest.raises(KafkaException):
+        writer.serve()
+    producer.refuse = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large")
+    with pytest.raises(KafkaException):
+        writer.puts(0, [put(K1, b"v"), put(K2, b"w")], writer.acks())
+    assert not writer.has_failures()

@@ -328,6 +328,21 @@ def test_client_logger_scrubs_secrets_and_names_the_client(
     assert info.levelno == logging.DEBUG  # librdkafka's informational lines are detail
 
 
+def test_the_warning_about_the_gapless_changelog_producer_is_detail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kdelay sets ``enable.gapless.guarantee`` on purpose: a real producer's CONFWARN about
+    it is not shown at INFO, while other configuration warnings are."""
+    with caplog.at_level(logging.INFO, logger="kdelay.kafka"):
+        for other in ({"enable.gapless.guarantee": True}, {"group.id": "not-for-a-producer"}):
+            producer = Producer({"bootstrap.servers": "127.0.0.1:1", "enable.idempotence": True,
+                                 **other, "logger": ClientLogger("changelog")})
+            producer.poll(0.1)  # serves the log lines
+    texts = [r.getMessage() for r in caplog.records]
+    assert not any("gapless" in text for text in texts), texts
+    assert any("CONFWARN" in text for text in texts), texts
+
+
 def test_librdkafka_lines_reach_python_logging(caplog: pytest.LogCaptureFixture) -> None:
     """A client of a closed port logs its connection failure through ``kdelay.kafka.<client>``,
     never to stderr, and with the password scrubbed even from debug output."""
