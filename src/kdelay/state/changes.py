@@ -15,23 +15,38 @@ from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
 
 
-@dataclass(slots=True)
 class Entry:
     """A pending request: where its original lives and how to recognise it.
 
-    Treated as immutable, but not a frozen dataclass: intake makes one per
-    request, and a frozen one costs twice as much to build.
+    Treated as immutable. A class of its own rather than a dataclass: intake
+    makes one per request, and a dataclass's generated ``__init__`` runs
+    interpreted even here; :attr:`due` is decoded from the key when first asked
+    (intake's entries seldom are). Entries are equal when key and value are.
     """
 
-    key: bytes
-    value: IndexValue
-    # The value as encoded, when the caller already has it (saves encoding twice).
-    raw: bytes = field(default=b"", compare=False, repr=False)
-    due: codec.DueKey = field(init=False, compare=False, repr=False)
+    def __init__(self, key: bytes, value: IndexValue, raw: bytes = b"") -> None:
+        """``raw`` is the value as encoded, when the caller already has it (saves
+        encoding twice)."""
+        self.key = key
+        self.value = value
+        self.raw = raw
+        self._due: codec.DueKey | None = None
 
-    def __post_init__(self) -> None:
-        """Decode the key once: due time, request partition, request offset."""
-        self.due = codec.decode_due_key(self.key)
+    @property
+    def due(self) -> codec.DueKey:
+        """The key decoded: due time, request partition, request offset."""
+        due = self._due
+        if due is None:
+            due = self._due = codec.decode_due_key(self.key)
+        return due
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return self.key == other.key and self.value == other.value
+
+    def __repr__(self) -> str:
+        return f"Entry(key={self.key!r}, value={self.value!r})"
 
 
 @dataclass(slots=True)
