@@ -41,6 +41,7 @@ from kdelay.engine.failures import Retries, TopicCheck
 from kdelay.engine.flights import FEW, STALL_S, Channel, Durability, Flight, failed_entries
 from kdelay.engine.metrics import DeliveryCounts, Metrics
 from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
+from kdelay.engine.rereads import Rereads
 from kdelay.engine.runs import Run, merged
 from kdelay.engine.sealing import Cadence, Sealed, frontier, landed_runs, seal_of
 from kdelay.engine.sender import Routes, Sender
@@ -120,6 +121,7 @@ class Delivery:
         self._metrics = metrics
         self._durability = durability
         self._book = Book()
+        self.rereads = Rereads()
         self._retries = Retries(self._book, clock, metrics, outage, config.attempts,
                                 config.backoff_ms, config.backoff_max_ms, config.retry_ms,
                                 MAX_RETRYING_BATCHES * config.batch_size)
@@ -426,6 +428,7 @@ class Delivery:
         sealed, self._sealed, self._landed, self._sealing = self._sealed, [], [], False
         for item in sealed:
             self._marks_of(item.partition).sealed(item.seal, item.done)
+            self.rereads.note(item.partition, item.done)
             index = indexes.get(item.partition)
             if index is not None:
                 item.changes.changelog = self._durability.position(item.partition)

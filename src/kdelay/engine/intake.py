@@ -120,6 +120,11 @@ IdLookup = Callable[[str], IdState | None]
 Withhold = Callable[[bytes], bool]
 
 
+def _never(_: bytes) -> bool:
+    """No entry was delivered since the assignment (no request is read again)."""
+    return False
+
+
 class Memory(Protocol):
     """What a planner reads of its partition's index besides id states."""
 
@@ -206,15 +211,19 @@ class Planner:
     instance that died before it recorded their offset (at-least-once records
     it once their changelog records are acknowledged). One whose entry is still
     pending is not put again: the put would be written after the tombstone of a
-    delivery under way, and bring the delivered entry back.
+    delivery under way, and bring the delivered entry back. Nor is one whose
+    entry ``delivered`` says left the index, done, since the assignment (see
+    :mod:`kdelay.engine.rereads`).
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
                  withhold: Withhold, policy: TargetPolicy | None = None,
                  partitions: int | None = None, ids: IdWindow | None = None,
-                 rereads_below: int | None = None) -> None:
+                 rereads_below: int | None = None,
+                 delivered: Callable[[bytes], bool] = _never) -> None:
         self._topics = topics
         self._rereads_below = rereads_below
+        self._delivered = delivered
         self._partitions = partitions
         self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
         self._changelog = topics.changelog
@@ -420,11 +429,13 @@ class Planner:
             self._answer(plan, Outcome.SCHEDULED, sid, key)
 
     def _pending_before(self, key: bytes, message: Message | None) -> bool:
-        """Whether a request read again (below ``rereads_below``) is pending in the index."""
+        """Whether a request read again (below ``rereads_below``) is pending in the index,
+        or was delivered from it since the assignment."""
         below = self._rereads_below
         if below is None or message is None or self._ids is None:
             return False
-        return (message.offset() or 0) < below and self._ids.memory.get(key) is not None
+        return (message.offset() or 0) < below and (
+            self._ids.memory.get(key) is not None or self._delivered(key))
 
     def _duplicate(self, plan: Plan, key: bytes, sid: str, fingerprint: Fingerprint,
                    state: IdState) -> None:

@@ -511,6 +511,7 @@ class Service:
             if consumed is not None:
                 self._consumed[partition] = consumed
                 checkpoint.consumed(consumer, partition, consumed)
+                delivery.rereads.passed(partition, consumed)
             count_outcomes(self.metrics, plan.outcomes)
             count_conflicts(self.metrics, plan.conflicts)
             if plan.changes.expired:
@@ -575,7 +576,7 @@ class Service:
             self._planners[tp.partition] = Planner(
                 topics, self._limits, index.id_state, delivery.withhold, self._policy,
                 self._partitions, IdWindow(self._id_window_ms, self._clock, index),
-                rereads_below=rereads)
+                rereads, delivery.rereads.watch(tp.partition, max(start, 0), rereads))
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

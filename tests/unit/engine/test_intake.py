@@ -17,6 +17,7 @@ from kdelay.engine.intake import (
     Topics,
     consumed_marker,
 )
+from kdelay.engine.rereads import Rereads
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec
 from kdelay.protocol.codec import (
@@ -369,6 +370,29 @@ def test_a_request_without_id_read_again_is_put_again_only_if_no_longer_pending(
     beyond = Planner(TOPICS, LIMITS, Ids().lookup, Ids().withhold, ids=window,
                      rereads_below=8).plan(PART, [pending])
     assert [e.key for e in beyond.changes.puts] == [key(TS + 99, 8)], "not looked up"
+
+
+def test_a_request_read_again_after_its_entry_was_delivered_is_not_put_again() -> None:
+    """The restarted instance delivered the entry (gone from the index) before intake read
+    its request again: putting it again would send it twice in one run."""
+    rereads = Rereads()
+    window = IdWindow(60_000, ManualClock(TS), Pending())
+    planner = Planner(TOPICS, LIMITS, Ids().lookup, Ids().withhold, ids=window,
+                      rereads_below=10, delivered=rereads.watch(PART, 5, 10))
+    rereads.note(PART, [key(TS + 99, 8), key(TS + 99, 3), key(TS + 99, 12)])
+    delivered, fresh = (request(offset, schedule_headers("orders", delay_ms=99))
+                        for offset in (8, 9))
+    result = planner.plan(PART, [delivered, fresh])
+    assert [e.key for e in result.changes.puts] == [key(TS + 99, 9)]
+    assert rereads.delivered(PART, key(TS + 99, 8))
+    assert not rereads.delivered(PART, key(TS + 99, 3)), "below the range: never read again"
+    assert not rereads.delivered(PART, key(TS + 99, 12)), "past the range: read for the first time"
+    rereads.passed(PART, 9)
+    assert rereads.delivered(PART, key(TS + 99, 8)), "offset 9 may still be read again"
+    rereads.passed(PART, 10)
+    assert not rereads.delivered(PART, key(TS + 99, 8)), "forgotten once past the range"
+    rereads.note(PART, [key(TS + 99, 8)])
+    assert not rereads.delivered(PART, key(TS + 99, 8)), "nothing is noted once past it"
 
 
 @pytest.mark.parametrize("end", [End.DELIVERED, End.CANCELLED])
