@@ -14,8 +14,8 @@ import uuid
 
 from kdelay import tasks
 from kdelay.plumbing.clock import SystemClock
-from kdelay.recurring import every
 from kdelay.plumbing.settings import Settings
+from kdelay.recurring import every
 from kdelay.tasks import Registry, Tasks
 
 registry = Registry()

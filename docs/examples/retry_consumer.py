@@ -14,8 +14,8 @@ import uuid
 from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from kdelay.retry import RetryingConsumer, RetryPolicy, attempts_of
 from kdelay.plumbing.settings import Settings
+from kdelay.retry import RetryingConsumer, RetryPolicy, attempts_of
 
 settings = Settings(
     bootstrap_servers=os.environ.get("KDELAY_BOOTSTRAP_SERVERS", "localhost:9092"),
