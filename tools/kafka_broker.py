@@ -44,7 +44,9 @@ own broker while container images were built). ``KDELAY_BROKER_DATA_DIR`` picks
 another directory; otherwise the data stays in ``.cache/broker/data``. The choice
 is recorded in ``.cache/broker/data_dir`` at the first start and kept until
 ``reset``, which removes the directory too. Data in memory does not survive a
-reboot; a later ``start`` then formats a new cluster.
+reboot; a later ``start`` then formats a new cluster. A checkout deleted
+without ``reset`` leaves its directory behind: the next ``start`` of any
+checkout that chooses memory removes it.
 
 ``stop`` ends only the broker this tool started (by its recorded pid, or the
 compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
@@ -85,6 +87,7 @@ SCRAM_MECHANISM = "SCRAM-SHA-256"
 READY_TIMEOUT_S = 120.0
 MEMORY = Path("/dev/shm")  # noqa: S108 - a private directory is made in it, see own_dir
 MEMORY_DATA_MIN_FREE = 4 << 30
+OWNER_SUFFIX = ".owner"  # beside a directory in MEMORY: the RUN directory that chose it
 LOG_TAIL_LINES = 30
 RUN_MARKER = "--- tools/kafka start: "
 STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
@@ -329,12 +332,35 @@ def data_dir() -> Path:
     elif (RUN / "data" / "meta.properties").exists():  # formatted before the choice existed
         chosen = RUN / "data"
     else:
+        sweep_orphans()
         chosen = MEMORY / f"kdelay-{os.getuid()}-{RUN.name}-{zlib.crc32(str(RUN).encode()):08x}"
-        if not (memory_has_room() and own_dir(chosen)):
+        if memory_has_room() and own_dir(chosen):
+            chosen.with_name(chosen.name + OWNER_SUFFIX).write_text(f"{RUN}\n")
+        else:
             chosen = RUN / "data"
     RUN.mkdir(parents=True, exist_ok=True)
     recorded.write_text(f"{chosen}\n")
     return chosen
+
+
+def sweep_orphans() -> None:
+    """Remove this user's broker directories in memory whose checkout is gone.
+
+    Each has an owner file beside it naming the ``RUN`` directory that chose
+    it; when that no longer records the choice (the checkout was deleted, or
+    reset while the file was kept), the data would hold memory until a reboot.
+    """
+    for owner in MEMORY.glob(f"kdelay-{os.getuid()}-*{OWNER_SUFFIX}"):
+        data = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
+        try:
+            recorded = Path(owner.read_text().strip()) / "data_dir"
+            if recorded.exists() and Path(recorded.read_text().strip()) == data:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(data, ignore_errors=True)
+        owner.unlink(missing_ok=True)
+        log(f"removed {data}: the broker data of a checkout that is gone")
 
 
 def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
@@ -664,6 +690,7 @@ def main() -> int:
         stop()
         data = data_dir() if RUN.exists() else RUN
         shutil.rmtree(data, ignore_errors=True)
+        data.with_name(data.name + OWNER_SUFFIX).unlink(missing_ok=True)
         shutil.rmtree(RUN, ignore_errors=True)
         log(f"removed {RUN}" + ("" if data.is_relative_to(RUN) else f" and {data}"))
         return 0

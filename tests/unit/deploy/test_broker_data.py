@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import kafka_broker
@@ -53,3 +54,25 @@ def test_a_memory_directory_someone_else_made_is_not_used(
     monkeypatch.setattr(kafka_broker, "MEMORY_DATA_MIN_FREE", 1)
     monkeypatch.setattr(kafka_broker, "own_dir", lambda path: False)
     assert kafka_broker.data_dir() == run / "data"
+
+
+def test_the_memory_directory_names_its_checkout_and_an_orphan_is_removed(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout deleted without ``reset`` would hold its broker's data in memory until
+    a reboot: the next start of any checkout removes it, and keeps the live ones'."""
+    monkeypatch.setattr(kafka_broker, "MEMORY_DATA_MIN_FREE", 1)
+    shm = tmp_path / "shm"
+    gone = shm / f"kdelay-{os.getuid()}-broker-0000dead"
+    gone.mkdir()
+    (shm / (gone.name + ".owner")).write_text(f"{tmp_path / 'deleted-checkout'}\n")
+    live_run = tmp_path / "other-checkout"
+    live = shm / f"kdelay-{os.getuid()}-broker-0000beef"
+    live.mkdir()
+    (shm / (live.name + ".owner")).write_text(f"{live_run}\n")
+    live_run.mkdir()
+    (live_run / "data_dir").write_text(f"{live}\n")
+    chosen = kafka_broker.data_dir()
+    assert (shm / (chosen.name + ".owner")).read_text().strip() == str(run)
+    assert not gone.exists()
+    assert not (shm / (gone.name + ".owner")).exists()
+    assert live.exists(), "a checkout that still records it keeps its data"
