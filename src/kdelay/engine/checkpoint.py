@@ -619,5 +619,5 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
     internal = producers("internal", **{
         "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0})
     writer = ChangelogWriter(producers("changelog", **GAPLESS), s.changelog_topic, metrics,
-                             observe)
+                             observe, gapless=True)
     return AtLeastOnce(s, targets, internal, writer, clock, metrics, stopping, each)

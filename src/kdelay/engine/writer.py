@@ -175,8 +175,12 @@ class ChangelogWriter:
     """
 
     def __init__(self, producer: Producing, topic: str, metrics: Metrics,
-                 observe: Callable[[Message], None] = _ignore) -> None:
+                 observe: Callable[[Message], None] = _ignore, *, gapless: bool = False) -> None:
+        """``gapless``: ``producer`` has the :data:`GAPLESS` settings (at-least-once);
+        else it is transactional."""
         self._producer = producer
+        self._gapless = gapless
+        self._fatal_logged = False
         self._topic = topic
         self._metrics = metrics
         self._observe = observe
@@ -216,6 +220,8 @@ class ChangelogWriter:
                         partition=partition, on_delivery=None)
             except KafkaException as exc:
                 self._refused(exc, record.key)
+                acks.waiting += 1  # never reported: the step stays undurable
+                return
         last = records[-1]
         acks.waiting += 1
         self._write(partition, last.key, last.value, acks.on_changelog)
@@ -283,14 +289,17 @@ class ChangelogWriter:
             return len(self._producer)
 
     def _refused(self, exc: KafkaException, key: bytes | None) -> None:
-        """A fatal error of the producer (raised by ``poll``, or ``_FATAL`` by ``produce``
-        once it is fatal) is a failed write; any other error is raised again."""
+        """On the gapless producer, a fatal error (raised by ``poll``, or ``_FATAL`` by
+        ``produce`` once it is fatal) is a failed write, logged once; any other error,
+        or any error of a transactional producer, is raised again."""
         error: KafkaError = exc.args[0]
-        if not (error.fatal() or error.code() == KafkaError._FATAL):
+        if not (self._gapless and (error.fatal() or error.code() == KafkaError._FATAL)):
             raise exc
+        if not self._fatal_logged:
+            log.error("changelog producer failed for good: %s", error.str())
+            self._fatal_logged = True
         self._failures.append(Failure(self._topic, key, error))
         self._metrics.changelog_errors.inc()
-        log.error("changelog producer failed for good: %s", error.str())
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""

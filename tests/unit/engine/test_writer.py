@@ -64,11 +64,11 @@ class Producer:
 
 
 def writer_with(producer: Producer, observe: Callable[[Message], None] | None = None,
-                ) -> tuple[ChangelogWriter, Metrics]:
+                *, gapless: bool = True) -> tuple[ChangelogWriter, Metrics]:
     metrics = Metrics()
     if observe is None:
-        return ChangelogWriter(producer, CHANGELOG, metrics), metrics
-    return ChangelogWriter(producer, CHANGELOG, metrics, observe), metrics
+        return ChangelogWriter(producer, CHANGELOG, metrics, gapless=gapless), metrics
+    return ChangelogWriter(producer, CHANGELOG, metrics, observe, gapless=gapless), metrics
 
 
 def put(key: bytes, value: bytes | None) -> Record:
@@ -205,9 +205,11 @@ def test_only_the_last_put_of_a_plan_asks_for_a_report() -> None:
     assert writer.position(1) is None, "puts still confirm nothing"
 
 
-def test_a_fatal_error_of_the_gapless_producer_is_a_failed_write() -> None:
+def test_a_fatal_error_of_the_gapless_producer_is_a_failed_write_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
     """A gapless producer that lost a record raises its fatal error from ``poll``, then
-    ``_FATAL`` from every ``produce``: both are failed changelog writes, counted."""
+    ``_FATAL`` from every ``produce``: both are failed changelog writes, counted; a
+    plan's puts stop at the first refusal and leave its step undurable; one log line."""
     producer = Producer()
     writer, metrics = writer_with(producer)
     gap = KafkaError(KafkaError._GAPLESS_GUARANTEE, "Message size too large", fatal=True)
@@ -215,13 +217,28 @@ def test_a_fatal_error_of_the_gapless_producer_is_a_failed_write() -> None:
     writer.serve()
     producer.refuse = KafkaError(KafkaError._FATAL, "Local: Fatal error")
     acks = writer.acks()
-    writer.puts(0, [put(K1, b"v"), put(K2, b"w")], acks)
-    tombstone(writer, 0, K1)
+    writer.puts(0, [put(K1, b"v"), put(K2, b"w"), put(K1, b"x")], acks)
+    tombstone(writer, 0, K2)
     failures = writer.take_failures()
     assert [(f.key, f.error.code()) for f in failures] == [
-        (None, KafkaError._GAPLESS_GUARANTEE), (K1, KafkaError._FATAL),
-        (K2, KafkaError._FATAL), (K1, KafkaError._FATAL)]
-    assert errors(metrics) == 4
+        (None, KafkaError._GAPLESS_GUARANTEE), (K1, KafkaError._FATAL), (K2, KafkaError._FATAL)]
+    assert errors(metrics) == 3
+    assert not acks.done, "the step is never counted durable"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "changelog producer failed for good: Message size too large"]
+
+
+def test_a_transactional_writers_errors_are_raised_as_before() -> None:
+    """Under exactly-once a fatal error (a fence) ends the transaction's own way."""
+    producer = Producer()
+    writer, _ = writer_with(producer, gapless=False)
+    producer.refuse = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+    with pytest.raises(KafkaException):
+        writer.puts(0, [put(K1, b"v"), put(K2, b"w")], writer.acks())
+    producer.refuse = None
+    producer.fatal = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+    with pytest.raises(KafkaException):
+        writer.serve()
 
 
 def test_other_errors_of_produce_and_poll_are_raised() -> None:
