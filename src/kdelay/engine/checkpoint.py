@@ -245,8 +245,7 @@ class AtLeastOnce:
     def _internals(self) -> list[Flushing]:
         """The producers of the internal topics: the other one, and the changelog's (its
         fatal errors kept by the writer as failed writes, see :meth:`ChangelogWriter.flush`)."""
-        writer = self.writer
-        return [self.internal] if writer.producer is self.internal else [self.internal, writer]
+        return [self.internal, self.writer]
 
     def _take_acknowledged(self) -> list[Batch]:
         """Return the batches at the head of the queue whose records are all acknowledged."""

@@ -24,16 +24,14 @@ class Rereads:
     of those requests delivered (or dead-lettered) since the assignment."""
 
     def __init__(self) -> None:
-        self._ranges: dict[int, tuple[int, int]] = {}
-        self._settled: dict[int, set[bytes]] = {}
+        self._watched: dict[int, tuple[int, int, set[bytes]]] = {}
 
     def watch(self, partition: int, start: int, below: int | None) -> Callable[[bytes], bool]:
         """Requests of ``partition`` from offset ``start`` up to ``below`` may be read again
         (None: none is); return :meth:`delivered` for ``partition``, for its planner."""
         self.forget(partition)
         if below is not None:
-            self._ranges[partition] = (start, below)
-            self._settled[partition] = set()
+            self._watched[partition] = (start, below, set())
 
         def delivered(key: bytes) -> bool:
             return self.delivered(partition, key)
@@ -41,28 +39,26 @@ class Rereads:
 
     def note(self, partition: int, keys: Iterable[bytes]) -> None:
         """``keys`` of ``partition`` left the index, done: remember those in the range."""
-        bounds = self._ranges.get(partition)
-        if bounds is None:
+        watched = self._watched.get(partition)
+        if watched is None:
             return
-        start, below = bounds
-        settled = self._settled[partition]
+        start, below, settled = watched
         for key in keys:
             if start <= codec.unpack_due_key(key)[2] < below:
                 settled.add(key)
 
     def delivered(self, partition: int, key: bytes) -> bool:
         """Whether the entry ``key`` of a request read again left the index, done."""
-        settled = self._settled.get(partition)
-        return settled is not None and key in settled
+        watched = self._watched.get(partition)
+        return watched is not None and key in watched[2]
 
     def passed(self, partition: int, consumed: int) -> None:
         """Intake applied ``partition``'s requests up to ``consumed``: past the range,
         nothing in it is read again."""
-        bounds = self._ranges.get(partition)
-        if bounds is not None and consumed >= bounds[1]:
+        watched = self._watched.get(partition)
+        if watched is not None and consumed >= watched[1]:
             self.forget(partition)
 
     def forget(self, partition: int) -> None:
         """Drop what is known of ``partition`` (lost, revoked, or read past)."""
-        self._ranges.pop(partition, None)
-        self._settled.pop(partition, None)
+        self._watched.pop(partition, None)

@@ -571,12 +571,12 @@ class Service:
                 self._consumed[tp.partition] = committed[tp.partition]
             self._indexes[tp.partition] = index
             # An empty index holds nothing a request read again could find pending.
-            start = self._consumed.get(tp.partition, 0)
-            rereads = None if index.first_key() is None else max(start, 0) + REREAD_RECORDS
+            start = max(self._consumed.get(tp.partition, 0), 0)
+            rereads = None if index.first_key() is None else start + REREAD_RECORDS
             self._planners[tp.partition] = Planner(
                 topics, self._limits, index.id_state, delivery.withhold, self._policy,
                 self._partitions, IdWindow(self._id_window_ms, self._clock, index),
-                rereads, delivery.rereads.watch(tp.partition, max(start, 0), rereads))
+                rereads, delivery.rereads.watch(tp.partition, start, rereads))
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
         log.info("assigned %s", [tp.partition for tp in partitions])

@@ -41,7 +41,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import latch
-from kdelay.plumbing.clients import ROOM_POLL_S, Producing, produce
+from kdelay.plumbing.clients import ROOM_POLL_S, Producing
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdRecord, Watermark
 
@@ -209,22 +209,14 @@ class ChangelogWriter:
         """
         if not records:
             return
-        produce_ = self._producer.produce
-        topic = self._topic
+        write = self._write
         for record in records[:-1]:
-            try:
-                produce_(topic, value=record.value, key=record.key, partition=partition)
-            except BufferError:  # serve reports for room, as the helper does after each refusal
-                self.serve(ROOM_POLL_S)
-                produce(self._producer, topic, key=record.key, value=record.value,
-                        partition=partition, on_delivery=None)
-            except KafkaException as exc:
-                self._refused(exc, record.key)
+            if not write(partition, record.key, record.value, None):
                 acks.waiting += 1  # never reported: the step stays undurable
                 return
         last = records[-1]
         acks.waiting += 1
-        self._write(partition, last.key, last.value, acks.on_changelog)
+        write(partition, last.key, last.value, acks.on_changelog)
 
     def seal(self, partition: int, mark: Watermark | None, tombstones: Iterable[bytes],
              ended: Iterable[IdRecord]) -> None:
@@ -251,21 +243,24 @@ class ChangelogWriter:
                     acks.on_marker)
 
     def _write(self, partition: int, key: bytes | None, value: bytes | None,
-               report: Callable[[KafkaError | None, Message], None]) -> None:
-        """Produce one changelog record, waiting for queue room rather than dropping it.
+               report: Callable[[KafkaError | None, Message], None] | None) -> bool:
+        """Produce one changelog record (``report`` None: no report asked), waiting for
+        queue room rather than dropping it; False when the producer refused it for
+        good (see :meth:`_refused`).
 
-        Once per request taken in: the producer's call alone, and the waiting
-        helper (interpreted) only when the queue refused the record.
+        Once per request taken in: the producer's call alone; the reports are
+        served through :meth:`serve` only while the queue refuses the record.
         """
-        try:
-            self._producer.produce(self._topic, value=value, key=key, partition=partition,
-                                   on_delivery=report)
-        except BufferError:  # serve reports for room, as the helper does after each refusal
-            self.serve(ROOM_POLL_S)
-            produce(self._producer, self._topic, key=key, value=value, partition=partition,
-                    on_delivery=report)
-        except KafkaException as exc:
-            self._refused(exc, key)
+        while True:
+            try:
+                self._producer.produce(self._topic, value=value, key=key, partition=partition,
+                                       on_delivery=report)
+                return True
+            except BufferError:
+                self.serve(ROOM_POLL_S)
+            except KafkaException as exc:
+                self._refused(exc, key)
+                return False
 
     def serve(self, timeout_s: float = 0) -> None:
         """Serve the producer's reports for up to ``timeout_s`` seconds.

@@ -178,7 +178,7 @@ class Consuming(Protocol):
 
 
 def produce(producer: Producing, topic: str, *, value: bytes | None, key: bytes | None,
-            on_delivery: Report | None, partition: int | None = None,
+            on_delivery: Report, partition: int | None = None,
             headers: Headers | None = None, timestamp: int = 0) -> None:
     """Produce a record, polling for room while librdkafka's queue is full.
 

@@ -21,7 +21,8 @@ class Entry:
     Treated as immutable. A class of its own rather than a dataclass: intake
     makes one per request, and a dataclass's generated ``__init__`` runs
     interpreted even here; :attr:`due` is decoded from the key when first asked
-    (intake's entries seldom are). Entries are equal when key and value are.
+    (of intake's entries, only those delivery may adopt are). Entries are equal
+    when key and value are.
     """
 
     def __init__(self, key: bytes, value: IndexValue, raw: bytes = b"") -> None:
