@@ -222,11 +222,12 @@ class Delivery:
         covered = self._ahead.window(partition).covered
         if covered is None:
             return
-        # Adopted entries cost no read: only the cap on held entries bounds them.
-        room = self._ahead.cap(partition)
+        # Adopted entries cost no read: only the cap on held entries bounds them. Keys
+        # sort by due time, so the window's bound tells without decoding one.
+        room, bound = self._ahead.cap(partition), codec.due_upper_bound(covered)
         held, book = self._ahead.held, self._book.keys
         taken = sorted(
-            (entry for entry in entries if entry.due.due_ms <= covered and entry.key not in held
+            (entry for entry in entries if entry.key < bound and entry.key not in held
              and entry.key not in book and entry.key in originals), key=lambda e: e.key)
         del taken[max(0, room):]
         if taken:
@@ -244,14 +245,13 @@ class Delivery:
             self._plans.pop(entries[0].key, None)
             self._marks_of(partition).applied(entries[0].key)
         window = self._ahead.window(partition)
-        covered = window.covered
+        bound = None if window.covered is None else codec.due_upper_bound(window.covered)
         lowest: bytes | None = None
         for entry in self._ahead.indexed(entries):
             job = self._book.get(entry.key)
             if job is not None:
                 job.indexed = True
-            elif (covered is None or entry.due.due_ms <= covered) and (
-                    lowest is None or entry.key < lowest):
+            elif (bound is None or entry.key < bound) and (lowest is None or entry.key < lowest):
                 lowest = entry.key
         if lowest is not None:
             # Scan again (from no later than ``lowest``) until a scan had room for it.
