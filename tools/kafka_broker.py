@@ -48,6 +48,16 @@ reboot; a later ``start`` then formats a new cluster. A checkout deleted
 without ``reset`` leaves its directory behind: the next ``start`` of any
 checkout that chooses memory removes it.
 
+The jar broker runs at a higher CPU priority than the processes around it
+(niceness ``BROKER_NICE``, -10, for every thread and for its session's
+scheduling autogroup; ``KDELAY_BROKER_NICE`` sets another, 0 none): on a
+machine of two cores that it shares with the tests, ``tools/bench`` and kdelay,
+it stands in for a broker with cores of its own. Without it a long garbage
+collection stretches while the clients hold both cores, and librdkafka's
+idempotent producers spin while they wait for it (``docs/benchmarks.md``). It
+needs root or CAP_SYS_NICE; without them ``start`` says so once and the broker
+runs at normal priority.
+
 ``stop`` ends only the broker this tool started (by its recorded pid, or the
 compose service), and ``kill`` sends it SIGKILL, for crash tests; a later
 ``start`` reuses its log directory. The jar broker's output goes to
@@ -89,6 +99,8 @@ MEMORY = Path("/dev/shm")  # noqa: S108 - a private directory is made in it, see
 MEMORY_DATA_MIN_FREE = 4 << 30
 OWNER_SUFFIX = ".owner"  # beside a directory in MEMORY: the RUN directory that chose it
 LOG_TAIL_LINES = 30
+# The jar broker's niceness (KDELAY_BROKER_NICE overrides; 0 leaves it as started).
+BROKER_NICE = -10
 RUN_MARKER = "--- tools/kafka start: "
 STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 
@@ -420,6 +432,50 @@ def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
     return config
 
 
+def broker_nice() -> int:
+    """The niceness the jar broker runs at: ``KDELAY_BROKER_NICE``, else ``BROKER_NICE``."""
+    given = os.environ.get("KDELAY_BROKER_NICE", "").strip()
+    if not given:
+        return BROKER_NICE
+    try:
+        nice = int(given)
+    except ValueError:
+        nice = 99
+    if not -20 <= nice <= 19:
+        sys.exit(f"tools/kafka: KDELAY_BROKER_NICE must be a niceness from -20 to 19, "
+                 f"got {given!r}")
+    return nice
+
+
+def niceness(nice: int) -> None:
+    """Set this process's niceness to ``nice``, if allowed (in the broker's child before
+    ``exec``: every JVM thread inherits it). Refused, it stays; :func:`prioritise` tells."""
+    if nice:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
+def prioritise(pid: int, nice: int, proc: Path = Path("/proc")) -> str | None:
+    """Give the autogroup of process ``pid`` (its session, where the kernel has
+    autogroups) the niceness ``nice``; return why the broker runs at normal
+    priority, or None. The process itself got ``nice`` from :func:`niceness`."""
+    if not nice:
+        return None
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None  # gone: start reports that
+    if int(stat.rsplit(")", 1)[1].split()[16]) != nice:
+        return f"setting niceness {nice} needs root or CAP_SYS_NICE"
+    group = proc / str(pid) / "autogroup"
+    if group.exists():
+        try:
+            group.write_text(f"{nice}\n")
+        except OSError as exc:
+            return f"its autogroup refused niceness {nice} ({exc.strerror})"
+    return None
+
+
 def java_command(*args: str) -> list[str]:
     """Return a ``java`` command line with the broker's classpath and JVM options."""
     heap = os.environ.get("KDELAY_BROKER_HEAP", "1g")
@@ -463,12 +519,16 @@ def start_jars() -> str:
     with (RUN / "broker.log").open("ab") as out:
         out.write(f"{RUN_MARKER}{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         out.flush()
+        nice = broker_nice()
         proc = subprocess.Popen(
             java_command("kafka.Kafka", str(config)),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=lambda: niceness(nice),
         )
     (RUN / "pid").write_text(f"{proc.pid}\n")
+    refused = prioritise(proc.pid, nice)
+    if refused:
+        log(f"broker at normal CPU priority: {refused}")
     bootstrap = f"127.0.0.1:{port}"
     (RUN / "bootstrap").write_text(bootstrap + "\n")
     wait_ready(bootstrap, time.monotonic() + READY_TIMEOUT_S, proc.pid)
