@@ -126,6 +126,41 @@ def address(given: str | None = None) -> str:
     return lines[0].removeprefix("bootstrap=")
 
 
+class PrivateBroker:
+    """A jar broker of this tool in ``cache``, a directory of its own, sharing only the
+    downloaded jars: for a test or a probe that kills or stops its broker (never the
+    shared one). Its port is any free one; ``env`` adds to the environment
+    ``tools/kafka`` runs with (none of the caller's ``KDELAY_*`` variables)."""
+
+    def __init__(self, cache: Path, **env: str) -> None:
+        cache.mkdir(parents=True, exist_ok=True)
+        jars = cache / LIBS.name
+        if not jars.exists():
+            jars.symlink_to(LIBS)
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("KDELAY_")},
+                    "KDELAY_CACHE_DIR": str(cache), "KDELAY_BROKER_PORT": "0", **env}
+        self.pid_file = cache / RUN.name / "pid"
+        self.bootstrap = ""
+
+    def start(self) -> None:
+        done = self._kafka("start", check=True)
+        self.bootstrap = done.stdout.strip().removeprefix("bootstrap=")
+
+    def kill(self) -> None:
+        self._kafka("kill", check=True)
+
+    def stop(self) -> None:
+        self._kafka("stop", check=False)
+
+    def pid(self) -> int:
+        """The broker's process id, as ``start`` recorded it."""
+        return int(self.pid_file.read_text())
+
+    def _kafka(self, command: str, *, check: bool) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ROOT / "tools" / "kafka"), command], env=self.env,
+                              capture_output=True, text=True, check=check, timeout=180)
+
+
 def running() -> bool:
     """Return whether a broker this tool started is running (``tools/kafka status``)."""
     return subprocess.run([str(ROOT / "tools" / "kafka"), "status"], capture_output=True,
@@ -437,11 +472,8 @@ def broker_nice() -> int:
     given = os.environ.get("KDELAY_BROKER_NICE", "").strip()
     if not given:
         return BROKER_NICE
-    try:
-        nice = int(given)
-    except ValueError:
-        nice = 99
-    if not -20 <= nice <= 19:
+    nice = int(given) if re.fullmatch(r"[+-]?\d+", given) else None
+    if nice is None or not -20 <= nice <= 19:
         sys.exit(f"tools/kafka: KDELAY_BROKER_NICE must be a niceness from -20 to 19, "
                  f"got {given!r}")
     return nice

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,14 +30,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import kafka_broker
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from failover_probe import KDELAY, Instance, deployment
+from kafka_broker import PrivateBroker
+from kdelay_bench.cputime import own_cpu_s, stat_cpu_s
 from kdelay_bench.load import request_headers
 
-KAFKA = Path(__file__).resolve().parent / "kafka"
 DELAY_MS = 200
 # The slowed broker: stopped this long, then running this long, in turn.
 SLOW_CYCLE_S = (0.04, 0.01)
@@ -56,70 +54,45 @@ def log(message: str) -> None:
     print(f"stall: {message}", file=sys.stderr, flush=True)
 
 
-class PrivateBroker:
-    """A broker of ``tools/kafka`` in its own cache directory, sharing only the jars."""
+@contextmanager
+def stalled(broker: PrivateBroker) -> Iterator[None]:
+    """The broker process stopped (SIGSTOP) for the block, continued after it."""
+    pid = broker.pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
-    def __init__(self, cache: Path) -> None:
-        cache.mkdir(parents=True)
-        (cache / kafka_broker.LIBS.name).symlink_to(kafka_broker.LIBS)
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("KDELAY_")},
-                    "KDELAY_CACHE_DIR": str(cache), "KDELAY_BROKER_PORT": "0"}
-        self.pid_file = cache / "broker" / "pid"
-        self.bootstrap = ""
 
-    def start(self) -> None:
-        done = subprocess.run([str(KAFKA), "start"], env=self.env, capture_output=True,
-                              text=True, check=True, timeout=180)
-        self.bootstrap = done.stdout.strip().removeprefix("bootstrap=")
+@contextmanager
+def slowed(broker: PrivateBroker) -> Iterator[None]:
+    """The broker stopped and continued in turn (:data:`SLOW_CYCLE_S`) for the block: it
+    answers, late, as a broker short of CPU does."""
+    pid = broker.pid()
+    done = threading.Event()
 
-    def stop(self) -> None:
-        subprocess.run([str(KAFKA), "stop"], env=self.env, capture_output=True, check=False)
-
-    @contextmanager
-    def slowed(self) -> Iterator[None]:
-        """The broker stopped and continued in turn (:data:`SLOW_CYCLE_S`) for the block:
-        it answers, late, as a broker short of CPU does."""
-        pid = int(self.pid_file.read_text())
-        done = threading.Event()
-
-        def cycle() -> None:
-            stopped_s, running_s = SLOW_CYCLE_S
-            while not done.is_set():
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(stopped_s)
-                os.kill(pid, signal.SIGCONT)
-                time.sleep(running_s)
-
-        cycler = threading.Thread(target=cycle, daemon=True)
-        cycler.start()
-        try:
-            yield
-        finally:
-            done.set()
-            cycler.join()
+    def cycle() -> None:
+        stopped_s, running_s = SLOW_CYCLE_S
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stopped_s)
             os.kill(pid, signal.SIGCONT)
+            time.sleep(running_s)
 
-    @contextmanager
-    def stalled(self) -> Iterator[None]:
-        """The broker process stopped (SIGSTOP) for the block, continued after it."""
-        pid = int(self.pid_file.read_text())
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            os.kill(pid, signal.SIGCONT)
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process, every thread."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    cycler = threading.Thread(target=cycle, daemon=True)
+    cycler.start()
+    try:
+        yield
+    finally:
+        done.set()
+        cycler.join()
+        os.kill(pid, signal.SIGCONT)
 
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds of process ``pid``, every thread."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
 
 
 def producer_row(broker: PrivateBroker, name: str, seconds: float) -> str:
@@ -132,7 +105,7 @@ def producer_row(broker: PrivateBroker, name: str, seconds: float) -> str:
     for _ in range(100):
         producer.produce(topic, b"x" * 100)
     producer.flush(30)
-    with broker.stalled():
+    with stalled(broker):
         before, started = own_cpu_s(), time.monotonic()
         while time.monotonic() - started < seconds:
             for _ in range(20):  # at least 5 in flight, the rest queued behind them
@@ -180,10 +153,10 @@ PHASES = ("warm-up", "before the stall", "broker stopped", "after the stall",
 def _phase(broker: PrivateBroker, phase: str) -> Iterator[None]:
     """What the broker does in ``phase``: stopped, slowed, or nothing special."""
     if phase == "broker stopped":
-        with broker.stalled():
+        with stalled(broker):
             yield
     elif phase == "broker slowed":
-        with broker.slowed():
+        with slowed(broker):
             yield
     else:
         yield

@@ -38,9 +38,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import ROOT, _unavailable, produce_all
+from tests.conftest import _unavailable, produce_all
 
-KAFKA = ROOT / "tools" / "kafka"
 READY = re.compile(r"assigned \[\d")
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 60.0
@@ -70,7 +69,7 @@ def run_cli(env: dict[str, str], *args: str,
     return subprocess.run([*kdelay_command(), *args], env=env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
 
-class OwnBroker:
+class OwnBroker(kafka_broker.PrivateBroker):
     """A broker of ``tools/kafka`` that only one test uses, in ``cache``.
 
     For a test that kills or stops its broker: never the broker the other
@@ -81,21 +80,8 @@ class OwnBroker:
 
     def __init__(self, cache: Path) -> None:
         version = os.environ.get("KDELAY_KAFKA_VERSION")
-        self.env = {**clean_environment(), "KDELAY_CACHE_DIR": str(cache),
-                    "KDELAY_BROKER_PORT": "0", "KDELAY_BROKER_HEAP": "512m",
-                    **({"KDELAY_KAFKA_VERSION": version} if version else {})}
-        self.bootstrap = ""
-
-    def start(self) -> None:
-        done = subprocess.run([str(KAFKA), "start"], env=self.env, capture_output=True,
-                              text=True, check=True, timeout=180)
-        self.bootstrap = done.stdout.strip().removeprefix("bootstrap=")
-
-    def kill(self) -> None:
-        subprocess.run([str(KAFKA), "kill"], env=self.env, capture_output=True, check=True)
-
-    def stop(self) -> None:
-        subprocess.run([str(KAFKA), "stop"], env=self.env, capture_output=True, check=False)
+        super().__init__(cache, KDELAY_BROKER_HEAP="512m",
+                         **({"KDELAY_KAFKA_VERSION": version} if version else {}))
 
 
 @pytest.fixture
@@ -104,10 +90,7 @@ def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
     libs = kafka_broker.LIBS
     if not (libs / ".complete").exists():
         _unavailable(f"the broker jars are not fetched into {libs} (tools/kafka start does)")
-    cache = tmp_path / "broker-cache"
-    cache.mkdir()
-    (cache / libs.name).symlink_to(libs)
-    broker = OwnBroker(cache)
+    broker = OwnBroker(tmp_path / "broker-cache")
     broker.start()
     try:
         yield broker
