@@ -2,7 +2,9 @@
 
 One :class:`~kdelay.state.index.PartitionIndex` in a temporary directory, with
 ``kdelay run``'s garbage-collector settings. Per record, in µs of this
-thread's CPU: ``apply_puts`` (intake's index write: encoded entries, tally
+thread's CPU: ``plan`` (intake's planner over batches of 1 000 request
+records: headers parsed, fingerprints, keys and index values encoded, the
+changelog records built; no produce), ``apply_puts`` (intake's index write: encoded entries, tally
 multi-get and counts, one ``WriteBatch`` per 1 000), ``scan`` (delivery's
 read-ahead: 1 000 keys and values a scan from a cursor), ``send`` (the
 sender's hot loop over a run slice: fingerprint check, headers, one
@@ -30,13 +32,14 @@ from kdelay import native
 from kdelay.engine.book import Book, Job
 from kdelay.engine.failures import TopicCheck
 from kdelay.engine.flights import Flight
+from kdelay.engine.intake import IdWindow, Planner, Topics
 from kdelay.engine.runner import tune_gc
 from kdelay.engine.runs import Run
 from kdelay.engine.sealing import landed_runs, seal_of
 from kdelay.engine.sender import Routes, Sender
 from kdelay.engine.watermarks import Marks
 from kdelay.plumbing.clock import SystemClock
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import codec, durations, envelope
 from kdelay.protocol.codec import IndexValue
 from kdelay.protocol.envelope import Headers
 from kdelay.protocol.targets import TargetPolicy
@@ -99,6 +102,16 @@ def run_once(count: int) -> dict[str, float]:
                          "queue.buffering.max.messages": count + 1,
                          "queue.buffering.max.kbytes": 2_000_000, "log_level": 0})
     runs: list[Run] = []
+    planner = Planner(Topics(REQUESTS, "bench.changelog", "bench.dlq"),
+                      durations.limits_for_retention(
+                          None, 0, durations.parse_levels(durations.DEFAULT_LEVELS)),
+                      index.id_state, lambda _: False, None, None,
+                      IdWindow(3_600_000, SystemClock(), index))
+
+    def plan() -> int:
+        for s in range(0, count, BATCH):
+            planner.done(planner.plan(0, originals[s:s + BATCH]))
+        return count
 
     def puts() -> int:
         for s in range(0, count, BATCH):
@@ -135,8 +148,8 @@ def run_once(count: int) -> dict[str, float]:
         return count
 
     try:
-        return {"apply_puts": _timed(puts), "scan": _timed(scan), "send": _timed(send),
-                "seal": _timed(seal)}
+        return {"plan": _timed(plan), "apply_puts": _timed(puts), "scan": _timed(scan),
+                "send": _timed(send), "seal": _timed(seal)}
     finally:
         producer.purge()
         producer.flush(0)

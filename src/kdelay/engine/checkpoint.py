@@ -44,7 +44,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -64,25 +64,25 @@ from kdelay.state.index import PartitionIndex
 
 log = logging.getLogger(__name__)
 
-TXN_MARGIN_MS = 10_000
-ACK_POLL_S = 0.001
-CLOSE_FLUSH_S = 10.0
+TXN_MARGIN_MS: Final = 10_000
+ACK_POLL_S: Final = 0.001
+CLOSE_FLUSH_S: Final = 10.0
 # The longest one transactional call waits. A call that times out is retried
 # (commit) or ends the transaction (the others), so this bounds how long the
 # loop is held when Kafka goes away, not how long Kafka may take.
-TXN_CALL_S = 10.0
+TXN_CALL_S: Final = 10.0
 # How often a call that may ignore its own timeout is looked at while it runs
 # (see :meth:`ExactlyOnce._send_offsets`).
 ANSWER_POLL_S = 0.5
 # How long a step waits for an abort left unfinished (Kafka away) before it gives
 # the loop back; the next step tries again.
-ABORT_RETRY_S = 1.0
+ABORT_RETRY_S: Final = 1.0
 # At-least-once: how many intake records may await their acknowledgements
 # before a step waits for them (memory, and how much a crash re-reads).
-MAX_UNACKED_RECORDS = 20_000
+MAX_UNACKED_RECORDS: Final = 20_000
 # At-least-once: how often a partition's deliveries are sealed (a watermark, index
 # deletes) while fewer than a batch landed. Exactly-once seals with each transaction.
-SEAL_EVERY_S = 0.05
+SEAL_EVERY_S: Final = 0.05
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
@@ -64,12 +64,13 @@ class Outcome(StrEnum):
 
 
 # What a cancel, and a reschedule, of an id whose schedule ended answer.
-_CANCEL_OF_ENDED = {End.DELIVERED: Outcome.ALREADY_DELIVERED, End.CANCELLED: Outcome.CANCELLED,
-                    End.DEAD_LETTERED: Outcome.DEAD_LETTERED}
-_MOVE_OF_ENDED = {**_CANCEL_OF_ENDED, End.CANCELLED: Outcome.UNKNOWN}  # nothing left to move
+_CANCEL_OF_ENDED: Final = {End.DELIVERED: Outcome.ALREADY_DELIVERED,
+                           End.CANCELLED: Outcome.CANCELLED,
+                           End.DEAD_LETTERED: Outcome.DEAD_LETTERED}
+_MOVE_OF_ENDED: Final = {**_CANCEL_OF_ENDED, End.CANCELLED: Outcome.UNKNOWN}  # nothing left to move
 # Most expired id markers one plan drops, and how often (service clock) a planner looks.
-PRUNE_LIMIT = 1_000
-PRUNE_EVERY_MS = 1_000
+PRUNE_LIMIT: Final = 1_000
+PRUNE_EVERY_MS: Final = 1_000
 
 
 class Record(NamedTuple):
@@ -109,10 +110,10 @@ class Plan:
     originals: dict[bytes, Message] = field(default_factory=dict)
 
 
-_SCHEDULED = (Outcome.SCHEDULED, "")
+_SCHEDULED: Final = (Outcome.SCHEDULED, "")
 # Builds a named tuple from all its fields without the generated Python-level
 # ``__new__``, which costs three times as much: for the objects made per request.
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 IdLookup = Callable[[str], IdState | None]
 # Asked before a pending entry is cancelled: True when delivery now holds the
@@ -238,7 +239,7 @@ class Planner:
         """Plan a batch of records of ``partition``, given in offset order."""
         plan = Plan(partition)
         self._prune(plan)
-        parse, limits, refusal = envelope.parse, self._limits, self._policy.refusal
+        limits, refusal = self._limits, self._policy.refusal
         offset = None
         for message in messages:
             offset = message.offset() or 0
@@ -249,7 +250,7 @@ class Planner:
             # A record without a timestamp gets -1: relative delays are then
             # rejected (bad-time) instead of being measured from "now", which
             # would give a different key each time the record is re-read.
-            parsed = parse(message.headers(), timestamp if known else -1, limits)
+            parsed = envelope.parse(message.headers(), timestamp if known else -1, limits)
             if isinstance(parsed, Schedule):
                 refused = refusal(parsed.target, parsed.lane)
                 if refused is not None:
@@ -578,7 +579,7 @@ class Planner:
 
 
 # Most differing duplicates one batch logs one by one (all are counted).
-CONFLICTS_LOGGED = 5
+CONFLICTS_LOGGED: Final = 5
 
 
 def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> None:

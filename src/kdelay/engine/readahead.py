@@ -11,7 +11,7 @@ every partition, the run of every key it holds, and how far each index was read.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from typing import cast
+from typing import Final, cast
 
 from kdelay.engine.book import Book, State
 from kdelay.engine.runs import Run
@@ -22,7 +22,7 @@ from kdelay.state.index import PartitionIndex, Scan
 from kdelay.state.originals import Found, Reading
 
 # A partition holds at most this many batches in memory, whatever their state.
-MAX_HELD_BATCHES = 20
+MAX_HELD_BATCHES: Final = 20
 
 
 class ReadAhead:

@@ -14,62 +14,65 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-_DUE_KEY = struct.Struct(">QIQ")
-_INDEX_HEAD = struct.Struct(">qI")
-_FIELD_HEAD = struct.Struct(">BI")
-_U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
+_DUE_KEY: Final = struct.Struct(">QIQ")
+_INDEX_HEAD: Final = struct.Struct(">qI")
+_FIELD_HEAD: Final = struct.Struct(">BI")
+_U64: Final = struct.Struct(">Q")
+_I64: Final = struct.Struct(">q")
 
-DUE_KEY_SIZE = _DUE_KEY.size
+DUE_KEY_SIZE: Final = _DUE_KEY.size
 """Length in bytes of an encoded due key (20)."""
-INDEX_HEAD_SIZE = _INDEX_HEAD.size
+INDEX_HEAD_SIZE: Final = _INDEX_HEAD.size
 """Length in bytes of an encoded index value without a schedule id (12)."""
 # The changelog key under which intake records its consumed offset; any length
 # but DUE_KEY_SIZE keeps it apart from due keys.
-CONSUMED_MARKER = b"kdelay/consumed"
+CONSUMED_MARKER: Final = b"kdelay/consumed"
 # The changelog key of the tombstones the service writes to read the broker's
 # clock (see :mod:`kdelay.engine.skew`); replay ignores it.
-CLOCK_PROBE = b"kdelay/clock"
+CLOCK_PROBE: Final = b"kdelay/clock"
 # The changelog key of each partition's delivered watermark (value
 # :func:`encode_watermark`): the entries it covers need no tombstone of their own.
 # Not DUE_KEY_SIZE long and no ID_RECORD_PREFIX, so it is told apart from both.
-WATERMARK_MARKER = b"kdelay/delivered-below"
+WATERMARK_MARKER: Final = b"kdelay/delivered-below"
 # Changelog keys of the ids whose schedules ended (``ID_RECORD_PREFIX + UTF-8 id``,
 # value :func:`encode_id_state`): a rebuilt index remembers them for the id window.
 # Longer than a due key, so no such key is ever DUE_KEY_SIZE long.
-ID_RECORD_PREFIX = b"kdelay/ended-schedule-id/"
+ID_RECORD_PREFIX: Final = b"kdelay/ended-schedule-id/"
 
-_U32_MAX = 2**32 - 1
-_U64_MAX = 2**64 - 1
-_I64_MIN = -(2**63)
-_I64_MAX = 2**63 - 1
+_U32_MAX: Final = 2**32 - 1
+_U64_MAX: Final = 2**64 - 1
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
 
-_PENDING = b"P"
-_DELIVERED = b"D"
-_ENDED = b"E"
-_ENDED_BODY = struct.Struct(">BQ20sqI")
-_ABSENT_FIELD = b"\x00"
-SMALL_RECORD = 4_096  # key and value up to this many bytes: one CRC call (framed_crc)
-_FRAMES: dict[int, bytes] = {}  # the frame of a present field up to SMALL_RECORD, by length
+_PENDING: Final = b"P"
+_DELIVERED: Final = b"D"
+_ENDED: Final = b"E"
+_ENDED_BODY: Final = struct.Struct(">BQ20sqI")
+_ABSENT_FIELD: Final = b"\x00"
+SMALL_RECORD: Final = 4_096  # key and value up to this many bytes: one CRC call (framed_crc)
+_FRAMES: Final[dict[int, bytes]] = {}  # the frame of a present field up to SMALL_RECORD, by length
 # An index value that names its target: after the head, this byte (never part of
 # UTF-8, so no value of the first layout has it there), the id's length (0: no
 # id), the id, then the target to the end.
-_WITH_TARGET = 0xFF
-_TARGET_HEAD = struct.Struct(">BH")
+_WITH_TARGET: Final = 0xFF
+_NO_ID_TAILS: Final[dict[str, bytes]] = {}  # what follows the head without an id, by target
+_TARGET_HEAD: Final = struct.Struct(">BH")
 
 # Bound once: these run for every request intake reads and every record it
 # delivers. tuple.__new__ builds a named tuple from all its fields without the
 # generated Python-level __new__, which costs three times as much.
-_crc32 = zlib.crc32
-_pack_field_head = _FIELD_HEAD.pack
-_unpack_index_head = _INDEX_HEAD.unpack_from
-_unpack_due_key = _DUE_KEY.unpack
-_tuple_new = tuple.__new__
+_crc32: Final = zlib.crc32
+_pack_field_head: Final = _FIELD_HEAD.pack
+_unpack_index_head: Final = _INDEX_HEAD.unpack_from
+_unpack_due_key: Final = _DUE_KEY.unpack
+_pack_due_key: Final = _DUE_KEY.pack
+_pack_index_head: Final = _INDEX_HEAD.pack
+_tuple_new: Final = tuple.__new__
 
 
 class DueKey(NamedTuple):
@@ -183,14 +186,12 @@ class Watermark(NamedTuple):
         return key < self.bound and key not in self.pending
 
 
-_WATERMARK_VERSION = b"\x01"
+_WATERMARK_VERSION: Final = b"\x01"
 
 
 def key_after(key: bytes) -> bytes:
-    """Return the smallest due key above ``key``: a watermark bound that covers ``key``.
-
-    Raises ValueError for the largest possible key or one that is not a due key.
-    """
+    """Return the smallest due key above ``key`` (a watermark bound that covers it);
+    ValueError for the largest possible key or one that is not a due key."""
     _check_size("a due key", key, DUE_KEY_SIZE)
     following = int.from_bytes(key, "big") + 1
     if following >= 1 << (8 * DUE_KEY_SIZE):
@@ -199,11 +200,8 @@ def key_after(key: bytes) -> bytes:
 
 
 def encode_watermark(watermark: Watermark) -> bytes:
-    """Encode ``0x01 | bound (a due key) | pending due keys, sorted, end to end``.
-
-    Raises ValueError for a bound or pending key that is not a due key, or a
-    pending key that is not below the bound.
-    """
+    """Encode ``0x01 | bound (a due key) | pending due keys, sorted, end to end``;
+    ValueError for a bound or pending key that is not a due key, or one not below the bound."""
     _check_size("a watermark bound", watermark.bound, DUE_KEY_SIZE)
     for key in watermark.pending:
         _check_size("a pending key of a watermark", key, DUE_KEY_SIZE)
@@ -242,7 +240,7 @@ def encode_due_key(due_ms: int, partition: int, offset: int) -> bytes:
     idempotent. Raises ValueError for a negative or oversized field.
     """
     try:
-        return _DUE_KEY.pack(due_ms, partition, offset)
+        return _pack_due_key(due_ms, partition, offset)
     except struct.error:  # the checks run only to name the bad field
         _check_range("due_ms", due_ms, 0, _U64_MAX)
         _check_range("partition", partition, 0, _U32_MAX)
@@ -319,10 +317,8 @@ def framed_crc(key: bytes | None, value: bytes | None) -> int:
 
 
 def index_head(raw: bytes) -> tuple[int, int]:
-    """Return ``(timestamp_ms, crc)`` of an encoded index value without decoding the rest.
-
-    Raises struct.error for a value shorter than :data:`INDEX_HEAD_SIZE`.
-    """
+    """Return ``(timestamp_ms, crc)`` of an encoded index value without decoding the rest;
+    struct.error for a value shorter than :data:`INDEX_HEAD_SIZE`."""
     head: tuple[int, int] = _unpack_index_head(raw)
     return head
 
@@ -349,7 +345,7 @@ def encode_index_value(v: IndexValue) -> bytes:
     """
     timestamp_ms, crc = v.fingerprint
     try:
-        head = _INDEX_HEAD.pack(timestamp_ms, crc)
+        head = _pack_index_head(timestamp_ms, crc)
     except struct.error:  # the checks run only to name the bad field
         _check_range("fingerprint timestamp_ms", timestamp_ms, _I64_MIN, _I64_MAX)
         _check_range("fingerprint crc", crc, 0, _U32_MAX)
@@ -357,6 +353,8 @@ def encode_index_value(v: IndexValue) -> bytes:
     sid = v.schedule_id
     if sid is not None and not sid:
         raise ValueError("a schedule id must not be empty")
+    if sid is None and v.target is not None:  # most requests: a deployment has few targets
+        return head + (_NO_ID_TAILS.get(v.target) or _no_id_tail(v.target))
     raw_id = b"" if sid is None else sid.encode("utf-8")
     if v.target is None:
         return head + raw_id
@@ -364,6 +362,13 @@ def encode_index_value(v: IndexValue) -> bytes:
         raise ValueError(f"a schedule id next to a target has at most 65535 bytes, "
                          f"got {len(raw_id)}")
     return head + _TARGET_HEAD.pack(_WITH_TARGET, len(raw_id)) + raw_id + v.target.encode()
+
+
+def _no_id_tail(target: str) -> bytes:
+    tail = _TARGET_HEAD.pack(_WITH_TARGET, 0) + target.encode()
+    if len(_NO_ID_TAILS) < 1_024:  # bounded all the same
+        _NO_ID_TAILS[target] = tail
+    return tail
 
 
 def decode_index_value(raw: bytes) -> IndexValue:
@@ -392,10 +397,8 @@ def decode_index_value(raw: bytes) -> IndexValue:
 
 
 def due_ms_of(key: bytes) -> int:
-    """Return the due time of an encoded due key without decoding the rest.
-
-    Raises struct.error for a key shorter than 8 bytes.
-    """
+    """Return the due time of an encoded due key without decoding the rest; struct.error
+    for a key shorter than 8 bytes."""
     due_ms: int = _U64.unpack_from(key)[0]
     return due_ms
 
@@ -421,10 +424,8 @@ def record_times(values: Iterable[bytes]) -> list[int]:
 
 
 def request_timestamp_of(raw: bytes) -> int:
-    """Return the request timestamp (ms) of an encoded index value without decoding the rest.
-
-    Raises ValueError if ``raw`` is shorter than the fixed head.
-    """
+    """Return the request timestamp (ms) of an encoded index value without decoding the
+    rest; ValueError if ``raw`` is shorter than the fixed head."""
     if len(raw) < _INDEX_HEAD.size:
         raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
     timestamp_ms: int = _INDEX_HEAD.unpack_from(raw)[0]
@@ -533,9 +534,9 @@ def expiry_upper_bound(before_ms: int) -> bytes:
     return _U64.pack(max(0, min(before_ms, _U64_MAX)))
 
 
-TALLY_PREFIX = b"tally/"
+TALLY_PREFIX: Final = b"tally/"
 """Meta-column-family keys of the pending tally (see :mod:`kdelay.state.tally`) start with this."""
-TALLY_COMPLETE = b"tally/complete"
+TALLY_COMPLETE: Final = b"tally/complete"
 """Present once the tally stored in a meta column family covers the whole store."""
 
 

@@ -17,31 +17,31 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 from kdelay.protocol.durations import Limits
 
-PREFIX = "kdelay-"
-TARGET = "kdelay-target"
-DUE_MS = "kdelay-due-ms"
-DELAY_MS = "kdelay-delay-ms"
-LEVEL = "kdelay-level"
-PARTITION = "kdelay-partition"
-SCHEDULE_ID = "kdelay-id"
-CANCEL = "kdelay-cancel"
-RESCHEDULE = "kdelay-reschedule"
-LANE = "kdelay-lane"
-ORIGIN = "kdelay-origin"
-ERROR = "kdelay-error"
-ERROR_DETAIL = "kdelay-error-detail"
+PREFIX: Final = "kdelay-"
+TARGET: Final = "kdelay-target"
+DUE_MS: Final = "kdelay-due-ms"
+DELAY_MS: Final = "kdelay-delay-ms"
+LEVEL: Final = "kdelay-level"
+PARTITION: Final = "kdelay-partition"
+SCHEDULE_ID: Final = "kdelay-id"
+CANCEL: Final = "kdelay-cancel"
+RESCHEDULE: Final = "kdelay-reschedule"
+LANE: Final = "kdelay-lane"
+ORIGIN: Final = "kdelay-origin"
+ERROR: Final = "kdelay-error"
+ERROR_DETAIL: Final = "kdelay-error-detail"
 # The target an index entry was scheduled for, where no request is meant: on
 # forward records and on the dead letters of originals kdelay could not read
 # back. Not kdelay-target, so that such a record produced again is refused
 # (missing-target) rather than delivered empty.
-SCHEDULED_TARGET = "kdelay-scheduled-target"
+SCHEDULED_TARGET: Final = "kdelay-scheduled-target"
 # The user header of a recurring series' occurrence (see kdelay.recurring): each
 # occurrence is a new request under an id its series reuses by design.
-SERIES = "kdelay.series"
+SERIES: Final = "kdelay.series"
 
 HeaderValue: TypeAlias = str | bytes | None
 Headers: TypeAlias = list[tuple[str, HeaderValue]]
@@ -52,28 +52,28 @@ Values kdelay writes are always bytes; user values are passed through as given.
 AnyHeaders: TypeAlias = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue] | None
 """Headers as ``Message.headers()`` may return them: pairs, a dict, or None."""
 
-MAX_TIME_MS = 2**63 - 1
+MAX_TIME_MS: Final = 2**63 - 1
 """The latest due time kdelay accepts: Kafka timestamps are signed 64-bit."""
 
-_MAX_PARTITION = 2**31 - 1
-DETAIL_LIMIT = 200
+_MAX_PARTITION: Final = 2**31 - 1
+DETAIL_LIMIT: Final = 200
 """The most characters of a kdelay-error-detail header."""
-_SHOWN_BYTES = 60
-_LEVEL_DIGITS = 9
+_SHOWN_BYTES: Final = 60
+_LEVEL_DIGITS: Final = 9
 
-_REQUEST_HEADERS = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID, CANCEL,
-                              LANE, RESCHEDULE})
-_TIME_HEADERS = (DUE_MS, DELAY_MS, LEVEL)
-_PARTITION_DIGITS = 10
-_TOPIC_CACHE = 1_024
-_KNOWN_TOPICS: dict[bytes, str] = {}
-_MILLIS_DIGITS = 19
-_MILLIS = re.compile(rb"0*([0-9]{1,19})")
-_POSITIVE = re.compile(rb"0*([1-9][0-9]*)")
-_TOPIC = re.compile(rb"[A-Za-z0-9._-]{1,249}")
-LANE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_REQUEST_HEADERS: Final = frozenset({TARGET, DUE_MS, DELAY_MS, LEVEL, PARTITION, SCHEDULE_ID,
+                                     CANCEL, LANE, RESCHEDULE})
+_TIME_HEADERS: Final = (DUE_MS, DELAY_MS, LEVEL)
+_PARTITION_DIGITS: Final = 10
+_TOPIC_CACHE: Final = 1_024
+_KNOWN_TOPICS: Final[dict[bytes, str]] = {}
+_MILLIS_DIGITS: Final = 19
+_MILLIS: Final = re.compile(rb"0*([0-9]{1,19})")
+_POSITIVE: Final = re.compile(rb"0*([1-9][0-9]*)")
+_TOPIC: Final = re.compile(rb"[A-Za-z0-9._-]{1,249}")
+LANE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """What a lane is called: a letter or digit, then up to 63 of ``A-Z a-z 0-9 . _ -``."""
-_LANE_BYTES = re.compile(LANE_NAME.pattern.encode())
+_LANE_BYTES: Final = re.compile(LANE_NAME.pattern.encode())
 
 
 class ErrorCode(StrEnum):
@@ -571,7 +571,7 @@ def delivery_tail(origin: str, due_ms: int) -> Headers:
     return [(ORIGIN, origin.encode("utf-8")), (DUE_MS, str(due_ms).encode("ascii"))]
 
 
-_CHECK_LIMITS = Limits(levels=(1,), max_due_after_ms=None)
+_CHECK_LIMITS: Final = Limits(levels=(1,), max_due_after_ms=None)
 
 
 def _validated(headers: Headers) -> Headers:
