@@ -259,9 +259,9 @@ class Sender:
         due = job.entry.due
         headers = [*routing.user, *envelope.delivery_tail(self._where(job), due.due_ms)]
         (self._producer if flight.producer is None else flight.producer).produce(
-            routing.target, value=original.value(), key=original.key(),
-            partition=-1 if routing.partition is None else routing.partition,
-            headers=headers, timestamp=now, on_delivery=flight.report,
+            routing.target, original.value(), original.key(),
+            -1 if routing.partition is None else routing.partition, flight.report,
+            headers=headers, timestamp=now,
         )
         flight.produced += 1
         self.lateness_ms.append(now - due.due_ms)

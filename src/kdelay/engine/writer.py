@@ -253,8 +253,7 @@ class ChangelogWriter:
         """
         while True:
             try:
-                self._producer.produce(self._topic, value=value, key=key, partition=partition,
-                                       on_delivery=report)
+                self._producer.produce(self._topic, value, key, partition, report)
                 return True
             except BufferError:
                 self.serve(ROOM_POLL_S)

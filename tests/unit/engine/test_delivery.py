@@ -134,8 +134,10 @@ class FakeProducer:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=error)})
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, on_delivery: Callback | None = None, timestamp: int = 0,
+                partition: int = -1, callback: Callback | None = None, *,
+                on_delivery: Callback | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
+        on_delivery = on_delivery or callback
         if self.raises:
             raise self.raises.pop(0)
         if self.queue_limit is not None and len(self.unreported) >= self.queue_limit:

@@ -76,9 +76,11 @@ class FakeProducer:
         self.sent: list[tuple[str, bytes | None, bytes | None]] = []
         self._offsets: dict[tuple[str, int], int] = {}
 
-    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, callback: Report | None = None, *,
+                on_delivery: Report | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
+        on_delivery = on_delivery or callback
         self.wire.events.append(("produce", self.name, topic, key))
         self._queued.append((topic, max(partition, 0), key, value, on_delivery))
         self.sent.append((topic, key, value))

@@ -88,8 +88,13 @@ class ProbeProducer:
         self.pending: list[Callable[[KafkaError | None, Message], None]] = []
         self.answer: int | KafkaError = NOW
 
-    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
-                on_delivery: Callable[[KafkaError | None, Message], None], **_: object) -> None:
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1,
+                callback: Callable[[KafkaError | None, Message], None] | None = None, *,
+                on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+                **_: object) -> None:
+        on_delivery = on_delivery or callback
+        assert on_delivery is not None
         self.sent.append((topic, key, value))
         self.pending.append(on_delivery)
 

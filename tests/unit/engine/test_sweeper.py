@@ -28,9 +28,11 @@ class OnlyErrors:
         self.queued: list[tuple[int, bytes | None, Report]] = []
         self.sent: list[tuple[int, bytes | None, bytes | None]] = []
 
-    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, callback: Report | None = None, *,
+                on_delivery: Report | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
+        on_delivery = on_delivery or callback
         assert topic == CHANGELOG
         assert on_delivery is not None
         self.queued.append((partition, key, on_delivery))

@@ -29,9 +29,11 @@ class Producer:
         self.fatal: KafkaError | None = None  # what poll raises once, as a fatal producer does
         self.refuse: KafkaError | None = None  # what produce raises
 
-    def produce(self, topic: str, *, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, on_delivery: Report | None = None, timestamp: int = 0,
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                partition: int = -1, callback: Report | None = None, *,
+                on_delivery: Report | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
+        on_delivery = on_delivery or callback
         if self.full:
             self.full -= 1
             raise BufferError("queue full")
