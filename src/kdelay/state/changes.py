@@ -8,7 +8,7 @@ live apart from the index so that they run compiled with the hot path (see
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 from kdelay.protocol import codec
@@ -114,3 +114,9 @@ def collect(items: Iterator[tuple[bytes, bytes]], skip: Container[bytes], limit:
         if len(keys) >= limit:
             break
     return gap, first
+
+
+def put_all(put: Callable[[bytes, bytes], None], entries: dict[bytes, bytes]) -> None:
+    """Put every entry with ``put`` (a write batch's): the loop runs compiled here."""
+    for key, raw in entries.items():
+        put(key, raw)

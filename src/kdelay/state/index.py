@@ -43,9 +43,9 @@ from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, ReadOptions
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
-from kdelay.state.changes import Changes, Entry, collect
+from kdelay.state.changes import Changes, Entry, collect, put_all
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
-from kdelay.state.tally import MINUTE_MS, Change, Tally
+from kdelay.state.tally import MINUTE_MS, Change, Tally, change_of
 
 IDS_CF = "ids"
 META_CF = "meta"
@@ -243,8 +243,7 @@ class PartitionIndex:
                 put(key, codec.encode_count(count), self._meta_handle)
             else:
                 batch.delete(key, self._meta_handle)
-        for key, raw in new.items():
-            put(key, raw)
+        put_all(put, new)
         lowest = min(new) if new else None
         if lowest is not None:
             self.puts_applied += 1
@@ -331,29 +330,17 @@ class PartitionIndex:
 
     def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes],
                       given: dict[bytes, bytes]) -> Change:
-        """How the puts ``new`` and the ``deletes`` move the tally: the keys they really
-        add and really remove. Deletes whose values ``given`` names (read by a scan,
-        untouched since: certainly in the store) need no lookup; a batch of only
-        such deletes (delivery's) is counted without one."""
-        change = Change()
-        if not new and given and len(given) == len(deletes):
-            change.count_all(deletes, [given[key] for key in deletes], -1)
-            return change
+        """How the puts ``new`` and the ``deletes`` move the tally (:func:`change_of`).
+        Deletes whose values ``given`` names, or that a scan read (untouched since:
+        certainly in the store), need no lookup; a batch of only such deletes
+        (delivery's) is counted without one."""
         scanned = self._scanned
-        known = {key: scanned[key] for key in deletes if key in scanned}
-        known.update(given)
-        keys = [*new, *(key for key in deletes if key not in known)]
-        present = {k: v for k, v in zip(keys, self.raw_values(keys), strict=True)
-                   if v is not None}
-        present.update(known)
-        added = [key for key in new if key not in present]
-        added_values = [new[key] for key in added]
-        change.count_all(added, added_values, 1)
-        present.update(zip(added, added_values, strict=True))
-        pop = present.pop
-        removed = [key for key in dict.fromkeys(deletes) if key in present]
-        change.count_all(removed, [pop(key) for key in removed], -1)
-        return change
+        known = dict(given)
+        if scanned:
+            for key in deletes:
+                if key in scanned and key not in given:
+                    known[key] = scanned[key]
+        return change_of(new, deletes, known, self.raw_values)
 
     def _load_tally(self) -> Tally:
         """The stored tally; a store without one (made before it existed) is counted once."""

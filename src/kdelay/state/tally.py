@@ -24,18 +24,19 @@ Two histograms, bucketed by whole minutes:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from kdelay.protocol import codec
 
-MINUTE_MS = 60_000
-DUE = b"d"
-SLACK = b"s"
+MINUTE_MS: Final = 60_000
+DUE: Final = b"d"
+SLACK: Final = b"s"
 # (label, the horizon's end relative to now); entries past the last go to "beyond".
-HORIZONS = (("1m", 60_000), ("10m", 600_000), ("1h", 3_600_000), ("1d", 86_400_000))
-OVERDUE = "overdue"
-BEYOND = "beyond"
+HORIZONS: Final = (("1m", 60_000), ("10m", 600_000), ("1h", 3_600_000), ("1d", 86_400_000))
+OVERDUE: Final = "overdue"
+BEYOND: Final = "beyond"
 
 
 def buckets(key: bytes, raw: bytes) -> tuple[int, int]:
@@ -162,6 +163,31 @@ class Tally:
             return 0
         return sum(count for minute, count in self.slack.items()
                    if minute * MINUTE_MS < -retention_ms)
+
+
+def change_of(new: dict[bytes, bytes], deletes: list[bytes], known: dict[bytes, bytes],
+              values_of: Callable[[list[bytes]], list[bytes | None]]) -> Change:
+    """How the puts ``new`` and the ``deletes`` move a tally: the keys they really add
+    and really remove. ``known`` are values certainly in the store (read by a scan,
+    untouched since); every other key is looked up in one ``values_of`` call (a
+    multi-get). Here, compiled, rather than in the index: it runs per entry written."""
+    change = Change()
+    if not new and known and len(known) == len(deletes):
+        change.count_all(deletes, [known[key] for key in deletes], -1)
+        return change
+    keys = [*new, *(key for key in deletes if key not in known)]
+    present: dict[bytes, bytes] = {}
+    for key, value in zip(keys, values_of(keys), strict=True):
+        if value is not None:
+            present[key] = value
+    present.update(known)
+    added = [key for key in new if key not in present]
+    added_values = [new[key] for key in added]
+    change.count_all(added, added_values, 1)
+    present.update(zip(added, added_values, strict=True))
+    removed = [key for key in dict.fromkeys(deletes) if key in present]
+    change.count_all(removed, [present.pop(key) for key in removed], -1)
+    return change
 
 
 def horizons() -> list[str]:
