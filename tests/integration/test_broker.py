@@ -211,6 +211,45 @@ def test_read_one_record_back_by_partition_and_offset(
     assert msg.timestamp() == (TIMESTAMP_CREATE_TIME, timestamp_ms)
 
 
+def test_produce_by_position_takes_the_report_as_callback(
+    bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """``produce(topic, value, key, partition, callback, None, timestamp, headers)``, the
+    call kdelay's per-record paths make (``clients.Producing.produce``), reports to
+    ``callback`` and writes timestamp and headers; partition -1 and timestamp 0 leave
+    the choice to the partitioner and the producer's clock."""
+    topic = topic_factory("by-position", partitions=2)
+    producer = make_producer(bootstrap)
+    deliveries = Deliveries()
+    headers: list[tuple[str, str | bytes | None]] = [("kdelay-a", b"1"), ("kdelay-b", None)]
+    timestamp_ms = int(time.time() * 1000) - 60_000
+    before_ms = int(time.time() * 1000)
+    producer.produce(topic, b"v1", b"k1", 1, guarded(deliveries), None, timestamp_ms, headers)
+    producer.produce(topic, b"v2", b"k2", -1, guarded(deliveries), None, 0, None)
+    flush(producer)
+    assert len(deliveries.reports) == 2
+    assert deliveries.reports[0] == (1, 0)
+    ends = {0: 0, 1: 0}
+    for partition, offset in deliveries.reports:
+        ends[partition] = max(ends[partition], offset + 1)
+
+    consumer = make_consumer(bootstrap)
+    read: dict[bytes | None, Message] = {}
+    try:
+        for partition, end in ends.items():
+            if end:
+                consumer.assign([TopicPartition(topic, partition, 0)])
+                read.update((m.key(), m) for m in read_until(
+                    consumer, TopicPartition(topic, partition), end))
+    finally:
+        consumer.close()
+    first, second = read[b"k1"], read[b"k2"]
+    assert (first.partition(), first.value(), first.headers()) == (1, b"v1", headers)
+    assert first.timestamp() == (TIMESTAMP_CREATE_TIME, timestamp_ms)
+    assert (second.key(), second.value(), second.headers()) == (b"k2", b"v2", None)
+    assert second.timestamp()[1] >= before_ms
+
+
 def test_transactions_hide_aborted_records_and_leave_offset_gaps(
     bootstrap: str, topic_factory: TopicFactory
 ) -> None:

@@ -164,13 +164,9 @@ class Sender:
                 user.append((origin_name, b"%s%d/%d" % (prefix, lies, offset)))
                 user.append((due_name, due_text))
                 try:
-                    if route.partition < 0:  # one keyword less to parse, per record
-                        produce(route.target, value=value, key=record_key, headers=user,
-                                timestamp=now, on_delivery=report)
-                    else:
-                        produce(route.target, value=value, key=record_key,
-                                partition=route.partition, headers=user, timestamp=now,
-                                on_delivery=report)
+                    # By position, the report as callback: see Producing.produce.
+                    produce(route.target, value, record_key, route.partition, report, None, now,
+                            user)
                 except KafkaException as exc:  # refused before anything was written
                     self._take_out(run, at, flight, exc.args[0])
                     at += 1
@@ -194,7 +190,7 @@ class Sender:
         dispatch: one target policy and topic check per target, not per record)."""
         try:
             name = envelope.text_of(target)
-            place = -1 if partition is None else int(partition)
+            place = -1 if partition is None else max(int(partition), -1)  # -1: partitioner
             lane_name = None if lane is None else envelope.text_of(lane)
         except (ValueError, TypeError):
             return _Route("", -1, None, (ErrorCode.MISMATCH, "no longer carries a valid schedule"))
@@ -260,8 +256,8 @@ class Sender:
         headers = [*routing.user, *envelope.delivery_tail(self._where(job), due.due_ms)]
         (self._producer if flight.producer is None else flight.producer).produce(
             routing.target, original.value(), original.key(),
-            -1 if routing.partition is None else routing.partition, flight.report,
-            headers=headers, timestamp=now,
+            -1 if routing.partition is None else routing.partition, flight.report, None, now,
+            headers,
         )
         flight.produced += 1
         self.lateness_ms.append(now - due.due_ms)

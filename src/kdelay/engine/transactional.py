@@ -48,16 +48,12 @@ class Renewable:
         self._starting = False
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, callback: Report | None = None, *,
+                partition: int = -1, callback: Report | None = None,
                 on_delivery: Report | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
-        """Produce with the current producer (by position where the call allows it)."""
-        report = on_delivery or callback
-        if timestamp == 0 and headers is None:
-            self._producer.produce(topic, value, key, partition, report)
-        else:
-            self._producer.produce(topic, value, key, partition, report,
-                                   timestamp=timestamp, headers=headers)
+        """Produce with the current producer, by position (see ``Producing.produce``)."""
+        self._producer.produce(topic, value, key, partition, on_delivery or callback, None,
+                               timestamp, headers)
 
     def poll(self, timeout: float = -1) -> int:
         """Serve the current producer's reports."""

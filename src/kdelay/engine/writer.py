@@ -253,7 +253,7 @@ class ChangelogWriter:
         """
         while True:
             try:
-                self._producer.produce(self._topic, value, key, partition, report)
+                self._producer.produce(self._topic, value, key, partition, report)  # by position
                 return True
             except BufferError:
                 self.serve(ROOM_POLL_S)

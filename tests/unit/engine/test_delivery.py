@@ -134,7 +134,7 @@ class FakeProducer:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=error)})
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, callback: Callback | None = None, *,
+                partition: int = -1, callback: Callback | None = None,
                 on_delivery: Callback | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
         on_delivery = on_delivery or callback

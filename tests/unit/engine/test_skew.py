@@ -90,9 +90,9 @@ class ProbeProducer:
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                 partition: int = -1,
-                callback: Callable[[KafkaError | None, Message], None] | None = None, *,
+                callback: Callable[[KafkaError | None, Message], None] | None = None,
                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
-                **_: object) -> None:
+                timestamp: int = 0, headers: object = None) -> None:
         on_delivery = on_delivery or callback
         assert on_delivery is not None
         self.sent.append((topic, key, value))

@@ -30,7 +30,7 @@ class Producer:
         self.refuse: KafkaError | None = None  # what produce raises
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                partition: int = -1, callback: Report | None = None, *,
+                partition: int = -1, callback: Report | None = None,
                 on_delivery: Report | None = None, timestamp: int = 0,
                 headers: Headers | None = None) -> None:
         on_delivery = on_delivery or callback
