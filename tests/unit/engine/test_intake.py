@@ -35,6 +35,7 @@ from kdelay.protocol.envelope import (
     DUE_MS,
     ERROR,
     ERROR_DETAIL,
+    LANE,
     LEVEL,
     ORIGIN,
     SCHEDULE_ID,
@@ -45,6 +46,7 @@ from kdelay.protocol.envelope import (
     schedule_headers,
 )
 from kdelay.protocol.forward import id_partition
+from kdelay.protocol.targets import Lanes, TargetPolicy
 from kdelay.state.changes import Entry
 
 TOPICS = Topics(requests="kdelay.requests", changelog="kdelay.changelog", dlq="kdelay.dlq")
@@ -286,6 +288,29 @@ def test_a_bad_record_between_good_ones_only_affects_itself(ids: Ids) -> None:
         Outcome.SCHEDULED, Outcome.REJECTED, Outcome.SCHEDULED
     ]
     assert result.changes.consumed == 13
+
+
+def test_the_target_policy_decides_every_request_a_remembered_target_would_not_pass(
+        ids: Ids) -> None:
+    """The planner remembers targets open to requests without a lane; a lane, a
+    refused target or another planner's batch still goes through the policy."""
+    policy = TargetPolicy((TOPICS.requests, TOPICS.changelog, TOPICS.dlq), (),
+                          Lanes({"dev1": "dev1."}))
+    planner = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold, policy)
+    first = planner.plan(PART, [request(10, schedule_headers("orders", delay_ms=1)),
+                                request(11, schedule_headers("dev1.orders", delay_ms=1))])
+    second = planner.plan(PART, [
+        request(12, schedule_headers("orders", delay_ms=1)),
+        request(13, [*schedule_headers("orders", delay_ms=1), (LANE, b"dev1")]),
+        request(14, schedule_headers(TOPICS.changelog, delay_ms=1)),
+        request(15, [*schedule_headers("dev1.orders", delay_ms=1), (LANE, b"dev1")]),
+        request(16, schedule_headers("dev1.orders", delay_ms=1))])
+    codes = [next((d for d in header(r.headers, ERROR)), None) for r in second.dead_letters]
+    assert [o for o, _ in first.outcomes] == [Outcome.SCHEDULED, Outcome.REJECTED]
+    assert [o for o, _ in second.outcomes] == [
+        Outcome.SCHEDULED, Outcome.REJECTED, Outcome.REJECTED, Outcome.SCHEDULED,
+        Outcome.REJECTED]
+    assert codes == [b"wrong-lane", b"forbidden-target", b"missing-lane"]
 
 
 # -- dedup -------------------------------------------------------------------------
