@@ -334,12 +334,10 @@ class PartitionIndex:
         Deletes whose values ``given`` names, or that a scan read (untouched since:
         certainly in the store), need no lookup; a batch of only such deletes
         (delivery's) is counted without one."""
-        scanned = self._scanned
-        known = dict(given)
-        if scanned:
-            for key in deletes:
-                if key in scanned and key not in given:
-                    known[key] = scanned[key]
+        known, scanned = given, self._scanned
+        if scanned and (new or len(given) != len(deletes)):  # else given names every delete
+            known = {key: scanned[key] for key in deletes if key in scanned}
+            known.update(given)
         return change_of(new, deletes, known, self.raw_values)
 
     def _load_tally(self) -> Tally:
