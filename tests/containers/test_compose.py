@@ -18,13 +18,10 @@ from confluent_kafka.cimpl import NewTopic
 from kdelay.client import DelayProducer
 from tests.conftest import wait_visible
 from tests.containers.conftest import Compose, podman
-from tests.e2e.conftest import Receiver
+from tests.e2e.conftest import FAILOVER_S, Receiver
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(900)]
 
-# docs/operations.md: the partitions of an instance dead for good are served again
-# after one session timeout (10 s by default); the same bound as tests/e2e/test_failover.
-FAILOVER_S = 15.0
 # The grace period podman and Docker give a container between SIGTERM and SIGKILL.
 STOP_GRACE_S = 10.0
 PARTITIONS = 3  # what `kdelay topics create` makes by default

@@ -21,11 +21,15 @@ import pytest
 
 from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
-from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests
+from tests.e2e.conftest import (
+    FAILOVER_S,
+    Deployment,
+    KdelayProcess,
+    Receiver,
+    produce_requests,
+)
 
 kafka = pytest.mark.kafka
-# docs/operations.md: a dead instance's partitions are served within 15 s.
-FAILOVER_S = 15.0
 DEAD_TRANSACTION_TIMEOUT_MS = 300_000
 
 DEAD_OWNER = """
