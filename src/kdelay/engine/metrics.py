@@ -92,6 +92,10 @@ class OutlookGauges:
                 self.overdue, self.intake_lag, self.headroom, self.at_risk)
 
 
+def _seconds(value_ms: int) -> float:
+    return value_ms / 1000
+
+
 class BatchHistogram:
     """A histogram without labels that takes a batch of observations at a time.
 
@@ -117,12 +121,15 @@ class BatchHistogram:
         """Observe every value of ``values_ms``, given in milliseconds, in seconds."""
         if not values_ms:
             return
-        bounds = self._bounds
-        found = [bisect.bisect_left(bounds, value / 1000) for value in values_ms]
+        ordered = sorted(values_ms)
+        # The values a bucket holds are a run of the sorted ones: a step's thousand
+        # values cost one sort and a bisection per bound, not a Python step each.
+        below = [bisect.bisect_right(ordered, bound, key=_seconds) for bound in self._bounds]
         with self._lock:
-            counts = self._counts
-            for slot in found:
-                counts[slot] += 1
+            counts, taken = self._counts, 0
+            for slot, held in enumerate(below):
+                counts[slot] += held - taken
+                taken = held
             self._sum += sum(values_ms) / 1000
 
     def describe(self) -> Iterator[Metric]:

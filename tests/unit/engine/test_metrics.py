@@ -26,6 +26,9 @@ def _exposed(registry: CollectorRegistry) -> tuple[list[str], float]:
     [],
     [0, 1, 2, 3, 5, 10, 25, 26, 999, 1000, 1001],
     [-4, 60_000, 60_001, 3_600_000],
+    # unsorted, repeated, and on, below and above every bound
+    [v for bound in reversed(LATENESS_BUCKETS) for v in (round(bound * 1000) + d
+                                                          for d in (1, 0, -1, 0))],
 ])
 def test_batch_matches_histogram_observed_one_by_one(values_ms: list[int]) -> None:
     ours, theirs = CollectorRegistry(), CollectorRegistry()
