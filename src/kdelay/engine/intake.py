@@ -244,8 +244,10 @@ class Planner:
         self._unapplied: dict[str, tuple[Plan, IdState | None]] = {}
         self._open: set[str] = set()  # targets the policy opens to requests without a lane
 
-    def plan(self, partition: int, messages: Iterable[Message]) -> Plan:
-        """Plan a batch of records of ``partition``, given in offset order."""
+    def plan(self, partition: int, messages: Iterable[Message], now_ms: int = 0,
+             ages: list[int] | None = None) -> Plan:
+        """Plan a batch of records of ``partition``, given in offset order; append the
+        age at ``now_ms`` of each record with a timestamp to ``ages``, if given."""
         plan = Plan(partition)
         self._prune(plan)
         limits, refusal, open_targets = self._limits, self._policy.refusal, self._open
@@ -256,6 +258,8 @@ class Planner:
                 plan.first = offset
             kind, timestamp = _TIMESTAMP(message)
             known = kind != TIMESTAMP_NOT_AVAILABLE
+            if known and ages is not None:
+                ages.append(now_ms - timestamp)
             # A record without a timestamp gets -1: relative delays are then
             # rejected (bad-time) instead of being measured from "now", which
             # would give a different key each time the record is re-read.

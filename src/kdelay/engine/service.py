@@ -27,9 +27,9 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Final
 
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
     KafkaException,
     Message,
@@ -70,6 +70,8 @@ from kdelay.state.originals import Reading
 from kdelay.state.statedir import IndexLocked, StateDirLock, store_path
 
 log = logging.getLogger(__name__)
+_ERROR: Final = Message.error  # called through the method: mypyc makes a C call of it
+_PARTITION: Final = Message.partition
 
 # How far past its start offset a partition's intake may read requests an instance
 # before it indexed without recording their offset (see Planner, rereads_below):
@@ -444,10 +446,8 @@ class Service:
         if not messages:  # most steps at a steady rate: nothing to time or group
             return []
         by_partition: dict[int, list[Message]] = defaultdict(list)
-        now = self._clock.now_ms()
-        delays: list[int] = []
         for message in messages:
-            error = message.error()
+            error = _ERROR(message)
             if error is not None:
                 if error.fatal() or error.code() == KafkaError._FATAL:
                     if self._own_fence(error, "intake"):
@@ -455,13 +455,13 @@ class Service:
                     raise self._fatal(error, "intake")
                 log.warning("requests consumer: %s", error.str())
                 continue
-            by_partition[int(message.partition() or 0)].append(message)
-            kind, timestamp = message.timestamp()
-            if kind != TIMESTAMP_NOT_AVAILABLE:
-                delays.append(now - timestamp)
+            by_partition[_PARTITION(message) or 0].append(message)
+        now = self._clock.now_ms()
+        delays: list[int] = []  # each planner reads a timestamp once and notes its age
+        plans = [self._planners[p].plan(p, ms, now, delays) for p, ms in by_partition.items()
+                 if p in self._planners]
         self.metrics.intake_delay.observe_ms(delays)
-        return [self._planners[p].plan(p, ms) for p, ms in by_partition.items()
-                if p in self._planners]
+        return plans
 
     def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
         """Produce the plans' changelog records, dead letters, forwards and consumed markers.

@@ -184,6 +184,15 @@ def test_a_batch_keeps_offset_order_and_advances_consumed_to_the_last(ids: Ids) 
     assert result.changes.consumed == 103
 
 
+def test_the_planner_notes_the_age_of_each_record_with_a_timestamp(ids: Ids) -> None:
+    ages: list[int] = []
+    batch = [request(1, schedule_headers("orders", due_ms=NOW)),
+             request(2, schedule_headers("orders", due_ms=NOW), ts=None),
+             request(3, schedule_headers("orders", due_ms=NOW), ts=TS + 40)]
+    Planner(TOPICS, LIMITS, ids.lookup, ids.withhold).plan(PART, batch, TS + 100, ages)
+    assert ages == [100, 60], "a record without a timestamp has no age"
+
+
 def test_an_empty_batch_changes_nothing(ids: Ids) -> None:
     result = plan(ids, [])
     assert result == Plan(PART)
