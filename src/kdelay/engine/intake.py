@@ -232,6 +232,9 @@ class Planner:
                  delivered: Callable[[bytes], bool] = _never) -> None:
         self._topics = topics
         self._rereads_below = rereads_below
+        # Requests from this offset on are read for the first time: their keys are not in
+        # the index (past the rereads; and this planner never planned them).
+        self._fresh_from = rereads_below or 0
         self._delivered = delivered
         self._partitions = partitions
         self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
@@ -282,6 +285,7 @@ class Planner:
                 self._other(plan, message, parsed)
         if offset is not None:
             plan.changes.consumed = offset + 1
+            self._fresh_from = max(self._fresh_from, offset + 1)
         for sid, state in plan.changes.ids.items():
             self._unapplied[sid] = (plan, state)
         return plan
@@ -408,11 +412,13 @@ class Planner:
             self._forward(plan, offset, home, sid, forward.schedule_headers(found))
             return
         key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
-        self._index(plan, key, _new(IndexValue, (fingerprint, sid, schedule.target)), message)
+        self._index(plan, key, _new(IndexValue, (fingerprint, sid, schedule.target)), message,
+                    offset >= self._fresh_from)
 
     def _index(self, plan: Plan, key: bytes, value: IndexValue,
-               message: Message | None) -> None:
-        """Put an entry under ``key``, unless its id is pending under another key or ended.
+               message: Message | None, fresh: bool = False) -> None:
+        """Put an entry under ``key``, unless its id is pending under another key or ended;
+        ``fresh``: the key is certainly not in the index (its request is read the first time).
 
         An id whose schedule went to the DLQ takes a new request (a dead letter
         produced again once its cause is fixed), and so does an id whose
@@ -435,6 +441,8 @@ class Planner:
                 plan.changes.ids[sid] = IdState(key, None)
             raw = codec.encode_index_value(value)
             plan.changes.puts.append(Entry(key, value, raw))
+            if fresh:
+                plan.changes.absent.add(key)
             if message is not None:
                 plan.originals[key] = message
             plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw,

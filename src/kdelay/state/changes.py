@@ -72,6 +72,9 @@ class Changes:
     # The encoded values of deleted keys the caller knows to be in the store (read
     # by a scan, untouched since): their tally needs no lookup.
     known: dict[bytes, bytes] = field(default_factory=dict)
+    # Put keys certainly not in the store (requests read for the first time): their
+    # tally needs no lookup either.
+    absent: set[bytes] = field(default_factory=set)
     # Slices ``deletes[start:end]`` that were every key of the store in their range
     # when read, at ``puts_seen`` (see ``Scan``): each is deleted as one range unless
     # a put since fell inside it.

@@ -237,7 +237,7 @@ class PartitionIndex:
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         new = changes.encoded_puts()
-        change = self._tally_change(new, changes.deletes, changes.known)
+        change = self._tally_change(new, changes.deletes, changes.known, changes.absent)
         for key, count in self.tally.rows(change):
             if count > 0:
                 put(key, codec.encode_count(count), self._meta_handle)
@@ -329,7 +329,7 @@ class PartitionIndex:
             raise
 
     def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes],
-                      given: dict[bytes, bytes]) -> Change:
+                      given: dict[bytes, bytes], absent: set[bytes]) -> Change:
         """How the puts ``new`` and the ``deletes`` move the tally (:func:`change_of`).
         Deletes whose values ``given`` names, or that a scan read (untouched since:
         certainly in the store), need no lookup; a batch of only such deletes
@@ -338,7 +338,7 @@ class PartitionIndex:
         if scanned and (new or len(given) != len(deletes)):  # else given names every delete
             known = {key: scanned[key] for key in deletes if key in scanned}
             known.update(given)
-        return change_of(new, deletes, known, self.raw_values)
+        return change_of(new, deletes, known, absent, self.raw_values)
 
     def _load_tally(self) -> Tally:
         """The stored tally; a store without one (made before it existed) is counted once."""

@@ -166,16 +166,19 @@ class Tally:
 
 
 def change_of(new: dict[bytes, bytes], deletes: list[bytes], known: dict[bytes, bytes],
-              values_of: Callable[[list[bytes]], list[bytes | None]]) -> Change:
+              absent: set[bytes], values_of: Callable[[list[bytes]], list[bytes | None]]
+              ) -> Change:
     """How the puts ``new`` and the ``deletes`` move a tally: the keys they really add
     and really remove. ``known`` are values certainly in the store (read by a scan,
-    untouched since); every other key is looked up in one ``values_of`` call (a
-    multi-get). Here, compiled, rather than in the index: it runs per entry written."""
+    untouched since), ``absent`` keys certainly not; every other key is looked up in
+    one ``values_of`` call (a multi-get). Here, compiled, rather than in the index:
+    it runs per entry written."""
     change = Change()
     if not new and known and len(known) == len(deletes):
         change.count_all(deletes, [known[key] for key in deletes], -1)
         return change
-    keys = [*new, *(key for key in deletes if key not in known)]
+    looked_up = [key for key in new if key not in absent] if absent else [*new]
+    keys = [*looked_up, *(key for key in deletes if key not in known)]
     present: dict[bytes, bytes] = {}
     for key, value in zip(keys, values_of(keys), strict=True):
         if value is not None:

@@ -74,6 +74,7 @@ def test_a_forward_is_indexed_on_the_ids_partition_under_the_originals_coordinat
     original = codec.encode_due_key(TS + 10, HOME, 5)
     value = IndexValue(fingerprint, sid, target)
     assert result.changes.puts == [Entry(original, value)]
+    assert result.changes.absent == set(), "a forward may be read again: its put is looked up"
     assert result.changes.ids == {sid: IdState(original, None)}
     assert result.changelog == [
         Record(TOPICS.changelog, 1, original, codec.encode_index_value(value))]

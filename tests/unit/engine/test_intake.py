@@ -406,6 +406,24 @@ def test_a_request_without_id_read_again_is_put_again_only_if_no_longer_pending(
     assert [e.key for e in beyond.changes.puts] == [key(TS + 99, 8)], "not looked up"
 
 
+def test_only_requests_read_for_the_first_time_are_put_as_absent_from_the_index() -> None:
+    """Their tally needs no lookup: past the rereads, and past what this planner planned
+    (a batch given back and read again may have been applied meanwhile)."""
+    planner = Planner(TOPICS, LIMITS, Ids().lookup, Ids().withhold, rereads_below=10)
+
+    def absent(offsets: range) -> set[bytes]:
+        batch = [request(o, schedule_headers("orders", delay_ms=99)) for o in offsets]
+        result = planner.plan(PART, batch)
+        assert [e.key for e in result.changes.puts] == [key(TS + 99, o) for o in offsets]
+        return result.changes.absent
+
+    assert absent(range(8, 12)) == {key(TS + 99, 10), key(TS + 99, 11)}
+    assert absent(range(11, 13)) == {key(TS + 99, 12)}, "offset 11 is read again"
+    first = Planner(TOPICS, LIMITS, Ids().lookup, Ids().withhold)  # an empty index
+    batch = [request(o, schedule_headers("orders", delay_ms=99)) for o in (0, 1)]
+    assert first.plan(PART, batch).changes.absent == {key(TS + 99, 0), key(TS + 99, 1)}
+
+
 def test_a_request_read_again_after_its_entry_was_delivered_is_not_put_again() -> None:
     """The restarted instance delivered the entry (gone from the index) before intake read
     its request again: putting it again would send it twice in one run."""

@@ -38,6 +38,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("delete"), slots, st.just(0)),
     st.tuples(st.just("both"), slots, st.just(0)),
     st.tuples(st.just("scan"), st.just([]), st.integers(0, KEYS)),
+    st.tuples(st.just("fresh"), slots, st.just(0)),
 ), max_size=25)
 
 
@@ -46,6 +47,11 @@ def apply(index: PartitionIndex, kind: str, chosen: list[int], number: int) -> N
         index.scan(NOW + KEYS * MINUTE_MS, number)
         return
     puts = [entry(s) for s in dict.fromkeys(chosen)] if kind != "delete" else []
+    if kind == "fresh":  # requests read the first time: only keys not in the store
+        puts = [e for e, raw in zip(puts, index.raw_values([e.key for e in puts]),
+                                    strict=True) if raw is None]
+        index.apply(Changes(puts=puts, absent={e.key for e in puts}))
+        return
     half = chosen[len(chosen) // 2:] if kind == "both" else chosen
     deletes = [entry(s).key for s in half] if kind != "put" else []
     index.apply(Changes(puts=puts, deletes=deletes))
@@ -94,5 +100,27 @@ def test_deleting_scanned_entries_looks_nothing_up(tmp_path: Path,
         index.apply(Changes(deletes=[*(e.key for e in found), unscanned]))
         assert looked_up == [unscanned]
         assert index.tally.total == 0
+    finally:
+        index.close()
+
+
+def test_puts_of_keys_known_absent_look_nothing_up(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        index.apply(Changes(puts=[entry(0)]))
+        looked_up: list[bytes] = []
+        lookup = index.raw_values
+
+        def recording(keys: list[bytes]) -> list[bytes | None]:
+            looked_up.extend(keys)
+            return lookup(keys)
+
+        monkeypatch.setattr(index, "raw_values", recording)
+        fresh = [entry(s) for s in (1, 2, 3)]
+        index.apply(Changes(puts=[entry(0), *fresh], absent={e.key for e in fresh}))
+        assert looked_up == [entry(0).key], "only the put not known absent is looked up"
+        assert_exact(index)
+        assert index.tally.total == 4
     finally:
         index.close()
