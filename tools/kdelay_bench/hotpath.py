@@ -113,9 +113,10 @@ def run_once(count: int) -> dict[str, float]:
             planner.done(planner.plan(0, originals[s:s + BATCH]))
         return count
 
-    def puts() -> int:
+    def puts() -> int:  # as intake's: requests read the first time, known absent
         for s in range(0, count, BATCH):
-            index.apply(Changes(puts=entries[s:s + BATCH]))
+            batch = entries[s:s + BATCH]
+            index.apply(Changes(puts=batch, absent={e.key for e in batch}))
         return count
 
     def scan() -> int:
