@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -92,8 +93,17 @@ class OutlookGauges:
                 self.overdue, self.intake_lag, self.headroom, self.at_risk)
 
 
-def _seconds(value_ms: int) -> float:
-    return value_ms / 1000
+def _last_ms_within(bound_s: float) -> float:
+    """The largest whole millisecond count ``v`` with ``v / 1000 <= bound_s`` (the
+    comparison ``Histogram.observe`` makes), infinity for an infinite bound."""
+    if math.isinf(bound_s):
+        return bound_s
+    last = math.floor(bound_s * 1000)
+    while (last + 1) / 1000 <= bound_s:
+        last += 1
+    while last / 1000 > bound_s:
+        last -= 1
+    return last
 
 
 class BatchHistogram:
@@ -112,6 +122,7 @@ class BatchHistogram:
         self._name = name
         self._documentation = documentation
         self._bounds = [*buckets, float("inf")]
+        self._bounds_ms = [_last_ms_within(bound) for bound in self._bounds]
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
         self._lock = threading.Lock()
@@ -124,7 +135,7 @@ class BatchHistogram:
         ordered = sorted(values_ms)
         # The values a bucket holds are a run of the sorted ones: a step's thousand
         # values cost one sort and a bisection per bound, not a Python step each.
-        below = [bisect.bisect_right(ordered, bound, key=_seconds) for bound in self._bounds]
+        below = [bisect.bisect_right(ordered, bound) for bound in self._bounds_ms]
         with self._lock:
             counts, taken = self._counts, 0
             for slot, held in enumerate(below):
