@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import Counter
@@ -18,6 +19,8 @@ from kdelay.plumbing import callbacks
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Guarantee
 from kdelay.protocol import envelope
+from kdelay.state.changes import Changes
+from kdelay.state.index import PartitionIndex
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
 
@@ -321,3 +324,60 @@ def test_a_changelog_batch_the_broker_refuses_stops_the_service_with_its_code(
         raised_again.append(again.code)
     assert raised_again in ([], ["changelog-write-failed"])
     callbacks.drain_errors()  # raised in the revoke callback of that close: seen above
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.EXACTLY_ONCE])
+def test_a_crash_between_a_seal_and_the_plan_of_its_transaction_loses_no_request(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transaction carries intake's puts and, after them, delivery's seal of the same
+    partition; the seal is applied to the index first. The instance dies before the puts
+    are: its successor must restore them from the changelog (the index's position may not
+    pass them), though the transaction already committed the requests' offsets."""
+    deployment = deployment_factory(partitions=1)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    out = collector([target])
+    instances = running(deployment, clock)
+    first = instances.add()
+    crash = {"armed": False, "sealed": False, "crashed": False}
+    apply = PartitionIndex.apply
+
+    def dying(index: PartitionIndex, changes: Changes) -> bytes | None:
+        if changes.watermark is not None or changes.deletes:
+            crash["sealed"] = True
+        elif changes.puts and crash["armed"] and crash["sealed"]:
+            crash["crashed"] = True
+            raise RuntimeError("killed between the seal and the plan")
+        return apply(index, changes)
+
+    monkeypatch.setattr(PartitionIndex, "apply", dying)
+    sent = 0
+    while not crash["crashed"]:  # requests keep coming due while new ones arrive
+        assert sent < 2_000, "no step both sealed deliveries and applied a plan"
+        produce(bootstrap, deployment.requests,
+                [request(target, sent + i, clock.now_ms(), 300) for i in range(10)])
+        sent += 10
+        crash["armed"] = sent > 100
+        crash["sealed"] = False
+        clock.advance(50)
+        try:
+            instances.step()
+        except RuntimeError:
+            assert crash["crashed"]
+    monkeypatch.setattr(PartitionIndex, "apply", apply)
+    with contextlib.suppress(Exception):  # the dead instance: only its locks must go
+        instances.close(first)
+    if first in instances.services:
+        instances.services.remove(first)
+    callbacks.drain_errors()
+    instances.add()
+
+    def delivered() -> bool:
+        out.poll()
+        return len({m.key() for m in out.messages}) >= sent
+
+    instances.until(delivered, timeout_s=90, advance_ms=50)
+    assert {m.key() for m in out.messages} == {f"k{i}".encode() for i in range(sent)}
+    assert len(out.messages) == sent, "exactly once"

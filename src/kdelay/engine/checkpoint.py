@@ -373,7 +373,10 @@ class ExactlyOnce:
         indexes: the tombstones in the transaction confirm changelog
         positions, and an index may record such a position only with the
         deletes those tombstones stand for (a crash in between would
-        otherwise restore past them and deliver the entries again).
+        otherwise restore past them and deliver the entries again). Nor only
+        with those: the plans' puts come before the seals in the changelog, so
+        the index of a partition with a plan records its position when the
+        plan is applied, after both (a crash in between then restores both).
         Committed: delivered entries leave the index. Aborted: every entry
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
@@ -381,7 +384,7 @@ class ExactlyOnce:
         delivery.seal(indexes)
         committed = self._commit(batch.acks, offsets, consumer, delivery)
         if committed:
-            delivery.settle(indexes)
+            delivery.settle(indexes, behind={plan.partition for plan in batch.plans})
         else:
             delivery.abandon()
         return [(batch, committed)]

@@ -31,7 +31,7 @@ clock's time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
@@ -417,12 +417,11 @@ class Delivery:
                 if self._seal(partition, done.get(partition, []), now):
                     cadence.sealed(partition, now_s)
 
-    def settle(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
+    def settle(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0,
+               behind: Container[int] = ()) -> None:
         """Apply what was sealed: done entries leave the index; count and forget them.
-
-        Seals what has landed first (see :meth:`seal`), unless :meth:`seal` did it
-        already (exactly-once).
-        """
+        Seals what has landed first, unless :meth:`seal` did (exactly-once). The indexes
+        of ``behind`` keep their changelog position (see ``ExactlyOnce.commit``)."""
         if not self._sealing:
             self.seal(indexes, every_s)
         sealed, self._sealed, self._landed, self._sealing = self._sealed, [], [], False
@@ -431,7 +430,8 @@ class Delivery:
             self.rereads.note(item.partition, item.done)
             index = indexes.get(item.partition)
             if index is not None:
-                item.changes.changelog = self._durability.position(item.partition)
+                item.changes.changelog = (None if item.partition in behind
+                                          else self._durability.position(item.partition))
                 index.apply(item.changes)
             self._settled(item)
         self._flush_metrics()

@@ -983,6 +983,25 @@ def test_a_committed_transaction_deletes_the_entry_with_the_seal_inside_it(
     assert len(txn.internal.sent) == 2
 
 
+def test_a_seal_behind_intake_puts_of_its_transaction_leaves_the_position_to_them(
+    txn: World,
+) -> None:
+    """Intake's puts come before the seal in the transaction's changelog records and are
+    applied to the index after it: a position recorded with the seal's deletes would, after
+    a crash in between, restore past the puts and lose them (seen with tools/crash)."""
+    delivered, other = txn.request(2, 5, T0), txn.request(1, 6, T0)
+    txn.at(T0)
+    txn.targets.report()
+    txn.delivery.seal(txn.indexes)
+    txn.internal.report()
+    txn.delivery.settle(txn.indexes, behind={2})
+    assert (txn.pending(2), txn.pending(1)) == ([], [])
+    assert txn.indexes[2].offset(b"changelog") is None, "left to the plan's apply"
+    assert txn.indexes[1].offset(b"changelog") == 1, "no plan of partition 1: recorded"
+    assert any(mark.covers(delivered) for mark in watermarks(txn))
+    assert any(mark.covers(other) for mark in watermarks(txn))
+
+
 def test_an_aborted_transaction_keeps_the_entry_and_produces_it_again(txn: World) -> None:
     key = txn.request(0, 7, T0, sid="s-7")
     txn.request(0, 8, T0 + 1_000)
