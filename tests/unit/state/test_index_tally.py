@@ -82,20 +82,26 @@ def test_the_tally_matches_the_store_after_any_writes_and_scans(
         index_module.SCANNED_CAP = cap
 
 
+def recorded_lookups(index: PartitionIndex, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The keys ``index`` looks up from now on, in order."""
+    looked_up: list[bytes] = []
+    lookup = index.raw_values
+
+    def recording(keys: list[bytes]) -> list[bytes | None]:
+        looked_up.extend(keys)
+        return lookup(keys)
+
+    monkeypatch.setattr(index, "raw_values", recording)
+    return looked_up
+
+
 def test_deleting_scanned_entries_looks_nothing_up(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     index = PartitionIndex(tmp_path / "p0", 0)
     try:
         index.apply(Changes(puts=[entry(s) for s in range(4)]))
         found = index.scan(NOW + KEYS * MINUTE_MS, 3)
-        looked_up: list[bytes] = []
-        lookup = index.raw_values
-
-        def recording(keys: list[bytes]) -> list[bytes | None]:
-            looked_up.extend(keys)
-            return lookup(keys)
-
-        monkeypatch.setattr(index, "raw_values", recording)
+        looked_up = recorded_lookups(index, monkeypatch)
         unscanned = entry(3).key
         index.apply(Changes(deletes=[*(e.key for e in found), unscanned]))
         assert looked_up == [unscanned]
@@ -109,14 +115,7 @@ def test_puts_of_keys_known_absent_look_nothing_up(tmp_path: Path,
     index = PartitionIndex(tmp_path / "p0", 0)
     try:
         index.apply(Changes(puts=[entry(0)]))
-        looked_up: list[bytes] = []
-        lookup = index.raw_values
-
-        def recording(keys: list[bytes]) -> list[bytes | None]:
-            looked_up.extend(keys)
-            return lookup(keys)
-
-        monkeypatch.setattr(index, "raw_values", recording)
+        looked_up = recorded_lookups(index, monkeypatch)
         fresh = [entry(s) for s in (1, 2, 3)]
         index.apply(Changes(puts=[entry(0), *fresh], absent={e.key for e in fresh}))
         assert looked_up == [entry(0).key], "only the put not known absent is looked up"
