@@ -11,13 +11,14 @@ encoding, so corrupt state is reported instead of being misread.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
 from typing import Final, NamedTuple
 
 import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from kdelay.protocol import checksum
 
 _DUE_KEY: Final = struct.Struct(">QIQ")
 _INDEX_HEAD: Final = struct.Struct(">qI")
@@ -66,7 +67,7 @@ _TARGET_HEAD: Final = struct.Struct(">BH")
 # Bound once: these run for every request intake reads and every record it
 # delivers. tuple.__new__ builds a named tuple from all its fields without the
 # generated Python-level __new__, which costs three times as much.
-_crc32: Final = zlib.crc32
+_crc32: Final = checksum.crc32
 _pack_field_head: Final = _FIELD_HEAD.pack
 _unpack_index_head: Final = _INDEX_HEAD.unpack_from
 _unpack_due_key: Final = _DUE_KEY.unpack
@@ -297,10 +298,9 @@ def _frame(field: bytes | None) -> bytes:
 def fingerprint(key: bytes | None, value: bytes | None, timestamp_ms: int) -> Fingerprint:
     """Fingerprint a record by its timestamp and a CRC-32 of its key and value.
 
-    Each field is framed by a presence flag and its length before it enters the
-    CRC, so a null key differs from an empty one and bytes cannot move between
-    key and value unnoticed. The CRC is persisted: its framing must not change.
-    """
+    Each field is framed by a presence flag and its length before it enters the CRC,
+    so a null key differs from an empty one and bytes cannot move between key and
+    value unnoticed. The CRC is persisted: its framing must not change."""
     return _tuple_new(Fingerprint, (timestamp_ms, framed_crc(key, value)))
 
 
@@ -311,8 +311,8 @@ def framed_crc(key: bytes | None, value: bytes | None) -> int:
     key_bytes = b"" if key is None else key
     value_bytes = b"" if value is None else value
     if len(key_bytes) + len(value_bytes) <= SMALL_RECORD:
-        return _crc32(b"".join((key_frame, key_bytes, value_frame, value_bytes)))
-    crc = _crc32(key_bytes, _crc32(key_frame))
+        return _crc32(b"".join((key_frame, key_bytes, value_frame, value_bytes)), 0)
+    crc = _crc32(key_bytes, _crc32(key_frame, 0))
     return _crc32(value_bytes, _crc32(value_frame, crc))
 
 
