@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
@@ -101,3 +105,39 @@ def test_entries_due_after_their_original_expires_are_at_risk() -> None:
     ])
     assert tally.at_risk(retention) == 2
     assert tally.at_risk(None) == 0
+
+
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=2**40),
+                          st.integers(min_value=-(2**40), max_value=2**40)),
+                min_size=1, max_size=60),
+       st.integers(min_value=0, max_value=2**40), st.integers(min_value=0, max_value=3),
+       st.sampled_from([1, -1]))
+def test_any_batch_counts_as_one_entry_at_a_time(
+        offsets: list[tuple[int, int]], base: int, spread_shift: int, sign: int) -> None:
+    """Batches in one minute (counted from their extremes), across minutes, with
+    negative timestamps (whose bytes do not order as their values): all the same."""
+    scale = 10 ** spread_shift  # 1 ms to 1 s apart: one minute or many
+    batch = [entry(base + due * scale % (2**41), stamp * scale, i)
+             for i, (due, stamp) in enumerate(offsets)]
+    one, counted = Change(), Change()
+    for key, raw in batch:
+        one.count(key, raw, sign)
+    counted.count_all([k for k, _ in batch], [v for _, v in batch], sign)
+    assert (counted.due, counted.slack) == (one.due, one.slack)
+
+
+@pytest.mark.parametrize("stamps", [(-5_000, 1_000), (-1, -1)], ids=["mixed", "negative"])
+def test_a_batch_with_negative_timestamps_in_one_minute_counts_right(
+        stamps: tuple[int, int]) -> None:
+    batch = [entry(NOW, stamp, i) for i, stamp in enumerate(stamps)]
+    one, counted = Change(), Change()
+    for key, raw in batch:
+        one.count(key, raw, 1)
+    counted.count_all([k for k, _ in batch], [v for _, v in batch], 1)
+    assert (counted.due, counted.slack) == (one.due, one.slack)
+
+
+def test_a_short_key_is_refused_in_a_batch_as_alone() -> None:
+    _, raw = entry(NOW, NOW)
+    with pytest.raises(struct.error):
+        Change().count_all([b"short"], [raw], 1)
