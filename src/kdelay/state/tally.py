@@ -71,47 +71,48 @@ class Change:
         entry cost more than the counting."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
-        if not keys or self._count_in_one_step(keys, values, sign):
+        if not keys:
             return
-        dues = codec.due_times(keys)
-        stamps = codec.record_times(values)
         # A batch whose due times, or slacks, all fall in one minute (a burst: one due
         # time, requests written close together) is counted in one step; floor division
-        # is monotonic, so the extremes tell.
-        first, last = min(dues), max(dues)
+        # is monotonic, so the extremes tell, and the per-entry numbers are only
+        # decoded for a histogram that spans minutes.
+        dues: list[int] | None = None
+        stamps: list[int] | None = None
+        extremes = _extremes_of_bytes(keys, values)
+        if extremes is None:
+            dues, stamps = codec.due_times(keys), codec.record_times(values)
+            extremes = (min(dues), max(dues), min(stamps), max(stamps))
+        first, last, oldest, newest = extremes
         if first // MINUTE_MS == last // MINUTE_MS:
-            _add(self.due, {first // MINUTE_MS: len(dues)}, sign)
+            _add(self.due, {first // MINUTE_MS: len(keys)}, sign)
         else:
+            dues = codec.due_times(keys) if dues is None else dues
             _add(self.due, Counter([due_ms // MINUTE_MS for due_ms in dues]), sign)
-        low, high = min(stamps) - last, max(stamps) - first
+        low, high = oldest - last, newest - first
         if low // MINUTE_MS == high // MINUTE_MS:
-            _add(self.slack, {low // MINUTE_MS: len(dues)}, sign)
+            _add(self.slack, {low // MINUTE_MS: len(keys)}, sign)
             return
+        dues = codec.due_times(keys) if dues is None else dues
+        stamps = codec.record_times(values) if stamps is None else stamps
         _add(self.slack, Counter([(stamp - due_ms) // MINUTE_MS
                                   for stamp, due_ms in zip(stamps, dues, strict=True)]),
              sign)
 
 
-    def _count_in_one_step(self, keys: Sequence[bytes], values: Sequence[bytes],
-                           sign: int) -> bool:
-        """Count a batch whose due times all fall in one minute, and whose slacks do,
-        from its extremes alone; False (nothing counted) for any other batch.
+def _extremes_of_bytes(keys: Sequence[bytes], values: Sequence[bytes]
+                       ) -> tuple[int, int, int, int] | None:
+    """The least and greatest due time and timestamp of a batch, found by comparing
+    bytes in C without a number per entry; None when bytes do not order as the numbers.
 
-        Due keys order as their due times (a big-endian u64 first), and index values
-        whose timestamps are not negative as those (a big-endian i64 first), so the
-        extremes are found by comparing bytes in C, without a number per entry.
-        """
-        if (min(map(len, keys)) < DUE_TIME_SIZE or min(map(len, values)) < codec.INDEX_HEAD_SIZE
-                or max(values)[0] >= NEGATIVE_BYTE):
-            return False
-        first, last = codec.due_ms_of(min(keys)), codec.due_ms_of(max(keys))
-        low = codec.request_timestamp_of(min(values)) - last
-        high = codec.request_timestamp_of(max(values)) - first
-        if first // MINUTE_MS != last // MINUTE_MS or low // MINUTE_MS != high // MINUTE_MS:
-            return False
-        _add(self.due, {first // MINUTE_MS: len(keys)}, sign)
-        _add(self.slack, {low // MINUTE_MS: len(keys)}, sign)
-        return True
+    Due keys order as their due times (a big-endian u64 first), and index values
+    whose timestamps are not negative as those (a big-endian i64 first).
+    """
+    if (min(map(len, keys)) < DUE_TIME_SIZE or min(map(len, values)) < codec.INDEX_HEAD_SIZE
+            or max(values)[0] >= NEGATIVE_BYTE):
+        return None
+    return (codec.due_ms_of(min(keys)), codec.due_ms_of(max(keys)),
+            codec.request_timestamp_of(min(values)), codec.request_timestamp_of(max(values)))
 
 
 def _add(counts: dict[int, int], found: Mapping[int, int], sign: int) -> None:
