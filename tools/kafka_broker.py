@@ -78,6 +78,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,8 +158,14 @@ class PrivateBroker:
         return int(self.pid_file.read_text())
 
     def _kafka(self, command: str, *, check: bool) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(ROOT / "tools" / "kafka"), command], env=self.env,
-                              capture_output=True, text=True, check=check, timeout=180)
+        """Run ``tools/kafka command``; with ``check``, a failure raises with its stderr."""
+        done = subprocess.run([str(ROOT / "tools" / "kafka"), command], env=self.env,
+                              capture_output=True, text=True, check=False, timeout=180)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"tools/kafka {command} exited {done.returncode} "
+                               f"(KDELAY_CACHE_DIR={self.env['KDELAY_CACHE_DIR']}):\n"
+                               f"{done.stderr.strip()}")
+        return done
 
 
 def running() -> bool:
@@ -181,9 +188,26 @@ def port_open(host: str, port: int) -> bool:
 
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on now."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
+    """Return ``count`` distinct TCP ports on 127.0.0.1 that nothing listens on now,
+    none of them in ``avoid``.
+
+    Their sockets stay bound until all are chosen: ports chosen one after the
+    other, each socket closed at once, can repeat (the kernel may hand the
+    same port out again), and a broker given one port twice does not start.
+    """
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in avoid and port not in ports:
+                ports.append(port)
+        return ports
 
 
 def wait_ready(bootstrap: str, deadline: float, pid: int | None = None) -> None:
@@ -335,19 +359,25 @@ def preferred_port() -> int:
     return free_port()
 
 
-def broker_ports() -> tuple[int, int, int]:
-    """The (plain, controller, SASL) ports, chosen once and kept in ``RUN/ports``.
+def broker_ports() -> tuple[int, int, int, int]:
+    """The (plain, controller, SASL, SASL_SSL) ports, chosen once, all distinct, and
+    kept in ``RUN/ports``.
 
-    A ports file of an older layout (no SASL port) gets a SASL port added.
+    A ports file of an older layout gets the ports it lacks added: the SASL_SSL
+    one from ``RUN/tls_port`` (where it was kept on its own) unless that
+    repeats a port of the file.
     """
     ports_file = RUN / "ports"
     known = [int(p) for p in ports_file.read_text().split()] if ports_file.exists() else []
+    legacy_tls = RUN / "tls_port"
+    if len(known) == 3 and legacy_tls.exists() and int(legacy_tls.read_text()) not in known:
+        known.append(int(legacy_tls.read_text()))
     if not known:
-        known = [preferred_port(), free_port()]
-    if len(known) < 3:
-        known.append(free_port())
+        known = [preferred_port()]
+    known += free_ports(4 - len(known), avoid=known)
+    RUN.mkdir(parents=True, exist_ok=True)
     ports_file.write_text(" ".join(map(str, known)) + "\n")
-    return known[0], known[1], known[2]
+    return known[0], known[1], known[2], known[3]
 
 
 def memory_has_room() -> bool:
@@ -410,7 +440,7 @@ def sweep_orphans() -> None:
         log(f"removed {data}: the broker data of a checkout that is gone")
 
 
-def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
+def write_config(port: int, controller_port: int, sasl_port: int, tls_port: int) -> Path:
     """Write server.properties and a WARN-level log4j2 config; return the former."""
     data = data_dir()
     config = RUN / "server.properties"
@@ -449,7 +479,7 @@ def write_config(port: int, controller_port: int, sasl_port: int) -> Path:
         "auto.create.topics.enable": "false",
         "delete.topic.enable": "true",
     }
-    settings.update(secure_settings(settings, tls_port(), plain, scram))
+    settings.update(secure_settings(settings, tls_port, plain, scram))
     config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     (RUN / "log4j2.properties").write_text(
         "status = warn\n"
@@ -533,8 +563,8 @@ def start_jars() -> str:
         return bootstrap
     fetch_jars()
     RUN.mkdir(parents=True, exist_ok=True)
-    port, controller_port, sasl_port = broker_ports()
-    config = write_config(port, controller_port, sasl_port)
+    port, controller_port, sasl_port, tls_port = broker_ports()
+    config = write_config(port, controller_port, sasl_port, tls_port)
     started = time.monotonic()
     if not (data_dir() / "meta.properties").exists():
         cluster_id = subprocess.run(
@@ -566,7 +596,7 @@ def start_jars() -> str:
     wait_ready(bootstrap, time.monotonic() + READY_TIMEOUT_S, proc.pid)
     add_scram_user(bootstrap)
     (RUN / "sasl_bootstrap").write_text(f"127.0.0.1:{sasl_port}\n")
-    (RUN / "tls_bootstrap").write_text(f"127.0.0.1:{tls_port()}\n")
+    (RUN / "tls_bootstrap").write_text(f"127.0.0.1:{tls_port}\n")
     log(f"broker pid {proc.pid} ready on {bootstrap} in {time.monotonic() - started:.1f}s")
     return bootstrap
 
@@ -592,15 +622,6 @@ def add_scram_user(bootstrap: str) -> None:
 
 TLS = RUN / "tls"
 SUPER_USERS = ("ANONYMOUS", SASL_USER)
-
-
-def tls_port() -> int:
-    """The SASL_SSL listener's port, chosen once and kept in ``RUN/tls_port``."""
-    path = RUN / "tls_port"
-    if not path.exists():
-        RUN.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{free_port()}\n")
-    return int(path.read_text())
 
 
 def make_certificates() -> tuple[Path, Path]:

@@ -26,7 +26,7 @@ import orjson
 import pyspark
 import pytest
 from confluent_kafka import Producer
-from kafka_broker import free_port  # tools/, on pytest's pythonpath
+from kafka_broker import free_ports  # tools/, on pytest's pythonpath
 from pyspark.sql import SparkSession
 
 from kdelay.plumbing.settings import Settings
@@ -108,7 +108,7 @@ def _until(what: str, check: Callable[[], bool], procs: list[subprocess.Popen[by
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One standalone master and one worker (2 cores, 1 GiB) on 127.0.0.1, free ports."""
     logs = tmp_path_factory.mktemp("spark-cluster")
-    port, ui, worker_port, worker_ui = (free_port() for _ in range(4))
+    port, ui, worker_port, worker_ui = free_ports(4)
     found = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}",
                     f"http://127.0.0.1:{worker_ui}")
     procs = [_spark_class("org.apache.spark.deploy.master.Master",
