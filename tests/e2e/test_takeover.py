@@ -18,7 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
+from kdelay.engine.takeover import owner_of
 from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.e2e.conftest import (
@@ -89,4 +92,33 @@ def test_partitions_whose_dead_owner_left_a_transaction_open_are_served_within_s
     log = service.log()
     assert log.count("ended the transaction their last owner dead-host left open") == 1, log
     assert "Kafka is unreachable" not in log
+    assert service.terminate() == 0
+
+
+@kafka
+def test_an_instance_names_itself_the_owner_of_its_partitions_before_any_work(
+    deploy: Callable[..., Deployment], start_kdelay: Callable[..., KdelayProcess],
+    admin: AdminClient, tmp_path: Path,
+) -> None:
+    """Were it to die inside its first transaction, the next owner could end it at once.
+
+    Without the claim, a partition nothing was consumed from has no committed
+    offset, and one whose last owner left names that owner: the next owner
+    would wait out the dead instance's transaction timeout.
+    """
+    deployment = deploy(partitions=3)
+    service = start_kdelay(deployment, KDELAY_GUARANTEE="exactly-once",
+                           KDELAY_STATE_DIR=str(tmp_path / "state"))
+    service.wait_ready()
+    request = ConsumerGroupTopicPartitions(
+        deployment.group_id, [TopicPartition(deployment.requests, p) for p in range(3)])
+    found = admin.list_consumer_group_offsets([request], require_stable=True,
+                                              request_timeout=30)
+    offsets = found[deployment.group_id].result(timeout=30).topic_partitions or []
+    owners = {tp.partition: (tp.offset, owner_of(tp.metadata)) for tp in offsets}
+    assert set(owners) == {0, 1, 2}
+    named = {owner for _, owner in owners.values()}
+    assert None not in named, owners
+    assert len(named) == 1, owners
+    assert all(offset == 0 for offset, _ in owners.values()), "claimed where it starts"
     assert service.terminate() == 0

@@ -17,19 +17,16 @@ What each step means differs by guarantee, and only here:
 
 - :class:`AtLeastOnce` has three idempotent producers (targets, the
   changelog's, gapless, see :mod:`kdelay.engine.writer`, and the other
-  internal topics'). ``commit`` does not wait: a batch is durable once every one of
-  its records is acknowledged, and batches are applied in the order they
-  were written, in whichever later step that is. Meanwhile the service keeps
-  consuming and dispatching, so a broker slow to acknowledge the changelog
-  delays no delivery: an adopted entry may go out before its plan is
-  applied (it leaves the index only after, see :meth:`Delivery.adopt`), and
-  a crash in between re-reads the request and delivers it again. Only when
-  ``MAX_UNACKED_RECORDS`` records await acknowledgements does ``commit``
-  wait, dispatching meanwhile. The consumed offset is stored for the next
-  auto-commit after the index write. The seal of a delivered batch (a
-  watermark, see :mod:`kdelay.engine.watermarks`) is written once every record
-  of it is acknowledged (:class:`Acknowledged`), so a crash in between
-  delivers it again.
+  internal topics'). ``commit`` does not wait: a batch is durable once all its
+  records are acknowledged, and batches are applied in the order written, in
+  whichever later step that is. A broker slow to acknowledge the changelog so
+  delays no delivery: an adopted entry may go out before its plan is applied
+  (:meth:`Delivery.adopt`; a crash in between delivers it again). ``commit``
+  waits, dispatching meanwhile, only when ``MAX_UNACKED_RECORDS`` records
+  await acknowledgements. The consumed offset is stored for the next
+  auto-commit after the index write. A delivered batch's seal (a watermark,
+  :mod:`kdelay.engine.watermarks`) is written once all its records are
+  acknowledged (:class:`Acknowledged`): a crash in between delivers it again.
 - :class:`ExactlyOnce` has one transactional producer. ``commit`` seals what
   delivery produced in the transaction, into it (:class:`Transacted`), flushes
   the transaction, aborts it when any of its records failed, else sends the
@@ -53,7 +50,7 @@ from kdelay.engine.durability import Acknowledged, Transacted
 from kdelay.engine.flights import Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.takeover import owned
+from kdelay.engine.takeover import owned, positioned
 from kdelay.engine.transactional import Renewable
 from kdelay.engine.writer import GAPLESS, Acks, ChangelogWriter, Failure
 from kdelay.plumbing.callbacks import fatal_code, unheard
@@ -160,6 +157,10 @@ class Checkpoint(Protocol):
         """End the step: apply the delivery reports that arrived to the indexes."""
         ...
 
+    def claim(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
+        """Take up newly assigned ``partitions``, each at its offset (negative: none yet)."""
+        ...
+
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:
         """Finish the work of partitions about to be revoked."""
@@ -188,8 +189,7 @@ class AtLeastOnce:
     def __init__(self, settings: Settings, targets: Producing, internal: Producing,
                  writer: ChangelogWriter, clock: Clock, metrics: Metrics,
                  stopping: Callable[[], bool], each: Producing | None = None) -> None:
-        """``targets`` is the bulk lane (failures reported only), ``each`` the producer
-        that reports every record, for while the bulk lane is stalled."""
+        """``targets`` reports failures only (the bulk lane); ``each`` every record (stalls)."""
         self.targets = targets
         self.internal = internal
         self.writer = writer
@@ -295,6 +295,9 @@ class AtLeastOnce:
         self.internal.poll(0)
         self.writer.serve()
         delivery.settle(indexes, SEAL_EVERY_S)
+
+    def claim(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
+        """Nothing: no transaction holds this group's offsets."""
 
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:
@@ -581,6 +584,19 @@ class ExactlyOnce:
     def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
         """Nothing: :meth:`commit` settled the transaction's work."""
 
+    def claim(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
+        """Commit the offsets of ``partitions`` in a transaction of their own, naming this
+        instance as their owner (see :func:`~kdelay.engine.takeover.positioned`)."""
+        claimed = positioned(consumer, partitions) if self._owner else []
+        if not claimed or not self.begin(True):
+            return
+        try:
+            self._send_offsets(owned(claimed, self._owner), consumer.consumer_group_metadata())
+        except KafkaException as exc:
+            self._failed(exc)
+            return
+        self._commit_transaction()
+
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:
         """Nothing: no transaction is open between steps, where rebalances happen."""
@@ -594,8 +610,7 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
                  clock: Clock, metrics: Metrics, stopping: Callable[[], bool],
                  observe: Callable[[Message], None],
                  waiting: Callable[[str], None] = unheard,
-                 unreachable: Callable[[], bool] = lambda: False,
-                 owner: str = "") -> Checkpoint:
+                 unreachable: Callable[[], bool] = lambda: False, owner: str = "") -> Checkpoint:
     """Build the checkpoint of ``settings.guarantee``, with its producers and changelog writer.
 
     ``observe`` sees every acknowledged consumed-offset marker (clock skew);

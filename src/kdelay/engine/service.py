@@ -563,12 +563,9 @@ class Service:
         for tp in partitions:
             index = self._open(tp.partition)
             local = index.offset(CONSUMED)
-            if local is not None and local > committed.get(tp.partition, -1):
-                tp.offset = local
-            if tp.offset >= 0:
-                self._consumed[tp.partition] = tp.offset
-            elif committed.get(tp.partition, -1) >= 0:
-                self._consumed[tp.partition] = committed[tp.partition]
+            start = max(committed.get(tp.partition, -1), -1 if local is None else local)
+            if start >= 0:  # else the consumer starts at the earliest offset
+                tp.offset = self._consumed[tp.partition] = start
             self._indexes[tp.partition] = index
             # An empty index holds nothing a request read again could find pending.
             start = max(self._consumed.get(tp.partition, 0), 0)
@@ -579,6 +576,7 @@ class Service:
                 rereads, delivery.rereads.watch(tp.partition, start, rereads))
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
+        clients.checkpoint.claim(consumer, partitions)
         log.info("assigned %s", [tp.partition for tp in partitions])
         consumer.assign(partitions)
 

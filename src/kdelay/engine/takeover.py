@@ -16,6 +16,12 @@ of every such owner that is no longer a member of the group: it takes the
 owner's transactional id (``InitProducerId`` aborts the open transaction and
 fences its producer). An owner still in the group is never fenced; nor is
 an owner the metadata does not name (the read then waits, as before).
+
+Until an instance commits a partition's offsets, their stable offsets name
+the last owner, or nobody; were it to die inside its first transaction, the
+next owner would wait out the timeout. So an instance takes up every
+partition it is assigned by committing its offsets at once, on their own
+(:meth:`~kdelay.engine.checkpoint.ExactlyOnce.claim`, at :func:`positioned`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.plumbing.clients import Consuming, Transacting
+from kdelay.plumbing.clients import Consuming, Transacting, Watermarks, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,18 @@ def owner_of(metadata: str | None) -> tuple[str, str] | None:
 def owned(offsets: Iterable[TopicPartition], owner: str) -> list[TopicPartition]:
     """``offsets`` with ``owner`` (:func:`owner_metadata`) as their metadata."""
     return [TopicPartition(tp.topic, tp.partition, tp.offset, owner) for tp in offsets]
+
+
+def positioned(consumer: Watermarks, partitions: list[TopicPartition]) -> list[TopicPartition]:
+    """``partitions``, one without an offset yet (negative) at its low watermark, where the
+    consumer starts; none when a low watermark is not known within :data:`CALL_S`."""
+    try:
+        return [tp if tp.offset >= 0 else TopicPartition(
+            tp.topic, tp.partition, watermarks(consumer, tp, CALL_S)[0]) for tp in partitions]
+    except KafkaException as exc:
+        log.warning("partitions %s: their owner is not named before their first transaction: "
+                    "%s", sorted(tp.partition for tp in partitions), exc.args[0].str())
+        return []
 
 
 class Takeover:

@@ -277,7 +277,12 @@ def alo(tmp_path: Path) -> Iterator[Loop]:
 
 @pytest.fixture
 def eos(tmp_path: Path) -> Iterator[Loop]:
+    """Its partition claimed in a transaction of its own."""
     loop = Loop(tmp_path, Guarantee.EXACTLY_ONCE)
+    claimed = loop.step()
+    assert [e[0] for e in claimed if e[0] in ("assign", "begin", "offsets", "commit")] == [
+        "begin", "offsets", "commit", "assign"]
+    assert ("offsets", [(0, 0)]) in claimed  # at the low watermark: nothing consumed yet
     yield loop
     loop.service.close()
 
@@ -777,6 +782,7 @@ def test_a_forward_goes_out_before_the_requests_offset_is_recorded(
 ) -> None:
     loop = Loop(tmp_path, guarantee, partitions=2)
     try:
+        loop.step()  # assigned (exactly-once: and claimed, in a transaction of its own)
         loop.request(T0 + 60_000, key=b"a", sid=off_partition_id())
         events = loop.step()
         forward = next(i for i, e in enumerate(events) if e[0] == "produce" and e[2] == REQUESTS)
@@ -790,6 +796,7 @@ def test_a_forward_goes_out_before_the_requests_offset_is_recorded(
 def test_a_forward_that_fails_aborts_the_transaction_and_is_read_again(tmp_path: Path) -> None:
     eos = Loop(tmp_path, Guarantee.EXACTLY_ONCE, partitions=2)
     try:
+        eos.step()  # assigned and claimed
         eos.wire.failing.add(REQUESTS)
         eos.request(T0 + 60_000, key=b"a", sid=off_partition_id())
         events = eos.step()

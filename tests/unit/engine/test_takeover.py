@@ -178,3 +178,34 @@ def test_at_least_once_reads_the_offsets_with_one_plain_call() -> None:
     assert reader.committed(cast(Consuming, Plain()), PARTITIONS, lambda: False) == PARTITIONS
     assert calls == [takeover.CALL_S]
     assert group.fenced == []
+
+
+class Marks:
+    """Low watermarks by partition; a partition missing from ``low`` does not answer."""
+
+    def __init__(self, low: dict[int, int], code: int = KafkaError.TOPIC_AUTHORIZATION_FAILED):
+        self.low = low
+        self.code = code
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = -1,
+                              cached: bool = False) -> tuple[int, int]:
+        if partition.partition not in self.low:
+            raise KafkaException(KafkaError(self.code, "Failed to get watermark offsets"))
+        return self.low[partition.partition], self.low[partition.partition] + 10
+
+
+def test_a_partition_is_claimed_at_its_offset_or_else_where_the_consumer_starts() -> None:
+    assigned = [TopicPartition(REQUESTS, 0, 42), TopicPartition(REQUESTS, 1, -1001),
+                TopicPartition(REQUESTS, 2, 0)]
+    claimed = takeover.positioned(Marks({0: 5, 1: 3, 2: 9}), assigned)
+    assert [(tp.partition, tp.offset) for tp in claimed] == [(0, 42), (1, 3), (2, 0)]
+    assert [tp.offset for tp in assigned] == [42, -1001, 0], "the assignment is left as it is"
+
+
+def test_a_claim_whose_start_is_not_known_is_given_up_with_one_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assigned = [TopicPartition(REQUESTS, 0, -1001), TopicPartition(REQUESTS, 1, -1001)]
+    assert takeover.positioned(Marks({0: 5}), assigned) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "partitions [0, 1]: their owner is not named before their first transaction: "
+        "Failed to get watermark offsets"]
