@@ -68,11 +68,9 @@ CLOSE_FLUSH_S: Final = 10.0
 # (commit) or ends the transaction (the others), so this bounds how long the
 # loop is held when Kafka goes away, not how long Kafka may take.
 TXN_CALL_S: Final = 10.0
-# How often a call that may ignore its own timeout is looked at while it runs
-# (see :meth:`ExactlyOnce._send_offsets`).
+# How often a call that may ignore its own timeout is looked at (ExactlyOnce._send_offsets).
 ANSWER_POLL_S = 0.5
-# How long a step waits for an abort left unfinished (Kafka away) before it gives
-# the loop back; the next step tries again.
+# How long a step waits for an unfinished abort (Kafka away); the next step tries again.
 ABORT_RETRY_S: Final = 1.0
 # At-least-once: how many intake records may await their acknowledgements
 # before a step waits for them (memory, and how much a crash re-reads).
@@ -404,19 +402,21 @@ class ExactlyOnce:
                 consumer: Consuming, delivery: Delivery) -> bool:
         producer = self.producer
         try:
-            flush_until(producer, self._clock.monotonic() + self._flush_s, self._clock.monotonic,
-                        self._unreachable)
+            # What the flush left: len(producer) read again would count a log or error
+            # event arriving meanwhile (librdkafka's out queue holds them) as a record.
+            left = flush_until(producer, self._clock.monotonic() + self._flush_s,
+                               self._clock.monotonic, self._unreachable)
             # Read after the flush: the reports of this step's records arrive in it.
             failed = [*acks.dead_letter_failures, *acks.forward_failures,
                       *self.writer.take_failures()]
-            if failed or delivery.has_failures() or len(producer):
+            if failed or delivery.has_failures() or left:
                 # Records still queued or timed out mean Kafka is away, most
                 # likely: the producer's sequence numbers may be off, so a new
                 # producer ends the transaction rather than an abort; while Kafka
                 # is away that is left to the steps that follow (see begin).
                 timed_out = any(f.error.code() == KafkaError._MSG_TIMED_OUT for f in failed)
                 self._away = self._away or self._unreachable()
-                renew = timed_out or bool(len(producer)) or self._away
+                renew = timed_out or bool(left) or self._away
                 self._end(ABORT_RETRY_S if renew else TXN_CALL_S, renew=renew)
                 return False
             if self._stopping():
