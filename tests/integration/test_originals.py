@@ -8,7 +8,7 @@ from typing import Any, cast
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.state.originals import Found, Missing, OriginalReader
+from kdelay.state.originals import Found, Missing, OriginalReader, flat
 from tests.conftest import TopicFactory
 from tests.integration.conftest import produce
 
@@ -31,7 +31,7 @@ def test_sorted_runs_across_partitions_return_exactly_the_wanted_records(
     fill(bootstrap, topic, 2, 300)
     reader = OriginalReader({"bootstrap.servers": bootstrap}, topic, max_gap=10)
     try:
-        found = reader.read({0: [250, 3, 4, 120], 1: [0, 299, 300, 5000]})
+        found = flat(reader.read({0: [250, 3, 4, 120], 1: [0, 299, 300, 5000]}))
     finally:
         reader.close()
     assert keys(found) == {
@@ -49,7 +49,7 @@ def test_offsets_below_the_log_start_are_expired(
     admin.delete_records([cut])[cut].result(timeout=30)
     reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
     try:
-        found = reader.read({0: [2, 9, 10, 15]})
+        found = flat(reader.read({0: [2, 9, 10, 15]}))
     finally:
         reader.close()
     assert keys(found) == {(0, 2): Missing.EXPIRED, (0, 9): Missing.EXPIRED,
@@ -65,10 +65,10 @@ def test_log_start_moving_under_a_fetch_is_detected_from_the_fetch_error(
     fill(bootstrap, topic, 1, 20)
     reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
     try:
-        assert keys(reader.read({0: [15]})) == {(0, 15): b"0-15"}, "its watermarks: 0 and 20"
+        assert keys(flat(reader.read({0: [15]}))) == {(0, 15): b"0-15"}, "its watermarks: 0 and 20"
         cut = TopicPartition(topic, 0, 10)
         admin.delete_records([cut])[cut].result(timeout=30)
-        found = reader.read({0: [2, 9, 12]})
+        found = flat(reader.read({0: [2, 9, 12]}))
     finally:
         reader.close()
     assert keys(found) == {(0, 2): Missing.EXPIRED, (0, 9): Missing.EXPIRED, (0, 12): b"0-12"}
@@ -92,7 +92,7 @@ def test_transaction_markers_and_aborted_records_are_absent(
     producer.commit_transaction(30)  # c: 4, marker: 5
     reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
     try:
-        found = reader.read({0: [0, 1, 2, 3, 4]})
+        found = flat(reader.read({0: [0, 1, 2, 3, 4]}))
     finally:
         reader.close()
     assert keys(found) == {(0, 0): b"a", (0, 1): Missing.ABSENT, (0, 2): Missing.ABSENT,
@@ -136,18 +136,18 @@ def test_consecutive_reads_read_on_without_a_seek_and_a_jump_seeks(
                             client=client)
     try:
         for start in range(0, 400, 100):
-            found = reader.read({p: range(start, start + 100) for p in (0, 1)})
+            found = flat(reader.read({p: range(start, start + 100) for p in (0, 1)}))
             assert keys(found) == {(p, o): f"{p}-{o}".encode()
                                    for p in (0, 1) for o in range(start, start + 100)}
         [counting] = made
         assert (counting.assigns, counting.seeks) == (1, 0)
-        assert keys(reader.read({0: [5]})) == {(0, 5): b"0-5"}, "back: a seek"
+        assert keys(flat(reader.read({0: [5]}))) == {(0, 5): b"0-5"}, "back: a seek"
         assert counting.seeks == 1
-        assert keys(reader.read({0: [300]})) == {(0, 300): b"0-300"}
+        assert keys(flat(reader.read({0: [300]}))) == {(0, 300): b"0-300"}
         assert counting.seeks == 2, "far ahead: a seek"
-        assert keys(reader.read({1: [599]})) == {(1, 599): b"1-599"}
+        assert keys(flat(reader.read({1: [599]}))) == {(1, 599): b"1-599"}
         assert counting.assigns == 2, "partition 1, let go by the reads of 0 alone, anew"
-        assert keys(reader.read({1: [630, 610]})) == {(1, 610): Missing.ABSENT,
+        assert keys(flat(reader.read({1: [630, 610]}))) == {(1, 610): Missing.ABSENT,
                                                       (1, 630): Missing.ABSENT}
     finally:
         reader.close()
@@ -162,10 +162,10 @@ def test_the_end_of_a_partition_reached_earlier_hides_no_record_written_since(
     fill(bootstrap, topic, 1, 10)
     reader = OriginalReader({"bootstrap.servers": bootstrap}, topic)
     try:
-        assert keys(reader.read({0: [8, 9]})) == {(0, 8): b"0-8", (0, 9): b"0-9"}
+        assert keys(flat(reader.read({0: [8, 9]}))) == {(0, 8): b"0-8", (0, 9): b"0-9"}
         time.sleep(0.5)  # the reader's consumer fetches on and reaches the end (offset 10)
         produce(bootstrap, topic, [{"key": f"0-{i}".encode(), "value": b"v", "partition": 0}
                                    for i in range(10, 20)])
-        assert keys(reader.read({0: [12, 15]})) == {(0, 12): b"0-12", (0, 15): b"0-15"}
+        assert keys(flat(reader.read({0: [12, 15]}))) == {(0, 12): b"0-12", (0, 15): b"0-15"}
     finally:
         reader.close()

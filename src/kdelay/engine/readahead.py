@@ -111,7 +111,7 @@ class ReadAhead:
         originals = self._reader.read(offsets)
         for partition, (keys, values, gapless, puts_seen) in wanted.items():
             coordinates = decoded[partition]
-            found_all = [originals.get((lies, offset)) for _, lies, offset in coordinates]
+            found_all = [originals[lies].get(offset) for _, lies, offset in coordinates]
             if None in found_all:  # unresolved: the run stops before the first of them
                 cut = found_all.index(None)
                 window = self.window(partition)

@@ -54,13 +54,22 @@ Found: TypeAlias = Message | Missing
 class Reading(Protocol):
     """What delivery asks of a reader of originals."""
 
-    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
-        """Return the record (or why there is none) at each wanted ``(partition, offset)``."""
+    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[int, dict[int, Found]]:
+        """Return the record (or why there is none) at each wanted offset, by partition
+        then offset; every partition wanted has its entry, maybe empty. Keyed so, a
+        burst's read makes no ``(partition, offset)`` tuple a record (:func:`flat` has
+        them)."""
         ...
 
     def close(self) -> None:
         """Release the reader's consumer."""
         ...
+
+
+def flat(found: Mapping[int, Mapping[int, Found]]) -> dict[tuple[int, int], Found]:
+    """What :meth:`Reading.read` returned, keyed by ``(partition, offset)``."""
+    return {(partition, offset): f for partition, by_offset in found.items()
+            for offset, f in by_offset.items()}
 
 
 @dataclass(slots=True)
@@ -163,13 +172,14 @@ class OriginalReader:
             self._positions.clear()
             self._kept.clear()
 
-    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
-        """Return ``(partition, offset) -> record | Missing`` for the offsets wanted.
+    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[int, dict[int, Found]]:
+        """Return ``partition -> offset -> record | Missing`` for the offsets wanted (every
+        partition wanted has its entry; see :class:`Reading`).
 
         Offsets not resolved before the reader's deadline are absent from the result.
         """
         consumer = self._consumer or self._open()
-        result: dict[tuple[int, int], Found] = {}
+        result: dict[int, dict[int, Found]] = {p: {} for p in wanted}
         queues = {p: runs(p, offsets, self._max_gap) for p, offsets in wanted.items()}
         for partition, queue in queues.items():
             if not self._classify_by_watermarks(consumer, partition, queue, result):
@@ -190,7 +200,7 @@ class OriginalReader:
         return self._consumer
 
     def _classify_by_watermarks(self, consumer: Consumer, partition: int,
-                                queue: list[_Run], result: dict[tuple[int, int], Found]) -> bool:
+                                queue: list[_Run], result: dict[int, dict[int, Found]]) -> bool:
         """Resolve offsets below the log start or at/after the log end without fetching.
 
         The partition's watermarks are asked when none are known, or when an
@@ -216,25 +226,26 @@ class OriginalReader:
                     return False
                 return True
         low, high = known
+        found = result[partition]
         for run in queue:
             offsets = run.offsets
             first = bisect.bisect_left(offsets, low)
             last = bisect.bisect_left(offsets, high)
             for offset in offsets[:first]:
-                result[(partition, offset)] = Missing.EXPIRED
+                found[offset] = Missing.EXPIRED
             for offset in offsets[last:]:
-                result[(partition, offset)] = Missing.ABSENT
+                found[offset] = Missing.ABSENT
             run.offsets = offsets[first:last]
         queue[:] = [run for run in queue if run.offsets]
         return True
 
     def _read_runs(self, consumer: Consumer, current: dict[int, _Run],
-                   result: dict[tuple[int, int], Found], deadline: float) -> None:
+                   result: dict[int, dict[int, Found]], deadline: float) -> None:
         """Fetch one run per partition at once until each is resolved or the deadline passes."""
         open_runs = {p for p, run in current.items() if not run.done}
         self._position_at(consumer, {p: current[p].start for p in open_runs})
         for partition in list(open_runs):
-            if self._from_kept(current[partition], result):
+            if self._from_kept(current[partition], result[partition]):
                 open_runs.discard(partition)
         kept = self._kept
         while open_runs and time.monotonic() < deadline:
@@ -247,14 +258,15 @@ class OriginalReader:
                 error = message.error()
                 if error is not None:
                     if partition in open_runs:
-                        if self._failed(consumer, current.get(partition), message, result):
+                        if self._failed(consumer, current.get(partition), message,
+                                        result.get(partition, {})):
                             open_runs.discard(partition)
                     elif error.code() in RANGE_ERRORS:  # not read now: assigned anew later
                         self._let_go(consumer, partition)
                     continue
                 positions[partition] = int(message.offset() or 0) + 1
                 if partition in open_runs:
-                    if _take(current[partition], message, result):
+                    if _take(current[partition], message, result[partition]):
                         open_runs.discard(partition)
                 elif partition in positions:  # past its run: for the next read
                     kept.setdefault(partition, []).append(message)
@@ -287,7 +299,7 @@ class OriginalReader:
                 del positions[partition]
                 kept.pop(partition, None)
 
-    def _from_kept(self, run: _Run, result: dict[tuple[int, int], Found]) -> bool:
+    def _from_kept(self, run: _Run, result: dict[int, Found]) -> bool:
         """Take the run's records from those an earlier read fetched; return whether done."""
         kept = self._kept.pop(run.partition, None)
         if not kept:
@@ -301,7 +313,7 @@ class OriginalReader:
         return False
 
     def _failed(self, consumer: Consumer, run: _Run | None, message: Message,
-                result: dict[tuple[int, int], Found]) -> bool:
+                result: dict[int, Found]) -> bool:
         """Handle a fetch error (or end-of-partition event); return whether the run is done.
 
         The end of the partition, reached at some offset, proves the run's
@@ -319,7 +331,7 @@ class OriginalReader:
             end = int(message.offset() or 0)
             if run is not None:
                 while not run.done and run.start < end:
-                    result[(partition, run.start)] = Missing.ABSENT
+                    result[run.start] = Missing.ABSENT
                     run.cursor += 1
                 return run.done
             return False
@@ -343,7 +355,7 @@ class OriginalReader:
         consumer.incremental_unassign([TopicPartition(self._topic, partition)])
 
     def _expire_below_start(self, consumer: Consumer, run: _Run,
-                            result: dict[tuple[int, int], Found]) -> None:
+                            result: dict[int, Found]) -> None:
         """Mark the run's offsets below the (moved) log start offset ``EXPIRED``."""
         try:
             low, high = watermarks(consumer, TopicPartition(self._topic, run.partition),
@@ -354,11 +366,11 @@ class OriginalReader:
             return
         self._marks[run.partition] = low, high
         while not run.done and run.start < low:
-            result[(run.partition, run.start)] = Missing.EXPIRED
+            result[run.start] = Missing.EXPIRED
             run.cursor += 1
 
 
-def _take(run: _Run, message: Message, result: dict[tuple[int, int], Found]) -> bool:
+def _take(run: _Run, message: Message, result: dict[int, Found]) -> bool:
     """Apply one fetched record to ``run``; return whether the run is done.
 
     Offsets the fetch passed over (a control record, a record of an aborted
@@ -367,13 +379,13 @@ def _take(run: _Run, message: Message, result: dict[tuple[int, int], Found]) -> 
     offset = int(message.offset() or 0)
     offsets, cursor = run.offsets, run.cursor
     while offsets[cursor] < offset:
-        result[(run.partition, offsets[cursor])] = Missing.ABSENT
+        result[offsets[cursor]] = Missing.ABSENT
         cursor += 1
         if cursor == len(offsets):
             run.cursor = cursor
             return True
     if offsets[cursor] == offset:
-        result[(run.partition, offset)] = message
+        result[offset] = message
         cursor += 1
     run.cursor = cursor
     return cursor == len(offsets)

@@ -449,7 +449,7 @@ class Originals:
 
     def read_raw(self, partition: int, offset: int) -> Message | Missing | None:
         """Whatever record lies at ``partition``/``offset`` (None: not read in time)."""
-        return self._reader.read({partition: [offset]}).get((partition, offset))
+        return self._reader.read({partition: [offset]})[partition].get(offset)
 
     def read(self, entries: Sequence[Pending]) -> dict[tuple[int, int], Original]:
         """Return ``(partition, offset) -> Original`` for ``entries``.
@@ -468,7 +468,7 @@ class Originals:
             found = self._reader.read(wanted)
             for entry in chunk:
                 result[(entry.partition, entry.offset)] = _judge(
-                    entry, found.get((entry.partition, entry.offset)))
+                    entry, found[entry.partition].get(entry.offset))
             if self._progress is not None:
                 self._progress("original records", start + len(chunk), len(ordered))
         return result

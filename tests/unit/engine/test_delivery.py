@@ -182,11 +182,11 @@ class FakeReader:
         self.log: dict[tuple[int, int], Found] = {}
         self.calls: list[dict[int, list[int]]] = []
 
-    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Found]:
+    def read(self, wanted: Mapping[int, Iterable[int]]) -> dict[int, dict[int, Found]]:
         asked = {p: list(offsets) for p, offsets in wanted.items()}
         self.calls.append(asked)
-        return {(p, o): self.log[(p, o)] for p, offs in asked.items() for o in offs
-                if (p, o) in self.log}
+        return {p: {o: self.log[(p, o)] for o in offs if (p, o) in self.log}
+                for p, offs in asked.items()}
 
     def close(self) -> None:
         pass

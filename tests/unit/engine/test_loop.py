@@ -192,8 +192,8 @@ class FakeConsumer:
 class FakeReader:
     """Has no records: every entry in these tests is adopted from intake."""
 
-    def read(self, wanted: Any) -> dict[tuple[int, int], Found]:
-        return {}
+    def read(self, wanted: Any) -> dict[int, dict[int, Found]]:
+        return {partition: {} for partition in wanted}
 
     def close(self) -> None:
         pass
