@@ -258,8 +258,8 @@ class OriginalReader:
                 error = message.error()
                 if error is not None:
                     if partition in open_runs:
-                        if self._failed(consumer, current.get(partition), message,
-                                        result.get(partition, {})):
+                        if self._failed(consumer, current[partition], message,
+                                        result[partition]):
                             open_runs.discard(partition)
                     elif error.code() in RANGE_ERRORS:  # not read now: assigned anew later
                         self._let_go(consumer, partition)
@@ -312,7 +312,7 @@ class OriginalReader:
                 return True
         return False
 
-    def _failed(self, consumer: Consumer, run: _Run | None, message: Message,
+    def _failed(self, consumer: Consumer, run: _Run, message: Message,
                 result: dict[int, Found]) -> bool:
         """Handle a fetch error (or end-of-partition event); return whether the run is done.
 
@@ -329,18 +329,14 @@ class OriginalReader:
         partition = int(message.partition() or 0)
         if error.code() == KafkaError._PARTITION_EOF:
             end = int(message.offset() or 0)
-            if run is not None:
-                while not run.done and run.start < end:
-                    result[run.start] = Missing.ABSENT
-                    run.cursor += 1
-                return run.done
-            return False
+            while not run.done and run.start < end:
+                result[run.start] = Missing.ABSENT
+                run.cursor += 1
+            return run.done
         if error.code() not in RANGE_ERRORS:
             log.warning("reading %s[%d]: %s", self._topic, partition, error.str())
             return False
         self._let_go(consumer, partition)
-        if run is None:
-            return True
         self._expire_below_start(consumer, run, result)
         if run.done:
             return True
