@@ -469,6 +469,15 @@ def write_config(port: int, controller_port: int, sasl_port: int, tls_port: int)
         "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1",
         "transaction.state.log.num.partitions": "1",
+        # One partition each, where a default broker has 50 (offsets) and 50
+        # (transactions): every group's commits and every transaction's state
+        # fill one log, 50 times as fast. With the default 100 MB segments, the
+        # log cleaner then compacts 100 MB at once, about a second of CPU at the
+        # broker's raised priority, which on two cores stalls every client for
+        # most of a second (an exactly-once run's p99, docs/benchmarks.md).
+        # Segments of 2 MB keep each cleaning as small as a default broker's.
+        "offsets.topic.segment.bytes": "2097152",
+        "transaction.state.log.segment.bytes": "2097152",
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
