@@ -57,3 +57,16 @@ def test_an_older_layout_keeps_a_distinct_tls_port(run: Path) -> None:
     (run / "ports").write_text("9092 36421 49325\n")
     (run / "tls_port").write_text("40000\n")
     assert kafka_broker.broker_ports() == (9092, 36421, 49325, 40000)
+
+
+def test_the_offsets_and_transaction_logs_roll_small_segments(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One partition each: 100 MB segments made the cleaner stall the clients for most
+    # of a second at a time (docs/benchmarks.md); 2 MB keep each cleaning small.
+    monkeypatch.setenv("KDELAY_BROKER_DATA_DIR", str(tmp_path / "data"))
+    run.mkdir()
+    config = kafka_broker.write_config(*kafka_broker.free_ports(4))
+    settings = dict(line.split("=", 1) for line in config.read_text().splitlines())
+    assert settings["offsets.topic.num.partitions"] == "1"
+    assert settings["offsets.topic.segment.bytes"] == "2097152"
+    assert settings["transaction.state.log.segment.bytes"] == "2097152"
