@@ -10,7 +10,8 @@ read-ahead: 1 000 keys and values a scan from a cursor), ``send`` (the
 sender's hot loop over a run slice: fingerprint check, headers, one
 ``produce`` to a real producer whose broker never answers, so the records
 only queue) and ``seal`` (what settling a landed batch costs: the seal and
-its index write, deletes counted from the values the scan read). The figures
+its index write, deletes counted from the values the scan read, each run
+read whole leaving the index as one range, as a burst's do). The figures
 are what the loop itself spends per record; a run against a broker adds
 librdkafka's threads, the delivery reports and the reads of originals. Run as
 ``python -m kdelay_bench.hotpath [--records N] [--repeats R]``; the best of R
@@ -122,13 +123,13 @@ def run_once(count: int) -> dict[str, float]:
     def scan() -> int:
         cursor = None
         while True:
-            keys, values, _, _ = index.scan_raw(BASE_MS + count, BATCH, start=cursor)
+            keys, values, gapless, seen = index.scan_raw(BASE_MS + count, BATCH, start=cursor)
             if not keys:
                 return count
             cursor = codec.key_after(keys[-1])
             first = len(runs) * BATCH
             found: list[Found] = list(originals[first:first + len(keys)])
-            runs.append(Run(0, keys, values, found))
+            runs.append(Run(0, keys, values, found, gapless=gapless, puts_seen=seen))
 
     def send() -> int:
         sender, routes, now = _sender(producer), Routes(), BASE_MS + count
