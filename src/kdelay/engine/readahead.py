@@ -11,7 +11,7 @@ every partition, the run of every key it holds, and how far each index was read.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from typing import Final, cast
+from typing import Final
 
 from kdelay.engine.book import Book, State
 from kdelay.engine.runs import Run
@@ -111,16 +111,23 @@ class ReadAhead:
         originals = self._reader.read(offsets)
         for partition, (keys, values, gapless, puts_seen) in wanted.items():
             coordinates = decoded[partition]
-            found_all = [originals[lies].get(offset) for _, lies, offset in coordinates]
-            if None in found_all:  # unresolved: the run stops before the first of them
-                cut = found_all.index(None)
+            # One pass that stops at the first original not resolved: ``None in`` would
+            # walk the list again, comparing every record with None.
+            found_all: list[Found] = []
+            for _, lies, offset in coordinates:
+                original = originals[lies].get(offset)
+                if original is None:
+                    break
+                found_all.append(original)
+            cut = len(found_all)
+            if cut < len(keys):  # unresolved: the run stops before the first of them
                 window = self.window(partition)
                 window.covered = None
                 window.rewind(keys[cut])
-                del keys[cut:], values[cut:], found_all[cut:], coordinates[cut:]
+                del keys[cut:], values[cut:], coordinates[cut:]
             if keys:  # a cut run is still gapless: it holds a prefix of what was read
-                self.hold(Run(partition, keys, values, cast(list[Found], found_all),
-                              gapless=gapless, puts_seen=puts_seen, coordinates=coordinates))
+                self.hold(Run(partition, keys, values, found_all, gapless=gapless,
+                              puts_seen=puts_seen, coordinates=coordinates))
 
     def adopt(self, partition: int, keys: list[bytes], values: list[bytes],
               originals: list[Found]) -> None:
