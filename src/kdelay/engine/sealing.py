@@ -87,31 +87,46 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
     """
     changes = Changes()
     done: list[bytes] = []
+    # The value of every done key, in order, while each is known (read or adopted).
+    values_done: list[bytes] = []
+    all_known = True
+    ordered = True  # whether ``done`` is in strictly increasing key order (each run's is)
     ended: list[IdRecord] = []
-    known = changes.known
     for run, landed in runs:
         if run.taken:
             live = list(run.live(run.settled, landed))
             keys = [run.keys[at] for at in live]
             values = [run.values[at] for at in live]
-        else:  # a whole range, sliced and zipped in C
+        else:  # a whole range, sliced in C
             keys, values = run.keys[run.settled:landed], run.values[run.settled:landed]
             if run.gapless and len(keys) >= RANGE_DELETE_MIN:
                 changes.ranges.append((len(done), len(done) + len(keys), run.puts_seen))
+        if keys and done and keys[0] <= done[-1]:
+            ordered = False
         done.extend(keys)
-        known.update(zip(keys, values, strict=True))
-        # A value with an id is longer than the head alone: lengths are checked in C.
-        if (values and max(map(len, values)) > codec.INDEX_HEAD_SIZE
-                and any(map(codec.has_schedule_id, values))):
+        values_done.extend(values)
+        if any(map(codec.has_schedule_id, values)):
             for key, raw in zip(keys, values, strict=True):
                 if codec.has_schedule_id(raw):
                     _end(changes, ended, key, codec.decode_index_value(raw), Sink.TARGET,
                          now)
     for job, sink in jobs:
-        done.append(job.key)
-        if job.entry.raw:
-            changes.known[job.key] = job.entry.raw
-        _end(changes, ended, job.key, job.entry.value, sink, now)
+        key, raw = job.key, job.entry.raw
+        if done and key <= done[-1]:
+            ordered = False
+        if all_known and not raw:  # from here on, the values known go by key
+            changes.known.update(zip(done, values_done, strict=True))
+            all_known = False
+        done.append(key)
+        if all_known:
+            values_done.append(raw)
+        elif raw:
+            changes.known[key] = raw
+        _end(changes, ended, key, job.entry.value, sink, now)
+    if all_known and ordered:  # keys strictly increasing: none twice, extremes at the ends
+        changes.deleted_values = values_done
+    elif all_known:
+        changes.known.update(zip(done, values_done, strict=True))
     if not done:  # only entries taken out of their runs: nothing leaves the index
         return Sealed(partition, Seal(None, [], []), [], changes, runs, jobs)
     bound = marks.next_bound(frontier_key)

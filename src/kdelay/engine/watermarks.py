@@ -110,14 +110,16 @@ class Marks:
         bound = self.next_bound(frontier)
         if bound is None:
             return Seal(None, [], done)
-        finished = set(done)
         unapplied = itertools.chain.from_iterable(keys for _, keys in self.unapplied.values())
-        below = {key for key in itertools.chain(self.below, pending, unapplied)
-                 if key < bound and key not in finished}
+        below = {key for key in itertools.chain(self.below, pending, unapplied) if key < bound}
+        if below:  # a set of the done keys only when something below the bound may be one
+            below.difference_update(done)
         if len(below) > MAX_PENDING:
             return Seal(None, [], done)
+        if not done or max(done) < bound:  # every done key below the bound: a burst's seal
+            return Seal(Watermark(bound, frozenset(below)), list(done), [])
         covered = [key for key in done if key < bound]
-        uncovered = [key for key in done if key >= bound] if len(covered) < len(done) else []
+        uncovered = [key for key in done if key >= bound]
         return Seal(Watermark(bound, frozenset(below)), covered, uncovered)
 
     def sealed(self, seal: Seal, done: Iterable[bytes]) -> None:

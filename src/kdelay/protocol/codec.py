@@ -434,7 +434,7 @@ def request_timestamp_of(raw: bytes) -> int:
 
 def has_schedule_id(raw: bytes) -> bool:
     """Whether an encoded index value carries a schedule id (without decoding it)."""
-    size = _INDEX_HEAD.size
+    size = INDEX_HEAD_SIZE
     if len(raw) <= size:
         return False
     return raw[size] != _WITH_TARGET or raw[size + 1 : size + 3] != b"\x00\x00"

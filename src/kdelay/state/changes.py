@@ -72,6 +72,10 @@ class Changes:
     # The encoded values of deleted keys the caller knows to be in the store (read
     # by a scan, untouched since): their tally needs no lookup.
     known: dict[bytes, bytes] = field(default_factory=dict)
+    # Or the encoded value of each of ``deletes``, in order, when the caller knows every
+    # one and ``deletes`` are in strictly increasing key order (delivery's seal of a
+    # burst: no dict entry a record, the extremes at the ends).
+    deleted_values: list[bytes] | None = None
     # Put keys certainly not in the store (requests read for the first time): their
     # tally needs no lookup either.
     absent: set[bytes] = field(default_factory=set)

@@ -45,7 +45,7 @@ from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
 from kdelay.state.changes import Changes, Entry, collect, put_all
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
-from kdelay.state.tally import MINUTE_MS, Change, Tally, change_of
+from kdelay.state.tally import MINUTE_MS, Change, Tally, change_of, deleted_change
 
 IDS_CF = "ids"
 META_CF = "meta"
@@ -237,7 +237,7 @@ class PartitionIndex:
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         new = changes.encoded_puts()
-        change = self._tally_change(new, changes.deletes, changes.known, changes.absent)
+        change = self._tally_change(new, changes)
         for key, count in self.tally.rows(change):
             if count > 0:
                 put(key, codec.encode_count(count), self._meta_handle)
@@ -328,17 +328,19 @@ class PartitionIndex:
                 raise StateDirFull(self.path, str(exc)) from None
             raise
 
-    def _tally_change(self, new: dict[bytes, bytes], deletes: list[bytes],
-                      given: dict[bytes, bytes], absent: set[bytes]) -> Change:
-        """How the puts ``new`` and the ``deletes`` move the tally (:func:`change_of`).
-        Deletes whose values ``given`` names, or that a scan read (untouched since:
-        certainly in the store), need no lookup; a batch of only such deletes
-        (delivery's) is counted without one."""
+    def _tally_change(self, new: dict[bytes, bytes], changes: Changes) -> Change:
+        """How the puts ``new`` and the deletes of ``changes`` move the tally
+        (:func:`change_of`). Deletes whose values ``changes`` names, or that a scan
+        read (untouched since: certainly in the store), need no lookup; a batch of
+        only such deletes (delivery's) is counted without one."""
+        deletes, given = changes.deletes, changes.known
+        if not new and changes.deleted_values is not None:
+            return deleted_change(deletes, changes.deleted_values)
         known, scanned = given, self._scanned
         if scanned and (new or len(given) != len(deletes)):  # else given names every delete
             known = {key: scanned[key] for key in deletes if key in scanned}
             known.update(given)
-        return change_of(new, deletes, known, absent, self.raw_values)
+        return change_of(new, deletes, known, changes.absent, self.raw_values)
 
     def _load_tally(self) -> Tally:
         """The stored tally; a store without one (made before it existed) is counted once."""

@@ -64,11 +64,13 @@ class Change:
         self.due[due] = self.due.get(due, 0) + sign
         self.slack[slack] = self.slack.get(slack, 0) + sign
 
-    def count_all(self, keys: Sequence[bytes], values: Sequence[bytes], sign: int) -> None:
+    def count_all(self, keys: Sequence[bytes], values: Sequence[bytes], sign: int,
+                  ordered: bool = False) -> None:
         """Count every entry (``keys[i]`` with encoded value ``values[i]``) as
         :meth:`count` would: one pass per histogram over the batch, the minutes
         counted in C. A write batch counts hundreds of entries, and two calls per
-        entry cost more than the counting."""
+        entry cost more than the counting. ``ordered``: the keys are due keys in
+        increasing order (as read from an index), so their extremes are at the ends."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
         if not keys:
@@ -79,7 +81,7 @@ class Change:
         # decoded for a histogram that spans minutes.
         dues: list[int] | None = None
         stamps: list[int] | None = None
-        extremes = _extremes_of_bytes(keys, values)
+        extremes = _extremes_of_bytes(keys, values, ordered)
         if extremes is None:
             dues, stamps = codec.due_times(keys), codec.record_times(values)
             extremes = (min(dues), max(dues), min(stamps), max(stamps))
@@ -100,19 +102,22 @@ class Change:
              sign)
 
 
-def _extremes_of_bytes(keys: Sequence[bytes], values: Sequence[bytes]
+def _extremes_of_bytes(keys: Sequence[bytes], values: Sequence[bytes], ordered: bool
                        ) -> tuple[int, int, int, int] | None:
     """The least and greatest due time and timestamp of a batch, found by comparing
     bytes in C without a number per entry; None when bytes do not order as the numbers.
 
     Due keys order as their due times (a big-endian u64 first), and index values
-    whose timestamps are not negative as those (a big-endian i64 first).
+    whose timestamps are not negative as those (a big-endian i64 first). ``ordered``
+    due keys have theirs at the ends.
     """
-    if (min(map(len, keys)) < DUE_TIME_SIZE or min(map(len, values)) < codec.INDEX_HEAD_SIZE
-            or max(values)[0] >= NEGATIVE_BYTE):
+    if ((not ordered and min(map(len, keys)) < DUE_TIME_SIZE)
+            or min(map(len, values)) < codec.INDEX_HEAD_SIZE
+            or (newest := max(values))[0] >= NEGATIVE_BYTE):
         return None
-    return (codec.due_ms_of(min(keys)), codec.due_ms_of(max(keys)),
-            codec.request_timestamp_of(min(values)), codec.request_timestamp_of(max(values)))
+    first, last = (keys[0], keys[-1]) if ordered else (min(keys), max(keys))
+    return (codec.due_ms_of(first), codec.due_ms_of(last),
+            codec.request_timestamp_of(min(values)), codec.request_timestamp_of(newest))
 
 
 def _add(counts: dict[int, int], found: Mapping[int, int], sign: int) -> None:
@@ -215,6 +220,15 @@ def change_of(new: dict[bytes, bytes], deletes: list[bytes], known: dict[bytes, 
     present.update(zip(added, added_values, strict=True))
     removed = [key for key in dict.fromkeys(deletes) if key in present]
     change.count_all(removed, [present.pop(key) for key in removed], -1)
+    return change
+
+
+def deleted_change(deletes: list[bytes], values: list[bytes]) -> Change:
+    """How removing ``deletes`` moves a tally: due keys as an index holds them, in
+    strictly increasing order (none twice), each in the store with encoded value
+    ``values[i]`` (delivery's seal; no lookup, no dict)."""
+    change = Change()
+    change.count_all(deletes, values, -1, ordered=True)
     return change
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
-from kdelay.state.tally import MINUTE_MS, Change, Tally, buckets, horizons
+from kdelay.state.tally import MINUTE_MS, Change, Tally, buckets, deleted_change, horizons
 
 NOW = 1_700_000_000_000 // MINUTE_MS * MINUTE_MS + 30_000  # half way through a minute
 
@@ -124,6 +124,11 @@ def test_any_batch_counts_as_one_entry_at_a_time(
         one.count(key, raw, sign)
     counted.count_all([k for k, _ in batch], [v for _, v in batch], sign)
     assert (counted.due, counted.slack) == (one.due, one.slack)
+    ordered = sorted(dict(batch).items())  # keys in order, as a seal deletes them
+    removed, alone = deleted_change([k for k, _ in ordered], [v for _, v in ordered]), Change()
+    for key, raw in ordered:
+        alone.count(key, raw, -1)
+    assert (removed.due, removed.slack) == (alone.due, alone.slack)
 
 
 @pytest.mark.parametrize("stamps", [(-5_000, 1_000), (-1, -1)], ids=["mixed", "negative"])
