@@ -6,7 +6,8 @@ thread's CPU: ``plan`` (intake's planner over batches of 1 000 request
 records: headers parsed, fingerprints, keys and index values encoded, the
 changelog records built; no produce), ``apply_puts`` (intake's index write: encoded entries, tally
 multi-get and counts, one ``WriteBatch`` per 1 000), ``scan`` (delivery's
-read-ahead: 1 000 keys and values a scan from a cursor), ``send`` (the
+read-ahead: 1 000 keys and values a scan from a cursor, the keys decoded to
+fetch their originals), ``send`` (the
 sender's hot loop over a run slice: fingerprint check, headers, one
 ``produce`` to a real producer whose broker never answers, so the records
 only queue) and ``seal`` (what settling a landed batch costs: the seal and
@@ -129,7 +130,9 @@ def run_once(count: int) -> dict[str, float]:
             cursor = codec.key_after(keys[-1])
             first = len(runs) * BATCH
             found: list[Found] = list(originals[first:first + len(keys)])
-            runs.append(Run(0, keys, values, found, gapless=gapless, puts_seen=seen))
+            # Decoded as the read-ahead does, to fetch the originals.
+            runs.append(Run(0, keys, values, found, gapless=gapless, puts_seen=seen,
+                            fields=codec.due_key_fields(b"".join(keys))))
 
     def send() -> int:
         sender, routes, now = _sender(producer), Routes(), BASE_MS + count

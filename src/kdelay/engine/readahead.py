@@ -99,35 +99,28 @@ class ReadAhead:
         """Read the originals of the entries scanned and hold them as runs."""
         # An original lies on the partition its key names (another for a forwarded id).
         offsets: dict[int, list[int]] = {}
-        decoded: dict[int, list[tuple[int, int, int]]] = {}
+        decoded: dict[int, list[int]] = {}
         for partition, scan in wanted.items():
-            coordinates = decoded[partition] = list(codec.decode_due_keys(b"".join(scan.keys)))
-            for _, lies, offset in coordinates:
-                found = offsets.get(lies)
-                if found is None:
-                    offsets[lies] = [offset]
-                else:
-                    found.append(offset)
+            fields = decoded[partition] = codec.due_key_fields(b"".join(scan.keys))
+            lies = fields[1::3]
+            if lies.count(lies[0]) == len(lies):  # one partition (but for forwarded ids)
+                _extend(offsets, lies[0], fields[2::3])
+            else:
+                for where, offset in zip(lies, fields[2::3], strict=True):
+                    _extend(offsets, where, [offset])
         originals = self._reader.read(offsets)
         for partition, (keys, values, gapless, puts_seen) in wanted.items():
-            coordinates = decoded[partition]
-            # One pass that stops at the first original not resolved: ``None in`` would
-            # walk the list again, comparing every record with None.
-            found_all: list[Found] = []
-            for _, lies, offset in coordinates:
-                original = originals[lies].get(offset)
-                if original is None:
-                    break
-                found_all.append(original)
+            fields = decoded[partition]
+            found_all = _found(fields, originals)
             cut = len(found_all)
             if cut < len(keys):  # unresolved: the run stops before the first of them
                 window = self.window(partition)
                 window.covered = None
                 window.rewind(keys[cut])
-                del keys[cut:], values[cut:], coordinates[cut:]
+                del keys[cut:], values[cut:], fields[3 * cut:]
             if keys:  # a cut run is still gapless: it holds a prefix of what was read
                 self.hold(Run(partition, keys, values, found_all, gapless=gapless,
-                              puts_seen=puts_seen, coordinates=coordinates))
+                              puts_seen=puts_seen, fields=fields))
 
     def adopt(self, partition: int, keys: list[bytes], values: list[bytes],
               originals: list[Found]) -> None:
@@ -206,6 +199,33 @@ class ReadAhead:
         keys = [key for runs in self.runs.values() for run in runs
                 if (key := run.unsent_key()) is not None]
         return min(keys, default=None)
+
+
+def _extend(offsets: dict[int, list[int]], partition: int, more: list[int]) -> None:
+    """Add ``more`` to the offsets wanted of ``partition``."""
+    found = offsets.get(partition)
+    if found is None:
+        offsets[partition] = more
+    else:
+        found.extend(more)
+
+
+def _found(fields: list[int], originals: dict[int, dict[int, Found]]) -> list[Found]:
+    """The originals of the keys whose fields (see :func:`codec.due_key_fields`) are
+    ``fields``, up to the first not resolved."""
+    lies = fields[1::3]
+    if lies and lies.count(lies[0]) == len(lies):
+        try:  # every one resolved, looked up in C
+            return list(map(originals[lies[0]].__getitem__, fields[2::3]))
+        except KeyError:
+            pass
+    found_all: list[Found] = []
+    for where, offset in zip(lies, fields[2::3], strict=True):
+        original = originals[where].get(offset)
+        if original is None:
+            break
+        found_all.append(original)
+    return found_all
 
 
 class _Held(Container[bytes]):

@@ -57,17 +57,18 @@ class Run:
     indexed_ahead: set[int] | None = None
     gapless: bool = False
     puts_seen: int = 0
-    # ``(due_ms, partition, offset)`` of each key, when the read-ahead decoded them
-    # already (to fetch the originals); None: decoded as they are sent.
-    coordinates: list[tuple[int, int, int]] | None = None
+    # ``due_ms, partition, offset`` of each key laid flat (see codec.due_key_fields),
+    # when the read-ahead decoded them already (to fetch the originals); None: each
+    # key is decoded as it is sent.
+    fields: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def extend(self, keys: list[bytes], values: list[bytes], originals: list[Found]) -> None:
         """Append entries (not in the index yet) whose keys all follow the run's last
-        (an adopted run's: it has no decoded coordinates)."""
-        self.coordinates = None
+        (an adopted run's: it has no decoded fields)."""
+        self.fields = None
         self.keys += keys
         self.values += values
         self.originals += originals

@@ -83,7 +83,7 @@ class Sender:
         self._withheld = withheld
         self._take_out = take_out
         self._outage = outage
-        self._origin = f"{requests_topic}/".encode()
+        self._origin = f"{requests_topic}/"
         self.lateness_ms: list[int] = []
 
     def slice(self, run: Run, start: int, end: int, now: int, flight: Flight,
@@ -95,18 +95,20 @@ class Sender:
         slice. An entry that needs care leaves the run for the book.
         """
         keys, values, originals, taken = run.keys, run.values, run.originals, run.taken
-        coordinates = run.coordinates
+        fields = run.fields
         # Not "flight.producer or ...": a producer with an empty queue is falsy (len 0).
         producer = self._producer if flight.producer is None else flight.producer
         produce, report = producer.produce, flight.report
         withheld, lateness, lanes = self._withheld, self.lateness_ms, flight.lanes
         prefix = self._origin
+        head = ""  # ``kdelay-origin`` up to the offset, for the partition ``seen``
+        seen = -1
         # Bound once: module globals cost a lookup each (compiled, a dict lookup).
         message_type, no_time = Message, _NO_TIME
         kdelay, target_name, partition_name, lane_name = _PREFIX, _TARGET, _PARTITION, _LANE
         origin_name, due_name = _ORIGIN, _DUE_MS
         produced = 0
-        due_text = b""
+        due: tuple[str, envelope.HeaderValue] = (due_name, b"")
         due_seen = -1
         at = start
         try:
@@ -157,12 +159,17 @@ class Sender:
                     self._take_out(run, at, flight, route.missing)
                     at += 1
                     continue
-                due_ms, lies, offset = (codec.unpack_due_key(key) if coordinates is None
-                                        else coordinates[at])
+                if fields is None:
+                    due_ms, lies, offset = codec.unpack_due_key(key)
+                else:
+                    due_ms, lies, offset = fields[3 * at], fields[3 * at + 1], fields[3 * at + 2]
                 if due_ms != due_seen:
-                    due_seen, due_text = due_ms, str(due_ms).encode()
-                user.append((origin_name, b"%s%d/%d" % (prefix, lies, offset)))
-                user.append((due_name, due_text))
+                    due_seen, due = due_ms, (due_name, str(due_ms))
+                if lies != seen:
+                    seen, head = lies, f"{prefix}{lies}/"
+                # Header values as str: the client takes an ASCII string's bytes as they are.
+                user.append((origin_name, head + str(offset)))
+                user.append(due)
                 try:
                     # By position, the report as callback: see Producing.produce.
                     produce(route.target, value, record_key, route.partition, report, None, now,

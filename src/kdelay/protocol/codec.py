@@ -10,6 +10,7 @@ encoding, so corrupt state is reported instead of being misread.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
@@ -21,6 +22,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from kdelay.protocol import checksum
 
 _DUE_KEY: Final = struct.Struct(">QIQ")
+_KEY_BLOCK: Final = 64  # due_key_fields' structs: n due keys end to end, n up to this
+_DUE_KEYS: Final = [struct.Struct(">" + "QIQ" * n) for n in range(_KEY_BLOCK + 1)]
 _INDEX_HEAD: Final = struct.Struct(">qI")
 _FIELD_HEAD: Final = struct.Struct(">BI")
 _U64: Final = struct.Struct(">Q")
@@ -154,10 +157,8 @@ def id_record_key(schedule_id: str) -> bytes:
 
 
 def id_of_record_key(key: bytes) -> str | None:
-    """The id of a changelog key made by :func:`id_record_key`; None for any other key.
-
-    Raises ValueError for an id that is not UTF-8.
-    """
+    """The id of a changelog key made by :func:`id_record_key`; None for any other key,
+    ValueError for an id that is not UTF-8."""
     if not key.startswith(ID_RECORD_PREFIX):
         return None
     try:
@@ -263,15 +264,24 @@ def unpack_due_key(raw: bytes) -> tuple[int, int, int]:
 
 
 def decode_due_keys(joined: bytes) -> Iterator[tuple[int, int, int]]:
-    """Decode due keys laid end to end (``b"".join(keys)``) as ``(due_ms, partition, offset)``.
+    """Decode due keys laid end to end (``b"".join(keys)``) as ``(due_ms, partition, offset)``;
+    ValueError unless the length is a multiple of :data:`DUE_KEY_SIZE`."""
+    fields = due_key_fields(joined)
+    return zip(fields[0::3], fields[1::3], fields[2::3], strict=True)
 
-    One C-level pass for scans over whole stores; ValueError unless the length
-    is a multiple of :data:`DUE_KEY_SIZE`.
-    """
-    if len(joined) % DUE_KEY_SIZE:
+
+def due_key_fields(joined: bytes) -> list[int]:
+    """Decode due keys laid end to end as one flat list, ``[due_ms, partition, offset,
+    due_ms, ...]``, a block of keys a C call and no tuple a key (the read-ahead takes
+    the offsets as ``[2::3]``); ValueError as :func:`decode_due_keys`."""
+    count, rest = divmod(len(joined), DUE_KEY_SIZE)
+    if rest:
         raise ValueError(f"joined due keys must be a multiple of {DUE_KEY_SIZE} bytes, "
                          f"got {len(joined)}")
-    return _DUE_KEY.iter_unpack(joined)
+    whole = (count - count % _KEY_BLOCK) * DUE_KEY_SIZE
+    fields = list(itertools.chain.from_iterable(_DUE_KEYS[-1].iter_unpack(joined[:whole])))
+    fields.extend(_DUE_KEYS[count % _KEY_BLOCK].unpack_from(joined, whole))
+    return fields
 
 
 def due_upper_bound(now_ms: int) -> bytes:
@@ -404,21 +414,15 @@ def due_ms_of(key: bytes) -> int:
 
 
 def due_times(keys: Iterable[bytes]) -> list[int]:
-    """The due times of encoded due keys, without decoding the rest.
-
-    For batches (the tally counts every key a write adds or removes); raises
-    struct.error for a key shorter than 8 bytes.
-    """
+    """The due times of encoded due keys, without decoding the rest (the tally's, for
+    every key a write adds or removes); struct.error for a key shorter than 8 bytes."""
     unpack = _U64.unpack_from
     return [unpack(key)[0] for key in keys]
 
 
 def record_times(values: Iterable[bytes]) -> list[int]:
-    """The fingerprint timestamps of encoded index values, without decoding the rest.
-
-    For scans over whole stores; raises struct.error for a value shorter than
-    :data:`INDEX_HEAD_SIZE`.
-    """
+    """The fingerprint timestamps of encoded index values, without decoding the rest;
+    struct.error for a value shorter than :data:`INDEX_HEAD_SIZE`."""
     unpack = _INDEX_HEAD.unpack_from
     return [unpack(raw)[0] for raw in values]
 
@@ -441,11 +445,8 @@ def has_schedule_id(raw: bytes) -> bool:
 
 
 def schedule_id_of(raw: bytes) -> str | None:
-    """Return the schedule id of an encoded index value without decoding the rest.
-
-    Raises ValueError, as :func:`decode_index_value` does, for a short value or
-    an id that is not UTF-8.
-    """
+    """Return the schedule id of an encoded index value without decoding the rest;
+    ValueError, as :func:`decode_index_value`, for a short value or an id not UTF-8."""
     if len(raw) < _INDEX_HEAD.size:
         raise ValueError(f"an index value needs {_INDEX_HEAD.size} bytes, got {len(raw)}")
     if len(raw) == _INDEX_HEAD.size:
@@ -584,8 +585,7 @@ def encode_offset(offset: int) -> bytes:
 def decode_offset(raw: bytes) -> int:
     """Decode :func:`encode_offset`; ValueError unless ``raw`` is 8 bytes."""
     _check_size("an offset", raw, _I64.size)
-    value: int = _I64.unpack(raw)[0]
-    return value
+    return int(_I64.unpack(raw)[0])
 
 
 class Answer(NamedTuple):

@@ -142,7 +142,10 @@ class FakeProducer:
             raise self.raises.pop(0)
         if self.queue_limit is not None and len(self.unreported) >= self.queue_limit:
             raise BufferError("Local: Queue full")
-        sent = Sent(topic, key, value, partition, list(headers or []), timestamp, on_delivery)
+        # As on the wire: a str header value goes out as its UTF-8 bytes.
+        wire: Headers = [(name, item.encode() if isinstance(item, str) else item)
+                         for name, item in headers or []]
+        sent = Sent(topic, key, value, partition, wire, timestamp, on_delivery)
         self.sent.append(sent)
         self.unreported.append(sent)
 
