@@ -903,6 +903,47 @@ def test_an_unresolved_original_is_asked_for_again(world: World) -> None:
     assert [s.origin for s in world.targets.sent] == [origin(0, 3)]
 
 
+def test_a_run_stops_before_its_first_unresolved_original_and_the_rest_follows(
+        world: World) -> None:
+    for offset in (1, 2, 3):
+        world.request(0, offset, T0, key=f"k{offset}".encode())
+    held = world.reader.log.pop((0, 2))
+    world.at(T0)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1)], "never past a gap"
+    world.targets.report()
+    world.settle()
+    world.reader.log[(0, 2)] = held
+    world.at(T0 + 1)
+    assert [s.origin for s in world.targets.sent] == [origin(0, o) for o in (1, 2, 3)]
+    assert world.reader.calls == [{0: [1, 2, 3]}, {0: [2, 3]}]
+
+
+def test_a_scan_over_originals_on_two_partitions_reads_each_where_it_lies(
+        world: World) -> None:
+    """An index partition holding a forwarded id's entry (its original on another
+    partition) among its own: one read asks both, and a gap still cuts the run."""
+    headers = schedule_headers("orders", due_ms=T0, schedule_id="order-7")
+    message = Message(topic=REQUESTS, partition=1, offset=9, key=b"k", value=b"v",
+                      headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
+    world.reader.log[(1, 9)] = message
+    due_key = encode_due_key(T0, 1, 9)
+    entry = Entry(due_key, IndexValue(fingerprint_of(message), "order-7"))
+    world.delivery.noted(2, world.indexes[2].apply(
+        Changes(puts=[entry], ids={"order-7": IdState(due_key, None)})))
+    for offset in (4, 5):
+        world.request(2, offset, T0, key=f"k{offset}".encode())
+    held = world.reader.log.pop((2, 4))
+    world.at(T0)
+    assert world.reader.calls == [{1: [9], 2: [4, 5]}]
+    assert [s.origin for s in world.targets.sent] == [origin(1, 9)]
+    world.targets.report()
+    world.settle()
+    world.reader.log[(2, 4)] = held
+    world.at(T0 + 1)
+    assert [s.origin for s in world.targets.sent] == [origin(1, 9), origin(2, 4),
+                                                      origin(2, 5)]
+
+
 def test_a_dropped_partition_is_not_delivered(world: World) -> None:
     world.request(0, 1, T0 + 100)
     world.request(1, 1, T0 + 100)
