@@ -76,7 +76,7 @@ def test_outlook_of_a_running_service(
     # The hour passes: both entries are overdue until delivery catches up, and
     # the outlook says so at the next round, before the step delivers them.
     clock.advance(3_600_000 + 62_000)  # past the due minute: "overdue" counts by minute
-    instance._housekeeping()  # the round alone: a step would deliver them first
+    instance._housekeeping(True)  # the round alone: a step would deliver them first
     overdue = [sample(instance, "kdelay_overdue_entries", partition=p) for p in ("0", "1")]
     assert overdue == [1, 1]
     assert [sample(instance, "kdelay_pending_by_horizon_entries", partition=p,

@@ -338,7 +338,7 @@ class Service:
         if reachable and self._sweeper is not None:
             self._sweeper.step(self._indexes, busy=not delivery.idle() or delivery.wait_ms() == 0)
             phases.lap("sweep")
-        self._housekeeping()
+        self._housekeeping(reachable)
         phases.lap("housekeeping")
         phases.finish()
         self.metrics.last_step.set(self._clock.now_ms() / 1000)
@@ -392,14 +392,16 @@ class Service:
                 " give every instance its own --state-dir, or its own --instance-id"))
         return ServiceError(code, f"{client}: fatal Kafka client error: {error.str()}")
 
-    def _housekeeping(self) -> None:
-        """Refresh the gauges and drop expired id markers, if it is time."""
+    def _housekeeping(self, reachable: bool) -> None:
+        """Refresh the gauges and drop expired id markers, if it is time; check the
+        requests' partitions only while Kafka answers (else the step would wait out the
+        metadata call's timeout, and notice Kafka's return that much later)."""
         clients, _ = self._started()
         if self._housekeeper.tick(self._indexes, self._consumed, clients.consumer) \
                 and clients.guard is not None:
             clients.guard.tick()
         now = self._clock.now_ms()
-        if now >= self._next_partition_check_ms:
+        if reachable and now >= self._next_partition_check_ms:
             self._next_partition_check_ms = now + PARTITION_CHECK_EVERY_MS
             self._check_partitions(clients.checkpoint.internal)
 

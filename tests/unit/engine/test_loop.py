@@ -32,6 +32,7 @@ from confluent_kafka import (
 )
 
 from kdelay.engine import availability, checkpoint
+from kdelay.engine import service as service_module
 from kdelay.engine.service import Service
 from kdelay.plumbing import callbacks
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
@@ -626,6 +627,34 @@ def outage_then_back(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
     loop.clock.advance(2_000)
     loop.step()
     assert loop.service.metrics.kafka_available._value.get() == 1
+
+
+def test_the_requests_partitions_are_checked_only_while_kafka_answers(
+        alo: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While Kafka is away only the probes ask for metadata (each bounded by a
+    second): the partition check would hold the step for its whole timeout."""
+    timeouts: list[float] = []
+    answers = [False]
+
+    def list_topics(self: FakeProducer, topic: str, timeout: float = -1) -> SimpleNamespace:
+        timeouts.append(timeout)
+        if not answers[0]:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
+
+    monkeypatch.setattr(FakeProducer, "list_topics", list_topics)
+    alo.service._errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    for _ in range(3):
+        alo.clock.advance(service_module.PARTITION_CHECK_EVERY_MS)
+        alo.step()
+    assert timeouts, "Kafka was probed"
+    assert set(timeouts) == {availability.PROBE_TIMEOUT_S}
+    answers[0] = True
+    timeouts.clear()
+    alo.clock.advance(2_000)
+    alo.step()
+    assert [t for t in timeouts if t != availability.PROBE_TIMEOUT_S] == [5], (
+        "the check runs as soon as Kafka answers")
 
 
 @pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
