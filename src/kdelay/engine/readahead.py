@@ -99,19 +99,23 @@ class ReadAhead:
         """Read the originals of the entries scanned and hold them as runs."""
         # An original lies on the partition its key names (another for a forwarded id).
         offsets: dict[int, list[int]] = {}
-        decoded: dict[int, list[int]] = {}
+        # Each scan's keys decoded flat, and the one partition their originals lie on
+        # (all but forwarded ids), None when they lie on several.
+        decoded: dict[int, tuple[list[int], int | None]] = {}
         for partition, scan in wanted.items():
-            fields = decoded[partition] = codec.due_key_fields(b"".join(scan.keys))
+            fields = codec.due_key_fields(b"".join(scan.keys))
             lies = fields[1::3]
-            if lies.count(lies[0]) == len(lies):  # one partition (but for forwarded ids)
-                _extend(offsets, lies[0], fields[2::3])
+            one = lies[0] if lies.count(lies[0]) == len(lies) else None
+            decoded[partition] = fields, one
+            if one is not None:
+                offsets.setdefault(one, []).extend(fields[2::3])
             else:
                 for where, offset in zip(lies, fields[2::3], strict=True):
-                    _extend(offsets, where, [offset])
+                    offsets.setdefault(where, []).append(offset)
         originals = self._reader.read(offsets)
         for partition, (keys, values, gapless, puts_seen) in wanted.items():
-            fields = decoded[partition]
-            found_all = _found(fields, originals)
+            fields, one = decoded[partition]
+            found_all = _found(fields, one, originals)
             cut = len(found_all)
             if cut < len(keys):  # unresolved: the run stops before the first of them
                 window = self.window(partition)
@@ -201,26 +205,18 @@ class ReadAhead:
         return min(keys, default=None)
 
 
-def _extend(offsets: dict[int, list[int]], partition: int, more: list[int]) -> None:
-    """Add ``more`` to the offsets wanted of ``partition``."""
-    found = offsets.get(partition)
-    if found is None:
-        offsets[partition] = more
-    else:
-        found.extend(more)
-
-
-def _found(fields: list[int], originals: dict[int, dict[int, Found]]) -> list[Found]:
+def _found(fields: list[int], one: int | None,
+           originals: dict[int, dict[int, Found]]) -> list[Found]:
     """The originals of the keys whose fields (see :func:`codec.due_key_fields`) are
-    ``fields``, up to the first not resolved."""
-    lies = fields[1::3]
-    if lies and lies.count(lies[0]) == len(lies):
+    ``fields``, up to the first not resolved; ``one``: the partition every one lies on."""
+    offsets = fields[2::3]
+    if one is not None:
         try:  # every one resolved, looked up in C
-            return list(map(originals[lies[0]].__getitem__, fields[2::3]))
+            return list(map(originals[one].__getitem__, offsets))
         except KeyError:
             pass
     found_all: list[Found] = []
-    for where, offset in zip(lies, fields[2::3], strict=True):
+    for where, offset in zip(fields[1::3], offsets, strict=True):
         original = originals[where].get(offset)
         if original is None:
             break

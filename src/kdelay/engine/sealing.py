@@ -87,7 +87,7 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
     """
     changes = Changes()
     done: list[bytes] = []
-    # The value of every done key, in order, while each is known (read or adopted).
+    # The value of every done key, in order (b"": a job's value not known).
     values_done: list[bytes] = []
     all_known = True
     ordered = True  # whether ``done`` is in strictly increasing key order (each run's is)
@@ -114,19 +114,14 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
         key, raw = job.key, job.entry.raw
         if done and key <= done[-1]:
             ordered = False
-        if all_known and not raw:  # from here on, the values known go by key
-            changes.known.update(zip(done, values_done, strict=True))
-            all_known = False
+        all_known = all_known and bool(raw)
         done.append(key)
-        if all_known:
-            values_done.append(raw)
-        elif raw:
-            changes.known[key] = raw
+        values_done.append(raw)
         _end(changes, ended, key, job.entry.value, sink, now)
     if all_known and ordered:  # keys strictly increasing: none twice, extremes at the ends
         changes.deleted_values = values_done
-    elif all_known:
-        changes.known.update(zip(done, values_done, strict=True))
+    else:
+        changes.known = {key: raw for key, raw in zip(done, values_done, strict=True) if raw}
     if not done:  # only entries taken out of their runs: nothing leaves the index
         return Sealed(partition, Seal(None, [], []), [], changes, runs, jobs)
     bound = marks.next_bound(frontier_key)

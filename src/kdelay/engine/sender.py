@@ -162,7 +162,8 @@ class Sender:
                 if fields is None:
                     due_ms, lies, offset = codec.unpack_due_key(key)
                 else:
-                    due_ms, lies, offset = fields[3 * at], fields[3 * at + 1], fields[3 * at + 2]
+                    base = 3 * at
+                    due_ms, lies, offset = fields[base], fields[base + 1], fields[base + 2]
                 if due_ms != due_seen:
                     due_seen, due = due_ms, (due_name, str(due_ms))
                 if lies != seen:
