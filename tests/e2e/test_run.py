@@ -217,20 +217,27 @@ def stop(process: KdelayProcess) -> float:
 def test_sigterm_and_restart_mid_stream_lose_nothing(
     deploy: Deploy, start_kdelay: Start, receiver: Receive, topic_factory: TopicFactory,
 ) -> None:
-    total, spread_ms = 600, 10_000
+    # Half the requests are due over the first 10 s; the other half is written
+    # once the second instance serves, due 10-20 s later, so that some are still
+    # pending when the state dir is deleted however slowly the instances start.
+    total, spread_ms, later_ms = 600, 10_000, 10_000
+    half = total // 2
     deployment = deploy(partitions=3)
     target = topic_factory("e2e-target", 3)
     out = receiver([target, deployment.dlq])
     first = start_kdelay(deployment)
     ready = [first.wait_ready()]
-    records = [request(target, i, i * spread_ms // total, partition=i % 3) for i in range(total)]
-    sent = sent_requests(deployment, records, produce_requests(deployment, records))
+    early = [request(target, i, i * spread_ms // half, partition=i % 3) for i in range(half)]
+    sent = sent_requests(deployment, early, produce_requests(deployment, early))
 
-    out.until(lambda: distinct(out, [target]) >= total // 3, "a third delivered")
+    out.until(lambda: distinct(out, [target]) >= total // 6, "a third of the first half delivered")
     stops = [stop(first)]
     second = start_kdelay(deployment)
     ready.append(second.wait_ready())
-    out.until(lambda: distinct(out, [target]) >= total // 2, "half delivered")
+    late = [request(target, i, later_ms + (i - half) * spread_ms // half, partition=i % 3)
+            for i in range(half, total)]
+    sent |= sent_requests(deployment, late, produce_requests(deployment, late))
+    out.until(lambda: distinct(out, [target]) >= half, "the first half delivered")
     stops.append(stop(second))
     pending_at_wipe = total - distinct(out, [target])
     assert deployment.state_dir.is_dir()
