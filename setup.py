@@ -5,7 +5,8 @@ their sources, and ``src/kdelay/compiled.json`` records the hash of each
 source compiled, so that ``kdelay.native`` can tell a build that no longer
 matches its sources. With ``KDELAY_PURE_PYTHON=1``, without mypyc or
 without a C compiler, nothing is compiled and every module runs interpreted;
-a compile that fails leaves its modules interpreted too.
+a compile that fails leaves the whole hot path interpreted too (``kdelay.native``
+finds the build incomplete at import and says so).
 """
 
 from __future__ import annotations
@@ -64,12 +65,15 @@ def compiled() -> list[Any]:
         config = Path(scratch) / "mypy.ini"
         config.write_text("[mypy]\nignore_missing_imports = True\n", encoding="utf-8")
         try:
-            extensions = mypycify([f"--config-file={config}", *sources], opt_level="3")
+            extensions = mypycify([f"--config-file={config}", *sources], opt_level="3",
+                                  group_name=native["LIBRARY"].removesuffix("__mypyc"))
         except (Exception, SystemExit) as exc:  # mypyc found an error: build nothing
             print(f"setup.py: not compiling the hot path: {exc}")
             return []
     for extension in extensions:
-        extension.optional = True  # a failed compile leaves its modules interpreted
+        # A failed compile leaves its modules interpreted: kdelay.native checks at import
+        # that every extension (mypyc's shared library too) loads, else runs the sources.
+        extension.optional = True
     manifest.write_text(json.dumps(native["manifest_of"](modules, PACKAGE), indent=1) + "\n")
     return extensions
 

@@ -12,16 +12,21 @@ run the code it was compiled from. :func:`choose` runs first, from the
 package's ``__init__``: when any hot-path source differs from its recorded
 hash, or when :data:`PURE_PYTHON_ENV` is set, it makes the whole hot path load
 from its sources. All of it or none: compiled modules call each other's
-functions directly, not through the modules Python sees.
+functions directly, not through the modules Python sees. So it does, with one
+warning line, when the build is incomplete: ``setup.py`` makes every extension
+optional, and a compile that failed for some of them (mypyc's shared library,
+say) leaves extension modules that cannot be imported (:func:`unloadable`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -55,6 +60,11 @@ its last use, and rocksdict's iterators read options that must outlive them.
 Nor :mod:`kdelay.protocol.targets`: its frozen dataclasses travel to
 ``--workers`` processes by pickle, which compiled dataclasses refuse."""
 
+LIBRARY = "kdelay__mypyc"
+"""mypyc's shared library, beside the package (``setup.py`` names the build's group
+``kdelay``): the compiled code of every module of :data:`HOT_PATH`, whose own extension
+modules only load it and call into it."""
+
 MANIFEST = "compiled.json"
 """Beside this module: ``{module: sha256 of the source it was compiled from}``."""
 
@@ -62,6 +72,8 @@ PURE_PYTHON_ENV = "KDELAY_PURE_PYTHON"
 """Set (to anything but empty): build nothing at install, and run interpreted."""
 
 _PACKAGE = Path(__file__).resolve().parent
+
+log = logging.getLogger(__name__)
 
 mode = "interpreted"
 """How the hot path runs, set by :func:`choose`: ``compiled``, or ``interpreted (why)``."""
@@ -106,6 +118,39 @@ def extension_modules(package: Path = _PACKAGE) -> set[str]:
     return found
 
 
+def extension_of(stem: Path) -> Path | None:
+    """Return the extension module Python would load for ``stem`` (a path whose suffix is
+    replaced), or None when there is none."""
+    found = (stem.with_suffix(suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    return next((path for path in found if path.is_file()), None)
+
+
+def unloadable(package: Path = _PACKAGE) -> str | None:
+    """Return why the compiled hot path cannot load as a whole, or None when it can.
+
+    Each module of :data:`HOT_PATH` needs its extension module, and (with more
+    than one module) they all need :data:`LIBRARY`. Each file is opened with
+    the dynamic loader, which runs none of it: a missing, truncated or
+    unlinkable one is found here, before the first import of the hot path,
+    after which there is no way back to the sources.
+    """
+    found = {module: extension_of(source_of(module, package)) for module in HOT_PATH}
+    files = [path for path in found.values() if path is not None]
+    if len(files) < len(found):
+        return f"{next(m for m, path in found.items() if path is None)} has no extension module"
+    if len(HOT_PATH) > 1:
+        library = extension_of(package.parent / LIBRARY)
+        if library is None:
+            return f"{LIBRARY} is missing beside the package"
+        files.append(library)
+    for path in files:
+        try:
+            ctypes.CDLL(str(path))
+        except OSError as exc:
+            return str(exc)
+    return None
+
+
 class Sources(importlib.abc.MetaPathFinder):
     """Finds the sources of ``modules`` ahead of their extension modules."""
 
@@ -127,7 +172,9 @@ def choose(environ: Mapping[str, str] = os.environ, package: Path = _PACKAGE,
 
     Interpreted, a finder of the sources goes first in ``finders``. So it does,
     compiled, for extension modules no longer in :data:`HOT_PATH` (left by an
-    earlier build): they belong to another build, which must not load.
+    earlier build): they belong to another build, which must not load. A
+    build that does not load as a whole (:func:`unloadable`) runs interpreted,
+    with one warning line.
     """
     global mode  # decided once per process, read by ``kdelay run``
     built = extension_modules(package)
@@ -139,6 +186,10 @@ def choose(environ: Mapping[str, str] = os.environ, package: Path = _PACKAGE,
     elif stale := changed(package):
         mode = (f"interpreted ({source_of(stale[0], package).name} changed since it was "
                 "compiled: pip install again to compile it)")
+    elif broken := unloadable(package):
+        mode = f"interpreted (the compiled build does not load: {broken})"
+        log.warning("kdelay: the delivery hot path runs interpreted: its compiled build does "
+                    "not load (%s); pip install kdelay again with a C compiler to fix it", broken)
     else:
         mode = "compiled"
     sources = frozenset(strays if mode == "compiled" else built)

@@ -26,7 +26,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "helpers": frozenset({"protocol", "plumbing"}),
     "view": frozenset({"protocol", "plumbing", "state", "helpers"}),
     "spark": frozenset({"protocol", "plumbing"}),
-    "cli": frozenset({"protocol", "plumbing", "state", "engine", "helpers", "view", "spark"}),
+    "cli": frozenset({"protocol", "plumbing", "state", "engine", "helpers", "view", "spark",
+                      "native"}),
     "native": frozenset(),
     "package": frozenset({"cli", "native"}),
 }

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import _ctypes
 import importlib.machinery
 import json
+import logging
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import kdelay
 import kdelay.engine.delivery
 from kdelay import native
 
 EXTENSION = importlib.machinery.EXTENSION_SUFFIXES[0]
+LOADABLE = Path(str(_ctypes.__file__)).read_bytes()
+"""A shared object the dynamic loader opens: what an extension module of a build is to it."""
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +38,8 @@ def package(tmp_path: Path) -> Path:
         source = native.source_of(module, root)
         source.parent.mkdir(parents=True, exist_ok=True)
         source.write_text(f"NAME = {module!r}\n", encoding="utf-8")
-        source.with_suffix(EXTENSION).write_bytes(b"")
+        source.with_suffix(EXTENSION).write_bytes(LOADABLE)
+    (tmp_path / native.LIBRARY).with_suffix(EXTENSION).write_bytes(LOADABLE)
     manifest = native.manifest_of(native.HOT_PATH, root)
     (root / native.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
     return root
@@ -76,6 +85,63 @@ def test_nothing_compiled_needs_no_finder(package: Path) -> None:
     assert finders == []
 
 
+def test_a_build_without_its_shared_library_runs_everything_from_the_sources(
+        package: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """mypyc's shared library failed to compile, its modules' own small extensions did not."""
+    (package.parent / native.LIBRARY).with_suffix(EXTENSION).unlink()
+    finders: list[Any] = []
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        mode = native.choose({}, package, finders)
+    assert mode == ("interpreted (the compiled build does not load: "
+                    "kdelay__mypyc is missing beside the package)")
+    assert [f.modules for f in finders] == [frozenset(native.HOT_PATH)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "kdelay: the delivery hot path runs interpreted: its compiled build does not load "
+        "(kdelay__mypyc is missing beside the package); pip install kdelay again with a C "
+        "compiler to fix it"]
+
+
+def test_a_build_missing_one_module_runs_everything_from_the_sources(package: Path) -> None:
+    native.source_of("kdelay.engine.window", package).with_suffix(EXTENSION).unlink()
+    finders: list[Any] = []
+    assert native.choose({}, package, finders) == (
+        "interpreted (the compiled build does not load: kdelay.engine.window has no "
+        "extension module)")
+    assert [f.modules for f in finders] == [frozenset(native.HOT_PATH) - {"kdelay.engine.window"}]
+
+
+def test_an_extension_the_loader_refuses_runs_everything_from_the_sources(package: Path) -> None:
+    """A truncated file: the dynamic loader's own words say which and why."""
+    stub = native.source_of("kdelay.engine.book", package).with_suffix(EXTENSION)
+    stub.write_bytes(LOADABLE[:100])
+    mode = native.choose({}, package, [])
+    assert mode.startswith(f"interpreted (the compiled build does not load: {stub}: ")
+
+
+def test_a_half_failed_build_imports_from_its_sources_with_one_warning_line(
+        tmp_path: Path) -> None:
+    """The build as ``setup.py`` leaves it when mypyc's shared library fails to compile
+    and every module's extension (which only imports that library) builds: a fresh
+    process imports the whole hot path, interpreted, and warns once."""
+    package = tmp_path / "kdelay"
+    shutil.copytree(Path(kdelay.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", native.MANIFEST))
+    for module in native.HOT_PATH:
+        native.source_of(module, package).with_suffix(EXTENSION).write_bytes(LOADABLE)
+    manifest = native.manifest_of(native.HOT_PATH, package)
+    (package / native.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    code = ("import importlib, sys; from kdelay import native; "
+            "[importlib.import_module(m) for m in native.HOT_PATH]; "
+            "import kdelay.cli; print(native.mode)")
+    env = {k: v for k, v in os.environ.items() if k != native.PURE_PYTHON_ENV}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "PYTHONPATH": str(tmp_path)}, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("interpreted (the compiled build does not load: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("kdelay: the delivery hot path runs interpreted: ")
+
+
 def test_the_finder_names_the_sources_of_its_modules_only(package: Path) -> None:
     finder = native.Sources(frozenset({"kdelay.engine.book"}), package)
     spec = finder.find_spec("kdelay.engine.book", None)
@@ -88,7 +154,7 @@ def test_the_finder_names_the_sources_of_its_modules_only(package: Path) -> None
 def test_an_extension_left_by_an_earlier_build_never_loads(package: Path) -> None:
     stray = package / "state" / "index.py"
     stray.write_text("NAME = 'index'\n", encoding="utf-8")
-    stray.with_suffix(EXTENSION).write_bytes(b"")
+    stray.with_suffix(EXTENSION).write_bytes(LOADABLE)
     finders: list[Any] = []
     assert native.choose({}, package, finders) == "compiled"
     assert [f.modules for f in finders] == [frozenset({"kdelay.state.index"})]

@@ -18,8 +18,12 @@ imports it.
 
 from __future__ import annotations
 
+from importlib import metadata
+from typing import Annotated
+
 import typer
 
+from kdelay import native
 from kdelay.cli import requests, retention, service, spark, transfer, view, worker
 from kdelay.cli.options import envvar
 
@@ -33,6 +37,23 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Manage kdelay's topics.", no_args_is_help=True)
 retention_app = typer.Typer(help="Check the requests topic's retention.", no_args_is_help=True)
+
+
+
+def show_version(shown: bool) -> None:
+    """``--version``: kdelay's version and how its delivery hot path runs, then exit."""
+    if shown:
+        typer.echo(f"kdelay {metadata.version('kdelay')} (delivery hot path {native.mode})")
+        raise typer.Exit
+
+
+@app.callback()
+def top(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=show_version,
+        help="Print the version and whether the delivery hot path runs compiled, "
+             "then exit.")] = False) -> None:
+    """Delayed and scheduled delivery for Apache Kafka."""
+
 
 # Registration order is the order `kdelay --help` lists the commands in.
 app.add_typer(topics_app, name="topics")

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
+from kdelay import native
 from kdelay.cli import app, envvar, options
 from kdelay.engine import runner as engine_runner
 from kdelay.plumbing.settings import Guarantee, Settings
@@ -25,6 +27,7 @@ from kdelay.plumbing.topics import LayoutError
 
 runner = CliRunner()
 TYPER_OWN_OPTIONS = {"--install-completion", "--show-completion"}
+NOT_SETTINGS = {*TYPER_OWN_OPTIONS, "--version"}  # options with no environment variable
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +101,16 @@ def test_help_for_every_command(args: list[str]) -> None:
     assert "Usage:" in result.output
 
 
+@pytest.mark.parametrize("environ", [{}, {native.PURE_PYTHON_ENV: "1"}])
+def test_version_says_how_the_hot_path_runs(environ: dict[str, str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "mode", native.mode)
+    mode = native.choose(environ, finders=[])  # this process keeps its own finders
+    result = invoke(["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"kdelay {metadata.version('kdelay')} (delivery hot path {mode})\n"
+
+
 def _options(command: Any, path: str = "kdelay") -> Iterator[tuple[str, Any]]:
     """Every option of ``command`` and its subcommands, with the command path."""
     for param in command.params:
@@ -111,7 +124,7 @@ def test_every_option_has_its_env_variable() -> None:
     checked = 0
     for path, option in _options(typer.main.get_command(app)):
         name = max(option.opts, key=len)
-        if name in TYPER_OWN_OPTIONS:
+        if name in NOT_SETTINGS:
             continue
         expected = "KDELAY_" + name.removeprefix("--").upper().replace("-", "_")
         assert option.envvar == expected, f"{path} {name}"
