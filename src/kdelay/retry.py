@@ -32,17 +32,10 @@ import functools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
-from confluent_kafka import (
-    AcknowledgeType,
-    Consumer,
-    KafkaError,
-    Message,
-    Producer,
-    ShareConsumer,
-    TopicPartition,
-)
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kdelay import client
 from kdelay.client import DeliveryError
@@ -52,6 +45,9 @@ from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
 from kdelay.protocol.durations import parse_levels
 from kdelay.protocol.envelope import Headers
+
+if TYPE_CHECKING:  # confluent-kafka 2.15+: imported when a share consumer is made
+    from confluent_kafka import AcknowledgeType, ShareConsumer
 
 DEFAULT_BACKOFF = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 """RocketMQ's consumer retry steps: 16 retries from 10 s to 2 h."""
@@ -369,6 +365,32 @@ class RetryingConsumer:
             self.consumer.commit(offsets=offsets, asynchronous=False)
 
 
+SHARE_GROUPS_SINCE = "2.15"
+"""The confluent-kafka release that brought ``ShareConsumer``; the rest of kdelay runs on
+the floor pyproject.toml declares."""
+
+
+class ShareGroupsUnsupported(RuntimeError):
+    """The installed confluent-kafka has no share consumer: install ``kdelay[share]``."""
+
+    code = "share-groups-unsupported"
+
+
+def share_client() -> tuple[type[ShareConsumer], type[AcknowledgeType]]:
+    """confluent-kafka's ``ShareConsumer`` and ``AcknowledgeType``, imported on first use.
+
+    Raises :class:`ShareGroupsUnsupported` on a confluent-kafka older than
+    :data:`SHARE_GROUPS_SINCE`, which has neither; nothing else in kdelay needs them.
+    """
+    try:
+        from confluent_kafka import AcknowledgeType, ShareConsumer
+    except ImportError as exc:
+        raise ShareGroupsUnsupported(
+            f"share groups need confluent-kafka {SHARE_GROUPS_SINCE} or newer (ShareConsumer), "
+            f"this is {confluent_kafka.version()[0]}: pip install 'kdelay[share]'") from exc
+    return ShareConsumer, AcknowledgeType
+
+
 class RetryingShareConsumer:
     """Consume ``topics`` in the share group ``group_id``; retry or dead-letter failures.
 
@@ -384,7 +406,8 @@ class RetryingShareConsumer:
     failed record may be retried twice, never lost. When a produce fails the
     batch is released for redelivery and :class:`DeliveryError` is raised.
     Share groups have no transactions, so there is no exactly-once form.
-    Not thread-safe: one thread steps it.
+    Not thread-safe: one thread steps it. Needs confluent-kafka 2.15 or newer
+    (:class:`ShareGroupsUnsupported` otherwise, from the constructor).
     """
 
     def __init__(
@@ -407,7 +430,8 @@ class RetryingShareConsumer:
                                               "share.acknowledgement.mode": "explicit"}
         producer: dict[str, str | int | bool] = {"enable.idempotence": True,
                                                  "partitioner": "murmur2_random"}
-        self.consumer = ShareConsumer(settings.client_config("share-retry", **share))
+        consumer, self._kinds = share_client()
+        self.consumer = consumer(settings.client_config("share-retry", **share))
         self._producer = Producer(settings.client_config("retry", **producer))
         self.consumer.subscribe(list(topics))
 
@@ -426,10 +450,10 @@ class RetryingShareConsumer:
         try:
             send_all(self._producer, outgoing, self._flush_timeout_s)
         except BaseException:
-            self._acknowledge(messages, lambda _: AcknowledgeType.RELEASE)
+            self._acknowledge(messages, lambda _: self._kinds.RELEASE)
             raise
-        self._acknowledge(messages, lambda index: AcknowledgeType.REJECT if index in failed
-                          else AcknowledgeType.ACCEPT)
+        self._acknowledge(messages, lambda index: self._kinds.REJECT if index in failed
+                          else self._kinds.ACCEPT)
         return len(messages)
 
     def run(self, stopped: Callable[[], bool], timeout_s: float = 0.5) -> None:

@@ -14,6 +14,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -59,7 +60,8 @@ def walk_env(bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[dic
         KDELAY_CHANGELOG_TOPIC=f"walk-chg-{suffix}", KDELAY_DLQ_TOPIC=f"walk-dlq-{suffix}",
         KDELAY_OUTCOMES_TOPIC=f"walk-out-{suffix}",
         KDELAY_GROUP_ID=f"walk-{suffix}", KDELAY_STATE_DIR=str(tmp_path / "state"),
-        KDELAY_TARGET=f"walk-orders-{suffix}", KDELAY_PARTITIONS="1")
+        KDELAY_TARGET=f"walk-orders-{suffix}", KDELAY_PARTITIONS="1",
+        KDELAY_VENV=sys.prefix)  # tools/up runs this environment's kdelay
     yield env
     present = set(admin.list_topics(timeout=10).topics)
     doomed = [name for name in env.values() if name in present]

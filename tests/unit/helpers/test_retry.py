@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import confluent_kafka
 import pytest
 from confluent_kafka import Message
 
 from kdelay import retry
+from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
 from kdelay.protocol.durations import Limits
 from kdelay.protocol.envelope import Schedule
@@ -81,3 +86,33 @@ def test_next_offsets_one_past_the_last_per_partition() -> None:
         [Message(topic="a", partition=1, offset=9)]
     assert {(tp.partition, tp.offset) for tp in retry.next_offsets(messages)} == {(0, 5),
                                                                                   (1, 10)}
+
+
+# What confluent-kafka 2.15 added: a client without them is what 2.13 and 2.14 are.
+SHARE_NAMES = ("ShareConsumer", "AcknowledgeType")
+
+
+def test_every_command_runs_on_a_confluent_kafka_without_share_groups() -> None:
+    """The declared floor has no share consumer: the CLI and the helpers import without it."""
+    code = ("import confluent_kafka, sys\n"
+            f"for name in {SHARE_NAMES!r}: vars(confluent_kafka).pop(name, None)\n"
+            "import kdelay.retry, kdelay.recurring, kdelay.tasks\n"
+            "from kdelay.cli import main\n"
+            "sys.argv = ['kdelay', 'run', '--help']\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "Usage: kdelay run" in result.stdout
+
+
+def test_a_share_consumer_needs_confluent_kafka_2_15(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SHARE_NAMES:
+        monkeypatch.delattr(confluent_kafka, name, raising=False)  # absent before 2.15
+    with pytest.raises(retry.ShareGroupsUnsupported) as caught:
+        retry.RetryingShareConsumer(Settings(), ["orders"], lambda message: None, POLICY,
+                                    group_id="shop")
+    assert caught.value.code == "share-groups-unsupported"
+    assert str(caught.value) == (
+        f"share groups need confluent-kafka 2.15 or newer (ShareConsumer), this is "
+        f"{confluent_kafka.version()[0]}: pip install 'kdelay[share]'")
