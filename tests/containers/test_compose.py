@@ -89,6 +89,11 @@ def test_compose_stack_delivers_on_time_scales_to_two_and_fails_over(compose: Co
     until(lambda: owned(compose, first) >= 1 and owned(compose, second) >= 1
           and owned(compose, first) + owned(compose, second) == PARTITIONS,
           "both containers own partitions", 120)
+    # The image's build stage compiles the delivery hot path; the service runs it.
+    for name in (first, second):
+        assert "delivery hot path compiled)" in compose.logs(name), compose.logs(name)[-3000:]
+    assert podman("exec", first, "kdelay", "--version").endswith(
+        "(delivery hot path compiled)\n")
 
     admin = AdminClient({"bootstrap.servers": compose.bootstrap})
     target = "compose-target"
