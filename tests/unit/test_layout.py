@@ -26,8 +26,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "helpers": frozenset({"protocol", "plumbing"}),
     "view": frozenset({"protocol", "plumbing", "state", "helpers"}),
     "spark": frozenset({"protocol", "plumbing"}),
+    "web": frozenset({"protocol", "plumbing", "state", "view", "helpers"}),
     "cli": frozenset({"protocol", "plumbing", "state", "engine", "helpers", "view", "spark",
-                      "native"}),
+                      "web", "native"}),
     "native": frozenset(),
     "package": frozenset({"cli", "native"}),
 }

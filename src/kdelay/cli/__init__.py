@@ -11,6 +11,7 @@ variables and error reporting are defined), and calls a library function.
 - :mod:`~kdelay.cli.worker`: ``worker``
 - :mod:`~kdelay.cli.spark`: ``audit``, ``forecast`` (the spark extra)
 - :mod:`~kdelay.cli.transfer`: ``export``, ``import``
+- :mod:`~kdelay.cli.web`: ``web`` (the web extra)
 
 The CLI is the top of the package: it may import every other room, and none
 imports it.
@@ -24,7 +25,7 @@ from typing import Annotated
 import typer
 
 from kdelay import native
-from kdelay.cli import requests, retention, service, spark, transfer, view, worker
+from kdelay.cli import requests, retention, service, spark, transfer, view, web, worker
 from kdelay.cli.options import envvar
 
 __all__ = ["app", "envvar", "main"]
@@ -77,6 +78,7 @@ app.command("worker")(worker.worker)
 app.command("stats")(view.stats)
 app.command("export")(transfer.export_command)
 app.command("import")(transfer.import_command)
+app.command("web")(web.web)
 
 
 def main() -> None:

@@ -167,9 +167,9 @@ def _lane_backlog(view: PendingView, originals: Originals, now_ms: int, bucket_m
         view.report("reading lanes (partitions)", number, len(view.partitions))
         keys = view.keys(partition)
         lowest += keys[:1]
-        routes = _routes(view, originals, partition, keys)
+        found = routes(view, originals, partition, keys)
         mine = [(codec.decode_due_key(key), target)
-                for key, (target, of) in zip(keys, routes, strict=True) if of == lane]
+                for key, (target, of) in zip(keys, found, strict=True) if of == lane]
         partition_dues = [due.due_ms for due, _ in mine]
         buckets.update(dict(bucket_counts(partition_dues, bucket_ms)))
         by_partition.update(due.partition for due, _ in mine)
@@ -182,20 +182,20 @@ def _lane_backlog(view: PendingView, originals: Originals, now_ms: int, bucket_m
                    dict(by_target.most_common()), lane)
 
 
-def _routes(view: PendingView, originals: Originals, partition: int,
-            keys: list[bytes]) -> list[tuple[str, str | None]]:
+def routes(view: PendingView, originals: Originals, partition: int,
+           keys: list[bytes]) -> list[tuple[str, str | None]]:
     """The ``(target, lane)`` of every entry under ``keys``, from the cache or read and cached.
 
     An entry whose original cannot be read has the target ``(expired)``,
     ``(absent)``, ``(mismatch)`` or ``(unread)`` and no lane.
     """
     cached = view.targets.get(keys)
-    routes = {key: decode_route(raw) for key, raw in zip(keys, cached, strict=True)
-              if raw is not None}
-    missing = [key for key in keys if key not in routes]
+    known = {key: decode_route(raw) for key, raw in zip(keys, cached, strict=True)
+             if raw is not None}
+    missing = [key for key in keys if key not in known]
     if missing:
-        routes.update(_read_routes(view, originals, partition, missing))
-    return [routes.get(key, ("(absent)", None)) for key in keys]
+        known.update(_read_routes(view, originals, partition, missing))
+    return [known.get(key, ("(absent)", None)) for key in keys]
 
 
 def _read_routes(view: PendingView, originals: Originals, partition: int,
@@ -230,7 +230,7 @@ def _by_target(view: PendingView, originals: Originals) -> dict[str, int]:
     for partition in view.partitions:
         keys = view.keys(partition)
         lowest += keys[:1]
-        counts.update(target for target, _ in _routes(view, originals, partition, keys))
+        counts.update(target for target, _ in routes(view, originals, partition, keys))
     view.targets.prune(min(lowest, default=None))
     return dict(counts.most_common())
 

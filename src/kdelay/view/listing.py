@@ -1,0 +1,165 @@
+"""Pending entries picked by a filter, counted whole, and counted by due bucket per target.
+
+What the console's pending list and timeline show, read from a synced
+:class:`~kdelay.view.pending.PendingView` as ``kdelay due`` and ``backlog`` read it.
+A :class:`Filter` keeps to a due window (by binary search over each
+partition's sorted keys: no entry outside it is decoded), an id prefix (from
+the index values, no Kafka read) and a target or lane (from each entry's
+route: the view's cache, else its original, read once and cached, as
+``backlog --by target`` does). The total is always the true count of every
+matching entry; only the rows shown are capped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kdelay.protocol import codec
+from kdelay.view.backlog import routes
+from kdelay.view.pending import Original, Originals, Pending, PendingView
+
+
+def _order(entry: Pending) -> tuple[int, int, int]:
+    """Delivery order: due time, then (partition, offset)."""
+    return entry.due_ms, entry.partition, entry.offset
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which pending entries to keep; every field None keeps all.
+
+    ``due_from_ms`` and ``due_to_ms`` bound the due time (both inclusive);
+    ``id_prefix`` keeps entries whose schedule id starts with it (entries
+    without an id never match one); ``target`` and ``lane`` compare with the
+    original's ``kdelay-target`` and ``kdelay-lane``.
+    """
+
+    target: str | None = None
+    lane: str | None = None
+    due_from_ms: int | None = None
+    due_to_ms: int | None = None
+    id_prefix: str | None = None
+
+    @property
+    def routed(self) -> bool:
+        """Whether the filter needs each entry's route (target or lane)."""
+        return self.target is not None or self.lane is not None
+
+    def passes(self, target: str, lane: str | None) -> bool:
+        """Whether an entry routed to ``target`` in ``lane`` passes the route filters."""
+        return ((self.target is None or target == self.target)
+                and (self.lane is None or lane == self.lane))
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A page of the entries a filter keeps, in due order, and how many it keeps in all."""
+
+    total: int
+    rows: list[tuple[Pending, Original]]
+    skip: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Pending entries by due bucket (start ms) and target; ``total`` counts them all."""
+
+    bucket_ms: int
+    total: int
+    by_target: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def starts(self) -> list[int]:
+        """Every non-empty bucket's start, in time order."""
+        return sorted({start for counts in self.by_target.values() for start in counts})
+
+    def count(self, start: int) -> int:
+        """Entries of every target in the bucket that starts at ``start``."""
+        return sum(counts.get(start, 0) for counts in self.by_target.values())
+
+
+def window(keys: list[bytes], chosen: Filter) -> list[bytes]:
+    """The due keys (sorted, as a partition holds them) within the filter's due window."""
+    low = 0 if chosen.due_from_ms is None else bisect.bisect_left(
+        keys, codec.encode_due_key(max(chosen.due_from_ms, 0), 0, 0))
+    high = len(keys) if chosen.due_to_ms is None else bisect.bisect_left(
+        keys, codec.encode_due_key(max(chosen.due_to_ms + 1, 0), 0, 0))
+    return keys[low:high]
+
+
+def matching(view: PendingView, originals: Originals, partition: int,
+             chosen: Filter) -> list[bytes]:
+    """The due keys of ``partition``'s index that ``chosen`` keeps, in due order."""
+    keys = window(view.keys(partition), chosen)
+    prefix = chosen.id_prefix
+    if prefix is not None:
+        kept = [entry for entry in view.pending(partition, keys)
+                if entry.schedule_id is not None and entry.schedule_id.startswith(prefix)]
+        keys = [codec.encode_due_key(e.due_ms, e.partition, e.offset) for e in kept]
+    if chosen.routed and keys:
+        found = routes(view, originals, partition, keys)
+        keys = [key for key, (target, lane) in zip(keys, found, strict=True)
+                if chosen.passes(target, lane)]
+    return keys
+
+
+def listing(view: PendingView, originals: Originals, chosen: Filter, *, skip: int = 0,
+            limit: int = 100) -> Listing:
+    """The entries ``chosen`` keeps, ``skip`` of them left out, at most ``limit`` shown.
+
+    Counts every matching entry; reads the originals of the rows shown only
+    (and, for a target or lane filter, the routes not cached yet). Raises
+    ValueError for a negative ``skip`` or a ``limit`` below 1.
+    """
+    if skip < 0 or limit < 1:
+        raise ValueError(f"skip must be >= 0 and limit >= 1, got {skip} and {limit}")
+    total = 0
+    heads: list[list[Pending]] = []
+    for partition in view.partitions:
+        keys = matching(view, originals, partition, chosen)
+        total += len(keys)
+        heads.append(view.pending(partition, keys[:skip + limit]))
+    shown = list(heapq.merge(*heads, key=_order))[skip:skip + limit]
+    read = originals.read(shown)
+    rows = [(entry, read[(entry.partition, entry.offset)]) for entry in shown]
+    return Listing(total, rows, skip, limit)
+
+
+def timeline(view: PendingView, originals: Originals, bucket_ms: int,
+             chosen: Filter | None = None) -> Timeline:
+    """Count the entries ``chosen`` keeps by due bucket of ``bucket_ms`` and by target.
+
+    Needs every entry's route: the first call reads the originals not cached
+    yet (see :func:`kdelay.view.backlog.backlog` with ``by target``). Raises
+    ValueError for a bucket below 1 ms.
+    """
+    if bucket_ms < 1:
+        raise ValueError(f"a bucket must be at least 1 ms, got {bucket_ms}")
+    chosen = chosen or Filter()
+    counts: dict[str, Counter[int]] = {}
+    total = 0
+    for partition in view.partitions:
+        keys = window(view.keys(partition), chosen)
+        if chosen.id_prefix is not None:
+            keys = matching(view, originals, partition, chosen)
+        found = routes(view, originals, partition, keys)
+        dues = codec.decode_due_keys(b"".join(keys))
+        for (due_ms, _, _), (target, lane) in zip(dues, found, strict=True):
+            if chosen.passes(target, lane):
+                counts.setdefault(target, Counter())[due_ms // bucket_ms * bucket_ms] += 1
+                total += 1
+    by_target = {target: dict(sorted(c.items())) for target, c in sorted(counts.items())}
+    return Timeline(bucket_ms, total, by_target)
+
+
+def by_lane(view: PendingView, originals: Originals) -> dict[str, int]:
+    """Every pending entry counted by its request's lane (``(none)`` for no lane)."""
+    counts: Counter[str] = Counter()
+    for partition in view.partitions:
+        keys = view.keys(partition)
+        counts.update(lane or "(none)" for _, lane in routes(view, originals, partition, keys))
+    return dict(counts.most_common())

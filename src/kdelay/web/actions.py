@@ -1,0 +1,197 @@
+"""What an operator does from the console: cancel, reschedule, deliver now; and the audit.
+
+Each action is one request record of the protocol, written with the client
+library exactly as any producer writes it (:class:`~kdelay.client.DelayProducer`:
+``cancel``, ``reschedule``; "deliver now" is a reschedule to now), and its
+outcome is the service's outcome record, read back from the outcomes topic.
+Then who did it, when, why and what came of it goes to the audit topic as
+one JSON record keyed by the schedule id, on the id's partition (murmur2, as
+the outcomes are placed), so a schedule's trace reads one partition.
+
+An action without a reason is refused before anything is written. An audit
+record that cannot be written fails the action's answer (``audit-failed``):
+the request was written, and the caller is told that its audit is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+from kdelay import recurring
+from kdelay.client import DelayProducer, Ticket
+from kdelay.outcomes import NoOutcome
+from kdelay.plumbing.clock import Clock
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import admin_client
+from kdelay.protocol.forward import id_partition
+from kdelay.web.access import Principal
+from kdelay.web.problems import Problem, bad_input
+
+MAX_REASON = 500
+MAX_ID = 512
+DEFAULT_AUDIT_TOPIC = "kdelay.audit"
+AUDIT_RETENTION_MS = 365 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """One action and what came of it, as the audit topic keeps it.
+
+    ``outcome`` is the service's answer (``cancelled``, ``rescheduled``,
+    ``unknown``, ``already-delivered``, ``dead-lettered``), or None with
+    ``outcome_error`` (``no-outcome``, ``outcomes-missing``) when none could be read.
+    """
+
+    action: str
+    schedule_id: str
+    who: str
+    role: str
+    reason: str
+    at_ms: int
+    request: str
+    outcome: str | None
+    outcome_error: str | None = None
+    due_ms: int | None = None
+
+    def encode(self) -> bytes:
+        """The audit record's value: this action as a JSON object."""
+        return orjson.dumps(asdict(self))
+
+
+def decode_done(raw: bytes) -> Done:
+    """An audit record's value back as :class:`Done`; ValueError when it is not one."""
+    try:
+        return Done(**orjson.loads(raw))
+    except (orjson.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"not an audit record: {exc}") from None
+
+
+def checked_id(schedule_id: str) -> str:
+    """``schedule_id`` when it can be one; :class:`Problem` 400 ``invalid-id`` otherwise."""
+    if not schedule_id or len(schedule_id) > MAX_ID or not schedule_id.isprintable():
+        raise bad_input("invalid-id", f"a schedule id is 1 to {MAX_ID} printable characters")
+    return schedule_id
+
+
+def checked_reason(reason: str | None) -> str:
+    """The stripped reason; :class:`Problem` 400 ``reason-required`` when empty or too long."""
+    text = (reason or "").strip()
+    if not text or len(text) > MAX_REASON:
+        raise bad_input("reason-required",
+                        f"every action needs a reason of 1 to {MAX_REASON} characters")
+    return text
+
+
+class Actions:
+    """Writes the console's requests and audit records for one deployment.
+
+    Thread-safe: the producers are librdkafka's. ``outcome_timeout_s`` bounds
+    the wait for each outcome. Close it when the console stops.
+    """
+
+    def __init__(self, settings: Settings, clock: Clock, *, audit_topic: str =
+                 DEFAULT_AUDIT_TOPIC, outcome_timeout_s: float = 15.0) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._requests = DelayProducer(settings, clock=clock)
+        self._audit = Producer({**settings.client_config("producer"),
+                                "enable.idempotence": True,
+                                "allow.auto.create.topics": False})
+        self.audit_topic = audit_topic
+        self._timeout_s = outcome_timeout_s
+        self._audit_partitions: int | None = None
+
+    def close(self) -> None:
+        """Flush and close both producers (bounded waits)."""
+        self._requests.close(timeout=10)
+        self._audit.flush(10)
+
+    def cancel(self, who: Principal, schedule_id: str, reason: str) -> Done:
+        """Cancel ``schedule_id`` (a series too, as ``kdelay cancel`` does)."""
+        self._audit_partition_count()  # a missing audit topic refuses before any write
+        ticket = recurring.cancel(self._settings, self._requests, schedule_id,
+                                  self._clock.now_ms())
+        return self._settle("cancel", who, ticket, reason, None)
+
+    def reschedule(self, who: Principal, schedule_id: str, due_ms: int, reason: str) -> Done:
+        """Move ``schedule_id`` to ``due_ms``; a time already past means now."""
+        self._audit_partition_count()
+        due_ms = max(due_ms, self._clock.now_ms())
+        ticket = self._requests.reschedule(schedule_id, due=due_ms)
+        return self._settle("reschedule", who, ticket, reason, due_ms)
+
+    def deliver_now(self, who: Principal, schedule_id: str, reason: str) -> Done:
+        """Deliver ``schedule_id`` as soon as the service sees it: a reschedule to now."""
+        self._audit_partition_count()
+        now_ms = self._clock.now_ms()
+        ticket = self._requests.reschedule(schedule_id, due=now_ms)
+        return self._settle("deliver-now", who, ticket, reason, now_ms)
+
+    def _settle(self, action: str, who: Principal, ticket: Ticket, reason: str,
+                due_ms: int | None) -> Done:
+        """Wait for the ticket's outcome, then write and return the audit record."""
+        outcome, error = None, None
+        try:
+            outcome = ticket.outcome(self._timeout_s).outcome
+        except NoOutcome as missing:
+            error = missing.code
+        done = Done(action, ticket.schedule_id, who.name, who.role.value, reason,
+                    self._clock.now_ms(), str(ticket.coordinates), outcome, error, due_ms)
+        self._write_audit(done)
+        return done
+
+    def _write_audit(self, done: Done) -> None:
+        """Write ``done`` to the audit topic and wait for its acknowledgement."""
+        failures: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, _: Message) -> None:
+            if error is not None:
+                failures.append(error)
+
+        partition = id_partition(done.schedule_id, self._audit_partition_count())
+        self._audit.produce(self.audit_topic, done.encode(), done.schedule_id.encode(),
+                            partition=partition, on_delivery=delivered)
+        left = self._audit.flush(10)
+        if left or failures:
+            reason = failures[0].str() if failures else "no acknowledgement within 10 s"
+            raise Problem(502, "audit-failed", f"the {done.action} request was written "
+                          f"({done.request}) but its audit record was not: {reason}")
+
+    def _audit_partition_count(self) -> int:
+        if self._audit_partitions is None:
+            topic = self._audit.list_topics(self.audit_topic, timeout=10).topics.get(
+                self.audit_topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise Problem(503, "audit-missing", f"the audit topic {self.audit_topic} "
+                              "does not exist: start `kdelay web` with --create-audit-topic "
+                              "or create it")
+            self._audit_partitions = len(topic.partitions)
+        return self._audit_partitions
+
+
+def ensure_audit_topic(settings: Settings, topic: str, *, partitions: int = 3,
+                       timeout_s: float = 30.0) -> bool:
+    """Create the audit topic (``cleanup.policy=delete``, a year's retention, the broker's
+    replication) unless it exists; return whether it was created.
+
+    Raises KafkaException when the broker refuses (ACLs: grant Create, or
+    create the topic by hand).
+    """
+    admin = admin_client(settings)
+    found = admin.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if found is not None and found.error is None and found.partitions:
+        return False
+    spec = NewTopic(topic, num_partitions=partitions, replication_factor=-1,
+                    config={"cleanup.policy": "delete", "retention.ms": str(AUDIT_RETENTION_MS)})
+    try:
+        admin.create_topics([spec])[topic].result(timeout=timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise
+        return False
+    return True

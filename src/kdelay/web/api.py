@@ -1,0 +1,131 @@
+"""The JSON API under ``/api/v1``: the console's reads and actions for scripts and pages.
+
+Same roles, codes and outcomes as the pages (both go through
+:mod:`~kdelay.web.console`). Reads need any authenticated caller; actions an
+operator and the CSRF token of ``GET /api/v1/session`` in ``X-CSRF-Token``.
+Errors answer ``{"error": {"code", "message"}}``; the schema is at
+``/api/v1/openapi.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from kdelay.view.display import preview as short
+from kdelay.view.pending import Original, Pending
+from kdelay.web.console import Acting, Caller, console_of
+from kdelay.web.inputs import parse_bucket, parse_filter, parse_page
+from kdelay.web.reads import Overview, Record
+
+router = APIRouter(tags=["console"])
+
+
+class ActionBody(BaseModel):
+    """An action on one schedule: its id, why, and for a reschedule the new due time
+    (epoch ms, ISO-8601 with a timezone, or ``YYYY-MM-DDTHH:MM`` in UTC; past means now)."""
+
+    id: str = Field(max_length=512)
+    reason: str = Field(max_length=500)
+    due: str | None = Field(default=None, max_length=64)
+
+
+def entry_json(entry: Pending, original: Original, topic: str) -> dict[str, Any]:
+    """One pending entry with what its original says (no payload)."""
+    return {"id": entry.schedule_id, "due_ms": entry.due_ms, "record_ms": entry.record_ms,
+            "request": f"{topic}/{entry.partition}/{entry.offset}", "state": original.state.value,
+            "target": original.target, "lane": original.lane,
+            "key": None if original.key is None else short(original.key),
+            "value_bytes": original.value_bytes}
+
+
+def overview_json(found: Overview) -> dict[str, Any]:
+    """The overview as JSON; counts are null when Kafka does not answer."""
+    counted = found.backlog
+    return {"now_ms": found.now_ms, "kafka_answers": found.kafka_error is None,
+            "kafka_error": found.kafka_error,
+            "pending": None if counted is None else counted.pending,
+            "ready_now": None if counted is None else counted.overdue,
+            "oldest_overdue_ms": found.oldest_overdue_ms,
+            "furthest_due_ms": None if counted is None else counted.latest_due_ms,
+            "by_target": None if counted is None else counted.by_target,
+            "by_partition": None if counted is None else counted.by_partition,
+            "by_lane": found.lanes}
+
+
+def record_json(found: Record, topic: str) -> dict[str, Any]:
+    """The record screen as JSON; ``payload`` is null when hidden or absent."""
+    lookup = found.found
+    pending = lookup.pending
+    return {
+        "reference": lookup.reference, "status": lookup.status,
+        "request": None if lookup.coordinates is None else "{}/{}/{}".format(
+            topic, *lookup.coordinates),
+        "id": None if pending is None else pending.schedule_id,
+        "due_ms": None if pending is None else pending.due_ms,
+        "target": None if lookup.original is None else lookup.original.target,
+        "headers": [{"name": n, "value": v} for n, v in found.headers],
+        "payload": None if found.payload is None else asdict(found.payload),
+        "payload_hidden": found.hidden, "expires_ms": found.expires_ms,
+        "headroom_ms": found.headroom_ms,
+        "trace": [asdict(step) for step in found.trace],
+    }
+
+
+@router.get("/session")
+def session(request: Request, who: Caller) -> dict[str, Any]:
+    """Who you are, your role, and the CSRF token your actions must carry."""
+    console = console_of(request)
+    return {"name": who.name, "role": who.role.value,
+            "csrf_token": console.gate.csrf_token(who),
+            "payloads_visible": who.can_act or console.gate.policy.payloads_for_viewers}
+
+
+@router.get("/overview")
+def overview(request: Request, _: Caller) -> dict[str, Any]:
+    """Pending total, ready now, oldest overdue, furthest due, by target, partition and lane."""
+    return overview_json(console_of(request).reads.overview())
+
+
+@router.get("/schedules")
+def schedules(request: Request, _: Caller, target: str | None = None, lane: str | None = None,
+              due_from: str | None = None, due_to: str | None = None,
+              id_prefix: str | None = None, skip: int = 0, limit: int = 100) -> dict[str, Any]:
+    """Pending schedules in due order, filtered; ``total`` counts every match."""
+    chosen = parse_filter(target, lane, due_from, due_to, id_prefix)
+    skip, limit = parse_page(skip, limit)
+    console = console_of(request)
+    found = console.reads.pending(chosen, skip=skip, limit=limit)
+    topic = console.reads.requests_topic
+    return {"total": found.total, "skip": skip, "limit": limit,
+            "items": [entry_json(e, o, topic) for e, o in found.rows]}
+
+
+@router.get("/schedules/{reference:path}")
+def schedule(request: Request, who: Caller, reference: str) -> dict[str, Any]:
+    """One request by schedule id or ``topic/partition/offset``, with its trace."""
+    console = console_of(request)
+    shown = who.can_act or console.gate.policy.payloads_for_viewers
+    found = console.reads.record(reference, show_payload=shown)
+    return record_json(found, console.reads.requests_topic)
+
+
+@router.get("/timeline")
+def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None = None,
+             lane: str | None = None, due_from: str | None = None,
+             due_to: str | None = None) -> dict[str, Any]:
+    """Pending entries by due bucket (1m, 1h, 1d), per target."""
+    bucket_ms = parse_bucket(bucket)
+    chosen = parse_filter(target, lane, due_from, due_to)
+    found = console_of(request).reads.timeline(bucket_ms, chosen)
+    return {"bucket_ms": found.bucket_ms, "total": found.total,
+            "targets": {t: sorted(c.items()) for t, c in found.by_target.items()}}
+
+
+@router.post("/actions/{action}")
+def act(request: Request, who: Acting, action: str, body: ActionBody) -> dict[str, Any]:
+    """Cancel, reschedule or deliver now (``action``); answers the service's outcome."""
+    return asdict(console_of(request).perform(who, action, body.id, body.reason, body.due))

@@ -1,0 +1,90 @@
+"""The console's parts, and what every route asks of them: who is calling, may they act.
+
+A :class:`Console` joins the gate (:mod:`~kdelay.web.access`), the reads and
+the actions; the app keeps one in ``app.state``. :func:`caller` and
+:func:`acting` are the FastAPI dependencies of reading and of acting routes:
+acting needs an operator and the CSRF token, from the ``X-CSRF-Token`` header
+or a form's ``csrf`` field. :meth:`Console.perform` is the one path of every
+action, for the API and the pages alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from kdelay.plumbing.clock import Clock
+from kdelay.web.access import Gate, Principal
+from kdelay.web.actions import Actions, Done, checked_id, checked_reason
+from kdelay.web.inputs import not_pending, parse_time
+from kdelay.web.problems import bad_input
+from kdelay.web.reads import Reads
+
+ACTIONS = ("cancel", "reschedule", "deliver-now")
+
+
+@dataclass(frozen=True, slots=True)
+class Console:
+    """Everything a route needs: who may do what, what to read, how to act."""
+
+    gate: Gate
+    reads: Reads
+    actions: Actions
+    clock: Clock
+
+    def perform(self, who: Principal, action: str, schedule_id: str, reason: str | None,
+                due: str | None = None) -> Done:
+        """Check the inputs, then cancel, reschedule or deliver now, and return the outcome.
+
+        Raises :class:`~kdelay.web.problems.Problem`: 400 ``invalid-action``,
+        ``invalid-id``, ``reason-required``, ``invalid-time``; 409
+        ``not-pending`` for a reschedule or a delivery of a schedule the view
+        does not hold (a cancel is always written: its outcome says what it found).
+        """
+        if action not in ACTIONS:
+            raise bad_input("invalid-action", f"the action is one of {', '.join(ACTIONS)}")
+        schedule_id, reason = checked_id(schedule_id), checked_reason(reason)
+        if action == "cancel":
+            return self.actions.cancel(who, schedule_id, reason)
+        due_ms = parse_time(due or "") if action == "reschedule" else None
+        if not self.reads.is_pending(schedule_id):
+            raise not_pending(schedule_id)
+        if due_ms is not None:
+            return self.actions.reschedule(who, schedule_id, due_ms, reason)
+        return self.actions.deliver_now(who, schedule_id, reason)
+
+
+def console_of(request: Request) -> Console:
+    """The console the app serves."""
+    found: Console = request.app.state.console
+    return found
+
+
+def caller(request: Request) -> Principal:
+    """Who sends ``request`` (401 ``unauthenticated`` when nobody)."""
+    gate = console_of(request).gate
+    header = gate.policy.proxy_header
+    return gate.identify(client=request.client.host if request.client else None,
+                         host=request.headers.get("host"),
+                         authorization=request.headers.get("authorization"),
+                         proxy_user=request.headers.get(header) if header else None)
+
+
+async def acting(request: Request, who: Annotated[Principal, Depends(caller)]) -> Principal:
+    """The caller of a state-changing request: an operator (403 ``forbidden``) whose
+    request carries their CSRF token (403 ``csrf-failed``)."""
+    gate = console_of(request).gate
+    gate.require_operator(who)
+    presented = request.headers.get("x-csrf-token")
+    if presented is None and request.headers.get("content-type", "").startswith(
+            ("application/x-www-form-urlencoded", "multipart/form-data")):
+        field = (await request.form()).get("csrf")
+        presented = field if isinstance(field, str) else None
+    gate.check_csrf(who, presented)
+    return who
+
+
+Caller = Annotated[Principal, Depends(caller)]
+Acting = Annotated[Principal, Depends(acting)]

@@ -1,0 +1,89 @@
+"""The console's inputs, checked: times, filters, buckets and pages.
+
+Each parser turns text from a query string, a form or a JSON body into a
+value, or raises :class:`~kdelay.web.problems.Problem` 400 with a stable code
+(``invalid-time``, ``invalid-filter``, ``invalid-bucket``, ``invalid-page``)
+and a sentence. The API and the pages share them, so both refuse the same
+input with the same code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from kdelay.protocol import envelope
+from kdelay.view.listing import Filter
+from kdelay.web.problems import Problem, bad_input
+
+BUCKETS = {"1m": 60_000, "1h": 3_600_000, "1d": 86_400_000}
+MAX_LIMIT = 1_000
+MAX_SKIP = 1_000_000
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
+
+
+def parse_time(text: str) -> int:
+    """Epoch ms from epoch ms, ISO-8601 with a timezone, or a date-time picker's
+    ``YYYY-MM-DDTHH:MM[:SS]``, read as UTC. Raises 400 ``invalid-time``."""
+    stripped = text.strip()
+    if stripped.isdigit() and len(stripped) <= 16:
+        return int(stripped)
+    try:
+        moment = dt.datetime.fromisoformat(stripped.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is not None and moment.tzinfo is None and _LOCAL.fullmatch(stripped):
+        moment = moment.replace(tzinfo=dt.UTC)
+    if moment is None or moment.tzinfo is None:
+        raise bad_input("invalid-time", f"not a time: {stripped[:40]!r}; give epoch ms, "
+                        "ISO-8601 with a timezone, or YYYY-MM-DDTHH:MM (UTC)")
+    return int(moment.timestamp() * 1000)
+
+
+def optional_time(text: str | None) -> int | None:
+    """:func:`parse_time` of a field that may be absent or empty."""
+    return None if text is None or not text.strip() else parse_time(text)
+
+
+def _blank(text: str | None) -> str | None:
+    return None if text is None or not text.strip() else text.strip()
+
+
+def parse_filter(target: str | None = None, lane: str | None = None,
+                 due_from: str | None = None, due_to: str | None = None,
+                 id_prefix: str | None = None) -> Filter:
+    """A :class:`Filter` from its fields as text (empty means absent). Raises 400
+    ``invalid-filter`` for a target that is no topic name, a lane that is no lane
+    name, an id prefix that is not printable, or a window that ends before it starts."""
+    target, lane, prefix = _blank(target), _blank(lane), _blank(id_prefix)
+    if target is not None and not _TOPIC.fullmatch(target):
+        raise bad_input("invalid-filter", "target: a topic name is 1 to 249 of A-Z a-z 0-9 . _ -")
+    if lane is not None and envelope.LANE_NAME.fullmatch(lane) is None:
+        raise bad_input("invalid-filter", "lane: not a lane name")
+    if prefix is not None and (len(prefix) > 512 or not prefix.isprintable()):
+        raise bad_input("invalid-filter", "id prefix: 1 to 512 printable characters")
+    low, high = optional_time(due_from), optional_time(due_to)
+    if low is not None and high is not None and high < low:
+        raise bad_input("invalid-filter", "the due window ends before it starts")
+    return Filter(target, lane, low, high, prefix)
+
+
+def parse_bucket(name: str) -> int:
+    """The bucket's length in ms for ``1m``, ``1h`` or ``1d``; 400 ``invalid-bucket``."""
+    if name not in BUCKETS:
+        raise bad_input("invalid-bucket", "the bucket is one of 1m, 1h, 1d")
+    return BUCKETS[name]
+
+
+def parse_page(skip: int, limit: int) -> tuple[int, int]:
+    """``(skip, limit)`` within bounds; 400 ``invalid-page`` otherwise."""
+    if not 0 <= skip <= MAX_SKIP or not 1 <= limit <= MAX_LIMIT:
+        raise bad_input("invalid-page", f"skip is 0 to {MAX_SKIP} and limit 1 to {MAX_LIMIT}")
+    return skip, limit
+
+
+def not_pending(schedule_id: str) -> Problem:
+    """The refusal of an action on a schedule the view does not hold as pending (409)."""
+    return Problem(409, "not-pending", f"{schedule_id!r} is not pending (delivered, cancelled "
+                   "or unknown, as the operator view sees it): nothing was written")

@@ -1,0 +1,90 @@
+"""The console's pages: server-rendered HTML for the same reads and actions as the API.
+
+Each page calls the functions the API calls (:mod:`~kdelay.web.reads`,
+:meth:`~kdelay.web.console.Console.perform`) and renders a template; forms
+work without JavaScript, and htmx (``hx-boost``) swaps pages in place where
+it runs. Every form that acts carries the CSRF token in a hidden ``csrf`` field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from kdelay.view.display import preview, relative, span, utc
+from kdelay.web.access import Principal
+from kdelay.web.actions import Done
+from kdelay.web.console import Acting, Caller, console_of
+from kdelay.web.inputs import BUCKETS, parse_bucket, parse_filter, parse_page
+
+TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+TEMPLATES.env.filters.update(utc=utc, span=span, short=preview)
+TEMPLATES.env.globals.update(relative=relative, buckets=list(BUCKETS))
+router = APIRouter(include_in_schema=False)
+Text = Annotated[str, Form()]
+OptionalText = Annotated[str | None, Form()]
+
+
+def render(request: Request, who: Principal, template: str, status: int = 200,
+           **context: Any) -> HTMLResponse:
+    """Render ``template`` with the caller, their CSRF token and ``context``."""
+    console = console_of(request)
+    return TEMPLATES.TemplateResponse(request, template, {
+        "who": who, "csrf": console.gate.csrf_token(who), "now_ms": console.clock.now_ms(),
+        "topic": console.reads.requests_topic, **context}, status_code=status)
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request, who: Caller) -> HTMLResponse:
+    """Overview: the backlog, split by target and lane, and whether Kafka answers."""
+    return render(request, who, "overview.html", found=console_of(request).reads.overview())
+
+
+@router.get("/pending", response_class=HTMLResponse)
+def pending(request: Request, who: Caller, target: str | None = None, lane: str | None = None,
+            due_from: str | None = None, due_to: str | None = None,
+            id_prefix: str | None = None, skip: int = 0, limit: int = 100) -> HTMLResponse:
+    """Pending list: filtered, paged, with the true total."""
+    chosen = parse_filter(target, lane, due_from, due_to, id_prefix)
+    skip, limit = parse_page(skip, limit)
+    found = console_of(request).reads.pending(chosen, skip=skip, limit=limit)
+    form = {"target": target or "", "lane": lane or "", "due_from": due_from or "",
+            "due_to": due_to or "", "id_prefix": id_prefix or ""}
+    return render(request, who, "pending.html", found=found, form=form)
+
+
+@router.get("/timeline", response_class=HTMLResponse)
+def timeline(request: Request, who: Caller, bucket: str = "1h",
+             target: str | None = None, lane: str | None = None) -> HTMLResponse:
+    """Timeline: pending entries by due bucket, per target."""
+    found = console_of(request).reads.timeline(parse_bucket(bucket), parse_filter(target, lane))
+    return render(request, who, "timeline.html", found=found, bucket=bucket,
+                  form={"target": target or "", "lane": lane or ""})
+
+
+def _record_page(request: Request, who: Principal, reference: str,
+                 done: Done | None = None) -> HTMLResponse:
+    console = console_of(request)
+    shown = who.can_act or console.gate.policy.payloads_for_viewers
+    found = console.reads.record(reference, show_payload=shown)
+    return render(request, who, "record.html", record=found, done=done)
+
+
+@router.get("/record", response_class=HTMLResponse)
+def record(request: Request, who: Caller, ref: str = "") -> HTMLResponse:
+    """Record: one request by id or coordinates, its original, retention and trace."""
+    if not ref.strip():
+        return render(request, who, "find.html")
+    return _record_page(request, who, ref.strip())
+
+
+@router.post("/record/{action}", response_class=HTMLResponse)
+def act(request: Request, who: Acting, action: str, id: Text, reason: OptionalText = None,
+        due: OptionalText = None) -> HTMLResponse:
+    """Cancel, reschedule or deliver now from the record page; shows the outcome."""
+    done = console_of(request).perform(who, action, id, reason, due)
+    return _record_page(request, who, done.schedule_id, done)

@@ -1,0 +1,205 @@
+"""What the console's screens show, read through the operator's view.
+
+Every read opens the console's own :class:`~kdelay.view.pending.PendingView`
+(under its view dir, apart from the CLI's, whose lock a running ``kdelay
+due`` holds), catches it up with the changelog (incremental: only what was
+written since the last read), answers, and closes it. Reads take turns under
+one lock: the view's stores admit one reader. The figures are those of
+``kdelay backlog`` and ``kdelay due``, from the same functions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from kdelay.plumbing.clock import Clock
+from kdelay.plumbing.connection import ConnectionFailure, check_connection
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import requests_retention
+from kdelay.view.backlog import Backlog, backlog
+from kdelay.view.listing import Filter, Listing, Timeline, by_lane, listing, timeline
+from kdelay.view.lookup import Lookup, lookup
+from kdelay.view.pending import Originals, PendingView, headers_of
+from kdelay.web.trace import Step, audit_steps, outcome_steps
+
+PREVIEW_BYTES = 4_096
+HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """The overview screen: the backlog, split by target and lane, and whether Kafka answers.
+
+    ``backlog`` and ``lanes`` are None when Kafka does not answer (``kafka_error``).
+    """
+
+    now_ms: int
+    kafka_error: str | None
+    backlog: Backlog | None = None
+    lanes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def oldest_overdue_ms(self) -> int | None:
+        """The due time of the oldest entry already due, None when nothing is."""
+        found = self.backlog
+        if found is None or found.earliest_due_ms is None:
+            return None
+        return found.earliest_due_ms if found.earliest_due_ms <= self.now_ms else None
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """A payload shown as ``json`` (pretty), ``text`` or ``hex``, at most
+    :data:`PREVIEW_BYTES` of it (``cut`` when there was more)."""
+
+    kind: str
+    text: str
+    size: int
+    cut: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The record screen: the lookup, the original's headers and payload, retention and trace.
+
+    ``payload`` is None when the record has no value, was not read, or is
+    hidden (``hidden``) from the caller. ``expires_ms`` is when the requests
+    topic's retention may delete the original (None: unlimited or unknown).
+    """
+
+    found: Lookup
+    now_ms: int
+    headers: list[tuple[str, str]]
+    payload: Preview | None
+    hidden: bool
+    expires_ms: int | None
+    trace: list[Step]
+
+    @property
+    def headroom_ms(self) -> int | None:
+        """How long the original outlives its due time (negative: it expires first)."""
+        if self.expires_ms is None or self.found.pending is None:
+            return None
+        return self.expires_ms - self.found.pending.due_ms
+
+
+def preview(value: bytes) -> Preview:
+    """Show ``value`` as pretty JSON, else UTF-8 text, else hex, cut at :data:`PREVIEW_BYTES`."""
+    head, cut = value[:PREVIEW_BYTES], len(value) > PREVIEW_BYTES
+    if not cut:
+        try:
+            shown = orjson.dumps(orjson.loads(value), option=orjson.OPT_INDENT_2)
+            return Preview("json", shown.decode(), len(value), cut)
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        return Preview("text", head.decode("utf-8"), len(value), cut)
+    except UnicodeDecodeError:
+        return Preview("hex", head.hex(" "), len(value), cut)
+
+
+class Reads:
+    """The console's reads of one deployment, one at a time.
+
+    Raises what :class:`PendingView` raises (``RestoreError`` when the
+    changelog cannot be read, ``ViewBusy``) and KafkaException; the app turns
+    them into answers with a stable code.
+    """
+
+    def __init__(self, settings: Settings, view_dir: Path, clock: Clock, *,
+                 audit_topic: str) -> None:
+        self._settings = settings
+        self._view_dir = view_dir
+        self._clock = clock
+        self._audit_topic = audit_topic
+        self._lock = threading.Lock()
+
+    @property
+    def requests_topic(self) -> str:
+        """The requests topic, which coordinates name."""
+        return self._settings.requests_topic
+
+    @contextmanager
+    def _opened(self) -> Iterator[tuple[PendingView, Originals, int]]:
+        with self._lock:
+            now_ms = self._clock.now_ms()
+            with PendingView(self._settings, self._view_dir, now_ms) as view, \
+                    Originals(self._settings) as originals:
+                yield view, originals, now_ms
+
+    def kafka_error(self) -> str | None:
+        """None when a broker answers; else why not (``code: sentence``)."""
+        try:
+            check_connection(self._settings.client_config("probe"), timeout_s=5.0)
+        except ConnectionFailure as exc:
+            return f"{exc.code}: {exc}"
+        return None
+
+    def overview(self) -> Overview:
+        """Totals, ready-now, oldest overdue, furthest due, by target and lane (reads every
+        pending original not cached yet, as ``backlog --by target`` does)."""
+        problem = self.kafka_error()
+        if problem is not None:
+            return Overview(self._clock.now_ms(), problem)
+        with self._opened() as (view, originals, now_ms):
+            counted = backlog(view, now_ms, HOUR_MS, originals)
+            return Overview(now_ms, None, counted, by_lane(view, originals))
+
+    def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
+        """The pending entries ``chosen`` keeps: a page of them and the true total."""
+        with self._opened() as (view, originals, _):
+            return listing(view, originals, chosen, skip=skip, limit=limit)
+
+    def timeline(self, bucket_ms: int, chosen: Filter | None = None) -> Timeline:
+        """Pending entries by due bucket and target."""
+        with self._opened() as (view, originals, _):
+            return timeline(view, originals, bucket_ms, chosen)
+
+    def is_pending(self, schedule_id: str) -> bool:
+        """Whether the view holds a pending entry for ``schedule_id``."""
+        with self._opened() as (view, _, _):
+            return view.find_id(schedule_id) is not None
+
+    def record(self, reference: str, *, show_payload: bool) -> Record:
+        """One request by id or coordinates, with its trace; the payload only when
+        ``show_payload``. Raises :class:`~kdelay.view.lookup.NotARequest` for
+        coordinates on another topic."""
+        with self._opened() as (view, originals, now_ms):
+            found = lookup(view, originals, reference, self._settings.requests_topic, now_ms)
+        record = None if found.original is None else found.original.record
+        headers = [] if record is None else [
+            (name, "null" if value is None else value.decode("utf-8", "replace"))
+            for name, value in headers_of(record)]
+        value = None if record is None else record.value()
+        payload = preview(value) if value is not None and show_payload else None
+        return Record(found, now_ms, headers, payload, value is not None and not show_payload,
+                      self._expires_ms(found), self._trace(found, reference))
+
+    def _expires_ms(self, found: Lookup) -> int | None:
+        if found.pending is None:
+            return None
+        retention = requests_retention(self._settings.client_config(),
+                                       self._settings.requests_topic, timeout=10.0)
+        return None if retention is None else found.pending.record_ms + retention
+
+    def _trace(self, found: Lookup, reference: str) -> list[Step]:
+        """The request and scheduled steps from the view, then the outcomes and the audit."""
+        steps: list[Step] = []
+        if found.pending is not None and found.coordinates is not None:
+            where = "{}/{}/{}".format(self._settings.requests_topic, *found.coordinates)
+            steps.append(Step(found.pending.record_ms, "requested", f"written at {where}"))
+            steps.append(Step(found.pending.record_ms, "pending",
+                              f"due at {found.pending.due_ms} ms"))
+        schedule_id = found.pending.schedule_id if found.pending is not None else None
+        if schedule_id is None and found.coordinates is None:
+            schedule_id = reference
+        if schedule_id is not None:
+            steps += outcome_steps(self._settings, schedule_id)
+            steps += audit_steps(self._settings, self._audit_topic, schedule_id)
+        return sorted(steps, key=lambda step: step.at_ms)

@@ -1,0 +1,113 @@
+"""A schedule's trace: what the outcomes and audit topics say about one id, in time order.
+
+Both topics key their records by schedule id and place them on the id's
+partition (murmur2), so the trace of an id reads one partition of each, from
+at most :data:`DEPTH` records before its end: a bounded read whatever the
+topics' size. Older steps than that window are not shown (the page says how
+far back it looked). The pending entry and its original (request and
+scheduled steps) come from the operator's view, in :mod:`kdelay.web.reads`.
+
+Deliveries are not in either topic: a delivered schedule shows the service's
+outcome for its id only (``scheduled``), not the target offset or lateness.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from kdelay.plumbing.clients import reader_config, take, watermarks
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol.codec import decode_answer
+from kdelay.protocol.forward import id_partition
+from kdelay.web.actions import decode_done
+
+DEPTH = 5_000
+TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a trace: when, what (``requested``, ``scheduled``, an outcome, an
+    action of the console), and a sentence of detail."""
+
+    at_ms: int
+    what: str
+    detail: str
+
+
+def keyed(settings: Settings, topic: str, key: str, *, depth: int = DEPTH,
+          timeout_s: float = TIMEOUT_S) -> list[bytes]:
+    """The values of the last records keyed ``key`` among the last ``depth`` of its partition.
+
+    An absent topic gives no records. Raises KafkaException for other Kafka
+    errors; stops at the partition's end as it was when the read began, or
+    after ``timeout_s``.
+    """
+    consumer = Consumer(reader_config(settings.client_config(), f"kdelay-web-{uuid.uuid4().hex}",
+                                      **{"enable.partition.eof": False}))
+    try:
+        found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return []
+        place = TopicPartition(topic, id_partition(key, len(found.partitions)))
+        low, high = watermarks(consumer, place, timeout_s)
+        if high <= low:
+            return []
+        consumer.assign([TopicPartition(topic, place.partition, max(low, high - depth))])
+        return _read_to(consumer, key.encode(), high, timeout_s)
+    finally:
+        consumer.close()
+
+
+def _read_to(consumer: Consumer, key: bytes, high: int, timeout_s: float) -> list[bytes]:
+    """The values keyed ``key`` up to offset ``high`` of the assigned partition."""
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        messages = take(consumer, 1_000, min(left, 0.5))
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(error)
+            if message.key() == key and message.value() is not None:
+                values.append(message.value() or b"")
+            if (message.offset() or 0) >= high - 1:
+                return values
+    return values
+
+
+def outcome_steps(settings: Settings, schedule_id: str) -> list[Step]:
+    """The service's outcome records for ``schedule_id``, as steps."""
+    steps = []
+    for raw in keyed(settings, settings.outcomes_topic, schedule_id):
+        try:
+            answer = decode_answer(raw)
+        except ValueError:
+            continue
+        detail = f"request {answer.request}"
+        if answer.schedule:
+            detail += f", schedule {answer.schedule}"
+        if answer.first:
+            detail += f" (then {answer.first})"
+        steps.append(Step(answer.at_ms, answer.outcome, detail))
+    return steps
+
+
+def audit_steps(settings: Settings, audit_topic: str, schedule_id: str) -> list[Step]:
+    """The console's audit records for ``schedule_id``, as steps."""
+    steps = []
+    for raw in keyed(settings, audit_topic, schedule_id):
+        try:
+            done = decode_done(raw)
+        except ValueError:
+            continue
+        outcome = done.outcome or f"no outcome ({done.outcome_error})"
+        steps.append(Step(done.at_ms, f"console {done.action}",
+                          f"by {done.who} ({done.role}): {done.reason!r} -> {outcome}"))
+    return steps
