@@ -23,6 +23,7 @@ from kdelay.plumbing.connection import ConnectionFailure, check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
 from kdelay.view.backlog import Backlog, backlog
+from kdelay.view.display import utc
 from kdelay.view.listing import Filter, Listing, Timeline, by_lane, listing, timeline
 from kdelay.view.lookup import Lookup, lookup
 from kdelay.view.pending import Originals, PendingView, headers_of
@@ -195,7 +196,7 @@ class Reads:
             where = "{}/{}/{}".format(self._settings.requests_topic, *found.coordinates)
             steps.append(Step(found.pending.record_ms, "requested", f"written at {where}"))
             steps.append(Step(found.pending.record_ms, "pending",
-                              f"due at {found.pending.due_ms} ms"))
+                              f"due at {utc(found.pending.due_ms)}"))
         schedule_id = found.pending.schedule_id if found.pending is not None else None
         if schedule_id is None and found.coordinates is None:
             schedule_id = reference

@@ -1,0 +1,109 @@
+"""A console whose reads and actions are stand-ins, for tests of the web layer without Kafka.
+
+The gate, the inputs, the routes, the templates and the error answers are the
+real ones; only what lies below them (the view, the producers) is replaced,
+so these tests prove who may do what and how bad input is answered.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from kdelay.plumbing.clock import ManualClock
+from kdelay.view.backlog import Backlog
+from kdelay.view.listing import Filter, Listing, Timeline
+from kdelay.view.lookup import Lookup
+from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
+from kdelay.web.actions import Actions, Done
+from kdelay.web.app import create_app
+from kdelay.web.console import Console
+from kdelay.web.reads import Overview, Preview, Reads, Record
+
+NOW_MS = 1_795_000_000_000
+SECRETS = {"olga": "operator-secret-1", "vera": "viewer-secret-2"}
+
+
+class FakeReads(Reads):
+    """Reads that answer from memory: ``order-42`` is pending, nothing else is."""
+
+    def __init__(self) -> None:
+        self.pending_ids = {"order-42"}
+        self.payload_shown: list[bool] = []
+        self.fail_with: Exception | None = None
+
+    @property
+    def requests_topic(self) -> str:
+        return "kdelay.requests"
+
+    def overview(self) -> Overview:
+        if self.fail_with is not None:
+            raise self.fail_with
+        counted = Backlog(NOW_MS, 1, 0, NOW_MS + 60_000, NOW_MS + 60_000, 3_600_000,
+                          [(NOW_MS, 1)], {0: 1}, {"orders": 1})
+        return Overview(NOW_MS, None, counted, {"(none)": 1})
+
+    def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
+        return Listing(0, [], skip, limit)
+
+    def timeline(self, bucket_ms: int, chosen: Filter | None = None) -> Timeline:
+        return Timeline(bucket_ms, 1, {"orders": {NOW_MS // bucket_ms * bucket_ms: 1}})
+
+    def is_pending(self, schedule_id: str) -> bool:
+        return schedule_id in self.pending_ids
+
+    def record(self, reference: str, *, show_payload: bool) -> Record:
+        self.payload_shown.append(show_payload)
+        payload = Preview("text", "the payload", 11, cut=False) if show_payload else None
+        return Record(Lookup(reference, None, None, None, "not pending"), NOW_MS, [], payload,
+                      not show_payload, None, [])
+
+
+class FakeActions(Actions):
+    """Actions that record what they were asked and answer as the service would."""
+
+    def __init__(self) -> None:
+        self.done: list[Done] = []
+
+    def _answer(self, action: str, who: Principal, schedule_id: str, reason: str,
+                outcome: str, due_ms: int | None = None) -> Done:
+        done = Done(action, schedule_id, who.name, who.role.value, reason, NOW_MS,
+                    "kdelay.requests/0/7", outcome, None, due_ms)
+        self.done.append(done)
+        return done
+
+    def cancel(self, who: Principal, schedule_id: str, reason: str) -> Done:
+        return self._answer("cancel", who, schedule_id, reason, "cancelled")
+
+    def reschedule(self, who: Principal, schedule_id: str, due_ms: int, reason: str) -> Done:
+        return self._answer("reschedule", who, schedule_id, reason, "rescheduled", due_ms)
+
+    def deliver_now(self, who: Principal, schedule_id: str, reason: str) -> Done:
+        return self._answer("deliver-now", who, schedule_id, reason, "rescheduled", NOW_MS)
+
+
+def users_policy(**changes: object) -> Policy:
+    """A policy with an operator ``olga`` and a viewer ``vera`` (cheap hashes)."""
+    entries = ",".join(f"{name}:{role}:{hash_secret(SECRETS[name], iterations=1_000)}"
+                       for name, role in (("olga", "operator"), ("vera", "viewer")))
+    return Policy(bind="0.0.0.0", users=parse_users(entries), **changes)  # type: ignore[arg-type]  # noqa: S104
+
+
+def console_app(policy: Policy) -> tuple[FastAPI, FakeReads, FakeActions]:
+    """The real app over fake reads and actions."""
+    reads, actions = FakeReads(), FakeActions()
+    console = Console(Gate(policy, key=b"k" * 32), reads, actions, ManualClock(NOW_MS))
+    return create_app(console), reads, actions
+
+
+def client(app: FastAPI, base_url: str = "http://127.0.0.1:8080") -> TestClient:
+    """A client that sees errors as answers, as a browser does."""
+    return TestClient(app, base_url=base_url, raise_server_exceptions=False)
+
+
+def basic(name: str) -> dict[str, str]:
+    """The basic-auth header of a configured user."""
+    token = base64.b64encode(f"{name}:{SECRETS[name]}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
