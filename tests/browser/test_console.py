@@ -1,0 +1,232 @@
+"""The console in a real browser, against the real broker and a running service.
+
+A person's paths, clicked in Chromium: find a schedule by id and open it;
+cancel one with a reason (the page shows ``cancelled``, and a later record
+on the same target arrives while the cancelled one never does); reschedule
+one to a past time (it is delivered at once, at the new due time); a viewer
+is refused every action; a form without its CSRF token fails; bad input
+answers 400 with its code; the timeline's counts are ``kdelay backlog``'s.
+
+The service runs on the system clock: a test polls for what it expects,
+within a bounded deadline, and never sleeps for a due time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from kdelay.client import DelayProducer
+from kdelay.plumbing.settings import Settings
+from tests.browser.conftest import OPERATOR, VIEWER, Stack, cli_env
+from tests.e2e.conftest import Receiver, run_cli
+
+pytestmark = [pytest.mark.kafka, pytest.mark.browser]
+SEEN_S = 60.0
+HOUR = dt.timedelta(hours=1)
+ACTIONS = [("cancel", {}), ("reschedule", {"due": "2030-01-01T00:00:00Z"}), ("deliver-now", {})]
+
+
+@pytest.fixture(scope="module")
+def producer(stack: Stack) -> Iterator[DelayProducer]:
+    """The client library on the stack's deployment, as any producer uses it."""
+    d = stack.deployment
+    settings = Settings(bootstrap_servers=d.bootstrap, requests_topic=d.requests,
+                        changelog_topic=d.changelog, dlq_topic=d.dlq, outcomes_topic=d.outcomes)
+    with DelayProducer(settings) as made:
+        yield made
+
+
+@pytest.fixture
+def page_of(browser: Any) -> Iterator[Callable[..., Any]]:
+    """New pages of the shared browser, in contexts closed when the test ends."""
+    contexts: list[Any] = []
+
+    def make(credentials: tuple[str, str] | None = None) -> Any:
+        http = None if credentials is None else {"username": credentials[0],
+                                                 "password": credentials[1]}
+        context = browser.new_context(viewport={"width": 1200, "height": 800},
+                                      http_credentials=http)
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def received(stack: Stack, admin: AdminClient) -> Iterator[Receiver]:
+    """A reader of the stack's target topic from its beginning."""
+    reader = Receiver(stack.deployment.bootstrap, admin, [stack.target])
+    yield reader
+    reader.close()
+
+
+def open_pending(page: Any, url: str, schedule_id: str) -> None:
+    """Open the record page of ``schedule_id``, reloading until the view holds it as pending."""
+    deadline = time.monotonic() + SEEN_S
+    while True:
+        page.goto(f"{url}/record?ref={schedule_id}")
+        if page.text_content("#status") == "pending":
+            return
+        assert time.monotonic() < deadline, f"{schedule_id} not pending in the console"
+        time.sleep(0.3)
+
+
+def keys(reader: Receiver) -> list[bytes | None]:
+    return [r.message.key() for r in reader.received]
+
+
+def test_find_a_schedule_by_id_then_cancel_another_with_a_reason(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        received: Receiver, shots: Path) -> None:
+    producer.send(stack.target, '{"id": 42}', key="order-42", delay=HOUR, id="order-42")
+    due_43 = int(time.time() * 1000) + 30_000
+    producer.send(stack.target, '{"id": 43}', key="order-43", due=due_43, id="order-43")
+    page = page_of()
+    page.goto(stack.open.url + "/")
+    page.fill("header input[name=ref]", "order-42")
+    page.click("header button[type=submit]")
+    page.wait_for_url("**/record?ref=order-42")
+    open_pending(page, stack.open.url, "order-42")
+    assert page.text_content("#target") == stack.target
+    assert '"id": 42' in page.text_content("#payload")
+    page.screenshot(path=shots / "record.png", full_page=True)
+
+    open_pending(page, stack.open.url, "order-43")
+    page.fill("#cancel-form input[name=reason]", "customer asked on the phone")
+    page.click("#cancel-form button")
+    page.wait_for_selector("#outcome-value")
+    assert page.text_content("#outcome-value") == "cancelled"
+    page.screenshot(path=shots / "cancelled.png", full_page=True)
+    assert "console cancel" in page.text_content("#trace")
+    assert "customer asked on the phone" in page.text_content("#trace")
+
+    # A later record on the same target comes through; the cancelled one never does.
+    producer.send(stack.target, "after", key="after-43", due=due_43 + 2_000, id="after-43")
+    received.until(lambda: b"after-43" in keys(received), "the record due after order-43")
+    assert b"order-43" not in keys(received)
+    assert b"order-42" not in keys(received)
+
+
+def test_reschedule_to_a_past_time_delivers_it_now(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        received: Receiver) -> None:
+    producer.send(stack.target, '{"id": 44}', key="order-44", delay=HOUR, id="order-44")
+    page = page_of()
+    open_pending(page, stack.open.url, "order-44")
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    page.fill("#reschedule-form input[name=due]", past.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#reschedule-form input[name=reason]", "the customer wants it today")
+    before_ms = int(time.time() * 1000)
+    page.click("#reschedule-form button")
+    page.wait_for_selector("#outcome-value")
+    assert page.text_content("#outcome-value") == "rescheduled"
+    received.until(lambda: b"order-44" in keys(received), "order-44, rescheduled to now")
+    record = next(r.message for r in received.received if r.message.key() == b"order-44")
+    raw_due = dict(record.headers() or [])["kdelay-due-ms"]
+    assert isinstance(raw_due, bytes)
+    due_ms = int(raw_due)
+    assert before_ms - 1_000 <= due_ms <= int(time.time() * 1000)
+    assert record.value() == b'{"id": 44}'
+
+
+def test_a_viewer_gets_403_on_every_action(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any], shots: Path) -> None:
+    producer.send(stack.target, '{"id": 45}', key="order-45", delay=HOUR, id="order-45")
+    page = page_of(VIEWER)
+    open_pending(page, stack.users.url, "order-45")
+    assert page.query_selector("#cancel-form") is None
+    assert page.is_visible("#viewer-note")
+    assert page.is_visible("#payload-hidden")
+    assert "vera · viewer" in page.text_content("header .who")
+    page.screenshot(path=shots / "viewer.png", full_page=True)
+    token = page.request.get(stack.users.url + "/api/v1/session").json()["csrf_token"]
+    for action, extra in ACTIONS:
+        body = {"id": "order-45", "reason": "a viewer tries", **extra}
+        api = page.request.post(f"{stack.users.url}/api/v1/actions/{action}", data=body,
+                                headers={"X-CSRF-Token": token})
+        assert (api.status, api.json()["error"]["code"]) == (403, "forbidden")
+        form = page.request.post(f"{stack.users.url}/record/{action}",
+                                 form={**body, "csrf": token})
+        assert form.status == 403
+        assert 'id="error-code">forbidden<' in form.text()
+    open_pending(page, stack.users.url, "order-45")
+    assert "console" not in page.text_content("#trace")
+
+
+def test_a_form_posted_without_its_csrf_token_fails(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any]) -> None:
+    producer.send(stack.target, '{"id": 46}', key="order-46", delay=HOUR, id="order-46")
+    page = page_of(OPERATOR)
+    open_pending(page, stack.users.url, "order-46")
+    page.evaluate("document.querySelector('#cancel-form input[name=csrf]').remove()")
+    page.fill("#cancel-form input[name=reason]", "no token")
+    page.click("#cancel-form button")
+    page.wait_for_selector("#error-code")
+    assert page.text_content("#error-code") == "csrf-failed"
+    bare = page.request.post(f"{stack.users.url}/record/cancel",
+                             form={"id": "order-46", "reason": "no token"})
+    assert bare.status == 403
+    open_pending(page, stack.users.url, "order-46")  # still pending: nothing was written
+
+
+def test_bad_input_answers_400_with_its_code(stack: Stack, page_of: Callable[..., Any],
+                                             shots: Path) -> None:
+    page = page_of()
+    answer = page.goto(stack.open.url + "/pending?due_from=someday")
+    assert answer.status == 400
+    assert page.text_content("#error-code") == "invalid-time"
+    page.screenshot(path=shots / "error.png")
+    token = page.request.get(stack.open.url + "/api/v1/session").json()["csrf_token"]
+    bad = page.request.post(stack.open.url + "/api/v1/actions/reschedule",
+                            data={"id": "order-42", "reason": "r", "due": "soon"},
+                            headers={"X-CSRF-Token": token})
+    assert (bad.status, bad.json()["error"]["code"]) == (400, "invalid-time")
+    assert page.goto(stack.open.url + "/timeline?bucket=2h").status == 400
+
+
+def test_the_timeline_counts_what_kdelay_backlog_counts(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any], shots: Path) -> None:
+    start_ms = int(time.time() * 1000) + 2 * 3_600_000
+    other = stack.target + "-b"
+    for i in range(12):
+        producer.send(stack.target, f"load {i}", due=start_ms + i * 37_000, id=f"load-{i}")
+    for i in range(5):
+        producer.send(other, f"other {i}", due=start_ms + i * 61_000, id=f"other-{i}")
+    page = page_of()
+    deadline = time.monotonic() + SEEN_S
+    while True:
+        page.goto(stack.open.url + "/timeline?bucket=1m")
+        rows = page.eval_on_selector_all(
+            "#timeline tr[data-start]",
+            "rows => rows.map(r => [r.dataset.start, r.children[2].textContent])")
+        if sum(int(n) for _, n in rows) >= 19:  # order-42, 45, 46 and the 17 above, less none
+            break
+        assert time.monotonic() < deadline, f"the timeline never showed the load: {rows}"
+        time.sleep(0.3)
+    page.screenshot(path=shots / "timeline.png", full_page=True)
+    shown = {int(start): int(count) for start, count in rows}
+    backlog = run_cli(cli_env(stack), "backlog", "--bucket", "1m", "--by", "target", "--json")
+    assert backlog.returncode == 0, backlog.stderr
+    counted = json.loads(backlog.stdout)
+    assert shown == {b["start_ms"]: b["count"] for b in counted["buckets"]}
+    per_target = page.eval_on_selector_all(
+        "#timeline tr:first-child th.num", "cells => cells.map(c => c.textContent)")[1:]
+    assert sorted(per_target) == sorted(counted["by_target"])
+
+    page.goto(stack.open.url + "/")
+    assert int(page.text_content("#pending-total") or "") == counted["pending"]
+    page.screenshot(path=shots / "overview.png", full_page=True)
+    page.goto(stack.open.url + "/pending?id_prefix=load-&limit=5")
+    assert page.text_content("#total").startswith("12 matches")
+    assert len(page.query_selector_all("#pending tr")) == 6  # the head row and 5
+    page.screenshot(path=shots / "pending.png", full_page=True)
