@@ -71,8 +71,9 @@ def walk_env(bootstrap: str, admin: AdminClient, tmp_path: Path) -> Iterator[dic
 
 @pytest.mark.compat
 def test_the_readme_walk_works_as_written(walk_env: dict[str, str], tmp_path: Path) -> None:
-    up, send, tail, send_later, cancel = run_it_commands()
+    up, send, tail, send_later, cancel, web = run_it_commands()
     assert up == ["tools/up"]
+    assert web == [KDELAY, "web"]  # the console, tested in tests/browser
     assert (send[:3], tail[:3], cancel[:2]) == (
         [KDELAY, "send", "orders"], [KDELAY, "tail", "orders"], [KDELAY, "cancel"])
     target = walk_env["KDELAY_TARGET"]
