@@ -3,8 +3,8 @@
 A person's paths, clicked in Chromium: find a schedule by id and open it;
 cancel one with a reason (the page shows ``cancelled``, and a later record
 on the same target arrives while the cancelled one never does); reschedule
-one to a past time (it is delivered at once, at the new due time); a viewer
-is refused every action; a form without its CSRF token fails; bad input
+one to a past time (it is delivered at once, at the new due time); a bulk
+cancel acts on the count its dry run showed; a viewer is refused every action; a form without its CSRF token fails; bad input
 answers 400 with its code; the timeline's counts are ``kdelay backlog``'s.
 
 The service runs on the system clock: a test polls for what it expects,
@@ -192,6 +192,37 @@ def test_bad_input_answers_400_with_its_code(stack: Stack, page_of: Callable[...
                             headers={"X-CSRF-Token": token})
     assert (bad.status, bad.json()["error"]["code"]) == (400, "invalid-time")
     assert page.goto(stack.open.url + "/timeline?bucket=2h").status == 400
+
+
+def test_a_bulk_cancel_acts_on_the_count_its_dry_run_showed(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any], shots: Path) -> None:
+    for i in range(6):
+        producer.send(stack.target, f"bulk {i}", key=f"bulk-{i}", delay=HOUR, id=f"bulk-{i}")
+    page = page_of()
+    deadline = time.monotonic() + SEEN_S
+    while True:
+        page.goto(stack.open.url + "/pending?id_prefix=bulk-")
+        if page.text_content("#total").startswith("6 matches"):
+            break
+        assert time.monotonic() < deadline, page.text_content("#total")
+        time.sleep(0.3)
+    page.fill("#bulk-form input[name=reason]", "campaign withdrawn")
+    page.click("#bulk-form button")
+    page.wait_for_selector("#bulk-count")
+    counted = int(page.text_content("#bulk-count") or "")
+    assert counted == 6
+    assert page.text_content("#bulk-confirm button").startswith("Cancel 6 schedules")
+    page.screenshot(path=shots / "bulk.png", full_page=True)
+    page.click("#bulk-confirm button")
+    page.wait_for_selector("#bulk-done")
+    assert page.text_content("#bulk-acted") == str(counted)
+    outcomes = page.eval_on_selector_all(
+        ".bulk-outcome", "spans => spans.map(s => [s.dataset.outcome, s.textContent])")
+    assert outcomes == [["cancelled", "cancelled 6"]]
+    deadline = time.monotonic() + SEEN_S
+    while not page.text_content("#total").startswith("0 matches"):
+        assert time.monotonic() < deadline, page.text_content("#total")
+        page.goto(stack.open.url + "/pending?id_prefix=bulk-")
 
 
 def test_the_timeline_counts_what_kdelay_backlog_counts(

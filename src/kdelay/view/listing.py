@@ -129,6 +129,18 @@ def listing(view: PendingView, originals: Originals, chosen: Filter, *, skip: in
     return Listing(total, rows, skip, limit)
 
 
+def matching_ids(view: PendingView, originals: Originals,
+                 chosen: Filter) -> tuple[list[str], int]:
+    """The schedule ids of every entry ``chosen`` keeps, in due order, and how many
+    entries it keeps that have no id (those no cancel or reschedule can name)."""
+    kept: list[Pending] = []
+    for partition in view.partitions:
+        kept += view.pending(partition, matching(view, originals, partition, chosen))
+    kept.sort(key=_order)
+    ids = [entry.schedule_id for entry in kept if entry.schedule_id is not None]
+    return ids, len(kept) - len(ids)
+
+
 def timeline(view: PendingView, originals: Originals, bucket_ms: int,
              chosen: Filter | None = None) -> Timeline:
     """Count the entries ``chosen`` keeps by due bucket of ``bucket_ms`` and by target.

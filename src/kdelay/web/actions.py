@@ -15,6 +15,8 @@ the request was written, and the caller is told that its audit is missing.
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import orjson
@@ -131,12 +133,36 @@ class Actions:
         ticket = self._requests.reschedule(schedule_id, due=now_ms)
         return self._settle("deliver-now", who, ticket, reason, now_ms)
 
+    def bulk(self, who: Principal, action: str, ids: list[str], reason: str,
+             due_ms: int | None = None) -> dict[str, int]:
+        """Cancel (``due_ms`` None) or reschedule every id of ``ids``; count the outcomes.
+
+        Every request is written first, then each outcome is awaited within
+        one shared deadline (an id with none in time counts as ``no-outcome``);
+        each id gets its own audit record (action ``bulk-cancel`` or
+        ``bulk-reschedule``).
+        """
+        self._audit_partition_count()
+        now_ms = self._clock.now_ms()
+        if due_ms is None:
+            tickets = [recurring.cancel(self._settings, self._requests, i, now_ms) for i in ids]
+        else:
+            due_ms = max(due_ms, now_ms)
+            tickets = [self._requests.reschedule(i, due=due_ms) for i in ids]
+        deadline = time.monotonic() + self._timeout_s * 2
+        counts: Counter[str] = Counter()
+        for ticket in tickets:
+            left = max(0.5, deadline - time.monotonic())
+            done = self._settle(f"bulk-{action}", who, ticket, reason, due_ms, left)
+            counts[done.outcome or done.outcome_error or "no-outcome"] += 1
+        return dict(counts.most_common())
+
     def _settle(self, action: str, who: Principal, ticket: Ticket, reason: str,
-                due_ms: int | None) -> Done:
+                due_ms: int | None, timeout_s: float | None = None) -> Done:
         """Wait for the ticket's outcome, then write and return the audit record."""
         outcome, error = None, None
         try:
-            outcome = ticket.outcome(self._timeout_s).outcome
+            outcome = ticket.outcome(timeout_s or self._timeout_s).outcome
         except NoOutcome as missing:
             error = missing.code
         done = Done(action, ticket.schedule_id, who.name, who.role.value, reason,

@@ -33,6 +33,20 @@ class ActionBody(BaseModel):
     due: str | None = Field(default=None, max_length=64)
 
 
+class BulkBody(BaseModel):
+    """A bulk cancel or reschedule by filter. Without ``expect`` it is a dry run that
+    counts; with ``expect`` (the dry run's count) it acts, unless the count changed."""
+
+    reason: str = Field(max_length=500)
+    due: str | None = Field(default=None, max_length=64)
+    expect: int | None = Field(default=None, ge=0)
+    target: str | None = Field(default=None, max_length=249)
+    lane: str | None = Field(default=None, max_length=64)
+    due_from: str | None = Field(default=None, max_length=64)
+    due_to: str | None = Field(default=None, max_length=64)
+    id_prefix: str | None = Field(default=None, max_length=512)
+
+
 def entry_json(entry: Pending, original: Original, topic: str) -> dict[str, Any]:
     """One pending entry with what its original says (no payload)."""
     return {"id": entry.schedule_id, "due_ms": entry.due_ms, "record_ms": entry.record_ms,
@@ -123,6 +137,14 @@ def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None
     found = console_of(request).reads.timeline(bucket_ms, chosen)
     return {"bucket_ms": found.bucket_ms, "total": found.total,
             "targets": {t: sorted(c.items()) for t, c in found.by_target.items()}}
+
+
+@router.post("/bulk/{action}")
+def bulk(request: Request, who: Acting, action: str, body: BulkBody) -> dict[str, Any]:
+    """Bulk cancel or reschedule by filter: a dry run counts, the confirmation acts."""
+    chosen = parse_filter(body.target, body.lane, body.due_from, body.due_to, body.id_prefix)
+    found = console_of(request).bulk(who, action, chosen, body.reason, body.due, body.expect)
+    return asdict(found)
 
 
 @router.post("/actions/{action}")

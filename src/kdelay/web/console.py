@@ -16,13 +16,29 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from kdelay.plumbing.clock import Clock
+from kdelay.view.listing import Filter
 from kdelay.web.access import Gate, Principal
 from kdelay.web.actions import Actions, Done, checked_id, checked_reason
 from kdelay.web.inputs import not_pending, parse_time
-from kdelay.web.problems import bad_input
+from kdelay.web.problems import Problem, bad_input
 from kdelay.web.reads import Reads
 
 ACTIONS = ("cancel", "reschedule", "deliver-now")
+BULK_ACTIONS = ("cancel", "reschedule")
+MAX_BULK = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """A bulk action by filter: how many schedules it matches (``matched``, with an id;
+    ``without_id`` cannot be named), and after the confirmation the outcomes by name
+    (None for a dry run)."""
+
+    action: str
+    matched: int
+    without_id: int
+    due_ms: int | None
+    outcomes: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +70,36 @@ class Console:
         if due_ms is not None:
             return self.actions.reschedule(who, schedule_id, due_ms, reason)
         return self.actions.deliver_now(who, schedule_id, reason)
+
+
+    def bulk(self, who: Principal, action: str, chosen: Filter, reason: str | None,
+             due: str | None = None, expect: int | None = None) -> Bulk:
+        """A dry run (``expect`` None) counts what ``chosen`` matches; the confirmation
+        (``expect``: the count the dry run showed) acts on exactly that many.
+
+        Raises :class:`~kdelay.web.problems.Problem`: 400 ``invalid-action``,
+        ``reason-required``, ``invalid-time``, ``filter-required`` (no filter
+        field: a bulk action never means "everything"), ``bulk-too-large``
+        (over :data:`MAX_BULK`); 409 ``count-changed`` when the filter now
+        matches another count than the confirmation names (nothing written).
+        """
+        if action not in BULK_ACTIONS:
+            raise bad_input("invalid-action", "a bulk action is cancel or reschedule")
+        reason = checked_reason(reason)
+        due_ms = parse_time(due or "") if action == "reschedule" else None
+        if chosen == Filter():
+            raise bad_input("filter-required", "a bulk action needs at least one filter")
+        ids, without_id = self.reads.ids(chosen)
+        if len(ids) > MAX_BULK:
+            raise bad_input("bulk-too-large", f"{len(ids)} schedules match; a bulk action "
+                            f"takes at most {MAX_BULK}: narrow the filter")
+        if expect is None:
+            return Bulk(action, len(ids), without_id, due_ms)
+        if expect != len(ids):
+            raise Problem(409, "count-changed", f"the filter now matches {len(ids)} schedules, "
+                          f"not the {expect} confirmed: nothing was written; run it dry again")
+        outcomes = self.actions.bulk(who, action, ids, reason, due_ms)
+        return Bulk(action, len(ids), without_id, due_ms, outcomes)
 
 
 def console_of(request: Request) -> Console:

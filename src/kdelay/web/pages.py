@@ -49,12 +49,31 @@ def pending(request: Request, who: Caller, target: str | None = None, lane: str 
             due_from: str | None = None, due_to: str | None = None,
             id_prefix: str | None = None, skip: int = 0, limit: int = 100) -> HTMLResponse:
     """Pending list: filtered, paged, with the true total."""
-    chosen = parse_filter(target, lane, due_from, due_to, id_prefix)
-    skip, limit = parse_page(skip, limit)
-    found = console_of(request).reads.pending(chosen, skip=skip, limit=limit)
     form = {"target": target or "", "lane": lane or "", "due_from": due_from or "",
             "due_to": due_to or "", "id_prefix": id_prefix or ""}
-    return render(request, who, "pending.html", found=found, form=form)
+    return _pending_page(request, who, form, skip, limit)
+
+
+def _pending_page(request: Request, who: Principal, form: dict[str, str], skip: int = 0,
+                  limit: int = 100, **extra: Any) -> HTMLResponse:
+    chosen = parse_filter(**form)
+    skip, limit = parse_page(skip, limit)
+    found = console_of(request).reads.pending(chosen, skip=skip, limit=limit)
+    return render(request, who, "pending.html", found=found, form=form, **extra)
+
+
+@router.post("/pending/bulk", response_class=HTMLResponse)
+def bulk(request: Request, who: Acting, action: Text, reason: OptionalText = None,
+         due: OptionalText = None, expect: Annotated[int | None, Form()] = None,
+         target: OptionalText = None, lane: OptionalText = None,
+         due_from: OptionalText = None, due_to: OptionalText = None,
+         id_prefix: OptionalText = None) -> HTMLResponse:
+    """Bulk cancel or reschedule by the list's filter: a dry run, then the confirmation."""
+    form = {"target": target or "", "lane": lane or "", "due_from": due_from or "",
+            "due_to": due_to or "", "id_prefix": id_prefix or ""}
+    found = console_of(request).bulk(who, action, parse_filter(**form), reason, due, expect)
+    return _pending_page(request, who, form, bulk=found, bulk_reason=reason or "",
+                         bulk_due=due or "")
 
 
 @router.get("/timeline", response_class=HTMLResponse)

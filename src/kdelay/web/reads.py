@@ -24,7 +24,15 @@ from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
 from kdelay.view.backlog import Backlog, backlog
 from kdelay.view.display import utc
-from kdelay.view.listing import Filter, Listing, Timeline, by_lane, listing, timeline
+from kdelay.view.listing import (
+    Filter,
+    Listing,
+    Timeline,
+    by_lane,
+    listing,
+    matching_ids,
+    timeline,
+)
 from kdelay.view.lookup import Lookup, lookup
 from kdelay.view.pending import Originals, PendingView, headers_of
 from kdelay.web.trace import Step, audit_steps, outcome_steps
@@ -161,6 +169,12 @@ class Reads:
         """Pending entries by due bucket and target."""
         with self._opened() as (view, originals, _):
             return timeline(view, originals, bucket_ms, chosen)
+
+    def ids(self, chosen: Filter) -> tuple[list[str], int]:
+        """The ids of the pending entries ``chosen`` keeps, in due order, and how many
+        entries it keeps without an id."""
+        with self._opened() as (view, originals, _):
+            return matching_ids(view, originals, chosen)
 
     def is_pending(self, schedule_id: str) -> bool:
         """Whether the view holds a pending entry for ``schedule_id``."""

@@ -54,6 +54,10 @@ class FakeReads(Reads):
     def is_pending(self, schedule_id: str) -> bool:
         return schedule_id in self.pending_ids
 
+    def ids(self, chosen: Filter) -> tuple[list[str], int]:
+        prefix = chosen.id_prefix or ""
+        return sorted(i for i in self.pending_ids if i.startswith(prefix)), 1
+
     def record(self, reference: str, *, show_payload: bool) -> Record:
         self.payload_shown.append(show_payload)
         payload = Preview("text", "the payload", 11, cut=False) if show_payload else None
@@ -82,6 +86,13 @@ class FakeActions(Actions):
 
     def deliver_now(self, who: Principal, schedule_id: str, reason: str) -> Done:
         return self._answer("deliver-now", who, schedule_id, reason, "rescheduled", NOW_MS)
+
+    def bulk(self, who: Principal, action: str, ids: list[str], reason: str,
+             due_ms: int | None = None) -> dict[str, int]:
+        outcome = "cancelled" if action == "cancel" else "rescheduled"
+        for schedule_id in ids:
+            self._answer(f"bulk-{action}", who, schedule_id, reason, outcome, due_ms)
+        return {outcome: len(ids)}
 
 
 def users_policy(**changes: object) -> Policy:
