@@ -4,8 +4,9 @@ A person's paths, clicked in Chromium: find a schedule by id and open it;
 cancel one with a reason (the page shows ``cancelled``, and a later record
 on the same target arrives while the cancelled one never does); reschedule
 one to a past time (it is delivered at once, at the new due time); a bulk
-cancel acts on the count its dry run showed; a viewer is refused every action; a form without its CSRF token fails; bad input
-answers 400 with its code; the timeline's counts are ``kdelay backlog``'s.
+cancel acts on the count its dry run showed; a viewer is refused every
+action; a form without its CSRF token fails; bad input answers 400 with its
+code; the timeline's counts are ``kdelay backlog``'s.
 
 The service runs on the system clock: a test polls for what it expects,
 within a bounded deadline, and never sleeps for a due time.
