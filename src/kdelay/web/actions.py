@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from kdelay import recurring
-from kdelay.client import DelayProducer, Ticket
+from kdelay.client import DelayProducer, RequestRefused, Ticket
 from kdelay.outcomes import NoOutcome
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
@@ -62,6 +62,21 @@ class Done:
     def encode(self) -> bytes:
         """The audit record's value: this action as a JSON object."""
         return orjson.dumps(asdict(self))
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """A record to schedule over HTTP: where, what, when (one of ``delay_ms`` and
+    ``due_ms``) and under which id."""
+
+    target: str
+    value: str | None
+    schedule_id: str
+    key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_ms: int | None = None
+    due_ms: int | None = None
+    lane: str | None = None
 
 
 def decode_done(raw: bytes) -> Done:
@@ -111,6 +126,23 @@ class Actions:
         """Flush and close both producers (bounded waits)."""
         self._requests.close(timeout=10)
         self._audit.flush(10)
+
+    def schedule(self, who: Principal, order: Order, reason: str) -> Done:
+        """Schedule a record, as ``DelayProducer.schedule`` does; the outcome is
+        ``scheduled`` or ``duplicate``. Raises :class:`Problem` 400 ``invalid-request``
+        for what the client library refuses as an argument (a reserved header, a bad
+        target, lane or id), and lets ``RequestRefused`` (``delay-too-long``) through."""
+        self._audit_partition_count()
+        try:
+            ticket = self._requests.schedule(
+                order.target, order.value, id=order.schedule_id, key=order.key,
+                headers=list(order.headers.items()), delay=order.delay_ms, due=order.due_ms,
+                lane=order.lane)
+        except RequestRefused:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise bad_input("invalid-request", str(exc)) from None
+        return self._settle("schedule", who, ticket, reason, order.due_ms)
 
     def cancel(self, who: Principal, schedule_id: str, reason: str) -> Done:
         """Cancel ``schedule_id`` (a series too, as ``kdelay cancel`` does)."""

@@ -15,10 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from kdelay.protocol.durations import parse_duration_ms
 from kdelay.view.display import preview as short
 from kdelay.view.pending import Original, Pending
+from kdelay.web.actions import Order
 from kdelay.web.console import Acting, Caller, console_of
-from kdelay.web.inputs import parse_bucket, parse_filter, parse_page
+from kdelay.web.inputs import parse_bucket, parse_filter, parse_page, parse_time
+from kdelay.web.problems import bad_input
 from kdelay.web.reads import Overview, Record
 
 router = APIRouter(tags=["console"])
@@ -31,6 +34,23 @@ class ActionBody(BaseModel):
     id: str = Field(max_length=512)
     reason: str = Field(max_length=500)
     due: str | None = Field(default=None, max_length=64)
+
+
+class ScheduleBody(BaseModel):
+    """A record to schedule: the target, the value (UTF-8 text), an optional key and
+    headers, exactly one of ``delay`` (``30s``, ``5m``, ms) and ``due`` (as for a
+    reschedule), the schedule id (required: its outcome and audit are found by it),
+    an optional lane, and why."""
+
+    target: str = Field(max_length=249)
+    value: str | None = Field(default=None, max_length=1_000_000)
+    id: str = Field(max_length=512)
+    reason: str = Field(max_length=500)
+    key: str | None = Field(default=None, max_length=10_000)
+    headers: dict[str, str] = Field(default_factory=dict, max_length=100)
+    delay: str | None = Field(default=None, max_length=32)
+    due: str | None = Field(default=None, max_length=64)
+    lane: str | None = Field(default=None, max_length=64)
 
 
 class BulkBody(BaseModel):
@@ -137,6 +157,21 @@ def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None
     found = console_of(request).reads.timeline(bucket_ms, chosen)
     return {"bucket_ms": found.bucket_ms, "total": found.total,
             "targets": {t: sorted(c.items()) for t, c in found.by_target.items()}}
+
+
+@router.post("/schedules")
+def schedule_record(request: Request, who: Acting, body: ScheduleBody) -> dict[str, Any]:
+    """Schedule a record through the request protocol; answers ``scheduled`` or
+    ``duplicate`` (an id already pending, or remembered)."""
+    if (body.delay is None) == (body.due is None):
+        raise bad_input("invalid-time", "give exactly one of delay and due")
+    try:
+        delay_ms = None if body.delay is None else parse_duration_ms(body.delay)
+    except ValueError as exc:
+        raise bad_input("invalid-time", str(exc)) from None
+    order = Order(body.target, body.value, body.id, body.key, body.headers, delay_ms,
+                  None if body.due is None else parse_time(body.due), body.lane)
+    return asdict(console_of(request).schedule(who, order, body.reason))
 
 
 @router.post("/bulk/{action}")

@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from kdelay.plumbing.clock import Clock
 from kdelay.view.listing import Filter
 from kdelay.web.access import Gate, Principal
-from kdelay.web.actions import Actions, Done, checked_id, checked_reason
+from kdelay.web.actions import Actions, Done, Order, checked_id, checked_reason
 from kdelay.web.inputs import not_pending, parse_time
 from kdelay.web.problems import Problem, bad_input
 from kdelay.web.reads import Reads
@@ -71,6 +71,12 @@ class Console:
             return self.actions.reschedule(who, schedule_id, due_ms, reason)
         return self.actions.deliver_now(who, schedule_id, reason)
 
+
+    def schedule(self, who: Principal, order: Order, reason: str | None) -> Done:
+        """Check the id and the reason, then schedule ``order`` (see
+        :meth:`~kdelay.web.actions.Actions.schedule`)."""
+        checked_id(order.schedule_id)
+        return self.actions.schedule(who, order, checked_reason(reason))
 
     def bulk(self, who: Principal, action: str, chosen: Filter, reason: str | None,
              due: str | None = None, expect: int | None = None) -> Bulk:

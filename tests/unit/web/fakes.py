@@ -17,7 +17,7 @@ from kdelay.view.backlog import Backlog
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
 from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
-from kdelay.web.actions import Actions, Done
+from kdelay.web.actions import Actions, Done, Order
 from kdelay.web.app import create_app
 from kdelay.web.console import Console
 from kdelay.web.reads import Overview, Preview, Reads, Record
@@ -70,6 +70,7 @@ class FakeActions(Actions):
 
     def __init__(self) -> None:
         self.done: list[Done] = []
+        self.orders: list[Order] = []
 
     def _answer(self, action: str, who: Principal, schedule_id: str, reason: str,
                 outcome: str, due_ms: int | None = None) -> Done:
@@ -77,6 +78,11 @@ class FakeActions(Actions):
                     "kdelay.requests/0/7", outcome, None, due_ms)
         self.done.append(done)
         return done
+
+    def schedule(self, who: Principal, order: Order, reason: str) -> Done:
+        self.orders.append(order)
+        return self._answer("schedule", who, order.schedule_id, reason, "scheduled",
+                            order.due_ms)
 
     def cancel(self, who: Principal, schedule_id: str, reason: str) -> Done:
         return self._answer("cancel", who, schedule_id, reason, "cancelled")
