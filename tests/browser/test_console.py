@@ -282,6 +282,11 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
     page.goto(stack.open.url + "/")
     assert int(page.text_content("#pending-total") or "") == counted["pending"]
     page.screenshot(path=shots / "overview.png", full_page=True)
+    page.goto(stack.open.url + "/retention")
+    checked = run_cli(cli_env(stack), "retention", "check", "--json")
+    assert checked.returncode in (0, 3), checked.stderr
+    assert int(page.text_content("#at-risk") or "") == json.loads(checked.stdout)["at_risk"]
+    page.screenshot(path=shots / "retention.png", full_page=True)
     page.goto(stack.open.url + "/pending?id_prefix=load-&limit=5")
     assert page.text_content("#total").startswith("12 matches")
     assert len(page.query_selector_all("#pending tr")) == 6  # the head row and 5

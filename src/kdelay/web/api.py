@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from kdelay.protocol.durations import parse_duration_ms
 from kdelay.view.display import preview as short
+from kdelay.view.display import retention_json
 from kdelay.view.pending import Original, Pending
 from kdelay.web.actions import Order
 from kdelay.web.console import Acting, Caller, console_of
@@ -145,6 +147,12 @@ def schedule(request: Request, who: Caller, reference: str) -> dict[str, Any]:
     shown = who.can_act or console.gate.policy.payloads_for_viewers
     found = console.reads.record(reference, show_payload=shown)
     return record_json(found, console.reads.requests_topic)
+
+
+@router.get("/retention")
+def retention(request: Request, _: Caller) -> Any:
+    """``kdelay retention check --json``: originals retention may delete before they are due."""
+    return orjson.loads(retention_json(console_of(request).reads.retention()))
 
 
 @router.get("/timeline")

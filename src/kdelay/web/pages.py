@@ -85,6 +85,12 @@ def timeline(request: Request, who: Caller, bucket: str = "1h",
                   form={"target": target or "", "lane": lane or ""})
 
 
+@router.get("/retention", response_class=HTMLResponse)
+def retention(request: Request, who: Caller) -> HTMLResponse:
+    """Retention guard: pending originals retention may delete before they are due."""
+    return render(request, who, "retention.html", report=console_of(request).reads.retention())
+
+
 def _record_page(request: Request, who: Principal, reference: str,
                  done: Done | None = None) -> HTMLResponse:
     console = console_of(request)

@@ -35,6 +35,7 @@ from kdelay.view.listing import (
 )
 from kdelay.view.lookup import Lookup, lookup
 from kdelay.view.pending import Originals, PendingView, headers_of
+from kdelay.view.retention import RetentionReport, check
 from kdelay.web.trace import Step, audit_steps, outcome_steps
 
 PREVIEW_BYTES = 4_096
@@ -169,6 +170,12 @@ class Reads:
         """Pending entries by due bucket and target."""
         with self._opened() as (view, originals, _):
             return timeline(view, originals, bucket_ms, chosen)
+
+    def retention(self) -> RetentionReport:
+        """The retention check of ``kdelay retention check``: which pending originals
+        retention may delete before they are due, per partition."""
+        with self._opened() as (view, _, now_ms):
+            return check(self._settings, view, now_ms)
 
     def ids(self, chosen: Filter) -> tuple[list[str], int]:
         """The ids of the pending entries ``chosen`` keeps, in due order, and how many

@@ -16,6 +16,7 @@ from kdelay.plumbing.clock import ManualClock
 from kdelay.view.backlog import Backlog
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
+from kdelay.view.retention import PartitionRetention, RetentionReport
 from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
 from kdelay.web.actions import Actions, Done, Order
 from kdelay.web.app import create_app
@@ -53,6 +54,12 @@ class FakeReads(Reads):
 
     def is_pending(self, schedule_id: str) -> bool:
         return schedule_id in self.pending_ids
+
+    def retention(self) -> RetentionReport:
+        figures = PartitionRetention(0, 0, pending=1, oldest_due_ms=NOW_MS + 60_000,
+                                     headroom_ms=86_400_000)
+        return RetentionReport("kdelay.requests", NOW_MS, 604_800_000, -1, None, None, None,
+                               60_000, 7_200_000, [figures])
 
     def ids(self, chosen: Filter) -> tuple[list[str], int]:
         prefix = chosen.id_prefix or ""

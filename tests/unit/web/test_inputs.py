@@ -132,13 +132,15 @@ def test_the_openapi_schema_lists_the_api() -> None:
     paths = set(schema["paths"])
     assert {"/api/v1/session", "/api/v1/overview", "/api/v1/schedules",
             "/api/v1/schedules/{reference}", "/api/v1/timeline",
-            "/api/v1/actions/{action}"} <= paths
+            "/api/v1/actions/{action}", "/api/v1/retention", "/api/v1/bulk/{action}"} <= paths
     assert not any(path in paths for path in ("/", "/pending", "/record/{action}"))
 
 
 def test_every_page_renders() -> None:
     app, _, _ = console_app(Policy())
     web = client(app)
+    assert web.get("/api/v1/retention").json()["recommended_retention_ms"] == 7_200_000
     for path in ("/", "/pending", "/timeline?bucket=1m", "/record", "/record?ref=order-42",
+                 "/retention",
                  "/static/htmx-2.0.8.min.js", "/static/htmx-LICENSE.txt"):
         assert web.get(path).status_code == 200, path
