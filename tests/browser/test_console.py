@@ -281,6 +281,8 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
 
     page.goto(stack.open.url + "/")
     assert int(page.text_content("#pending-total") or "") == counted["pending"]
+    assert page.eval_on_selector_all("#instances td.partitions",
+                                     "cells => cells.map(c => c.textContent)") == ["0, 1"]
     page.screenshot(path=shots / "overview.png", full_page=True)
     page.goto(stack.open.url + "/retention")
     checked = run_cli(cli_env(stack), "retention", "check", "--json")

@@ -5,6 +5,8 @@
 - :mod:`~kdelay.view.backlog`: ``due`` and ``backlog``;
   :mod:`~kdelay.view.lookup`: ``show``; :mod:`~kdelay.view.retention`: the
   retention check; :mod:`~kdelay.view.display`: their tables and JSON;
+- :mod:`~kdelay.view.listing`: the console's filtered pages and timelines;
+  :mod:`~kdelay.view.members`: which instances serve which partitions;
 - :mod:`~kdelay.view.stats`: ``kdelay stats`` from running instances' metrics;
 - :mod:`~kdelay.view.tail`: print records as they arrive on a topic;
 - :mod:`~kdelay.view.export`: ``export`` and ``import`` of pending schedules,

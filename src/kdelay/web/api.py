@@ -89,7 +89,8 @@ def overview_json(found: Overview) -> dict[str, Any]:
             "furthest_due_ms": None if counted is None else counted.latest_due_ms,
             "by_target": None if counted is None else counted.by_target,
             "by_partition": None if counted is None else counted.by_partition,
-            "by_lane": found.lanes}
+            "by_lane": found.lanes,
+            "group": None if found.group is None else asdict(found.group)}
 
 
 def record_json(found: Record, topic: str) -> dict[str, Any]:

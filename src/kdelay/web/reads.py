@@ -34,6 +34,7 @@ from kdelay.view.listing import (
     timeline,
 )
 from kdelay.view.lookup import Lookup, lookup
+from kdelay.view.members import Membership, membership
 from kdelay.view.pending import Originals, PendingView, headers_of
 from kdelay.view.retention import RetentionReport, check
 from kdelay.web.trace import Step, audit_steps, outcome_steps
@@ -44,7 +45,8 @@ HOUR_MS = 3_600_000
 
 @dataclass(frozen=True, slots=True)
 class Overview:
-    """The overview screen: the backlog, split by target and lane, and whether Kafka answers.
+    """The overview screen: the backlog, split by target and lane, the service's group
+    (who serves which partitions, intake lag), and whether Kafka answers.
 
     ``backlog`` and ``lanes`` are None when Kafka does not answer (``kafka_error``).
     """
@@ -53,6 +55,7 @@ class Overview:
     kafka_error: str | None
     backlog: Backlog | None = None
     lanes: dict[str, int] = field(default_factory=dict)
+    group: Membership | None = None
 
     @property
     def oldest_overdue_ms(self) -> int | None:
@@ -159,7 +162,8 @@ class Reads:
             return Overview(self._clock.now_ms(), problem)
         with self._opened() as (view, originals, now_ms):
             counted = backlog(view, now_ms, HOUR_MS, originals)
-            return Overview(now_ms, None, counted, by_lane(view, originals))
+            lanes = by_lane(view, originals)
+        return Overview(now_ms, None, counted, lanes, membership(self._settings))
 
     def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
         """The pending entries ``chosen`` keeps: a page of them and the true total."""

@@ -16,6 +16,7 @@ from kdelay.plumbing.clock import ManualClock
 from kdelay.view.backlog import Backlog
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
+from kdelay.view.members import Member, Membership
 from kdelay.view.retention import PartitionRetention, RetentionReport
 from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
 from kdelay.web.actions import Actions, Done, Order
@@ -44,7 +45,8 @@ class FakeReads(Reads):
             raise self.fail_with
         counted = Backlog(NOW_MS, 1, 0, NOW_MS + 60_000, NOW_MS + 60_000, 3_600_000,
                           [(NOW_MS, 1)], {0: 1}, {"orders": 1})
-        return Overview(NOW_MS, None, counted, {"(none)": 1})
+        group = Membership("stable", [Member("host-1", "kdelay", "/10.0.0.1", [0])], {0: 0})
+        return Overview(NOW_MS, None, counted, {"(none)": 1}, group)
 
     def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
         return Listing(0, [], skip, limit)
