@@ -154,7 +154,8 @@ def test_audit_counts_every_class(
     seeded = _seed(deployment, admin, orders, refunds, kdelay, receiver)
     settings = Settings(bootstrap_servers=deployment.bootstrap,
                         requests_topic=deployment.requests,
-                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq,
+                        outcomes_topic=deployment.outcomes)
 
     report, table = audit(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
     assert table.count() == report.requests
@@ -164,7 +165,8 @@ def test_audit_counts_every_class(
         "requests": 16, "delivered_once": 4, "delivered_more_than_once": 1, "extra_copies": 1,
         "pending": 3, "overdue": 1, "cancelled": 2, "deduplicated": 1,
         "dead_lettered": {"bad-time": 1, "expired": 1, "missing-target": 1}, "lost": 1,
-        "early": 1, "lateness_ms": None, "lateness_ms_by_target": None, "missing_topics": []}
+        "early": 1, "lateness_ms": None, "lateness_ms_by_target": None, "missing_topics": [],
+        "reschedules": {"rescheduled": 0, "unknown": 0, "too_late": 0, "unanswered": 0}}
     _check_lateness(report, seeded)
     assert not report.clean(exactly_once=False)
     _check_cli(deployment, int(str(seeded["stopped"])), tmp_path)
@@ -221,7 +223,8 @@ def test_audit_of_one_lane_counts_only_that_lanes_requests(
     _wait_indexed(deployment, 1, far_dev2)
     settings = Settings(bootstrap_servers=deployment.bootstrap,
                         requests_topic=deployment.requests,
-                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq,
+                        outcomes_topic=deployment.outcomes)
 
     def outcomes(lane: str | None) -> dict[str, object]:
         window = AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS, lane=lane)
@@ -320,7 +323,8 @@ def test_audit_follows_ids_written_off_their_partition_through_their_forwards(
     out.until(lambda: len(out.received) >= 1, "the due one delivered")
     settings = Settings(bootstrap_servers=deployment.bootstrap,
                         requests_topic=deployment.requests,
-                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq,
+                        outcomes_topic=deployment.outcomes)
     report, table = audit(spark, settings, AuditWindow(now_ms=_now(), settle_ms=SETTLE_MS))
     table.unpersist()
     found = {k: v for k, v in report.to_json().items() if v and k in (

@@ -215,7 +215,8 @@ def test_audit_and_forecast_on_a_standalone_cluster_equal_local_mode(
     _seed(deployment, target, base)
     settings = Settings(bootstrap_servers=deployment.bootstrap,
                         requests_topic=deployment.requests,
-                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq)
+                        changelog_topic=deployment.changelog, dlq_topic=deployment.dlq,
+                        outcomes_topic=deployment.outcomes)
     local_audit, table = audit(spark, settings, AuditWindow(now_ms=base))
     table.unpersist()
     local_forecast, cube = forecast(spark, settings, ForecastWindow(base, 24 * HOUR_MS, HOUR_MS))

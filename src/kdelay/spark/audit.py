@@ -36,6 +36,32 @@ A request's lane is its ``kdelay-lane`` header, read from the request or, when
 retention has deleted it, from its DLQ copy; deliveries carry no lane, so a
 request seen only through its deliveries has none. An audit of one lane keeps
 the requests of that lane.
+
+Reschedules. A ``kdelay-reschedule`` request is no schedule: it moves one. A
+schedule is judged against its *latest accepted due time*: the new due time of
+the last reschedule the service applied to it before its first delivery (any,
+while none went out), else its own. Its lateness counts from that time, and
+its first delivery is early when it came before it, whatever due time the
+delivered record claims. Each reschedule request (not dead-lettered) is
+counted apart by what the service answered it: ``rescheduled`` (applied),
+``unknown`` (no schedule held the id, or it was cancelled), ``too_late`` (the
+schedule was delivered or dead-lettered first) or ``unanswered`` (no answer:
+not read yet, the outcomes topic is missing, or compaction dropped it). A
+dead-lettered one (``bad-reschedule``, ``delay-too-long``) is a dead-lettered
+request like a malformed cancel.
+
+Which reschedules were applied, and in what order, is read from the outcomes
+topic: the ``rescheduled`` record the service writes for each one it applies,
+naming the reschedule request and the schedule it moved, with the time of the
+decision. That record is the service's own decision, taken where the id lives;
+the requests alone cannot tell an applied reschedule from one that lost the
+race with the due instant (``already-delivered``), and the changelog cannot
+either: it keeps a moved entry's due key only until the entry is done and
+compacted, while the audit judges deliveries long after. The new time itself is
+the reschedule request's (resolved on the forward record for one written off
+its id's partition). Where the outcome record is gone (no outcomes topic,
+compaction kept a later answer of the id), the schedule is judged as it was
+delivered, pending or dead-lettered, by the due time kdelay recorded there.
 """
 
 from __future__ import annotations
@@ -63,6 +89,16 @@ DEAD_LETTERED = "dead_lettered"
 LOST = "lost"
 OUTCOMES = (DELIVERED_ONCE, DELIVERED_MORE, PENDING, OVERDUE, CANCELLED, DEDUPLICATED,
             DEAD_LETTERED, LOST)
+RESCHEDULED = "rescheduled"
+UNKNOWN = "unknown"
+TOO_LATE = "too_late"
+UNANSWERED = "unanswered"
+RESCHEDULE_OUTCOMES = (RESCHEDULED, UNKNOWN, TOO_LATE, UNANSWERED)
+"""What became of a reschedule request (see the module docstring)."""
+_ANSWERS = {"rescheduled": RESCHEDULED, "unknown": UNKNOWN, "already-delivered": TOO_LATE,
+            "dead-lettered": TOO_LATE}
+"""The service's answers to a reschedule (:class:`~kdelay.protocol.codec.Answer`), as counted."""
+_ANSWER_SCHEMA = "request string, outcome string, schedule string, at_ms bigint"
 DELIVERY_FAILURES = frozenset({ErrorCode.MISMATCH, ErrorCode.EXPIRED, ErrorCode.UNDELIVERABLE})
 """DLQ reasons of requests that were scheduled first (the others are intake rejections)."""
 DEFAULT_SETTLE_MS = 60_000
@@ -111,6 +147,7 @@ class AuditReport:
     lateness: Lateness
     lateness_by_target: Mapping[str, Lateness]
     missing_topics: tuple[str, ...] = field(default=())
+    reschedules: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -132,6 +169,7 @@ class AuditReport:
             "lateness_ms": self.lateness.to_json(),
             "lateness_ms_by_target": {t: v.to_json() for t, v in self.lateness_by_target.items()},
             "missing_topics": list(self.missing_topics),
+            "reschedules": {o: self.reschedules.get(o, 0) for o in RESCHEDULE_OUTCOMES},
         }
 
 
@@ -141,7 +179,8 @@ def origin_prefix(settings: Settings) -> str:
 
 
 def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
-    """One row per request record: coordinates, time, target, id, cancel, due, lane."""
+    """One row per request record: coordinates, time, target, id, cancel, reschedule,
+    due (a reschedule's new one), lane and forward."""
     ts = F.col("ts_ms")
     levels = F.array(*(F.lit(level) for level in settings.levels))
     level = header(envelope.LEVEL).try_cast("int")
@@ -154,7 +193,8 @@ def requests_frame(settings: Settings, raw: DataFrame) -> DataFrame:
         "partition", "offset", ts.alias("ts_ms"),
         header(envelope.TARGET).alias("target"), header(envelope.SCHEDULE_ID).alias("sid"),
         header(envelope.CANCEL).alias("cancel"), due.alias("due_ms"),
-        header(envelope.LANE).alias("lane"), header(forward.FORWARD).alias("forward"))
+        header(envelope.LANE).alias("lane"), header(forward.FORWARD).alias("forward"),
+        header(envelope.RESCHEDULE).alias("reschedule"))
 
 
 def delivery_traces(settings: Settings, raw: DataFrame) -> DataFrame:
@@ -171,6 +211,51 @@ def dead_letter_traces(settings: Settings, raw: DataFrame) -> DataFrame:
                       millis(envelope.DUE_MS).alias("dlq_due"),
                       header(envelope.LANE).alias("dlq_lane")).where(
         F.col("origin").startswith(origin_prefix(settings)))
+
+
+def answers_frame(settings: Settings, raw: DataFrame) -> DataFrame:
+    """The outcomes topic's answers that a reschedule can get, of this deployment's requests.
+
+    Columns: ``request`` (where it was written), ``answer`` (the service's
+    word), ``schedule`` (the origin of the schedule it answered for, when one
+    held the id) and ``order``, the order the service decided them in: its
+    clock, then the offset (one id's answers share a partition). Answers to
+    schedules (``scheduled``, ``duplicate``) and ``cancelled`` are left out.
+    """
+    body = F.from_json(F.col("value").cast("string"), _ANSWER_SCHEMA)
+    return raw.select(
+        body["request"].alias("request"), body["outcome"].alias("answer"),
+        body["schedule"].alias("schedule"),
+        F.struct(body["at_ms"].alias("at"), F.col("offset").alias("offset")).alias("order"),
+    ).where(F.col("request").startswith(origin_prefix(settings))
+            & F.col("answer").isin(*_ANSWERS))
+
+
+def _asked(settings: Settings) -> Column:
+    """The origin of the request a row stands for: where it was written, which for a
+    forwarded record is its ``kdelay-forward`` (outcome records name that one)."""
+    return F.when(F.col("forward").isNotNull(),
+                  F.concat(F.lit(origin_prefix(settings)), F.col("forward"))).otherwise(
+        F.col("origin"))
+
+
+def moves_frame(settings: Settings, requests: DataFrame, answers: DataFrame) -> DataFrame:
+    """One row per reschedule the service applied: the schedule's origin and the move
+    (``at``, ``offset``: when it was decided; ``due``: the new due time).
+
+    The new due time is the reschedule's own, resolved by intake where it was
+    forwarded (the forward record's absolute ``kdelay-due-ms``), else as the
+    request states it.
+    """
+    rows = requests.where(F.col("reschedule").isNotNull())
+    news = rows.groupBy(_asked(settings).alias("request")).agg(F.coalesce(
+        F.max(F.when(F.col("forward").isNotNull(), F.col("due_ms"))), F.max("due_ms")
+    ).alias("due"))
+    applied = answers.where((F.col("answer") == "rescheduled") & F.col("schedule").isNotNull())
+    return applied.join(news, "request").select(
+        F.col("schedule").alias("origin"),
+        F.struct(F.col("order.at").alias("at"), F.col("order.offset").alias("offset"),
+                 F.col("due").alias("due")).alias("move"))
 
 
 def pending_frame(raw: DataFrame) -> DataFrame:
@@ -225,21 +310,26 @@ def pending_traces(settings: Settings, pending: DataFrame) -> DataFrame:
 
 
 def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
-           dead: DataFrame, pending: DataFrame) -> DataFrame:
-    """Every request (and orphan) with its deliveries, DLQ reason and pending entry.
+           dead: DataFrame, pending: DataFrame, moves: DataFrame) -> DataFrame:
+    """Every request (and orphan) with its deliveries, DLQ reason, pending entry and
+    the due time its reschedules moved it to.
 
-    The four kinds of rows are stacked and grouped by origin once: one shuffle,
+    The five kinds of rows are stacked and grouped by origin once: one shuffle,
     where joins would take one each. An origin with no request row is an
-    orphan: its partition and offset come from the origin itself.
+    orphan: its partition and offset come from the origin itself. ``moved_due``
+    is the due time of the last move decided before the first delivery (or
+    ever, when none went out): the latest accepted due time.
     """
     stacked = requests.unionByName(deliveries, allowMissingColumns=True).unionByName(
         dead, allowMissingColumns=True).unionByName(
-        pending_traces(settings, pending), allowMissingColumns=True)
+        pending_traces(settings, pending), allowMissingColumns=True).unionByName(
+        moves, allowMissingColumns=True)
     copies = F.count("d_ts")
     grouped = stacked.groupBy("origin").agg(
         F.max("ts_ms").alias("ts_ms"), F.max("target").alias("target"),
         F.max("sid").alias("sid"), F.max("cancel").alias("cancel"),
-        F.max("forward").alias("forward"), F.max("due_ms").alias("due_ms"),
+        F.max("forward").alias("forward"), F.max("reschedule").alias("reschedule"),
+        F.max("due_ms").alias("due_ms"), F.collect_list("move").alias("moves"),
         F.when(copies > 0, copies).alias("copies"), F.min("d_ts").alias("first_ms"),
         F.min_by("d_topic", "d_ts").alias("delivered_to"),
         F.max("d_due").alias("delivered_due"),
@@ -247,10 +337,13 @@ def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
         F.min("reason").alias("reason"), F.max("dlq_due").alias("dlq_due"),
         F.max("pending_due").alias("pending_due"),
         F.coalesce(F.max("lane"), F.max("dlq_lane")).alias("lane"))
+    first = F.col("first_ms")
+    in_force = F.filter("moves", lambda move: first.isNull() | (move["at"] <= first))
+    grouped = grouped.withColumn("moved_due", F.array_max(in_force)["due"]).drop("moves")
     parts = F.split("origin", "/")
     rejected = F.col("reason").isNotNull() & ~F.col("reason").isin(
         *(code.value for code in DELIVERY_FAILURES))
-    due = F.coalesce("delivered_due", "pending_due", "dlq_due", "due_ms")
+    due = F.coalesce("moved_due", "delivered_due", "pending_due", "dlq_due", "due_ms")
     evidence = F.col("copies").isNotNull() | F.col("reason").isNotNull() | F.col(
         "pending_due").isNotNull()
     return grouped.select(
@@ -263,7 +356,8 @@ def joined(settings: Settings, requests: DataFrame, deliveries: DataFrame,
 def _at_id_partition(rows: DataFrame) -> DataFrame:
     """The rows of an id's chain where its index sees them: a schedule written off its id's
     partition takes the place of its forward record (``kdelay-forward``) there."""
-    forwards = rows.where(F.col("forward").isNotNull() & F.col("cancel").isNull()).select(
+    forwards = rows.where(F.col("forward").isNotNull() & F.col("cancel").isNull()
+                          & F.col("reschedule").isNull()).select(
         F.concat(F.regexp_extract("origin", r"^(.*/)[0-9]+/[0-9]+$", 1),
                  F.col("forward")).alias("origin"),
         F.col("partition").alias("at_partition"), F.col("offset").alias("at_offset"))
@@ -276,12 +370,14 @@ def _at_id_partition(rows: DataFrame) -> DataFrame:
 def id_verdicts(rows: DataFrame) -> DataFrame:
     """Per origin of a request with a schedule id and no evidence: deduplicated or cancelled.
 
-    Only accepted schedules and valid cancels that carry an id take part, grouped
+    Only accepted schedules and valid cancels that carry an id take part (a
+    reschedule moves its schedule, it holds or ends nothing), grouped
     by (partition, id) in offset order, as intake sees them: on the id's
     partition, where a request written elsewhere arrives as its forward.
     """
     sid = F.coalesce("cancel", "sid")
-    chain = _at_id_partition(rows).where(sid.isNotNull() & ~F.col("rejected")).select(
+    chain = _at_id_partition(rows).where(
+        sid.isNotNull() & ~F.col("rejected") & F.col("reschedule").isNull()).select(
         "origin", "partition", "offset", "ts_ms", "first_ms", "evidence", sid.alias("id"),
         F.col("cancel").isNotNull().alias("is_cancel"))
     order = Window.partitionBy("partition", "id").orderBy("offset")
@@ -318,15 +414,48 @@ def classified(rows: DataFrame, window: AuditWindow) -> DataFrame:
                .when(due > now - window.settle_ms, OVERDUE)
                .otherwise(LOST))
     # A forward record is not a request: its original is one, where it was written.
-    schedules = rows.where((F.col("cancel").isNull() & F.col("forward").isNull())
-                           | F.col("reason").isNotNull())
+    # Cancels and reschedules are no schedules, unless dead-lettered.
+    schedules = rows.where((F.col("cancel").isNull() & F.col("forward").isNull()
+                            & F.col("reschedule").isNull()) | F.col("reason").isNotNull())
     schedules = _bounded(schedules, window)
     return schedules.select(
         "origin", "partition", "offset", "ts_ms", F.coalesce("target", "delivered_to").alias(
             "target"), "lane", F.col("sid").alias("schedule_id"), F.col("due").alias("due_ms"),
         outcome.alias("outcome"), "reason", F.coalesce("copies", F.lit(0)).alias("copies"),
         "first_ms", (F.col("first_ms") - F.col("due")).alias("lateness_ms"),
-        (F.coalesce("early_copies", F.lit(0)) > 0).alias("early"))
+        ((F.coalesce("early_copies", F.lit(0)) > 0)
+         | F.coalesce(F.col("first_ms") < F.col("moved_due"), F.lit(False))).alias("early"))
+
+
+def reschedule_verdicts(settings: Settings, rows: DataFrame, answers: DataFrame,
+                        window: AuditWindow) -> DataFrame:
+    """One row per reschedule request (where written) that is not dead-lettered: its
+    origin, record time, schedule id and outcome (``rescheduled``, ``unknown``,
+    ``too_late`` or ``unanswered``), by the service's last answer to it.
+
+    A dead-lettered one (``bad-reschedule``, ``delay-too-long``, here or at the
+    id's partition it was forwarded to) is a dead-lettered request of the
+    classified table instead. With a lane, a reschedule counts in the lane of
+    the schedule its answer names (one answered ``unknown`` for an id never
+    scheduled names none).
+    """
+    asks = rows.where(F.col("reschedule").isNotNull()).groupBy(
+        _asked(settings).alias("origin")).agg(
+        F.coalesce(F.max(F.when(F.col("forward").isNull(), F.col("ts_ms"))),
+                   F.max("ts_ms")).alias("time_ms"),
+        F.max("reschedule").alias("schedule_id"), F.min("reason").alias("reason"))
+    latest = answers.groupBy(F.col("request").alias("origin")).agg(
+        F.max_by("answer", "order").alias("answer"),
+        F.max_by("schedule", "order").alias("schedule"))
+    verdict = F.coalesce(F.create_map(*(F.lit(x) for pair in _ANSWERS.items() for x in pair))[
+        F.col("answer")], F.lit(UNANSWERED))
+    table = asks.where(F.col("reason").isNull()).join(latest, "origin", "left")
+    if window.lane is not None:
+        lanes = rows.select(F.col("origin").alias("schedule"), "lane")
+        table = table.join(lanes, "schedule", "left")
+    return _bounded(table, window).select(
+        "origin", F.col("time_ms").alias("ts_ms"), "schedule_id", verdict.alias("outcome"),
+        "schedule")
 
 
 def _bounded(rows: DataFrame, window: AuditWindow) -> DataFrame:
@@ -343,17 +472,29 @@ def _bounded(rows: DataFrame, window: AuditWindow) -> DataFrame:
     return rows
 
 
-def request_table(spark: SparkSession, settings: Settings,
-                  window: AuditWindow) -> tuple[DataFrame, list[DataFrame], tuple[str, ...]]:
-    """Read the topics; return the per-request table, the frames it persisted, missing topics.
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """What :func:`request_table` builds: the per-request table, the reschedules'
+    verdicts, the frames persisted on the way (unpersist them when done) and the
+    topics named but missing."""
 
-    The requests, DLQ and changelog are pinned first; the target topics are
-    pinned once the requests have named them, so a delivery that happened in
-    between is seen rather than taken for a loss. The requests (the targets are
-    read from them) and the joined rows (classification reads them twice) are
-    persisted; unpersist them when done.
+    requests: DataFrame
+    reschedules: DataFrame
+    cached: list[DataFrame]
+    missing: tuple[str, ...]
+
+
+def request_table(spark: SparkSession, settings: Settings, window: AuditWindow) -> Tables:
+    """Read the topics; return the per-request table and the reschedules' verdicts.
+
+    The requests, DLQ, changelog and outcomes are pinned first; the target
+    topics are pinned once the requests have named them, so a delivery that
+    happened in between is seen rather than taken for a loss. The requests (the
+    targets are read from them), the reschedules' answers and the joined rows
+    (classification reads them twice) are persisted.
     """
-    own = [settings.requests_topic, settings.dlq_topic, settings.changelog_topic]
+    own = [settings.requests_topic, settings.dlq_topic, settings.changelog_topic,
+           settings.outcomes_topic]
     snap = source.snapshot(settings, own)
     raw_requests = source.read(spark, settings, snap, [settings.requests_topic])
     requests = requests_frame(settings, raw_requests).persist()
@@ -362,8 +503,12 @@ def request_table(spark: SparkSession, settings: Settings,
     deliveries = delivery_traces(settings, source.read(spark, settings, target_snap, targets))
     dead = dead_letter_traces(settings, source.read(spark, settings, snap, [settings.dlq_topic]))
     pending = pending_frame(source.read(spark, settings, snap, [settings.changelog_topic]))
-    rows = joined(settings, requests, deliveries, dead, pending).persist()
-    return classified(rows, window), [requests, rows], (*snap.missing, *target_snap.missing)
+    answers = answers_frame(settings, source.read(
+        spark, settings, snap, [settings.outcomes_topic])).persist()
+    moves = moves_frame(settings, requests, answers)
+    rows = joined(settings, requests, deliveries, dead, pending, moves).persist()
+    return Tables(classified(rows, window), reschedule_verdicts(settings, rows, answers, window),
+                  [requests, answers, rows], (*snap.missing, *target_snap.missing))
 
 
 def _targets(requests: DataFrame) -> tuple[str, ...]:
@@ -372,8 +517,10 @@ def _targets(requests: DataFrame) -> tuple[str, ...]:
     return tuple(sorted(row["target"] for row in names.collect()))
 
 
-def summarize(table: DataFrame, missing: tuple[str, ...] = ()) -> AuditReport:
-    """Aggregate the per-request table into the report in two passes over it.
+def summarize(table: DataFrame, missing: tuple[str, ...] = (),
+              reschedules: DataFrame | None = None) -> AuditReport:
+    """Aggregate the per-request table into the report in two passes over it, and
+    count the ``reschedules`` (:func:`reschedule_verdicts`) by outcome.
 
     Only aggregates reach the driver: one row per (outcome, reason) and one
     per target. Persist ``table`` first when it is read from Kafka.
@@ -390,8 +537,10 @@ def summarize(table: DataFrame, missing: tuple[str, ...] = ()) -> AuditReport:
         if row["outcome"] == DEAD_LETTERED:
             reasons[row["reason"]] = row["n"]
     overall, by_target = _lateness(table)
+    moved = {} if reschedules is None else {
+        row["outcome"]: row["count"] for row in reschedules.groupBy("outcome").count().collect()}
     return AuditReport(counts, dict(sorted(reasons.items())), extra, early, overall, by_target,
-                       missing)
+                       missing, moved)
 
 
 def _lateness(table: DataFrame) -> tuple[Lateness, dict[str, Lateness]]:
@@ -420,10 +569,10 @@ def audit(spark: SparkSession, settings: Settings,
     The caller unpersists the table when done with it. Raises
     :class:`confluent_kafka.KafkaException` when the cluster cannot be read.
     """
-    table, cached, missing = request_table(spark, settings, window)
-    table = table.persist()
+    tables = request_table(spark, settings, window)
+    table = tables.requests.persist()
     try:
-        return summarize(table, missing), table
+        return summarize(table, tables.missing, tables.reschedules), table
     finally:
-        for frame in cached:
+        for frame in tables.cached:
             frame.unpersist()

@@ -7,12 +7,18 @@ from datetime import UTC, datetime
 from rich.console import Group as Stack
 from rich.table import Table
 
-from kdelay.spark.audit import DEAD_LETTERED, OUTCOMES, AuditReport, Lateness
+from kdelay.spark.audit import (
+    DEAD_LETTERED,
+    OUTCOMES,
+    RESCHEDULE_OUTCOMES,
+    AuditReport,
+    Lateness,
+)
 from kdelay.spark.forecast import ForecastReport
 
 
 def audit_tables(report: AuditReport) -> Stack:
-    """The outcome counts (with DLQ reasons) and the lateness per target."""
+    """The outcome counts (with DLQ reasons), the reschedules' and the lateness per target."""
     outcomes = Table("outcome", "requests", title=f"audit of {report.requests} requests")
     for outcome in OUTCOMES:
         outcomes.add_row(outcome, str(report.counts.get(outcome, 0)))
@@ -25,7 +31,10 @@ def audit_tables(report: AuditReport) -> Stack:
     lateness.add_row("all", *_cells(report.lateness))
     for target, stats in report.lateness_by_target.items():
         lateness.add_row(target, *_cells(stats))
-    parts: list[Table] = [outcomes, lateness]
+    moves = Table("outcome", "reschedules", title="reschedule requests")
+    for outcome in RESCHEDULE_OUTCOMES:
+        moves.add_row(outcome, str(report.reschedules.get(outcome, 0)))
+    parts: list[Table] = [outcomes, moves, lateness]
     if report.missing_topics:
         missing = Table("topic", title="topics named but missing (not read)")
         for topic in report.missing_topics:
