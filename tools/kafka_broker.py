@@ -793,7 +793,12 @@ def sasl() -> int:
 
 def main() -> int:
     """Parse the command line and run one of start, stop, kill, status, reset, sasl, tls,
-    fetch (only download the jars, if not yet)."""
+    fetch (only download the jars, if not yet), or ``cluster ...`` (a cluster of
+    several nodes, :mod:`kafka_cluster`)."""
+    if sys.argv[1:2] == ["cluster"]:  # several nodes: tools/kafka_cluster.py
+        import kafka_cluster
+
+        return kafka_cluster.main(sys.argv[2:])
     parser = argparse.ArgumentParser(prog="tools/kafka", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["start", "stop", "kill", "status", "reset", "sasl",
