@@ -90,7 +90,10 @@ def test_topics_create_command_creates_four_topics_then_is_idempotent(
             "--outcomes-topic", fresh.outcomes_topic]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 4
+    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 4 + [
+        "replication:"]
+    assert first.stdout.splitlines()[-1] == (
+        "replication: factor 1 for new topics (chosen for a cluster of 1 broker)")
 
     requests = describe(admin, fresh.requests_topic)
     changelog = describe(admin, fresh.changelog_topic)
@@ -109,7 +112,8 @@ def test_topics_create_command_creates_four_topics_then_is_idempotent(
 
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
-    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 4
+    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 4 + [
+        "replication:"]
     assert changelog[1]["message.timestamp.type"] == "LogAppendTime"
     assert check_layout(admin, fresh) == Layout(partitions=3, retention_ms=2 * DAY_MS,
                                                 broker_time=True, outcomes=3)
@@ -121,6 +125,7 @@ def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: Admi
     assert [line.split()[:2] for line in lines] == [
         ["exists", fresh.requests_topic], ["created", fresh.changelog_topic],
         ["created", fresh.dlq_topic], ["created", fresh.outcomes_topic],
+        ["replication:", "factor"],
     ]
     wait_visible(admin, fresh.changelog_topic, 2)  # metadata of a new topic can lag a moment
     assert describe(admin, fresh.changelog_topic)[0] == 2

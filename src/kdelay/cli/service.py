@@ -111,7 +111,8 @@ def topics_create(
     partitions: Annotated[int, option(
         "partitions", "Partitions of the requests and changelog topics.", shown=3)] = 3,
     replication_factor: Annotated[int, option(
-        "replication-factor", "Replication factor; -1 is the broker default.", shown=1)] = 1,
+        "replication-factor", "Replication factor of new topics; 0 picks min(3, brokers) "
+        "(with min.insync.replicas=2 from 3), -1 is the broker default.", shown=0)] = 0,
     retention_ms: Annotated[int, option(
         "retention-ms", "retention.ms of the requests topic: bounds the longest delay.",
         shown=_WEEK_MS)] = _WEEK_MS,

@@ -12,6 +12,7 @@ starts, and says how to fix what it finds.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -30,7 +31,17 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from kdelay.plumbing.connection import check_connection
 from kdelay.plumbing.settings import Settings
 
+log = logging.getLogger(__name__)
+
 CLEANUP_POLICY = "cleanup.policy"
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+# ``--replication-factor`` default: choose from the cluster's size (see :func:`replication`).
+AUTO_REPLICATION = 0
+# The replication a production cluster gives its topics: three copies, two of
+# them acknowledged before a write counts (acks=all), so one broker can be
+# down (a rolling restart) while writes go on and nothing acknowledged is lost.
+CLUSTER_REPLICATION = 3
+CLUSTER_MIN_INSYNC = 2
 RETENTION_MS = "retention.ms"
 # Errors of a client that may not describe a topic's configuration.
 _NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
@@ -107,10 +118,12 @@ class TopicSpec:
 
 @dataclass(frozen=True, slots=True)
 class _Existing:
-    """An existing topic's partition count and (described) configuration."""
+    """An existing topic's partition count, (described) configuration and replication
+    factor (the fewest replicas any of its partitions has)."""
 
     partitions: int
     config: Mapping[str, str]
+    replicas: int = 1
 
     @property
     def policies(self) -> frozenset[str]:
@@ -144,6 +157,48 @@ def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> li
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How new topics are replicated: ``factor`` copies (-1: the broker's default) and,
+    when set, the topics' ``min.insync.replicas``; ``reason`` says why, for the report."""
+
+    factor: int
+    min_insync: int | None
+    reason: str
+
+    def line(self) -> str:
+        """The report line :func:`create_topics` ends with."""
+        factor = "the broker's default" if self.factor == -1 else str(self.factor)
+        isr = f" and {MIN_INSYNC_REPLICAS}={self.min_insync}" if self.min_insync else ""
+        return f"replication: factor {factor}{isr} for new topics ({self.reason})"
+
+
+def replication(requested: int, brokers: int) -> Replication:
+    """The replication of new topics: ``requested`` when given (not
+    :data:`AUTO_REPLICATION`), else ``min(3, brokers)``; with three or more
+    copies, ``min.insync.replicas=2``, so writes go on with one broker down and
+    an acknowledged write survives the loss of any one."""
+    if requested == AUTO_REPLICATION:
+        factor = min(CLUSTER_REPLICATION, brokers)
+        reason = f"chosen for a cluster of {brokers} broker{'s' if brokers != 1 else ''}"
+    else:
+        factor, reason = requested, "as given"
+    min_insync = CLUSTER_MIN_INSYNC if factor >= CLUSTER_REPLICATION else None
+    return Replication(factor, min_insync, reason)
+
+
+def replication_warnings(existing: Mapping[str, _Existing], brokers: int) -> list[str]:
+    """One sentence for each topic with fewer copies than the cluster could hold
+    (``min(3, brokers)``): losing the one broker that has a partition stops kdelay, and
+    losing its disk loses requests."""
+    wanted = min(CLUSTER_REPLICATION, brokers)
+    return [f"topic {name} has replication factor {found.replicas} on a cluster of "
+            f"{brokers} brokers: a broker down stops kdelay and a lost disk loses its records; "
+            f"raise it to {wanted} with kafka-reassign-partitions "
+            "(docs/operations.md, \"Running on a production cluster\")"
+            for name, found in existing.items() if found.replicas < wanted]
+
+
 def create_topics(
     admin: AdminClient,
     settings: Settings,
@@ -166,22 +221,25 @@ def create_topics(
     request; a different partition count (requests, changelog) or cleanup
     policy raises :class:`LayoutError` ``<role>-mismatch`` saying what differs.
     A broker refusing a creation raises ``create-failed``. ``replication_factor``
-    -1 means the broker's default. Raises ValueError for impossible arguments,
-    including a retention shorter than the longest level plus the margin, and
+    -1 means the broker's default, :data:`AUTO_REPLICATION` (0) ``min(3, brokers)``
+    (see :func:`replication`); the last line says what was chosen. Raises
+    ValueError for impossible arguments, including a retention shorter than the
+    longest level plus the margin, and
     :class:`~kdelay.plumbing.connection.ConnectionFailure` when no broker answers.
     """
     _check_create_args(settings, partitions, replication_factor, retention_ms)
     check_connection(settings.client_config("probe"))
     specs = topic_specs(settings, partitions=partitions, retention_ms=retention_ms)
     specs += [TopicSpec(TARGET, name, partitions, {}) for name in targets]
-    existing = _existing(admin, [spec.name for spec in specs], timeout)
+    existing, brokers = _described(admin, [spec.name for spec in specs], timeout)
     _verify_all(specs, existing)
+    chosen = replication(replication_factor, brokers)
     missing = [spec for spec in specs if spec.name not in existing]
-    raced = _create(admin, missing, replication_factor, timeout)
+    raced = _create(admin, missing, chosen, timeout)
     if raced:
         existing.update(_existing(admin, raced, timeout))
         _verify_all(specs, existing)
-    return [_report(spec, existing.get(spec.name)) for spec in specs]
+    return [_report(spec, existing.get(spec.name)) for spec in specs] + [chosen.line()]
 
 
 def _check_create_args(
@@ -190,8 +248,9 @@ def _check_create_args(
     """Raise ValueError for counts below 1 or a retention too short for the levels."""
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
-    if replication_factor < 1 and replication_factor != -1:
-        raise ValueError(f"replication factor must be at least 1 (or -1), got {replication_factor}")
+    if replication_factor < 1 and replication_factor not in (-1, AUTO_REPLICATION):
+        raise ValueError(f"replication factor must be at least 1 (or -1, or 0 to choose), "
+                         f"got {replication_factor}")
     if retention_ms == -1:
         return
     needed = max(settings.levels) + settings.retention_margin_ms
@@ -241,7 +300,7 @@ def _alter_hint(topic: str, policy: str) -> str:
 
 
 def _create(
-    admin: AdminClient, specs: list[TopicSpec], replication_factor: int, timeout: float
+    admin: AdminClient, specs: list[TopicSpec], chosen: Replication, timeout: float
 ) -> list[str]:
     """Create ``specs``; return the names another client created first.
 
@@ -249,9 +308,10 @@ def _create(
     """
     if not specs:
         return []
+    isr = {MIN_INSYNC_REPLICAS: str(chosen.min_insync)} if chosen.min_insync else {}
     futures = admin.create_topics(
         [NewTopic(spec.name, num_partitions=spec.partitions,
-                  replication_factor=replication_factor, config=dict(spec.config))
+                  replication_factor=chosen.factor, config={**spec.config, **isr})
          for spec in specs],
         operation_timeout=timeout, request_timeout=timeout,
     )
@@ -299,7 +359,7 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
     """
     names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic,
              settings.outcomes_topic]
-    existing = _existing(admin, names, timeout)
+    existing, brokers = _described(admin, names, timeout)
     requests = _required(existing, settings.requests_topic, "requests", None)
     changelog = _required(existing, settings.changelog_topic, "changelog", requests.partitions)
     _required(existing, settings.dlq_topic, "dlq", requests.partitions)
@@ -317,6 +377,8 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
             f"requests topic {settings.requests_topic} is compacted, which drops payloads "
             f"before they are due: {_alter_hint(settings.requests_topic, 'delete')}",
         )
+    for warning in replication_warnings(existing, brokers):
+        log.warning("%s", warning)
     broker_time = changelog.config.get(TIMESTAMP_TYPE) == "LogAppendTime"
     outcomes = existing.get(settings.outcomes_topic)
     return Layout(requests.partitions, _retention(requests.config), broker_time,
@@ -405,13 +467,22 @@ def _retention(config: Mapping[str, str]) -> int | None:
 
 def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str, _Existing]:
     """Describe whichever of ``names`` exist: partition count and configuration."""
+    return _described(admin, names, timeout)[0]
+
+
+def _described(admin: AdminClient, names: list[str], timeout: float
+               ) -> tuple[dict[str, _Existing], int]:
+    """Describe whichever of ``names`` exist (partitions, configuration, replication
+    factor), and count the cluster's brokers."""
     metadata = admin.list_topics(timeout=timeout)
     present = [name for name in dict.fromkeys(names) if name in metadata.topics]
     configs = _configs(admin, present, timeout)
-    return {
-        name: _Existing(len(metadata.topics[name].partitions), configs[name])
-        for name in present
-    }
+    found = {}
+    for name in present:
+        partitions = metadata.topics[name].partitions
+        replicas = min((len(p.replicas) for p in partitions.values()), default=1)
+        found[name] = _Existing(len(partitions), configs[name], replicas)
+    return found, len(metadata.brokers)
 
 
 def _configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict[str, str]]:
