@@ -118,8 +118,12 @@ class Availability:
                     "kdelay_kafka_available is 0 until a broker answers", why)
 
     def just_away(self) -> bool:
-        """Whether Kafka is unreachable, or answered again less than a minute ago."""
+        """Whether Kafka is unreachable, or answered again less than a minute ago, or a
+        group consumer's session timed out less than a minute ago (on a cluster, the
+        group's coordinator can be away while the other brokers answer)."""
         if self._down_since is not None or self._errors.unreachable() is not None:
+            return True
+        if self._errors.session_lost_lately():
             return True
         return (self._back_at is not None
                 and self._clock.monotonic() - self._back_at < FENCE_AFTER_OUTAGE_S)

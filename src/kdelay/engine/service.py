@@ -347,9 +347,9 @@ class Service:
         """Raise :class:`ServiceError` if a client reported a fatal error.
 
         A fence during or right after an outage is the clients' own doing:
-        the group consumer whose session timed out while the coordinator was
-        away rejoins under the same static id and is fenced by that rejoin
-        (librdkafka issue 3437), and the coordinator fences the
+        the group consumer whose session timed out while the coordinator (or its
+        broker alone) was away rejoins under the same static id and is fenced by
+        that rejoin (librdkafka issue 3437), and the coordinator fences the
         transactional producer whose transaction it timed out. Then the
         consumer is replaced (the checkpoint replaces the producer) instead
         of ending the service.
@@ -373,8 +373,8 @@ class Service:
     def _rejoin(self, error: KafkaError) -> None:
         """Replace the group consumer its own rejoin fenced after an outage."""
         clients, _ = self._started()
-        log.warning("intake: %s, right after Kafka was unreachable: the consumer's own rejoin "
-                    "fenced it; a new consumer joins the group", error.str())
+        log.warning("intake: %s, right after Kafka or its group coordinator was away: the "
+                    "consumer's own rejoin fenced it; a new consumer joins the group", error.str())
         try:
             clients.consumer.close()
         except Exception as exc:  # a fenced consumer's close may fail in any way: it is dropped

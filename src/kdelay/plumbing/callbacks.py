@@ -23,6 +23,8 @@ R = TypeVar("R")
 
 # Most connection-failure lines one client logs, one per this many seconds.
 FAIL_LINE_EVERY_S = 60.0
+# How long after a group consumer's session timed out its fence counts as its own.
+OWN_FENCE_WINDOW_S = 60.0
 
 _lock = threading.Lock()
 _errors: list[BaseException] = []
@@ -98,9 +100,11 @@ class ClientErrors:
     once that it waits.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._fatal: tuple[str, KafkaError] | None = None
         self._down: str | None = None
+        self._monotonic = monotonic
+        self._session_lost_s: float | None = None
 
     def callback(self, client: str, *, watch: bool = True,
                  renewable: bool = False) -> Callable[[KafkaError], None]:
@@ -145,6 +149,20 @@ class ClientErrors:
         """Learn that a broker answers again."""
         self._down = None
 
+    def session_lost(self) -> None:
+        """Learn that a group consumer's session timed out (librdkafka's ``SESSTMOUT``)."""
+        self._session_lost_s = self._monotonic()
+
+    def session_lost_lately(self) -> bool:
+        """Whether a group consumer's session timed out in the last
+        ``OWN_FENCE_WINDOW_S``. On a cluster, the broker that coordinates the group
+        can die while the others answer: the consumer's session times out before
+        the coordinator moves, it rejoins under the same static id, and that
+        rejoin fences it (librdkafka issue 3437). Kafka as a whole was never
+        unreachable, so only this tells that the fence is its own."""
+        lost = self._session_lost_s
+        return lost is not None and self._monotonic() - lost < OWN_FENCE_WINDOW_S
+
     def quiet(self, logger: Any) -> Any:
         """Wrap a client's ``logger`` so that it drops connection failures while Kafka is away.
 
@@ -170,7 +188,9 @@ class _QuietLogger:
 
     def log(self, level: int, message: str, *args: object) -> None:
         """Pass the line on, unless it is a connection failure during an outage or
-        within a minute of the last one passed."""
+        within a minute of the last one passed; note a session timeout."""
+        if args and args[0] == "SESSTMOUT":
+            self._errors.session_lost()
         if args and args[0] == "FAIL":
             now = self._monotonic()
             if self._errors.unreachable() is not None or now < self._next_fail_s:

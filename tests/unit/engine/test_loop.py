@@ -15,6 +15,7 @@ topics in ``failing``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -683,6 +684,30 @@ def test_a_consumer_fenced_by_its_own_rejoin_after_an_outage_is_replaced(
         loop.step()
         loop.step()
         assert loop.pending() == [first, second]
+    finally:
+        loop.service.close()
+
+
+@pytest.mark.parametrize("guarantee", [Guarantee.AT_LEAST_ONCE, Guarantee.EXACTLY_ONCE])
+def test_a_consumer_fenced_by_its_rejoin_after_its_session_timed_out_is_replaced(
+    tmp_path: Path, guarantee: Guarantee,
+) -> None:
+    # On a cluster: the broker coordinating the group dies, the others answer. The
+    # consumer's session times out before the coordinator moves; its rejoin fences it.
+    loop = Loop(tmp_path, guarantee)
+    try:
+        first = loop.request(T0 + 60_000, key=b"a")
+        loop.step()
+        quiet = loop.service._errors.quiet(logging.getLogger("test"))
+        quiet.log(4, "%s [%s] %s", "SESSTMOUT", "rdkafka#consumer-1",
+                  "Consumer group session timed out")
+        loop.service._errors.callback("intake")(INSTANCE_FENCED)
+        events = loop.step()
+        assert ("close",) in events, "the fenced consumer is closed"
+        loop.clients.group.assign_next.append(0)
+        loop.step()
+        assert loop.service.owned() == [0], "the new consumer was assigned the partition"
+        assert loop.pending() == [first]
     finally:
         loop.service.close()
 

@@ -67,3 +67,16 @@ def test_a_renewable_client_latches_only_a_fence() -> None:
     fenced = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
     on_error(fenced)
     assert errors.take_fatal() == ("transactions", fenced)
+
+
+def test_a_session_timeout_in_a_clients_log_is_noted_for_a_minute() -> None:
+    now = [100.0]
+    errors = ClientErrors(lambda: now[0])
+    logger = errors.quiet(Lines())
+    assert not errors.session_lost_lately()
+    logger.log(30, "%s [%s] %s", "SESSTMOUT", "intake", "Consumer group session timed out")
+    assert errors.session_lost_lately()
+    now[0] += 59.0
+    assert errors.session_lost_lately()
+    now[0] += 2.0
+    assert not errors.session_lost_lately()
