@@ -13,6 +13,8 @@ or a reschedule. While the load runs, a scenario acts on the cluster:
   moves first), kept down ``--down`` seconds, started, and the next one only
   once every partition is in sync again;
 - ``roll-kill``: the same with SIGKILL;
+- ``roll-mixed``: the same, the first node killed, the others stopped (the CI
+  test's scenario);
 - ``outage``: one node killed for longer than every client timeout, then back;
 - ``controller``: the active controller (the metadata quorum's leader) killed;
 - ``reassign``: the requests, changelog and target partitions reassigned
@@ -85,8 +87,8 @@ IN_SYNC_TIMEOUT_S = 180.0
 LOG_LINE = re.compile(r"^\S+ \S+ (?:\[\S+\] )?(WARNING|ERROR|CRITICAL) ", re.MULTILINE)
 TRANSACTIONAL_ID = re.compile(r"transactional id (\S+?);")
 TOOL_HEAP = "256m"  # Kafka's command-line tools, each a JVM of its own
-SCENARIOS = ("baseline", "roll", "roll-kill", "outage", "controller", "reassign", "isr",
-             "coordinators")
+SCENARIOS = ("baseline", "roll", "roll-kill", "roll-mixed", "outage", "controller", "reassign",
+             "isr", "coordinators")
 # Kafka's partition of a group's or a transactional id's coordinator: Java's
 # String.hashCode, its absolute value, modulo the internal topic's partitions.
 JAVA_INT = 1 << 32
@@ -430,10 +432,11 @@ class Run:
 # -- scenarios ---------------------------------------------------------------------------
 
 
-def roll(cluster: Cluster, options: Options, action: str) -> None:
-    """Each node in turn: ``action`` (stop or kill), down ``down_s``, start, in sync."""
-    for node_id in cluster.node_ids():
-        cluster.node(action, node_id)
+def roll(cluster: Cluster, options: Options, action: str, first: str | None = None) -> None:
+    """Each node in turn: ``action`` (stop or kill; the first node ``first`` when
+    given), down ``down_s``, start, in sync."""
+    for index, node_id in enumerate(cluster.node_ids()):
+        cluster.node(first if first and index == 0 else action, node_id)
         time.sleep(options.down_s)
         cluster.node("start", node_id)
         log(f"node {node_id} back; in sync after {cluster.wait_in_sync():.1f}s")
@@ -506,6 +509,7 @@ ACTIONS: dict[str, Scenario] = {
     "baseline": lambda cluster, options, runs: None,
     "roll": lambda cluster, options, runs: roll(cluster, options, "stop"),
     "roll-kill": lambda cluster, options, runs: roll(cluster, options, "kill"),
+    "roll-mixed": lambda cluster, options, runs: roll(cluster, options, "stop", "kill"),
     "outage": outage,
     "controller": controller,
     "reassign": reassign,
