@@ -227,13 +227,12 @@ class Cluster:
         """Reassign every partition of ``topics`` to its replicas in reverse order, wait
         until done, then elect the preferred leaders: each partition's leader moves."""
         metadata = self.admin.list_topics(timeout=30)
-        plan = {"version": 1, "partitions": [
-            {"topic": t, "partition": p, "replicas": list(reversed(part.replicas))}
-            for t in topics for p, part in metadata.topics[t].partitions.items()]}
+        moves = [{"topic": t, "partition": p, "replicas": list(reversed(part.replicas))}
+                 for t in topics for p, part in metadata.topics[t].partitions.items()]
         path = Path(tempfile.mkstemp(prefix="kdelay-reassign-", suffix=".json")[1])
-        path.write_text(json.dumps(plan))
+        path.write_text(json.dumps({"version": 1, "partitions": moves}))
         self.events_ms.append(time.time_ns() // 1_000_000)
-        log(f"reassigning {len(plan['partitions'])} partitions")
+        log(f"reassigning {len(moves)} partitions")
         tool = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
         self._tool(tool, "--bootstrap-server", self.bootstrap, "--execute",
                    "--reassignment-json-file", str(path))

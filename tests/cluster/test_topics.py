@@ -7,7 +7,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource
+
+# confluent_kafka.admin re-exports ConfigResource without listing it, which strict mypy rejects.
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from tests.e2e.conftest import clean_environment, run_cli
 
