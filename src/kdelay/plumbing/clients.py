@@ -29,8 +29,13 @@ from kdelay.protocol.envelope import Headers
 # Errors of a watermark query that a leader election or a reconnect clears.
 # ``_DESTROY_BROKER``: the broker the query went to dropped out of the
 # metadata (it died) and librdkafka destroyed its handle mid-request.
+# ``OFFSET_NOT_AVAILABLE``: a leader just elected has not caught its high
+# watermark up yet (seen in a cluster's rolling restart); the leader epoch
+# errors: the query and the leadership crossed.
 TRANSIENT = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
     KafkaError.BROKER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT,
     KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE,
     KafkaError._ALL_BROKERS_DOWN, KafkaError._DESTROY_BROKER,

@@ -132,6 +132,15 @@ def test_watermarks_wait_out_a_leader_change() -> None:
     assert leader.asked == 4
 
 
+def test_watermarks_wait_out_a_new_leader_catching_its_high_watermark_up() -> None:
+    # A cluster's rolling restart: the partition's new leader answers before it knows
+    # its high watermark, and the query and a leader epoch can cross.
+    leader = FlakyLeader(KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
+                         KafkaError.UNKNOWN_LEADER_EPOCH)
+    assert ask(leader, 30) == (3, 9)
+    assert leader.asked == 4
+
+
 def test_watermarks_wait_out_a_broker_handle_destroyed_when_the_broker_died() -> None:
     # librdkafka drops a dead broker's handle mid-request (seen in a broker outage)
     leader = FlakyLeader(KafkaError._DESTROY_BROKER, KafkaError._ALL_BROKERS_DOWN)
