@@ -24,7 +24,11 @@ or a reschedule. While the load runs, a scenario acts on the cluster:
   stopped, so the target refuses writes with ``NOT_ENOUGH_REPLICAS`` for
   longer than the produce timeout, then the node back and the setting restored;
 - ``coordinators``: the brokers that coordinate kdelay's consumer group and its
-  transactions killed one after the other.
+  transactions killed one after the other;
+- ``scale``: two more instances join each deployment, serve a while and are
+  stopped again (1 -> 3 -> 1), best with ``--backlog`` requests pending (due in
+  two hours, written and indexed before the load starts) for their partitions'
+  restores to move.
 
 When the scenario is done, the load stops, the instances drain, and every
 target is read back (``read_committed``) with the outcomes topic:
@@ -40,7 +44,9 @@ target is read back (``read_committed``) with the outcomes topic:
 - log lines: WARNING and above, which must stay a few per event whatever the
   number of records;
 - lateness (delivery time - due time, or - the time of writing for a request
-  written already due) p50, p99 and max.
+  written already due) p50, p99 and max;
+- the longest stall of any request partition: the longest time between two
+  deliveries of requests written to one partition.
 
 Run ``tools/chaos --help``. Exit status 0 when every check holds.
 """
@@ -48,6 +54,7 @@ Run ``tools/chaos --help``. Exit status 0 when every check holds.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -65,7 +72,7 @@ from pathlib import Path
 
 import crash_harness
 import kafka_cluster
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -88,7 +95,9 @@ LOG_LINE = re.compile(r"^\S+ \S+ (?:\[\S+\] )?(WARNING|ERROR|CRITICAL) ", re.MUL
 TRANSACTIONAL_ID = re.compile(r"transactional id (\S+?);")
 TOOL_HEAP = "256m"  # Kafka's command-line tools, each a JVM of its own
 SCENARIOS = ("baseline", "roll", "roll-kill", "roll-mixed", "outage", "controller", "reassign",
-             "isr", "coordinators")
+             "isr", "coordinators", "scale")
+BACKLOG_DUE_MS = 2 * 3_600_000  # the backlog's delay: pending through the whole run
+INDEX_TIMEOUT_S = 1_800.0
 # Kafka's partition of a group's or a transactional id's coordinator: Java's
 # String.hashCode, its absolute value, modulo the internal topic's partitions.
 JAVA_INT = 1 << 32
@@ -116,6 +125,7 @@ class Options:
     lead_s: float = 10.0
     tail_s: float = 10.0
     drain_timeout_s: float = 240.0
+    backlog: int = 0
     seed: int = 1
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kdelay-chaos-")))
     # The environment tools/kafka cluster runs with (KDELAY_CACHE_DIR: which cluster).
@@ -144,6 +154,7 @@ class Report:
     lateness_p50_ms: int
     lateness_p99_ms: int
     lateness_max_ms: int
+    stall_max_ms: int
     seconds: float
 
     @property
@@ -411,6 +422,64 @@ class Run:
         shim = crash_harness.Options(options.bootstrap, workdir=self.deployment.workdir)
         self.instance = crash_harness.Instance(shim, self.deployment.env())
         self.log_path = self.deployment.workdir / "run-1.log"
+        self.extra: list[crash_harness.Instance] = []
+        self.extra_exits: list[int] = []
+
+    def add_instance(self) -> None:
+        """Start one more ``kdelay run`` in the deployment's group (a state dir of its own)."""
+        workdir = self.deployment.workdir / f"extra-{len(self.extra) + 1}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        shim = crash_harness.Options(self.deployment.bootstrap, workdir=workdir)
+        instance = crash_harness.Instance(shim, {**self.deployment.env(),
+                                                 "KDELAY_STATE_DIR": str(workdir / "state")})
+        instance.start()
+        self.extra.append(instance)
+
+    def stop_extra(self) -> None:
+        """SIGTERM the added instances; their exit statuses are kept."""
+        self.extra_exits += [instance.terminate() for instance in self.extra]
+        self.extra.clear()
+
+    def write_backlog(self, count: int) -> None:
+        """Write ``count`` requests due in two hours, as fast as the cluster takes them."""
+        producer = Producer({"bootstrap.servers": self.deployment.bootstrap,
+                             "enable.idempotence": True, "linger.ms": 50,
+                             "batch.size": 1_000_000, "message.timeout.ms": 0})
+        due = str(time.time_ns() // 1_000_000 + BACKLOG_DUE_MS).encode()
+        headers: list[tuple[str, str | bytes | None]] = [
+            (envelope.TARGET, self.deployment.target.encode()), (envelope.DUE_MS, due)]
+        for n in range(count):
+            produce(producer, self.deployment.requests, key=f"b{n}".encode(), value=b"backlog",
+                    headers=headers, on_delivery=self._backlog_report)
+            if n % 10_000 == 0:
+                producer.poll(0)
+        while producer.flush(5) > 0:
+            log("waiting for the cluster to acknowledge the backlog")
+
+    def _backlog_report(self, error: KafkaError | None, _: Message) -> None:
+        if error is not None:
+            raise RuntimeError(f"a backlog request was not written: {error.str()}")
+
+    def wait_indexed(self, count: int) -> float:
+        """Block until the changelog holds at least ``count`` records (every request the
+        service indexed writes one); return how long that took."""
+        started = time.monotonic()
+        changelog = self.deployment.env()["KDELAY_CHANGELOG_TOPIC"]
+        consumer = Consumer({"bootstrap.servers": self.deployment.bootstrap,
+                             "group.id": f"chaos-watch-{uuid.uuid4()}"})
+        try:
+            partitions = consumer.list_topics(changelog, timeout=30).topics[changelog].partitions
+            while True:
+                total = sum(consumer.get_watermark_offsets(
+                    TopicPartition(changelog, p), timeout=30)[1] for p in partitions)
+                if total >= count:
+                    return time.monotonic() - started
+                if time.monotonic() - started > INDEX_TIMEOUT_S or not self.instance.alive():
+                    raise RuntimeError(f"{total} of {count} requests indexed; see "
+                                       f"{self.log_path}")
+                time.sleep(2.0)
+        finally:
+            consumer.close()
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         """Block until the instance has its partitions (so the load's lateness is
@@ -503,6 +572,20 @@ def coordinators(cluster: Cluster, options: Options, runs: list[Run]) -> None:
         log(f"in sync after {cluster.wait_in_sync():.1f}s")
 
 
+def scale(_: Cluster, options: Options, runs: list[Run]) -> None:
+    """1 -> 3 -> 1 instances per deployment: two more join, serve ``4 * down_s``, and
+    are stopped (SIGTERM), then the first serves alone for ``2 * down_s``."""
+    for each in runs:
+        each.add_instance()
+        each.add_instance()
+    log("two more instances per deployment started")
+    time.sleep(4 * options.down_s)
+    for each in runs:
+        each.stop_extra()
+    log(f"the added instances stopped (exit statuses {[r.extra_exits for r in runs]})")
+    time.sleep(2 * options.down_s)
+
+
 Scenario = Callable[[Cluster, Options, list[Run]], None]
 ACTIONS: dict[str, Scenario] = {
     "baseline": lambda cluster, options, runs: None,
@@ -514,6 +597,7 @@ ACTIONS: dict[str, Scenario] = {
     "reassign": reassign,
     "isr": isr,
     "coordinators": coordinators,
+    "scale": scale,
 }
 
 
@@ -526,11 +610,19 @@ def run(options: Options) -> list[Report]:
     cluster.wait_in_sync()
     runs = [Run(options, g, i) for i, g in enumerate(options.guarantees)]
     log(runs[0].created.strip().splitlines()[-1])
+    if options.backlog:
+        for each in runs:
+            each.write_backlog(options.backlog)
+        log(f"a backlog of {options.backlog} requests written per deployment")
     started = time.monotonic()
     for each in runs:
         each.instance.start()
     for each in runs:
         each.wait_serving()
+    for each in runs:
+        if options.backlog:
+            log(f"{each.deployment.guarantee}: the backlog indexed in "
+                f"{each.wait_indexed(options.backlog):.0f}s")
     for each in runs:
         each.load.start()
     time.sleep(options.lead_s)
@@ -575,7 +667,7 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
                                        options.drain_timeout_s)
     time.sleep(2.0)  # the outcomes of the last cancels
     answers = outcomes_of(options.bootstrap, env["KDELAY_OUTCOMES_TOPIC"])
-    exits = 0 if each.instance.alive() else 1
+    exits = (0 if each.instance.alive() else 1) + sum(code != 0 for code in each.extra_exits)
     code = each.instance.terminate()
     if code != 0:
         log(f"{deployment.guarantee}: the instance exited {code}; see {each.log_path}")
@@ -591,11 +683,15 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
             due[rid] = new_due
     first: dict[str, int] = {}
     counts: Counter[str] = Counter()
+    by_partition: dict[str, list[int]] = defaultdict(list)
     for message in delivered:
         rid = (message.key() or b"").decode()
         stamp = message.timestamp()[1]
         counts[rid] += 1
         first[rid] = min(first.get(rid, stamp), stamp)
+        origin = dict(message.headers() or []).get(envelope.ORIGIN)
+        source = origin.decode(errors="replace") if isinstance(origin, bytes) else "?"
+        by_partition[source.rsplit("/", 1)[0]].append(stamp)
     early = [rid for rid, stamp in first.items() if stamp < due.get(rid, 0)]
     lost = [rid for rid in due if rid not in counts and rid not in cancelled_for_good]
     cancelled_delivered = [rid for rid in cancelled_for_good if rid in counts]
@@ -616,7 +712,13 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
         len(load.cancelled), len(load.rescheduled), len(counts), len(lost), len(early),
         len(cancelled_delivered), len(duplicated), len(unexplained), len(dead), exits,
         len(LOG_LINE.findall(text)), percentile(lateness, 0.5), percentile(lateness, 0.99),
-        max(lateness, default=0), round(seconds, 1))
+        max(lateness, default=0), longest_stall(by_partition), round(seconds, 1))
+
+
+def longest_stall(stamps: Mapping[str, list[int]]) -> int:
+    """The longest time between two consecutive deliveries from one request partition."""
+    gaps = [b - a for found in stamps.values() for a, b in itertools.pairwise(sorted(found))]
+    return max(gaps, default=0)
 
 
 def main() -> int:
@@ -632,6 +734,8 @@ def main() -> int:
                         help="seconds a node stays down in a roll (s)")
     parser.add_argument("--outage", type=float, default=45.0,
                         help="seconds of the outage and of the refused writes (s)")
+    parser.add_argument("--backlog", type=int, default=0,
+                        help="requests pending (due in 2 h) before the load starts, each")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the reports as JSON here")
     args = parser.parse_args()
@@ -644,7 +748,7 @@ def main() -> int:
     reports: list[Report] = []
     for scenario in args.scenarios:
         reports += run(Options(bootstrap, scenario, guarantees, args.rate, down_s=args.down,
-                               outage_s=args.outage, seed=args.seed))
+                               outage_s=args.outage, seed=args.seed, backlog=args.backlog))
         print(table(reports[-len(guarantees):]), flush=True)
         if args.json:
             args.json.write_text(json.dumps([asdict(r) | {"ok": r.ok} for r in reports],
