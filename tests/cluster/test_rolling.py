@@ -20,6 +20,8 @@ pytestmark = pytest.mark.kafka
 MAX_LOG_LINES = 60
 
 
+# About 160 s on two shared cores: three nodes down and up, then the drain.
+@pytest.mark.timeout(600)
 def test_a_rolling_restart_with_a_kill_loses_nothing_under_either_guarantee(
         cluster_bootstrap: str, tmp_path: Path) -> None:
     options = chaos_harness.Options(cluster_bootstrap, "roll-mixed", rate=80, down_s=6.0,
