@@ -38,7 +38,11 @@ target is read back (``read_committed``) with the outcomes topic:
 - cancelled-delivered: a request whose cancel was answered ``cancelled`` yet
   arrived;
 - duplicates: under exactly-once none; under at-least-once each must have its
-  first copy delivered shortly before an event of the scenario;
+  first copy delivered between shortly before an event of the scenario and
+  the moment the instance next lost its partitions (``partitions lost``: the
+  group's coordinator was away longer than the session; what was delivered
+  since the last offset commit is delivered again), or shortly after the event
+  when it lost none;
 - dead-lettered: anything on the DLQ (none is expected);
 - restarts: the instance must never exit;
 - log lines: WARNING and above, which must stay a few per event whatever the
@@ -68,6 +72,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import crash_harness
@@ -90,6 +95,8 @@ KDELAY = ROOT / ".venv" / "bin" / "kdelay"
 # A duplicate under at-least-once is explained by an event within this long after
 # its first copy (the batch in flight when a broker went away).
 IN_FLIGHT_WINDOW_MS = 10_000
+LOST_AT = re.compile(r"^(\S+ \S+) (?:\[\S+\] )?WARNING kdelay\.engine\.service: partitions lost",
+                     re.MULTILINE)
 IN_SYNC_TIMEOUT_S = 180.0
 LOG_LINE = re.compile(r"^\S+ \S+ (?:\[\S+\] )?(WARNING|ERROR|CRITICAL) ", re.MULTILINE)
 TRANSACTIONAL_ID = re.compile(r"transactional id (\S+?);")
@@ -286,7 +293,7 @@ def coordinator_partition(key: str, partitions: int) -> int:
     for unit in key.encode("utf-16-be").hex(" ", 2).split():  # Java hashes UTF-16 units
         value = (value * 31 + int(unit, 16)) % JAVA_INT
     signed = value - JAVA_INT if value >= JAVA_INT // 2 else value
-    return (signed & 0x7FFFFFFF) % partitions  # Utils.abs: Integer.MIN_VALUE -> 0
+    return (0 if signed == -JAVA_INT // 2 else abs(signed)) % partitions  # Utils.abs
 
 
 # -- the load and its deployment ---------------------------------------------------------
@@ -696,8 +703,9 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
     lost = [rid for rid in due if rid not in counts and rid not in cancelled_for_good]
     cancelled_delivered = [rid for rid in cancelled_for_good if rid in counts]
     duplicated = [rid for rid, n in counts.items() if n > 1]
-    unexplained = [rid for rid in duplicated if not any(
-        0 <= event - first[rid] <= IN_FLIGHT_WINDOW_MS for event in cluster.events_ms)]
+    windows = replay_windows(cluster.events_ms, stamps_ms(LOST_AT, each.log_path))
+    unexplained = [rid for rid in duplicated
+                   if not any(start <= first[rid] <= end for start, end in windows)]
     for name, rids in (("lost", lost), ("early", early), ("cancelled yet delivered",
                                                          cancelled_delivered),
                        ("unexplained duplicates", unexplained)):
@@ -713,6 +721,28 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
         len(cancelled_delivered), len(duplicated), len(unexplained), len(dead), exits,
         len(LOG_LINE.findall(text)), percentile(lateness, 0.5), percentile(lateness, 0.99),
         max(lateness, default=0), longest_stall(by_partition), round(seconds, 1))
+
+
+def stamps_ms(pattern: re.Pattern[str], path: Path) -> list[int]:
+    """The times (ms) of the log lines of ``path`` that ``pattern`` finds (its group 1 is
+    logging's local ``asctime``)."""
+    found = pattern.findall(path.read_text(errors="replace"))
+    return [int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").astimezone().timestamp()
+                * 1000) for stamp in found]
+
+
+def replay_windows(events_ms: list[int], lost_ms: list[int]) -> list[tuple[int, int]]:
+    """When a first copy may have been delivered for an at-least-once duplicate to be
+    explained: from ``IN_FLIGHT_WINDOW_MS`` before each event to the next loss of the
+    partitions after it (records delivered since the last offset commit are
+    delivered again), or to ``IN_FLIGHT_WINDOW_MS`` after it when none followed
+    within a minute."""
+    windows = []
+    for event in events_ms:
+        later = [lost for lost in lost_ms if event <= lost <= event + 60_000]
+        end = max(later) if later else event + IN_FLIGHT_WINDOW_MS
+        windows.append((event - IN_FLIGHT_WINDOW_MS, end))
+    return windows
 
 
 def longest_stall(stamps: Mapping[str, list[int]]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import chaos_harness
 import kafka_cluster
 import pytest
 
@@ -79,3 +80,15 @@ def test_the_heap_and_log_settings_are_the_nodes_own(cluster: Path,
     assert "-Xmx384m" in command
     assert f"-Dlog4j2.configurationFile={cluster / 'node-2' / 'log4j2.properties'}" in command
     assert command[-2:] == ["kafka.Kafka", "server.properties"]
+
+
+def test_a_duplicate_is_explained_until_the_partitions_are_lost_after_an_event() -> None:
+    windows = chaos_harness.replay_windows([100_000, 300_000], [112_000, 400_000])
+    assert windows == [(90_000, 112_000), (290_000, 310_000)]
+
+
+def test_the_coordinator_partition_is_javas_string_hash() -> None:
+    # Kafka: Utils.abs("my-group".hashCode()) % 50; "my-group".hashCode() == -1906497762
+    assert chaos_harness.coordinator_partition("my-group", 50) == 1906497762 % 50
+    # A negative hash: "polygenelubricants".hashCode() == Integer.MIN_VALUE, abs -> 0
+    assert chaos_harness.coordinator_partition("polygenelubricants", 7) == 0
