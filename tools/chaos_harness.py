@@ -100,7 +100,6 @@ LOST_AT = re.compile(r"^(\S+ \S+) (?:\[\S+\] )?WARNING kdelay\.engine\.service: 
 IN_SYNC_TIMEOUT_S = 180.0
 LOG_LINE = re.compile(r"^\S+ \S+ (?:\[\S+\] )?(WARNING|ERROR|CRITICAL) ", re.MULTILINE)
 TRANSACTIONAL_ID = re.compile(r"transactional id (\S+?);")
-TOOL_HEAP = "256m"  # Kafka's command-line tools, each a JVM of its own
 SCENARIOS = ("baseline", "roll", "roll-kill", "roll-mixed", "outage", "controller", "reassign",
              "isr", "coordinators", "scale")
 BACKLOG_DUE_MS = 2 * 3_600_000  # the backlog's delay: pending through the whole run
@@ -233,13 +232,13 @@ class Cluster:
         return self.leader(internal, coordinator_partition(key, partitions))
 
     def active_controller(self) -> int:
-        """The metadata quorum's leader (``kafka-metadata-quorum describe --status``)."""
-        out = self._tool("org.apache.kafka.tools.MetadataQuorumCommand",
-                         "--bootstrap-server", self.bootstrap, "describe", "--status")
-        found = re.search(r"LeaderId:\s+(\d+)", out)
-        if found is None:
-            raise RuntimeError(f"no LeaderId in kafka-metadata-quorum's output:\n{out}")
-        return int(found.group(1))
+        """The metadata quorum's leader, as the running nodes' quorum state says."""
+        deadline = time.monotonic() + IN_SYNC_TIMEOUT_S
+        while (found := kafka_cluster.active_controller()) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no running node knows the quorum's leader")
+            time.sleep(1.0)
+        return found
 
     def reassign_reversed(self, topics: list[str]) -> None:
         """Reassign every partition of ``topics`` to its replicas in reverse order, wait
@@ -279,7 +278,8 @@ class Cluster:
 
     def _tool(self, main_class: str, *args: str) -> str:
         """Run one of Kafka's command-line tools from the broker's jars; its stdout."""
-        done = subprocess.run(kafka_cluster.java(TOOL_HEAP, main_class, *args), env=self._env,
+        kafka_cluster.fetch_tools()
+        done = subprocess.run(kafka_cluster.tool_command(main_class, *args), env=self._env,
                               capture_output=True, text=True, check=False, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{main_class} exited {done.returncode}: {done.stderr[-2000:]}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -52,6 +53,8 @@ DEFAULT_HEAP = "512m"
 # enough that the group and transaction coordinators sit on different brokers.
 INTERNAL_PARTITIONS = 6
 STOP_TIMEOUT_S = 60.0
+TOOLS = broker.CACHE / f"kafka-tools-{broker.VERSION}"
+TOOLS_POM = broker.ROOT / "tools" / "maven" / "kafka-tools.pom.xml"
 
 
 def log(message: str) -> None:
@@ -379,6 +382,48 @@ def reset() -> int:
     shutil.rmtree(CLUSTER, ignore_errors=True)
     log(f"removed {CLUSTER}" + ("" if data.is_relative_to(CLUSTER) else f" and {data}"))
     return 0
+
+
+def active_controller(nodes: Iterable[Node] | None = None) -> int | None:
+    """The node that leads the controller quorum now, as the running nodes' quorum
+    state files say (the newest epoch wins: a stopped node's file is stale); None
+    when no running node knows one."""
+    best: tuple[int, int] | None = None
+    for node in known_nodes() if nodes is None else nodes:
+        if node_pid(node.node_id) is None:
+            continue
+        state = data_root() / f"node-{node.node_id}" / "__cluster_metadata-0" / "quorum-state"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            found = json.loads(state.read_text())
+            if found.get("leaderId", -1) >= 0 and (best is None or found["leaderEpoch"] > best[0]):
+                best = (int(found["leaderEpoch"]), int(found["leaderId"]))
+    return None if best is None else best[1]
+
+
+def fetch_tools() -> None:
+    """Download Kafka's command-line tools (the kafka-tools module) with Maven once."""
+    marker = TOOLS / ".complete"
+    if marker.exists():
+        return
+    log(f"fetching Kafka {broker.VERSION}'s tools with Maven into {TOOLS}")
+    TOOLS.mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run(
+        ["mvn", "-B", "-q", "-f", str(TOOLS_POM), "dependency:copy-dependencies",
+         "-DincludeScope=runtime", f"-DoutputDirectory={TOOLS}",
+         f"-Dkafka.version={broker.VERSION}"], check=False, stdout=sys.stderr)
+    if fetched.returncode != 0:
+        sys.exit(f"tools/kafka cluster: Maven could not fetch Kafka {broker.VERSION}'s tools")
+    marker.touch()
+
+
+def tool_command(main_class: str, *args: str, heap: str = "256m") -> list[str]:
+    """A java command running one of Kafka's command-line tools (``main_class``, such as
+    ``org.apache.kafka.tools.reassign.ReassignPartitionsCommand``), the broker's jars
+    first on its classpath, then the tools'. :func:`fetch_tools` fetches them."""
+    command = java(heap, main_class, *args)
+    at = command.index("-cp") + 1
+    command[at] = f"{command[at]}{os.pathsep}{TOOLS}/*"
+    return command
 
 
 def address() -> str:

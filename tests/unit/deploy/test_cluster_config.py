@@ -92,3 +92,19 @@ def test_the_coordinator_partition_is_javas_string_hash() -> None:
     assert chaos_harness.coordinator_partition("my-group", 50) == 1906497762 % 50
     # A negative hash: "polygenelubricants".hashCode() == Integer.MIN_VALUE, abs -> 0
     assert chaos_harness.coordinator_partition("polygenelubricants", 7) == 0
+
+
+def test_the_active_controller_is_the_newest_epochs_leader_among_running_nodes(
+        cluster: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = kafka_cluster.plan_nodes([9001, 9002, 9003, 9101, 9102, 9103])
+    (cluster / "data_dir").parent.mkdir(parents=True)
+    (cluster / "data_dir").write_text(f"{cluster / 'data'}\n")
+    epochs = {1: (3, 7), 2: (1, 9), 3: (2, 8)}  # node 2 stopped: its file is the newest
+    for node_id, (leader, epoch) in epochs.items():
+        state = cluster / "data" / f"node-{node_id}" / "__cluster_metadata-0" / "quorum-state"
+        state.parent.mkdir(parents=True)
+        state.write_text(f'{{"leaderId":{leader},"leaderEpoch":{epoch}}}')
+    monkeypatch.setattr(kafka_cluster, "node_pid", lambda node_id: None if node_id == 2 else 1)
+    assert kafka_cluster.active_controller(nodes) == 2  # node 3's view, epoch 8
+    monkeypatch.setattr(kafka_cluster, "node_pid", lambda node_id: None)
+    assert kafka_cluster.active_controller(nodes) is None
