@@ -23,6 +23,11 @@ R = TypeVar("R")
 
 # Most connection-failure lines one client logs, one per this many seconds.
 FAIL_LINE_EVERY_S = 60.0
+# librdkafka's lines that repeat while it retries something by itself, each passed at
+# most once per FAIL_LINE_EVERY_S: connection failures, and producer id requests
+# refused while a transaction coordinator finishes the transaction it took over
+# (``GETPID``: over a hundred lines in a second after a cluster refused writes).
+RARE_FACILITIES = frozenset({"FAIL", "GETPID"})
 # How long after a group consumer's session timed out its fence counts as its own.
 OWN_FENCE_WINDOW_S = 60.0
 
@@ -184,16 +189,20 @@ class _QuietLogger:
         self._logger = logger
         self._errors = errors
         self._monotonic = monotonic
-        self._next_fail_s = 0.0
+        self._next_s: dict[object, float] = {}
 
     def log(self, level: int, message: str, *args: object) -> None:
-        """Pass the line on, unless it is a connection failure during an outage or
-        within a minute of the last one passed; note a session timeout."""
-        if args and args[0] == "SESSTMOUT":
+        """Pass the line on, unless it is a connection failure during an outage, or a
+        line of :data:`RARE_FACILITIES` within a minute of the last one of its kind
+        passed; note a session timeout."""
+        facility = args[0] if args else None
+        if facility == "SESSTMOUT":
             self._errors.session_lost()
-        if args and args[0] == "FAIL":
+        if facility in RARE_FACILITIES:
             now = self._monotonic()
-            if self._errors.unreachable() is not None or now < self._next_fail_s:
+            if facility == "FAIL" and self._errors.unreachable() is not None:
                 return
-            self._next_fail_s = now + FAIL_LINE_EVERY_S
+            if now < self._next_s.get(facility, 0.0):
+                return
+            self._next_s[facility] = now + FAIL_LINE_EVERY_S
         self._logger.log(level, message, *args)

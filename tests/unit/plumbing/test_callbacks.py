@@ -80,3 +80,14 @@ def test_a_session_timeout_in_a_clients_log_is_noted_for_a_minute() -> None:
     assert errors.session_lost_lately()
     now[0] += 2.0
     assert not errors.session_lost_lately()
+
+
+def test_producer_id_retries_are_logged_once_a_minute() -> None:
+    errors = ClientErrors()
+    lines = Lines()
+    logger = errors.quiet(lines)
+    for _ in range(110):  # librdkafka retrying while a coordinator ends a transaction
+        logger.log(4, "%s [%s] %s", "GETPID", "transactions", "CONCURRENT_TRANSACTIONS")
+    logger.log(4, "%s [%s] %s", "FAIL", "transactions", "refused")
+    assert lines.lines == [("GETPID", "transactions", "CONCURRENT_TRANSACTIONS"),
+                           ("FAIL", "transactions", "refused")]
