@@ -622,6 +622,17 @@ def run(options: Options) -> list[Report]:
             each.write_backlog(options.backlog)
         log(f"a backlog of {options.backlog} requests written per deployment")
     started = time.monotonic()
+    try:
+        return scenario(cluster, options, runs, started)
+    finally:  # a harness that failed leaves no kdelay running (judge stopped the others)
+        for each in runs:
+            each.instance.kill()
+            each.stop_extra()
+
+
+def scenario(cluster: Cluster, options: Options, runs: list[Run], started: float
+             ) -> list[Report]:
+    """Start the instances, the load and the scenario's events; judge each run."""
     for each in runs:
         each.instance.start()
     for each in runs:
