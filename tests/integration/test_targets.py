@@ -69,6 +69,37 @@ def test_kdelay_never_delivers_to_its_own_topics(
     assert refusals._value.get() == len(own)
 
 
+def test_kdelays_own_topics_are_refused_under_the_names_in_force(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    # The worker runs under other names than the defaults: the service, given the same
+    # settings, refuses those names (and its renamed outcomes topic, made by the factory).
+    run = uuid.uuid4().hex[:8]
+    deployment = deployment_factory(partitions=1, series_cancels_topic=f"acme-{run}.stops",
+                                    worker_dlq_topic=f"acme-{run}.failed")
+    settings = deployment.settings
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+    own = [settings.outcomes_topic, settings.series_cancels_topic, settings.worker_dlq_topic]
+    records = [_request(topic, b"forged", b"x", now) for topic in own]
+    records.append(_request(target, b"good", b"ok", now))
+    produce(bootstrap, settings.requests_topic, records)
+    out = collector([target, settings.dlq_topic, settings.outcomes_topic])
+    service = running(deployment, clock)
+    service.add()
+    service.until(lambda: out.poll() >= 0 and len(out.on(settings.dlq_topic)) >= len(own)
+                  and bool(out.on(target)), advance_ms=50)
+    out.poll(0.5)
+    dead = out.on(settings.dlq_topic)
+    assert sorted(header(m, envelope.TARGET) or b"" for m in dead) == \
+        sorted(t.encode() for t in own)
+    assert {header(m, envelope.ERROR) for m in dead} == {b"forbidden-target"}
+    assert not out.on(settings.outcomes_topic)
+    assert [m.key() for m in out.on(target)] == [b"good"]
+
+
 def test_allowed_targets_restrict_where_requests_go(
     deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
     bootstrap: str,

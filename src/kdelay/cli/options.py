@@ -84,6 +84,12 @@ DlqTopic = Annotated[str | None, common(
 OutcomesTopic = Annotated[str | None, common(
     "outcomes-topic", "Compacted topic of the outcome records of requests with an id.",
     _DEFAULTS.outcomes_topic)]
+SeriesCancelsTopic = Annotated[str | None, common(
+    "series-cancels-topic", "Compacted topic of kdelay worker's series cancel markers; never a "
+    "delivery target.", _DEFAULTS.series_cancels_topic)]
+WorkerDlqTopic = Annotated[str | None, common(
+    "worker-dlq-topic", "Dead-letter topic of kdelay worker's failed tasks; never a delivery "
+    "target.", _DEFAULTS.worker_dlq_topic)]
 GroupId = Annotated[str | None, common(
     "group-id", "Consumer group of the service instances.", _DEFAULTS.group_id)]
 StateDir = Annotated[Path | None, common(
@@ -148,6 +154,8 @@ COMMON_OPTIONS: dict[str, Any] = {
     "changelog_topic": ChangelogTopic,
     "dlq_topic": DlqTopic,
     "outcomes_topic": OutcomesTopic,
+    "series_cancels_topic": SeriesCancelsTopic,
+    "worker_dlq_topic": WorkerDlqTopic,
     "group_id": GroupId,
     "state_dir": StateDir,
     "guarantee": GuaranteeOpt,

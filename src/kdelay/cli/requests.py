@@ -23,7 +23,7 @@ from kdelay.client import DelayProducer, Ticket, parse_due, parse_header
 from kdelay.outcomes import EXIT_CODES, NO_OUTCOME_EXIT, NoOutcome
 from kdelay.plumbing.clock import SystemClock
 from kdelay.protocol.durations import parse_duration_ms
-from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
+from kdelay.recurring import SERIES_TOPIC
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,6 @@ def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | 
 def cancel(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
-    series_cancels_topic: Annotated[str, option(
-        "series-cancels-topic", "Compacted topic of series cancel markers (written when it "
-        "exists).", shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
     wait: Annotated[bool, option(
         "wait", "Wait for the service's outcome, print it and exit with its status (cancelled "
         "0, unknown 4, already-delivered 5, dead-lettered 6, none in time 7).")] = False,
@@ -168,7 +165,7 @@ def cancel(
         wait_s = parse_duration_ms(timeout) / 1000
         with DelayProducer(settings) as producer:
             ticket = recurring.cancel(settings, producer, schedule_id,
-                                      SystemClock().now_ms(), series_cancels_topic)
+                                      SystemClock().now_ms(), settings.series_cancels_topic)
     _answer(ticket, wait_s if wait else None)
 
 

@@ -10,10 +10,18 @@ from typing import Annotated
 
 import typer
 
-from kdelay.cli.options import USER_ERROR_EXIT, common_options, connected, fail, option, reported
+from kdelay.cli.options import (
+    USER_ERROR_EXIT,
+    common_options,
+    connected,
+    fail,
+    option,
+    reported,
+    settings_of,
+)
 from kdelay.plumbing.topics import admin_client
 from kdelay.protocol.durations import parse_levels
-from kdelay.recurring import CANCELS_TOPIC, SERIES_TOPIC
+from kdelay.recurring import SERIES_TOPIC
 
 
 @common_options
@@ -31,12 +39,6 @@ def worker(
     series_topic: Annotated[str, option(
         "series-topic", "Topic plain series occurrences are delivered to.",
         shown=SERIES_TOPIC)] = SERIES_TOPIC,
-    series_cancels_topic: Annotated[str, option(
-        "series-cancels-topic", "Compacted topic of series cancel markers.",
-        shown=CANCELS_TOPIC)] = CANCELS_TOPIC,
-    worker_dlq_topic: Annotated[str, option(
-        "worker-dlq-topic", "Dead-letter topic of failed tasks.", shown="kdelay.tasks.dlq")]
-    = "kdelay.tasks.dlq",
     backoff: Annotated[str | None, option(
         "backoff", "Retry steps of a failed task.", shown="10s 30s 1m ... 1h 2h")] = None,
     create_topics: Annotated[bool, option(
@@ -49,20 +51,23 @@ def worker(
     """Run scheduled tasks and drive recurring series until SIGTERM or SIGINT.
 
     Exactly-once (--guarantee) makes each occurrence's next request, retries
-    and offsets commit in one transaction.
+    and offsets commit in one transaction. The series cancels and worker DLQ
+    topics are common options: the service refuses them as targets under the
+    names given there.
     """
     from kdelay import tasks
 
-    topics = tasks.WorkerTopics(tasks_topic, series_topic, series_cancels_topic,
-                                worker_dlq_topic)
     with reported():
+        settings = settings_of(ctx)
+        topics = tasks.WorkerTopics(tasks_topic, series_topic, settings.series_cancels_topic,
+                                    settings.worker_dlq_topic)
         try:
             loaded = tasks.load_registry(registry) if registry is not None else None
         except tasks.RegistryError as exc:
             fail(exc.code, str(exc), USER_ERROR_EXIT)
         options = tasks.WorkerOptions(worker_group_id, topics,
                                       parse_levels(backoff) if backoff else None)
-        settings = connected(ctx)
+        connected(ctx)  # a broker answers, else one error line
         if create_topics:
             for line in tasks.create_worker_topics(admin_client(settings), topics, partitions):
                 typer.echo(line)

@@ -237,7 +237,8 @@ class Planner:
         self._fresh_from = rereads_below or 0
         self._delivered = delivered
         self._partitions = partitions
-        self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
+        own = (topics.requests, topics.changelog, topics.dlq, topics.outcomes)
+        self._policy = policy or TargetPolicy([topic for topic in own if topic is not None], ())
         self._changelog = topics.changelog
         self._limits = limits
         self._lookup = lookup

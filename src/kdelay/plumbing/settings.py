@@ -38,8 +38,9 @@ DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 PARTITIONERS = ("murmur2_random", "murmur2", "consistent_random", "consistent", "fnv1a_random",
                 "fnv1a", "random")
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-#: The topics ``kdelay worker`` keeps for itself under their default names: the
-#: series cancel markers and the failed tasks. Never a delivery target.
+#: The default names of the topics ``kdelay worker`` keeps for itself: the series
+#: cancel markers and the failed tasks. Never a delivery target, under whatever
+#: names the settings give them (:attr:`Settings.reserved_topics`).
 WORKER_RESERVED_TOPICS = ("kdelay.series.cancels", "kdelay.tasks.dlq")
 
 
@@ -88,7 +89,10 @@ class Settings:
     empty allows every topic but kdelay's own (:attr:`reserved_topics`).
     ``lanes`` maps each lane to the prefix of the topics it owns (see
     :class:`~kdelay.protocol.targets.Lanes`; a string ``"dev1=dev1.,dev2=dev2."``
-    is parsed); empty: no lanes.
+    is parsed); empty: no lanes. ``series_cancels_topic`` and ``worker_dlq_topic``
+    are ``kdelay worker``'s internal topics (the series cancel markers, the
+    tasks that failed for good): the service refuses them as targets under the
+    names given here, so a deployment that renames them tells every command.
     A record whose target fails (a topic not created yet, a refusal) is
     retried for ``delivery_retry_ms`` after its first failure, then
     dead-lettered; ``delivery_attempts`` (0: no limit) can end it sooner.
@@ -102,6 +106,8 @@ class Settings:
     changelog_topic: str = "kdelay.changelog"
     dlq_topic: str = "kdelay.dlq"
     outcomes_topic: str = "kdelay.outcomes"
+    series_cancels_topic: str = WORKER_RESERVED_TOPICS[0]
+    worker_dlq_topic: str = WORKER_RESERVED_TOPICS[1]
     group_id: str = "kdelay"
     state_dir: Path = Path("state")
     guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
@@ -139,8 +145,10 @@ class Settings:
         """Yield one sentence per invalid field, in field order."""
         if not self.bootstrap_servers.strip():
             yield "bootstrap_servers must not be empty"
-        yield from _topic_problems(self.requests_topic, self.changelog_topic, self.dlq_topic,
-                                   self.outcomes_topic)
+        yield from _topic_problems("requests, changelog, dlq and outcomes", self.requests_topic,
+                                   self.changelog_topic, self.dlq_topic, self.outcomes_topic)
+        yield from _topic_problems("series cancels and worker dlq", self.series_cancels_topic,
+                                   self.worker_dlq_topic)
         if not self.group_id:
             yield "group_id must not be empty"
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65_535:
@@ -162,9 +170,11 @@ class Settings:
 
     @property
     def reserved_topics(self) -> tuple[str, ...]:
-        """kdelay's own topics, never a delivery target (see :class:`TargetPolicy`)."""
+        """Every topic kdelay itself reads or writes under these settings, never a delivery
+        target (see :class:`TargetPolicy`): the service's requests, changelog, DLQ and
+        outcomes topics and the worker's series cancels and tasks DLQ topics."""
         return (self.requests_topic, self.changelog_topic, self.dlq_topic, self.outcomes_topic,
-                *WORKER_RESERVED_TOPICS)
+                self.series_cancels_topic, self.worker_dlq_topic)
 
     def target_policy(self) -> TargetPolicy:
         """Return the policy that decides which topics requests may target."""
@@ -219,14 +229,14 @@ def _lanes(value: Lanes | str) -> Lanes:
         raise SettingsError("invalid-setting", f"lanes {value!r}: {exc}") from None
 
 
-def _topic_problems(*topics: str) -> Iterator[str]:
-    """Kafka's topic-name rules, plus: kdelay's own topics must be distinct."""
+def _topic_problems(what: str, *topics: str) -> Iterator[str]:
+    """Kafka's topic-name rules, plus: kdelay's own topics (``what``) must be distinct."""
     for topic in topics:
         if not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
             yield (f"{topic!r} is not a valid Kafka topic name "
                    "(1-249 characters from a-z A-Z 0-9 . _ -)")
     if len(set(topics)) != len(topics):
-        yield (f"the requests, changelog, dlq and outcomes topics must differ, "
+        yield (f"the {what} topics must differ, "
                f"got {', '.join(topics)}")
 
 

@@ -170,6 +170,16 @@ def test_common_options_build_settings(fake_service: FakeService, tmp_path: Path
     )
 
 
+def test_run_takes_the_worker_topic_names_it_must_refuse(fake_service: FakeService) -> None:
+    # The same variables ``kdelay worker`` reads: the service refuses the names in force.
+    result = invoke(["run", "--worker-dlq-topic", "acme.failed"],
+                    env={"KDELAY_SERIES_CANCELS_TOPIC": "acme.stops"})
+    assert result.exit_code == 0, result.output
+    reserved = fake_service.settings.reserved_topics
+    assert "acme.failed" in reserved
+    assert "acme.stops" in reserved
+
+
 def test_defaults_come_from_settings(fake_service: FakeService) -> None:
     assert invoke(["run"]).exit_code == 0
     assert fake_service.settings == Settings()

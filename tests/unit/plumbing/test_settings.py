@@ -291,3 +291,23 @@ def test_reserved_topics_name_kdelay_and_the_worker_topics() -> None:
     refused = settings.target_policy().refusal("c")
     assert refused is not None
     assert refused.code == "forbidden-target"
+
+
+def test_renamed_worker_and_outcomes_topics_are_refused_under_their_names() -> None:
+    settings = Settings(outcomes_topic="acme.answers", series_cancels_topic="acme.stops",
+                        worker_dlq_topic="acme.failed-tasks")
+    policy = settings.target_policy()
+    for own in ("acme.answers", "acme.stops", "acme.failed-tasks"):
+        refused = policy.refusal(own)
+        assert refused is not None, own
+        assert refused.code == "forbidden-target"
+    # The default names are plain topics once the worker runs under others.
+    assert policy.refusal("kdelay.tasks.dlq") is None
+    assert policy.refusal("kdelay.series.cancels") is None
+
+
+def test_worker_topics_must_be_topic_names_and_differ() -> None:
+    with pytest.raises(SettingsError, match="not a valid Kafka topic name"):
+        Settings(worker_dlq_topic="has space")
+    with pytest.raises(SettingsError, match="series cancels and worker dlq topics must differ"):
+        Settings(series_cancels_topic="x", worker_dlq_topic="x")
