@@ -3,8 +3,11 @@
 A :class:`DelayProducer` writes the real record once, to the requests topic,
 with the ``kdelay-*`` headers that tell the service where and when to deliver
 it; nothing is sent to the target until then. Records that carry a schedule id
-are placed on the request partition chosen by :func:`id_partition`, so a
-cancel for that id lands on the same partition as the schedule it cancels.
+are placed on the request partition chosen by :func:`id_partition` (of the id
+alone, whatever the lane: the service looks for the id there), so a cancel for
+that id lands on the same partition as the schedule it cancels. An id is unique
+within its lane: a producer's cancels and reschedules name its lane, and reach
+only that lane's schedules.
 
 A request the service would dead-letter for its due time (``delay-too-long``:
 later than the requests topic's retention allows, or an unknown level) is
@@ -70,9 +73,10 @@ class Ticket:
     """
 
     def __init__(self, coordinates: Coordinates, schedule_id: str, mark: Mark | NoOutcome,
-                 reader: Callable[[], Tracker]) -> None:
+                 reader: Callable[[], Tracker], lane: str | None = None) -> None:
         self.coordinates = coordinates
         self.schedule_id = schedule_id
+        self.lane = lane
         self._mark = mark
         self._reader = reader
 
@@ -94,7 +98,8 @@ class Ticket:
         if isinstance(self._mark, NoOutcome):
             raise self._mark
         with self._reader() as tracker:  # its own: the ticket may outlive its producer
-            return tracker.wait(self.schedule_id, str(self.coordinates), self._mark, timeout)
+            return tracker.wait(self.schedule_id, str(self.coordinates), self._mark, timeout,
+                                self.lane)
 
 
 class DeliveryError(Exception):
@@ -380,22 +385,26 @@ class DelayProducer:
         mark = self._mark(id)
         future = self.send_async(target, value, key=key, headers=headers, delay=delay, due=due,
                                  level=level, partition=partition, id=id, lane=lane)
-        return Ticket(self._wait(future), id, mark, self._new_tracker)
+        return Ticket(self._wait(future), id, mark, self._new_tracker, lane or self._lane)
 
-    def cancel(self, id: str) -> Ticket:
-        """Ask the service to cancel the pending schedule ``id``; return a :class:`Ticket`.
+    def cancel(self, id: str, *, lane: str | None = None) -> Ticket:
+        """Ask the service to cancel the pending schedule ``id`` of ``lane`` (the
+        producer's when None); return a :class:`Ticket`.
 
         The cancel goes to the same request partition as every schedule with
-        this id. Cancelling an id that is not pending is not an error here:
+        this id. An id is unique within its lane: the cancel reaches only its
+        lane's schedule. Cancelling an id that is not pending is not an error here:
         the ticket's :meth:`~Ticket.outcome` says ``cancelled``, ``unknown``,
         ``already-delivered`` or ``dead-lettered``. Raises as :meth:`send` does.
         """
-        return self._ticket(id, envelope.cancel_headers(id))
+        lane = lane or self._lane
+        return self._ticket(id, envelope.cancel_headers(id, lane), lane)
 
     def reschedule(self, id: str, *, delay: timedelta | int | None = None,
-                   due: datetime | int | None = None) -> Ticket:
-        """Ask the service to move the pending schedule ``id`` to a new due time (``delay``
-        after now, or ``due``; exactly one); return the request's :class:`Ticket`.
+                   due: datetime | int | None = None, lane: str | None = None) -> Ticket:
+        """Ask the service to move the pending schedule ``id`` of ``lane`` (the producer's
+        when None) to a new due time (``delay`` after now, or ``due``; exactly one);
+        return the request's :class:`Ticket`.
 
         Its :meth:`~Ticket.outcome` says ``rescheduled``, ``unknown``,
         ``already-delivered`` or ``dead-lettered``. A due time past the
@@ -407,7 +416,8 @@ class DelayProducer:
             raise ValueError("give exactly one of delay and due")
         at_ms = due_ms(due) if due is not None else None
         after_ms = delay_ms(delay) if delay is not None else None
-        headers = envelope.reschedule_headers(id, due_ms=at_ms, delay_ms=after_ms)
+        lane = lane or self._lane
+        headers = envelope.reschedule_headers(id, due_ms=at_ms, delay_ms=after_ms, lane=lane)
         self._partition_count(self._ensure_producer())
         now = self._clock.now_ms()
         target_ms = at_ms if at_ms is not None else now + (after_ms or 0)
@@ -415,15 +425,15 @@ class DelayProducer:
         if bound is not None and target_ms > now + bound:
             raise RequestRefused("delay-too-long", f"due time {target_ms} is past the requests "
                                  f"topic's retention bound ({bound} ms after now)")
-        return self._ticket(id, headers)
+        return self._ticket(id, headers, lane)
 
-    def _ticket(self, schedule_id: str, headers: Headers) -> Ticket:
-        """Write a cancel or reschedule of ``schedule_id`` (value: the id) and return its
-        ticket, its outcome's place noted first."""
+    def _ticket(self, schedule_id: str, headers: Headers, lane: str | None) -> Ticket:
+        """Write a cancel or reschedule of ``schedule_id`` in ``lane`` (value: the id) and
+        return its ticket, its outcome's place noted first."""
         mark = self._mark(schedule_id)
         coordinates = self._wait(self._produce(schedule_id.encode("utf-8"), None, headers,
                                                schedule_id))
-        return Ticket(coordinates, schedule_id, mark, self._new_tracker)
+        return Ticket(coordinates, schedule_id, mark, self._new_tracker, lane)
 
     def _new_tracker(self) -> Tracker:
         return Tracker(self._admin_config, self._outcomes_topic,

@@ -2,9 +2,11 @@
 
 For every request that carries a schedule id (a schedule or a cancel) the
 service writes an outcome record to the outcomes topic (``kdelay.outcomes``,
-made by ``kdelay topics create``): key = the id, value = a JSON object
+made by ``kdelay topics create``): key = the id (a request of a lane: the lane
+and the id, :func:`~kdelay.protocol.codec.outcome_key`), value = a JSON object
 (:class:`~kdelay.protocol.codec.Answer`), on the partition the id hashes to
-(murmur2, as a Java producer places the key). Any producer can read it.
+(murmur2 of the id alone, as a Java producer places it as a key). Any producer
+can read it.
 
 A sender learns its own request's outcome with a :class:`Tracker`: it notes
 the end of the id's outcome partition (:meth:`Tracker.mark`) *before* the
@@ -24,7 +26,7 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
-from kdelay.protocol.codec import Answer, decode_answer
+from kdelay.protocol.codec import Answer, decode_answer, outcome_key
 from kdelay.protocol.forward import id_partition
 
 # Exit status of ``kdelay cancel --wait`` and ``kdelay send --wait`` per outcome.
@@ -88,14 +90,16 @@ class Tracker:
                              self._timeout)
         return Mark(partition, high)
 
-    def wait(self, schedule_id: str, request: str, mark: Mark, timeout_s: float) -> Answer:
-        """Return the outcome of the request at ``request`` (``topic/partition/offset``).
+    def wait(self, schedule_id: str, request: str, mark: Mark, timeout_s: float,
+             lane: str | None = None) -> Answer:
+        """Return the outcome of the request at ``request`` (``topic/partition/offset``),
+        which named ``lane`` (None: no lane).
 
         Reads the id's outcome partition from ``mark`` until the record for
         this request arrives; raises :class:`NoOutcome` ``no-outcome`` after
         ``timeout_s`` seconds without it.
         """
-        key = schedule_id.encode("utf-8")
+        key = outcome_key(schedule_id, lane)
         self._consumer.assign([TopicPartition(self._topic, mark.partition, mark.offset)])
         deadline = time.monotonic() + timeout_s
         try:

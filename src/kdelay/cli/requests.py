@@ -152,6 +152,9 @@ def _send_series(ctx: typer.Context, target: str, value: str | None, key: str | 
 def cancel(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to cancel.")],
+    lane: Annotated[str | None, option(
+        "lane", "The lane of the schedule (kdelay-lane): an id is unique within its lane, "
+        "and a request reaches only its own lane's schedule.")] = None,
     wait: Annotated[bool, option(
         "wait", "Wait for the service's outcome, print it and exit with its status (cancelled "
         "0, unknown 4, already-delivered 5, dead-lettered 6, none in time 7).")] = False,
@@ -163,7 +166,7 @@ def cancel(
     with reported():
         settings = connected(ctx)
         wait_s = parse_duration_ms(timeout) / 1000
-        with DelayProducer(settings) as producer:
+        with DelayProducer(settings, lane=lane) as producer:
             ticket = recurring.cancel(settings, producer, schedule_id,
                                       SystemClock().now_ms(), settings.series_cancels_topic)
     _answer(ticket, wait_s if wait else None)
@@ -173,6 +176,9 @@ def cancel(
 def reschedule(
     ctx: typer.Context,
     schedule_id: Annotated[str, typer.Argument(metavar="ID", help="The schedule id to move.")],
+    lane: Annotated[str | None, option(
+        "lane", "The lane of the schedule (kdelay-lane): an id is unique within its lane, "
+        "and a request reaches only its own lane's schedule.")] = None,
     delay: Annotated[str | None, option(
         "delay", "New due time, from now: 1500, 30s, 5m, 2h, 1d.")] = None,
     due: Annotated[str | None, option(
@@ -191,7 +197,7 @@ def reschedule(
     with reported():
         settings = connected(ctx)
         wait_s = parse_duration_ms(timeout) / 1000
-        with DelayProducer(settings) as producer:
+        with DelayProducer(settings, lane=lane) as producer:
             ticket = producer.reschedule(
                 schedule_id, delay=parse_duration_ms(delay) if delay is not None else None,
                 due=parse_due(due) if due is not None else None)

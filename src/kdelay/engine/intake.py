@@ -42,7 +42,7 @@ from kdelay.protocol.envelope import (
     Reschedule,
     Schedule,
 )
-from kdelay.protocol.forward import Forward, id_partition
+from kdelay.protocol.forward import Forward
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changes import Changes, Entry
 
@@ -237,8 +237,7 @@ class Planner:
         self._fresh_from = rereads_below or 0
         self._delivered = delivered
         self._partitions = partitions
-        own = (topics.requests, topics.changelog, topics.dlq, topics.outcomes)
-        self._policy = policy or TargetPolicy([topic for topic in own if topic is not None], ())
+        self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
         self._changelog = topics.changelog
         self._limits = limits
         self._lookup = lookup
@@ -278,8 +277,7 @@ class Planner:
                         open_targets.add(parsed.target)
                 self._schedule(plan, message, parsed, offset, timestamp if known else 0)
             elif isinstance(parsed, Cancel):
-                self._cancel(plan, message, parsed.schedule_id, offset,
-                             timestamp if known else None)
+                self._cancel(plan, message, parsed, offset, timestamp if known else None)
             elif isinstance(parsed, Reschedule):
                 self._reschedule(plan, message, parsed, offset)
             else:
@@ -344,10 +342,10 @@ class Planner:
         return self._ids.memory.get(key) if self._ids is not None else None
 
     def _elsewhere(self, plan: Plan, schedule_id: str) -> int | None:
-        """The id's partition when it is another and the id is not pending here; else None."""
+        """The home of id key ``schedule_id`` if another and the id is not pending here."""
         if self._partitions is None:
             return None
-        home = id_partition(schedule_id, self._partitions)
+        home = forward.home_of(schedule_id, self._partitions)
         if home == plan.partition:
             return None
         state = self._id_state(plan, schedule_id)
@@ -372,7 +370,7 @@ class Planner:
         if self._partitions is not None:
             headers = forward.counted(headers, self._partitions)
         plan.forwards.append(Record(self._topics.requests, home, None, value, headers))
-        plan.outcomes.append((Outcome.FORWARDED, sid))
+        plan.outcomes.append((Outcome.FORWARDED, codec.shown_id(sid)))
 
     def _other(self, plan: Plan, message: Message, rejection: Rejection) -> None:
         """A record that is no request: a forward to index, else a rejection."""
@@ -387,14 +385,14 @@ class Planner:
 
     def _take(self, plan: Plan, message: Message, found: Forward) -> None:
         """Index a schedule forwarded here: its key names the original where it lies."""
-        moved = self._moved(plan, found.schedule_id, message.headers())
+        sid = codec.id_key(found.schedule_id, found.lane)
+        moved = self._moved(plan, sid, message.headers())
         if moved is not None:
-            self._forward(plan, message.offset() or 0, moved, found.schedule_id,
+            self._forward(plan, message.offset() or 0, moved, sid,
                           forward.schedule_headers(found))
             return
         key = codec.encode_due_key(found.due_ms, found.partition, found.offset)
-        self._index(plan, key, _new(IndexValue, (found.fingerprint, found.schedule_id,
-                                                 found.target)), None)
+        self._index(plan, key, _new(IndexValue, (found.fingerprint, sid, found.target)), None)
 
     def _reject(self, plan: Plan, message: Message, rejection: Rejection) -> None:
         plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
@@ -402,14 +400,17 @@ class Planner:
 
     def _schedule(self, plan: Plan, message: Message, schedule: Schedule, offset: int,
                   timestamp: int) -> None:
-        """Index a valid request; ``timestamp`` is as :func:`fingerprint_of` reads it."""
-        sid = schedule.schedule_id
+        """Index a valid request, its id by its id key (:func:`codec.id_key`: unique within
+        its lane); ``timestamp`` is as :func:`fingerprint_of` reads it."""
+        sid, lane = schedule.schedule_id, schedule.lane
+        if sid is not None and lane is not None:
+            sid = codec.id_key(sid, lane)
         fingerprint = codec.fingerprint(_KEY(message), _VALUE(message), timestamp)
         home = None if sid is None else self._elsewhere(plan, sid)
         if home is not None:
             assert sid is not None  # noqa: S101 - home is None without an id
-            found = Forward(sid, schedule.due_ms, plan.partition, offset, fingerprint,
-                            schedule.target)
+            found = Forward(codec.split_id_key(sid)[0], schedule.due_ms, plan.partition, offset,
+                            fingerprint, schedule.target, lane)
             self._forward(plan, offset, home, sid, forward.schedule_headers(found))
             return
         key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
@@ -451,7 +452,7 @@ class Planner:
         if sid is None:
             plan.outcomes.append(_SCHEDULED)
         else:
-            plan.outcomes.append((Outcome.SCHEDULED, sid))
+            plan.outcomes.append((Outcome.SCHEDULED, codec.shown_id(sid)))
             self._answer(plan, Outcome.SCHEDULED, sid, key)
 
     def _pending_before(self, key: bytes, message: Message | None) -> bool:
@@ -468,7 +469,7 @@ class Planner:
         """Answer a request whose id is pending under another key, or ended, with the first."""
         first_key = state.pending_key or state.first_key
         first = "pending" if state.pending_key is not None else state.end.word
-        plan.outcomes.append((Outcome.DUPLICATE, f"{sid} (first: {first})"))
+        plan.outcomes.append((Outcome.DUPLICATE, f"{codec.shown_id(sid)} (first: {first})"))
         if first_key == key:
             return  # the first request itself, read again after its schedule ended
         kept = (self._fingerprint(plan, state.pending_key) if state.pending_key is not None
@@ -480,7 +481,7 @@ class Planner:
             differs.append("payload")
         if differs:
             plan.conflicts.append(
-                f"id {sid}: request {self._where(key)} differs from the first, "
+                f"id {codec.shown_id(sid)}: request {self._where(key)} differs from the first, "
                 f"{self._where(first_key)} ({first}), in its {' and '.join(differs)}; "
                 "the first is kept")
         self._answer(plan, Outcome.DUPLICATE, sid, key, first_key, first, bool(differs))
@@ -496,28 +497,30 @@ class Planner:
                 schedule: bytes | None = None, first: str | None = None,
                 differs: bool = False) -> None:
         """Add the outcome record of the request at ``request`` (a due key, or partition and
-        offset) to the plan, when outcome records are published."""
+        offset) to the plan, when outcome records are published; keyed by the id key ``sid``."""
         topics = self._topics
         if topics.outcomes is None:
             return
         where = (self._where(request) if isinstance(request, bytes)
                  else envelope.origin_of(topics.requests, *request))
-        answer = Answer(sid, str(outcome), where, self._now(None),
-                        None if schedule is None else self._where(schedule), first, differs)
-        plan.answers.append(Record(topics.outcomes, id_partition(sid, topics.outcome_partitions),
-                                   sid.encode("utf-8"), codec.encode_answer(answer)))
+        schedule_id, lane = codec.split_id_key(sid)
+        answer = Answer(schedule_id, str(outcome), where, self._now(None),
+                        None if schedule is None else self._where(schedule), first, differs, lane)
+        plan.answers.append(Record(topics.outcomes, forward.home_of(sid, topics.outcome_partitions),
+                                   codec.encode_id_key(sid), codec.encode_answer(answer)))
 
-    def _cancel(self, plan: Plan, message: Message, schedule_id: str, offset: int,
+    def _cancel(self, plan: Plan, message: Message, cancel: Cancel, offset: int,
                 timestamp: int | None) -> None:
         headers = message.headers()
         origin = forward.origin(headers)
+        schedule_id = codec.id_key(cancel.schedule_id, cancel.lane)
         home = (self._elsewhere(plan, schedule_id) if origin is None
                 else self._moved(plan, schedule_id, headers))
         request = origin or (plan.partition, offset)
         if home is not None:
             self._forward(plan, offset, home, schedule_id,
-                          forward.cancel_headers(schedule_id, *request),
-                          schedule_id.encode("utf-8"))
+                          forward.cancel_headers(cancel.schedule_id, *request, cancel.lane),
+                          cancel.schedule_id.encode("utf-8"))
             return
         state = self._id_state(plan, schedule_id)
         if state is None:
@@ -529,7 +532,7 @@ class Planner:
         else:
             outcome, key = Outcome.CANCELLED, state.pending_key
             self._withdraw(plan, schedule_id, key, timestamp)
-        plan.outcomes.append((outcome, schedule_id))
+        plan.outcomes.append((outcome, codec.shown_id(schedule_id)))
         self._answer(plan, outcome, schedule_id, request, key,
                      None if state is None or state.pending_key is not None else state.end.word)
 
@@ -545,20 +548,22 @@ class Planner:
 
     def _reschedule(self, plan: Plan, message: Message, request: Reschedule,
                     offset: int) -> None:
-        """Move a pending schedule to a new due time: same original, a new due key."""
-        sid, due_ms = request.schedule_id, request.due_ms
+        """Move the pending schedule of the request's lane and id: same original, new key."""
+        sid, due_ms = codec.id_key(request.schedule_id, request.lane), request.due_ms
+        shown = codec.shown_id(sid)
         origin = forward.origin(message.headers())
         home = (self._elsewhere(plan, sid) if origin is None
                 else self._moved(plan, sid, message.headers()))
         where = origin or (plan.partition, offset)
         if home is not None:
-            self._forward(plan, offset, home, sid, forward.reschedule_headers(sid, due_ms, *where))
+            self._forward(plan, offset, home, sid, forward.reschedule_headers(
+                request.schedule_id, due_ms, *where, request.lane))
             return
         state = self._id_state(plan, sid)
         key = None if state is None else state.pending_key or state.first_key
         if state is None or state.pending_key is None:
             outcome = Outcome.UNKNOWN if state is None else _MOVE_OF_ENDED[state.end]
-            plan.outcomes.append((outcome, sid))
+            plan.outcomes.append((outcome, shown))
             self._answer(plan, outcome, sid, where, key,
                          None if state is None else state.end.word)
             return
@@ -573,11 +578,11 @@ class Planner:
         due = codec.decode_due_key(old)
         new = codec.encode_due_key(due_ms, due.partition, due.offset)
         if new != old and not self._withhold(old):
-            plan.outcomes.append((Outcome.ALREADY_DELIVERED, sid))
+            plan.outcomes.append((Outcome.ALREADY_DELIVERED, shown))
             self._answer(plan, Outcome.ALREADY_DELIVERED, sid, where, old)
             return
         if new == old:  # the same due time: nothing moves
-            plan.outcomes.append((Outcome.RESCHEDULED, sid))
+            plan.outcomes.append((Outcome.RESCHEDULED, shown))
             self._answer(plan, Outcome.RESCHEDULED, sid, where, old)
             return
         original = self._take_out(plan, old)
@@ -587,7 +592,7 @@ class Planner:
             plan.originals[new] = original
         plan.changelog.append(Record(self._changelog, plan.partition, new, raw))
         plan.changes.ids[sid] = IdState(new, None)
-        plan.outcomes.append((Outcome.RESCHEDULED, sid))
+        plan.outcomes.append((Outcome.RESCHEDULED, shown))
         self._answer(plan, Outcome.RESCHEDULED, sid, where, new)
 
     def _take_out(self, plan: Plan, key: bytes) -> Message | None:

@@ -289,7 +289,12 @@ class Sender:
         else:
             # No original to copy: the DLQ record carries what the index knows of it.
             _, sid, target = job.entry.value
-            known = [] if sid is None else [(envelope.SCHEDULE_ID, sid.encode())]
+            known: envelope.Headers = []
+            if sid is not None:  # an id key: the id, and its lane if it has one
+                schedule_id, lane = codec.split_id_key(sid)
+                known.append((envelope.SCHEDULE_ID, schedule_id.encode()))
+                if lane is not None:
+                    known.append((envelope.LANE, lane.encode()))
             if target is not None:
                 known.append((envelope.SCHEDULED_TARGET, target.encode()))
             self._internal.produce(self._dlq_topic, value=None, key=None,

@@ -11,6 +11,7 @@ encoding, so corrupt state is reported instead of being misread.
 from __future__ import annotations
 
 import itertools
+import re
 import struct
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
@@ -20,6 +21,7 @@ import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.protocol import checksum
+from kdelay.protocol.envelope import LANE_NAME
 
 _DUE_KEY: Final = struct.Struct(">QIQ")
 _KEY_BLOCK: Final = 64  # due_key_fields' structs: n due keys end to end, n up to this
@@ -151,20 +153,97 @@ def end_of(schedule_id: str | None, end: End, at_ms: int, key: bytes,
     return state, (id_record_key(schedule_id), encode_id_state(state))
 
 
+# A schedule id is unique within its lane (``kdelay-lane``). kdelay keys every id
+# by one string, its *id key* (:func:`id_key`): the id itself when the request
+# names no lane, so a deployment without lanes keeps every byte it wrote before
+# lanes scoped ids; for a lane, this mark, the lane, ``/`` and the id. Written as
+# bytes (:func:`encode_id_key`) the mark is the byte 0xFF, which UTF-8 never
+# holds: no id read from a header (always valid UTF-8) can spell a lane's key,
+# and the first ``/`` ends the lane, whose name has none.
+_LANE_MARK: Final = "\udcff"  # surrogateescape's form of the byte 0xFF
+_LANE_BYTE: Final = b"\xff"
+_LANE_BYTES: Final = re.compile(LANE_NAME.pattern.encode())
+
+
+def id_key(schedule_id: str, lane: str | None) -> str:
+    """The key of ``schedule_id`` in ``lane``: the id itself without a lane, else
+    ``"\\udcff" + lane + "/" + id``. The same id in two lanes has two keys; an id
+    key is what the index, the changelog and intake know an id by."""
+    return schedule_id if lane is None else f"{_LANE_MARK}{lane}/{schedule_id}"
+
+
+def split_id_key(key: str) -> tuple[str, str | None]:
+    """The id and the lane (None: none) of an id key made by :func:`id_key`."""
+    if not key.startswith(_LANE_MARK):
+        return key, None
+    lane, _, schedule_id = key[1:].partition("/")
+    return schedule_id, lane
+
+
+def shown_id(key: str) -> str:
+    """An id key as logs and outcome details show it: ``order-43``, or
+    ``order-43 (lane dev1)`` (the key itself is not printable text)."""
+    schedule_id, lane = split_id_key(key)
+    return schedule_id if lane is None else f"{schedule_id} (lane {lane})"
+
+
+def encode_id_key(key: str) -> bytes:
+    """An id key as bytes: the UTF-8 id without a lane; ``0xFF | lane (ASCII) | "/" |
+    UTF-8 id`` with one. The index's ids, the changelog's ended-id records and the
+    outcome records are keyed so."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def decode_id_key(raw: bytes) -> str:
+    """Decode :func:`encode_id_key`; ValueError for bytes that are neither a UTF-8 id
+    nor a lane's layout (a lane name, ``/`` and a non-empty UTF-8 id)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    lane, separator, schedule_id = raw[1:].partition(b"/")
+    if raw[:1] != _LANE_BYTE or not separator or not schedule_id \
+            or _LANE_BYTES.fullmatch(lane) is None:
+        raise ValueError(f"schedule id {raw[:80]!r} is not UTF-8, nor a lane's id key")
+    try:
+        return id_key(schedule_id.decode("utf-8"), lane.decode("ascii"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the schedule id in lane key {raw[:80]!r} is not UTF-8") from exc
+
+
+def _id_text(raw: bytes) -> str:
+    """:func:`decode_id_key` for a lane's key in an index value (always in the layout
+    with a target): UnicodeDecodeError, as the text around it raises, for bytes that
+    are no id key."""
+    try:
+        return decode_id_key(raw)
+    except ValueError:
+        raise UnicodeDecodeError("utf-8", raw, 0, len(raw), "not an id key") from None
+
+
+def outcome_key(schedule_id: str, lane: str | None) -> bytes:
+    """The key of an outcome record of ``schedule_id`` in ``lane``: the UTF-8 id
+    without a lane, else the lane's layout (:func:`encode_id_key`), so that two lanes'
+    outcomes of one id are kept apart by compaction."""
+    return encode_id_key(id_key(schedule_id, lane))
+
+
 def id_record_key(schedule_id: str) -> bytes:
-    """The changelog key of an ended id's record: ``kdelay/ended-schedule-id/<UTF-8 id>``."""
-    return ID_RECORD_PREFIX + schedule_id.encode("utf-8")
+    """The changelog key of an ended id's record: ``kdelay/ended-schedule-id/`` and the
+    id key (:func:`encode_id_key`: the UTF-8 id, or a lane's layout)."""
+    return ID_RECORD_PREFIX + encode_id_key(schedule_id)
 
 
 def id_of_record_key(key: bytes) -> str | None:
-    """The id of a changelog key made by :func:`id_record_key`; None for any other key,
-    ValueError for an id that is not UTF-8."""
+    """The id key of a changelog key made by :func:`id_record_key`; None for any other
+    key, ValueError for an id key that does not decode."""
     if not key.startswith(ID_RECORD_PREFIX):
         return None
     try:
-        return key[len(ID_RECORD_PREFIX):].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"the schedule id in changelog key {key!r} is not UTF-8") from exc
+        return decode_id_key(key[len(ID_RECORD_PREFIX):])
+    except ValueError as exc:
+        raise ValueError(f"the schedule id in changelog key {key!r} does not decode: "
+                         f"{exc}") from exc
 
 
 class Watermark(NamedTuple):
@@ -349,7 +428,9 @@ def encode_index_value(v: IndexValue) -> bytes:
 
     Without a target (entries of older versions), the id follows the head in
     UTF-8, and an absent id encodes as nothing. With one, the head is followed
-    by ``0xFF | u16 id length (0: no id) | id | target`` (UTF-8). Raises
+    by ``0xFF | u16 id length (0: no id) | id | target`` (UTF-8). The id is its
+    id key (:func:`encode_id_key`); a lane's key starts with 0xFF too, so one
+    without a target takes the second layout with an empty target. Raises
     ValueError for an empty id (it could not be told from an absent one), an id
     longer than 65 535 bytes next to a target, or a field out of range.
     """
@@ -365,13 +446,14 @@ def encode_index_value(v: IndexValue) -> bytes:
         raise ValueError("a schedule id must not be empty")
     if sid is None and v.target is not None:  # most requests: a deployment has few targets
         return head + (_NO_ID_TAILS.get(v.target) or _no_id_tail(v.target))
-    raw_id = b"" if sid is None else sid.encode("utf-8")
-    if v.target is None:
+    raw_id = b"" if sid is None else sid.encode("utf-8", "surrogateescape")  # encode_id_key
+    if v.target is None and raw_id[:1] != _LANE_BYTE:
         return head + raw_id
     if len(raw_id) > 0xFFFF:
         raise ValueError(f"a schedule id next to a target has at most 65535 bytes, "
                          f"got {len(raw_id)}")
-    return head + _TARGET_HEAD.pack(_WITH_TARGET, len(raw_id)) + raw_id + v.target.encode()
+    target = b"" if v.target is None else v.target.encode()  # empty: a lane's id, no target
+    return head + _TARGET_HEAD.pack(_WITH_TARGET, len(raw_id)) + raw_id + target
 
 
 def _no_id_tail(target: str) -> bytes:
@@ -394,8 +476,10 @@ def decode_index_value(raw: bytes) -> IndexValue:
                 raise ValueError(f"an index value with a target is cut short: {raw!r}")
             length = _TARGET_HEAD.unpack_from(raw, size)[1]
             start = size + _TARGET_HEAD.size
-            schedule_id = raw[start : start + length].decode("utf-8") if length else None
-            target = raw[start + length :].decode("utf-8")
+            ident = raw[start : start + length]
+            schedule_id = ((_id_text(ident) if ident[:1] == _LANE_BYTE else ident.decode("utf-8"))
+                           if length else None)
+            target = raw[start + length :].decode("utf-8") or None
         else:
             schedule_id = raw[size:].decode("utf-8") if len(raw) > size else None
     except UnicodeDecodeError as exc:
@@ -458,7 +542,10 @@ def schedule_id_of(raw: bytes) -> str | None:
                 raise ValueError(f"an index value with a target is cut short: {raw!r}")
             length = raw[start + 1] << 8 | raw[start + 2]
             start += _TARGET_HEAD.size
-            return raw[start : start + length].decode("utf-8") if length else None
+            ident = raw[start : start + length]
+            if not length:
+                return None
+            return _id_text(ident) if ident[:1] == _LANE_BYTE else ident.decode("utf-8")
         return raw[start:].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
@@ -510,23 +597,25 @@ def decode_id_state(raw: bytes) -> IdState:
 
 
 def encode_expiry_key(ended_ms: int, schedule_id: str) -> bytes:
-    """Encode ``u64 ended_ms | UTF-8 id``: the expiry index of ended-id markers.
+    """Encode ``u64 ended_ms | id key`` (:func:`encode_id_key`): the expiry index of
+    ended-id markers.
 
     Byte order is delivery-time order, so the markers old enough to drop form
     a prefix of the keyspace. Raises ValueError for a negative or oversized time.
     """
     _check_range("ended_ms", ended_ms, 0, _U64_MAX)
-    return _U64.pack(ended_ms) + schedule_id.encode("utf-8")
+    return _U64.pack(ended_ms) + encode_id_key(schedule_id)
 
 
 def decode_expiry_key(raw: bytes) -> tuple[int, str]:
-    """Decode :func:`encode_expiry_key`; ValueError for a short key or an id not UTF-8."""
+    """Decode :func:`encode_expiry_key`; ValueError for a short key or an id key that
+    does not decode."""
     if len(raw) < _U64.size:
         raise ValueError(f"an expiry key needs at least {_U64.size} bytes, got {len(raw)}")
     try:
-        schedule_id = raw[_U64.size :].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"the schedule id in an expiry key is not UTF-8: {exc}") from exc
+        schedule_id = decode_id_key(raw[_U64.size :])
+    except ValueError as exc:
+        raise ValueError(f"the schedule id in an expiry key does not decode: {exc}") from exc
     return _U64.unpack(raw[: _U64.size])[0], schedule_id
 
 
@@ -599,7 +688,8 @@ class Answer(NamedTuple):
     duplicate and a cancel, ``schedule`` names the request that holds the id
     and ``first`` its state (``pending``, ``delivered``, ``cancelled``,
     ``dead-lettered``); ``differs`` says a duplicate's payload or due time is
-    not the first's.
+    not the first's. ``lane`` is the request's lane (``kdelay-lane``), None
+    without one: an id is unique within its lane.
     """
 
     schedule_id: str
@@ -609,10 +699,12 @@ class Answer(NamedTuple):
     schedule: str | None = None
     first: str | None = None
     differs: bool = False
+    lane: str | None = None
 
 
 def encode_answer(answer: Answer) -> bytes:
-    """Encode an outcome record's value: a JSON object (see :class:`Answer`; key ``id``)."""
+    """Encode an outcome record's value: a JSON object (see :class:`Answer`; key ``id``;
+    ``lane`` only when the request named one)."""
     body: dict[str, object] = {"id": answer.schedule_id, "outcome": answer.outcome,
                                "request": answer.request, "at_ms": answer.at_ms}
     if answer.schedule is not None:
@@ -621,6 +713,8 @@ def encode_answer(answer: Answer) -> bytes:
         body["first"] = answer.first
     if answer.differs:
         body["differs"] = True
+    if answer.lane is not None:
+        body["lane"] = answer.lane
     return orjson.dumps(body)
 
 
@@ -630,7 +724,7 @@ def decode_answer(raw: bytes) -> Answer:
         body = orjson.loads(raw)
         return Answer(str(body["id"]), str(body["outcome"]), str(body["request"]),
                       int(body["at_ms"]), _optional(body, "schedule"), _optional(body, "first"),
-                      bool(body.get("differs", False)))
+                      bool(body.get("differs", False)), _optional(body, "lane"))
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not an outcome record: {raw[:80]!r} ({exc})") from None
 

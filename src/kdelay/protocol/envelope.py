@@ -117,9 +117,14 @@ class Schedule(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """A request to cancel the pending schedule with ``schedule_id``."""
+    """A request to cancel the pending schedule with ``schedule_id`` in ``lane``.
+
+    An id is unique within its lane: a cancel reaches only the schedule its
+    own lane (``kdelay-lane``, None without one) holds under the id.
+    """
 
     schedule_id: str
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +133,12 @@ class Reschedule:
 
     The due time is not checked against the retention bound here: that bound
     counts from the original request's timestamp, which only the index knows.
+    Like a cancel, it reaches only the schedule of its own ``lane``.
     """
 
     schedule_id: str
     due_ms: int
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,13 +348,14 @@ def _cancel(found: dict[str, bytes | None]) -> Cancel:
             ErrorCode.BAD_CANCEL,
             f"header {SCHEDULE_ID} {_show(found[SCHEDULE_ID])} differs from {CANCEL} {_show(raw)}",
         )
-    return Cancel(schedule_id)
+    return Cancel(schedule_id, _lane(found.get(LANE)) if LANE in found else None)
 
 
 def _reschedule(found: dict[str, bytes | None], timestamp_ms: int,
                 limits: Limits) -> Reschedule:
-    """Validate a reschedule: an id and one time header, no target, partition or lane."""
-    clash = [name for name in (TARGET, PARTITION, LANE) if name in found]
+    """Validate a reschedule: an id and one time header, no target or partition; the
+    lane of the schedule it moves, if it has one."""
+    clash = [name for name in (TARGET, PARTITION) if name in found]
     if clash:
         raise _Rejected(ErrorCode.BAD_RESCHEDULE,
                         f"a {RESCHEDULE} request must not also carry {', '.join(clash)}")
@@ -360,7 +368,8 @@ def _reschedule(found: dict[str, bytes | None], timestamp_ms: int,
         raise _Rejected(ErrorCode.BAD_RESCHEDULE, f"header {SCHEDULE_ID} "
                         f"{_show(found[SCHEDULE_ID])} differs from {RESCHEDULE} {_show(raw)}")
     unbounded = Limits(limits.levels, None)  # the bound counts from the original's time
-    return Reschedule(schedule_id, _due_ms(found, timestamp_ms, unbounded))
+    return Reschedule(schedule_id, _due_ms(found, timestamp_ms, unbounded),
+                      _lane(found.get(LANE)) if LANE in found else None)
 
 
 def _schedule(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits) -> Schedule:
@@ -615,20 +624,27 @@ def schedule_headers(
     return _validated(headers)
 
 
-def cancel_headers(schedule_id: str) -> Headers:
-    """Build the headers of a cancel request; ValueError for an empty id."""
-    return _validated([(CANCEL, schedule_id.encode("utf-8"))])
+def _lane_header(lane: str | None) -> Headers:
+    return [] if lane is None else [(LANE, lane.encode("utf-8"))]
+
+
+def cancel_headers(schedule_id: str, lane: str | None = None) -> Headers:
+    """Build the headers of a cancel request of the schedule ``schedule_id`` holds in
+    ``lane``; ValueError for an empty id or a ``lane`` that is not a lane name."""
+    return _validated([(CANCEL, schedule_id.encode("utf-8")), *_lane_header(lane)])
 
 
 def reschedule_headers(schedule_id: str, *, due_ms: int | None = None,
-                       delay_ms: int | None = None) -> Headers:
-    """Build the headers of a reschedule: the id and exactly one of ``due_ms`` and
-    ``delay_ms`` (after the reschedule record's timestamp); ValueError otherwise."""
+                       delay_ms: int | None = None, lane: str | None = None) -> Headers:
+    """Build the headers of a reschedule of the schedule ``schedule_id`` holds in
+    ``lane``: the id and exactly one of ``due_ms`` and ``delay_ms`` (after the
+    reschedule record's timestamp); ValueError otherwise."""
     times = [(name, str(value).encode("ascii")) for name, value in
              ((DUE_MS, due_ms), (DELAY_MS, delay_ms)) if value is not None]
     if len(times) != 1:
         raise ValueError("give exactly one of due_ms and delay_ms")
-    return _validated([(RESCHEDULE, schedule_id.encode("utf-8")), *times])
+    return _validated([(RESCHEDULE, schedule_id.encode("utf-8")), *times,
+                       *_lane_header(lane)])
 
 
 def rejection_headers(rejection: Rejection) -> Headers:

@@ -15,7 +15,12 @@ payload, which stays where it was written (one copy):
   :func:`kdelay.protocol.codec.fingerprint`), checked when it is read back;
 - ``kdelay-scheduled-target``: the target the request names, for the index
   entry (so that a dead letter of a lost original can name it); absent from
-  forwards of older versions.
+  forwards of older versions;
+- ``kdelay-lane``: the request's lane, when it names one: an id is unique
+  within its lane, so the id's home keys it by lane and id.
+
+An id's home is the same in every lane (murmur2 of the id alone), so a
+producer that writes to the id's partition needs to know nothing of lanes.
 
 Every record kdelay forwards also carries ``kdelay-forward-partitions``: the
 request partition count the forwarder placed the id's home by. A forwarded
@@ -26,7 +31,7 @@ was in flight): then it goes on once to the home under the current count.
 A forward carries no ``kdelay-target``: an instance that does not know
 forwards dead-letters it (``missing-target``, the record intact) instead of
 delivering an empty record. A cancel written off its id's partition is
-forwarded as itself plus ``kdelay-forward``; a record that carries
+forwarded as itself (id, lane, time) plus ``kdelay-forward``; a record that carries
 ``kdelay-forward`` is never forwarded again, so no record goes round in
 circles even if two instances disagree on the partition count.
 """
@@ -39,7 +44,7 @@ from typing import NamedTuple
 import confluent_kafka
 
 from kdelay.protocol import envelope
-from kdelay.protocol.codec import Fingerprint
+from kdelay.protocol.codec import Fingerprint, split_id_key
 from kdelay.protocol.envelope import AnyHeaders, ErrorCode, Headers, Rejection
 
 FORWARD = "kdelay-forward"
@@ -64,6 +69,12 @@ def id_partition(schedule_id: str, partitions: int) -> int:
     return confluent_kafka.murmur2(schedule_id.encode("utf-8"), partitions)
 
 
+def home_of(key: str, partitions: int) -> int:
+    """The request partition of the id key ``key`` (:func:`kdelay.protocol.codec.id_key`):
+    its id's, whatever its lane."""
+    return id_partition(split_id_key(key)[0], partitions)
+
+
 class Forward(NamedTuple):
     """A schedule forwarded to its id's partition: what its index entry needs."""
 
@@ -73,6 +84,11 @@ class Forward(NamedTuple):
     offset: int
     fingerprint: Fingerprint
     target: str | None = None
+    lane: str | None = None
+
+
+def _lane(lane: str | None) -> Headers:
+    return [] if lane is None else [(envelope.LANE, lane.encode("ascii"))]
 
 
 def schedule_headers(forward: Forward) -> Headers:
@@ -84,21 +100,23 @@ def schedule_headers(forward: Forward) -> Headers:
                         (FINGERPRINT, f"{timestamp_ms}/{crc}".encode("ascii"))]
     if forward.target is not None:
         headers.append((envelope.SCHEDULED_TARGET, forward.target.encode("utf-8")))
-    return headers
+    return [*headers, *_lane(forward.lane)]
 
 
-def cancel_headers(schedule_id: str, partition: int, offset: int) -> Headers:
-    """The headers of a forwarded cancel: the cancel, and where it was written."""
+def cancel_headers(schedule_id: str, partition: int, offset: int,
+                   lane: str | None = None) -> Headers:
+    """The headers of a forwarded cancel: the cancel, its lane, and where it was written."""
     return [(envelope.CANCEL, schedule_id.encode("utf-8")),
-            (FORWARD, f"{partition}/{offset}".encode("ascii"))]
+            (FORWARD, f"{partition}/{offset}".encode("ascii")), *_lane(lane)]
 
 
-def reschedule_headers(schedule_id: str, due_ms: int, partition: int, offset: int) -> Headers:
+def reschedule_headers(schedule_id: str, due_ms: int, partition: int, offset: int,
+                       lane: str | None = None) -> Headers:
     """The headers of a forwarded reschedule: the reschedule with its due time resolved
-    (absolute), and where it was written."""
+    (absolute), its lane, and where it was written."""
     return [(envelope.RESCHEDULE, schedule_id.encode("utf-8")),
             (envelope.DUE_MS, str(due_ms).encode("ascii")),
-            (FORWARD, f"{partition}/{offset}".encode("ascii"))]
+            (FORWARD, f"{partition}/{offset}".encode("ascii")), *_lane(lane)]
 
 
 def counted(headers: Headers, partitions: int) -> Headers:
@@ -155,14 +173,18 @@ def parse(headers: AnyHeaders) -> Forward | Rejection | None:
         schedule_id = _text(found, envelope.SCHEDULE_ID)
         target = (_text(found, envelope.SCHEDULED_TARGET)
                   if envelope.SCHEDULED_TARGET in found else None)
+        lane = _text(found, envelope.LANE) if envelope.LANE in found else None
     except ValueError as exc:
         return Rejection(ErrorCode.BAD_FORWARD, f"a forward record is malformed: {exc}")
     if not 0 <= due_ms <= envelope.MAX_TIME_MS or not schedule_id:
         return Rejection(ErrorCode.BAD_FORWARD,
                          f"a forward record needs a due time >= 0 and an id, got {due_ms} "
                          f"and {schedule_id!r}")
+    if lane is not None and envelope.LANE_NAME.fullmatch(lane) is None:
+        return Rejection(ErrorCode.BAD_FORWARD, f"a forward record names lane {lane!r}, "
+                         "which is not a lane name")
     return Forward(schedule_id, due_ms, partition, offset, Fingerprint(timestamp_ms, crc),
-                   target or None)
+                   target or None, lane)
 
 
 def _text(found: _Found, name: str) -> str:

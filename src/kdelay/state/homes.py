@@ -32,7 +32,7 @@ from confluent_kafka import KafkaError, Message
 
 from kdelay.plumbing.clients import Producing, produce
 from kdelay.protocol import codec
-from kdelay.protocol.forward import id_partition
+from kdelay.protocol.forward import home_of
 from kdelay.state.index import PartitionIndex
 
 # How long the moves of one partition may wait for their acknowledgements.
@@ -75,11 +75,11 @@ def moves_of(index: PartitionIndex, partitions: int) -> Moves:
     pending = []
     for key, raw in index.raw_items():
         sid = codec.decode_index_value(raw).schedule_id
-        if sid is not None and (home := id_partition(sid, partitions)) != source:
+        if sid is not None and (home := home_of(sid, partitions)) != source:
             pending.append(Move(source, home, key, raw))
     ended = []
     for sid, state in index.id_states():
-        if state.pending_key is None and (home := id_partition(sid, partitions)) != source:
+        if state.pending_key is None and (home := home_of(sid, partitions)) != source:
             ended.append(Move(source, home, codec.id_record_key(sid),
                               codec.encode_id_state(state)))
     return Moves(pending, ended)

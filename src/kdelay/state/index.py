@@ -3,8 +3,9 @@
 One store (rocksdict, raw mode) per request partition, three column families:
 
 - ``default``: the due index, ``due key -> index value`` (see :mod:`kdelay.protocol.codec`);
-- ``ids``: ``schedule id -> pending due key | how and when its schedule ended``,
-  for dedup, cancel and their outcomes;
+- ``ids``: ``id key -> pending due key | how and when its schedule ended``,
+  for dedup, cancel and their outcomes; an id key is the id, and its lane when
+  the request named one (:func:`~kdelay.protocol.codec.encode_id_key`);
 - ``expiry``: ``end time | schedule id -> ""``, so that ended-id markers older
   than the id window can be found (:meth:`expired_ids`) without a scan of every id;
 - ``sweep``: ``first due key | u64 sequence -> due keys end to end``, chunks of
@@ -209,8 +210,9 @@ class PartitionIndex:
         self._meta[SYNCED] = codec.encode_offset(now_ms)
 
     def id_state(self, schedule_id: str) -> IdState | None:
-        """Return what the index knows of a schedule id, or None."""
-        raw = self._ids.get(schedule_id.encode())
+        """Return what the index knows of a schedule id (its id key, :func:`codec.id_key`:
+        the id and its lane), or None."""
+        raw = self._ids.get(codec.encode_id_key(schedule_id))
         return None if raw is None else codec.decode_id_state(raw)
 
     def get(self, key: bytes) -> IndexValue | None:
@@ -250,10 +252,11 @@ class PartitionIndex:
             self._put_spans.append((self.puts_applied, lowest, max(new)))
         self._delete(batch, changes)
         for schedule_id, state in changes.ids.items():
+            raw_id = codec.encode_id_key(schedule_id)
             if state is None:
-                batch.delete(schedule_id.encode(), self._ids_handle)
+                batch.delete(raw_id, self._ids_handle)
             else:
-                put(schedule_id.encode(), codec.encode_id_state(state), self._ids_handle)
+                put(raw_id, codec.encode_id_state(state), self._ids_handle)
                 if state.ended_ms is not None:
                     put(codec.encode_expiry_key(state.ended_ms, schedule_id), b"",
                         self._expiry_handle)
@@ -585,9 +588,10 @@ class PartitionIndex:
         return found
 
     def id_states(self) -> Iterator[tuple[str, IdState]]:
-        """Every schedule id the store holds, with its state (a full scan; for tools)."""
+        """Every schedule id (id key) the store holds, with its state (a full scan; for tools)."""
         for raw_id, raw in self._ids.items():
-            yield cast(bytes, raw_id).decode("utf-8"), codec.decode_id_state(cast(bytes, raw))
+            yield (codec.decode_id_key(cast(bytes, raw_id)),
+                   codec.decode_id_state(cast(bytes, raw)))
 
     def id_count(self) -> int:
         """Return the number of schedule ids the store holds (a full scan; for tests, tools)."""

@@ -60,16 +60,17 @@ def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | No
 
 
 def lookup(view: PendingView, originals: Originals, reference: str,
-           requests_topic: str, now_ms: int) -> Lookup:
-    """Find one request by schedule id or ``topic/partition/offset``; never raises for
-    an unknown one (see :func:`parse_reference` for a foreign topic).
+           requests_topic: str, now_ms: int, lane: str | None = None) -> Lookup:
+    """Find one request by schedule id (of ``lane``: an id is unique within its lane)
+    or ``topic/partition/offset``; never raises for an unknown one (see
+    :func:`parse_reference` for a foreign topic).
 
     A series id finds the series' pending occurrence under either of the two
     ids its occurrences alternate between.
     """
     coordinates = parse_reference(reference, requests_topic)
     if coordinates is None:
-        found = _lookup_id(view, originals, reference)
+        found = _lookup_id(view, originals, reference, lane)
         return replace(found, series=_series(found, now_ms))
     partition, offset = coordinates
     if partition not in view.partitions:
@@ -94,11 +95,14 @@ def _series(found: Lookup, now_ms: int) -> Description | None:
         return None
 
 
-def _lookup_id(view: PendingView, originals: Originals, schedule_id: str) -> Lookup:
-    entry = next((e for e in map(view.find_id, occurrence_ids(schedule_id)) if e), None)
+def _lookup_id(view: PendingView, originals: Originals, schedule_id: str,
+               lane: str | None) -> Lookup:
+    entry = next((e for e in (view.find_id(sid, lane) for sid in occurrence_ids(schedule_id))
+                  if e), None)
     if entry is None:
+        of_lane = "" if lane is None else f" in lane {lane}"
         return Lookup(schedule_id, None, None, None,
-                      f"no pending request holds id {schedule_id!r}: it was delivered, "
+                      f"no pending request holds id {schedule_id!r}{of_lane}: it was delivered, "
                       "cancelled or never scheduled, or intake has not read it yet")
     original = _read_one(originals, entry, check=True)
     return Lookup(schedule_id, (entry.partition, entry.offset), entry, original, "pending")

@@ -92,7 +92,9 @@ def pending_of(key: bytes, raw: bytes) -> Pending:
     """Decode one index entry; ValueError for bytes that are not one."""
     due_ms, partition, offset = codec.decode_due_key(key)
     value = codec.decode_index_value(raw)
-    return Pending(due_ms, partition, offset, value.fingerprint, value.schedule_id)
+    sid = value.schedule_id  # an id key: the lane is the original's to show
+    return Pending(due_ms, partition, offset, value.fingerprint,
+                   None if sid is None else codec.split_id_key(sid)[0])
 
 
 def view_path(view_dir: Path, settings: Settings) -> Path:
@@ -324,10 +326,12 @@ class PendingView:
         return [pending_of(key, raw) for key, raw in zip(keys, raws, strict=True)
                 if raw is not None]
 
-    def find_id(self, schedule_id: str) -> Pending | None:
-        """The pending entry that holds ``schedule_id``, or None (delivered, cancelled, unknown)."""
+    def find_id(self, schedule_id: str, lane: str | None = None) -> Pending | None:
+        """The pending entry that holds ``schedule_id`` in ``lane`` (None: of no lane), or
+        None (delivered, cancelled, unknown)."""
+        key = codec.id_key(schedule_id, lane)
         for index in self._indexes.values():
-            state = index.id_state(schedule_id)
+            state = index.id_state(key)
             if state is not None and state.pending_key is not None:
                 raw = index.raw_values([state.pending_key])[0]
                 if raw is not None:

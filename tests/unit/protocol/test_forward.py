@@ -19,7 +19,8 @@ FWD = Forward("order-7", 1_700_000_000_000, 2, 41, Fingerprint(1_699_999_999_000
                  st.integers(0, 2**64 - 1),
                  st.builds(Fingerprint, st.integers(-(2**63), 2**63 - 1),
                            st.integers(0, 2**32 - 1)),
-                 st.none() | st.text(st.characters(blacklist_categories=["Cs"]), min_size=1)))
+                 st.none() | st.text(st.characters(blacklist_categories=["Cs"]), min_size=1),
+                 st.none() | st.from_regex(envelope.LANE_NAME, fullmatch=True)))
 def test_a_forward_reads_back_as_written(fwd: Forward) -> None:
     assert forward.parse(forward.schedule_headers(fwd)) == fwd
 

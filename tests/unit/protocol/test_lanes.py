@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from kdelay.client import DelayProducer, request_headers
 from kdelay.plumbing.settings import Settings, SettingsError, build_settings
 from kdelay.protocol import envelope
 from kdelay.protocol.durations import Limits
-from kdelay.protocol.envelope import ErrorCode, Rejection, Schedule, parse
+from kdelay.protocol.envelope import ErrorCode, Headers, Rejection, Schedule, parse
 from kdelay.protocol.targets import Lanes, TargetPolicy
 
 LIMITS = Limits((1_000,), None)
@@ -133,9 +135,26 @@ def test_a_lane_header_given_twice_is_a_bad_header() -> None:
     assert refused.code is ErrorCode.BAD_HEADER
 
 
-def test_a_cancel_may_carry_a_lane() -> None:
+def test_a_cancel_and_a_reschedule_name_their_lane() -> None:
     headers = [*envelope.cancel_headers("o-1"), (envelope.LANE, b"dev1")]
-    assert parse(headers, 0, LIMITS) == envelope.Cancel("o-1")
+    assert parse(headers, 0, LIMITS) == envelope.Cancel("o-1", "dev1")
+    assert envelope.cancel_headers("o-1", "dev1") == headers
+    assert parse(envelope.cancel_headers("o-1"), 0, LIMITS) == envelope.Cancel("o-1")
+    moved = envelope.reschedule_headers("o-1", due_ms=9, lane="dev1")
+    assert parse(moved, 0, LIMITS) == envelope.Reschedule("o-1", 9, "dev1")
+    assert parse(envelope.reschedule_headers("o-1", due_ms=9), 0, LIMITS) == \
+        envelope.Reschedule("o-1", 9)
+
+
+@pytest.mark.parametrize("build", [
+    lambda lane: [*envelope.cancel_headers("o-1"), (envelope.LANE, lane)],
+    lambda lane: [*envelope.reschedule_headers("o-1", due_ms=9), (envelope.LANE, lane)],
+])
+def test_a_cancel_or_reschedule_with_a_malformed_lane_is_a_bad_header(
+        build: Callable[[bytes], Headers]) -> None:
+    refused = parse(build(b"a b"), 0, LIMITS)
+    assert isinstance(refused, Rejection)
+    assert refused.code is ErrorCode.BAD_HEADER
 
 
 def test_routing_carries_the_lane() -> None:

@@ -103,6 +103,25 @@ def test_an_ended_id_is_remembered_after_its_tombstone(index: PartitionIndex) ->
                                                                                  "order-1"))]
 
 
+def test_the_same_id_of_two_lanes_and_of_none_is_restored_as_three(
+        index: PartitionIndex) -> None:
+    dev1, dev2 = codec.id_key("order-1", "dev1"), codec.id_key("order-1", "dev2")
+    laned = IndexValue(Fingerprint(T0, 444), dev1, "dev1.orders")
+    k3 = codec.encode_due_key(T0 + 30, PART, 3)
+    _apply(index, staged((K1, V1), (k3, laned)), 3)
+    done = codec.ended(codec.End.CANCELLED, T0 + 11, K2, V1.fingerprint)
+    _apply(index, ended_record(dev2, done), 4)
+    assert index.id_state("order-1") == IdState(K1, None)
+    assert index.id_state(dev1) == IdState(k3, None)
+    assert index.id_state(dev2) == done
+    assert sorted(index.id_states()) == sorted([("order-1", IdState(K1, None)),
+                                                (dev1, IdState(k3, None)), (dev2, done)])
+    assert index.expired_ids(T0 + 12, 10) == [(dev2, codec.encode_expiry_key(T0 + 11, dev2))]
+    _apply(index, staged((k3, None)), 5)
+    assert index.id_state(dev1) is None
+    assert index.id_state("order-1") == IdState(K1, None), "the lane-less id is another"
+
+
 def test_an_ended_id_in_the_same_batch_as_its_put_and_tombstone(index: PartitionIndex) -> None:
     done = codec.ended(codec.End.CANCELLED, T0, K1, V1.fingerprint)
     _apply(index, {**staged((K1, None)), **ended_record("order-1", done)}, 5)
