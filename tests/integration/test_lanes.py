@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from kdelay.client import DelayProducer
 from kdelay.plumbing.clock import ManualClock
-from kdelay.protocol import envelope
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.forward import id_partition
 from kdelay.protocol.targets import Lanes
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, header, produce
@@ -117,3 +120,83 @@ def test_an_entry_indexed_before_lanes_were_configured_is_refused_when_due(
     [refused] = [m for m in out.on(settings.dlq_topic) if m.key() == b"lane-less"]
     assert refused.value() == b"v-lane-less"
     assert header(refused, envelope.TARGET) == target.encode()
+
+
+def test_an_id_is_unique_within_its_lane_forwarded_answered_and_restored(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str, tmp_path: Path,
+) -> None:
+    lanes, first, second = _lanes()
+    deployment = deployment_factory(partitions=3, lanes=lanes)
+    settings = deployment.settings
+    one, two = topic_factory(f"{first}orders", 1), topic_factory(f"{second}orders", 1)
+    shared = topic_factory("shared", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    now = clock.now_ms()
+    sid = f"order-{uuid.uuid4().hex[:8]}"
+    home = id_partition(sid, 3)
+    away = (home + 1) % 3
+
+    def scheduled(target: str, key: bytes, lane: bytes | None, partition: int) -> dict[str, Any]:
+        record = _request(target, key, now, lane, delay_ms=60_000)
+        record["headers"].append((envelope.SCHEDULE_ID, sid.encode()))
+        return {**record, "partition": partition}
+
+    # The same id in dev1 (written off its home: forwarded), dev2 and no lane: three
+    # schedules; dev1's again is its duplicate only.
+    produce(bootstrap, settings.requests_topic, [
+        scheduled(one, b"dev1", b"dev1", away), scheduled(two, b"dev2", b"dev2", home),
+        scheduled(shared, b"none", None, away), scheduled(one, b"dev1-again", b"dev1", home)])
+    out = collector([one, two, shared, settings.outcomes_topic])
+    group = running(deployment, clock)
+    group.add()
+    group.until(lambda: out.poll() >= 0 and len(out.on(settings.outcomes_topic)) >= 4)
+
+    # dev1's cancel, forwarded, reaches dev1's schedule only; dev2's reschedule, by
+    # the client library on the id's home, moves dev2's; the lane-less stands.
+    produce(bootstrap, settings.requests_topic, [{
+        "value": sid.encode(), "partition": away, "timestamp": now,
+        "headers": [(envelope.CANCEL, sid.encode()), (envelope.LANE, b"dev1")]}])
+    with DelayProducer(settings, lane="dev2", clock=clock) as producer:
+        ticket = producer.reschedule(sid, due=now + 1_000)
+        group.until(lambda: out.poll() >= 0 and len(out.on(settings.outcomes_topic)) >= 6)
+        assert ticket.outcome(timeout=10).outcome == "rescheduled"
+    clock.advance(2_000)
+    group.until(lambda: out.poll() >= 0 and bool(out.on(two)))
+    out.poll(0.5)
+    assert [m.key() for m in out.on(two)] == [b"dev2"]
+    assert not out.on(one)
+    assert not out.on(shared)
+
+    answers = [(m.key(), codec.decode_answer(m.value() or b""))
+               for m in out.on(settings.outcomes_topic)]
+    by_request = {(a.lane, a.outcome) for _, a in answers}
+    assert by_request == {("dev1", "scheduled"), ("dev2", "scheduled"), (None, "scheduled"),
+                          ("dev1", "duplicate"), ("dev1", "cancelled"), ("dev2", "rescheduled")}
+    for key, answer in answers:
+        assert key == codec.outcome_key(sid, answer.lane)
+        assert answer.schedule_id == sid
+    assert {m.partition() for m in out.on(settings.outcomes_topic)} == {
+        id_partition(sid, deployment.partitions)}
+
+    # A rebuilt index (another state dir, restored from the changelog) keeps the three
+    # apart: each lane's ended id answers its own duplicate, the lane-less one is pending.
+    group.close()
+    rebuilt = running(deployment, clock)
+    service = rebuilt.add(state_dir=tmp_path / "rebuilt")
+    produce(bootstrap, settings.requests_topic, [
+        scheduled(one, b"dev1-late", b"dev1", home), scheduled(two, b"dev2-late", b"dev2", home),
+        scheduled(shared, b"none-late", None, home)])
+    rebuilt.until(lambda: out.poll() >= 0 and len(out.on(settings.outcomes_topic)) >= 9)
+    late = [codec.decode_answer(m.value() or b"") for m in out.on(settings.outcomes_topic)][6:]
+    assert sorted((a.lane or "", a.outcome, a.first or "") for a in late) == [
+        ("", "duplicate", "pending"), ("dev1", "duplicate", "cancelled"),
+        ("dev2", "duplicate", "delivered")]
+    index = service.indexes[home]
+    assert index.id_state(sid) is not None
+    assert index.id_state(codec.id_key(sid, "dev1")) is not None
+    clock.advance(60_000)
+    rebuilt.until(lambda: out.poll() >= 0 and bool(out.on(shared)))
+    out.poll(0.5)
+    assert [m.key() for m in out.on(shared)] == [b"none"]
+    assert not out.on(one)
