@@ -160,8 +160,8 @@ def end_of(schedule_id: str | None, end: End, at_ms: int, key: bytes,
 # bytes (:func:`encode_id_key`) the mark is the byte 0xFF, which UTF-8 never
 # holds: no id read from a header (always valid UTF-8) can spell a lane's key,
 # and the first ``/`` ends the lane, whose name has none.
-_LANE_MARK: Final = "\udcff"  # surrogateescape's form of the byte 0xFF
 _LANE_BYTE: Final = b"\xff"
+_LANE_MARK: Final = _LANE_BYTE.decode("utf-8", "surrogateescape")  # "\udcff", no literal
 _LANE_BYTES: Final = re.compile(LANE_NAME.pattern.encode())
 
 
