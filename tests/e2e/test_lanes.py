@@ -82,6 +82,7 @@ def test_lanes_keep_two_environments_apart_and_due_lists_one_lane(
     assert (cached["pending"], cached["by_target"]) == (1, {two: 1})
 
     _moved_with_their_lanes(deploy, start_kdelay, env, lanes, tmp_path)
+    _one_id_in_two_lanes(env, send, due, {"dev1": one, "dev2": two})
 
     series = run_cli(env, "send", one, "--lane", "dev1", "--every", "5m")
     assert series.returncode == 2
@@ -90,6 +91,27 @@ def test_lanes_keep_two_environments_apart_and_due_lists_one_lane(
     assert bad.returncode == 2
     assert "not a lane name" in bad.stderr
     assert kdelay.terminate() == 0
+
+
+def _one_id_in_two_lanes(env: dict[str, str], send: Callable[..., None],
+                         due: Callable[..., dict[str | None, str | None]],
+                         targets: dict[str, str]) -> None:
+    """The same id in dev1 and dev2 is two schedules; a cancel reaches its own lane's."""
+    for lane in ("dev1", "dev2"):
+        send(targets[lane], lane, "--delay", "2h", "--id", "twin", "--wait")  # both scheduled
+    unlaned = run_cli(env, "cancel", "twin", "--wait")
+    assert unlaned.returncode == 4, unlaned.stdout + unlaned.stderr  # unknown: no lane-less twin
+    cancelled = run_cli(env, "cancel", "twin", "--lane", "dev1", "--wait")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert "\ncancelled twin schedule=" in cancelled.stdout
+    assert cancelled.stdout.rstrip().endswith(" lane=dev1")
+    deadline = time.monotonic() + 30  # the view reads the changelog, written alongside
+    while "twin" in due("--lane", "dev1") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "twin" not in due("--lane", "dev1")
+    assert due("--lane", "dev2")["twin"] == "dev2"
+    shown = _json(run_cli(env, "show", "twin", "--json"))
+    assert (shown["pending"], shown["lane"]) == (True, "dev2")
 
 
 def _moved_with_their_lanes(deploy: Callable[..., Deployment],

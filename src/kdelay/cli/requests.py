@@ -127,6 +127,8 @@ def _answer(ticket: Ticket, timeout_s: float | None) -> None:
         ("schedule", answer.schedule), ("first", answer.first)) if value is not None]
     if answer.differs:
         detail.append("differs=payload-or-due-time")
+    if answer.lane is not None:
+        detail.append(f"lane={answer.lane}")
     typer.echo(" ".join([answer.outcome, answer.schedule_id, *detail]))
     raise typer.Exit(EXIT_CODES.get(answer.outcome, NO_OUTCOME_EXIT))
 

@@ -167,13 +167,15 @@ def show_command(
         metavar="ID_OR_COORDINATES", help="A schedule id, or topic/partition/offset.")],
     lane: Annotated[str | None, option(
         "lane", "The lane whose schedule id it is (kdelay-lane): an id is unique within "
-        "its lane.")] = None,
+        "its lane. Without it: the id of no lane, else of the first of --lanes that "
+        "holds it.")] = None,
     as_json: JsonOutput = False,
     view_dir: ViewDir = DEFAULT_VIEW_DIR,
 ) -> None:
     """Show one request: whether it is pending, when and where it goes, and its original."""
     with operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
-        found = lookup(view, originals, reference, settings.requests_topic, now_ms, lane)
+        lanes = [lane] if lane is not None else [None, *settings.lanes]
+        found = lookup(view, originals, reference, settings.requests_topic, now_ms, lanes)
     if as_json:
         typer.echo(show_json(found, settings.requests_topic))
     else:

@@ -8,6 +8,7 @@ a :class:`Lookup` that says so, never an exception.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from confluent_kafka import Message
@@ -60,17 +61,19 @@ def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | No
 
 
 def lookup(view: PendingView, originals: Originals, reference: str,
-           requests_topic: str, now_ms: int, lane: str | None = None) -> Lookup:
-    """Find one request by schedule id (of ``lane``: an id is unique within its lane)
-    or ``topic/partition/offset``; never raises for an unknown one (see
-    :func:`parse_reference` for a foreign topic).
+           requests_topic: str, now_ms: int, lanes: Sequence[str | None] = (None,)) -> Lookup:
+    """Find one request by schedule id or ``topic/partition/offset``; never raises for
+    an unknown one (see :func:`parse_reference` for a foreign topic).
+
+    An id is unique within its lane: it is looked up in ``lanes`` in turn (None: the
+    id of no lane), the first that holds it pending wins.
 
     A series id finds the series' pending occurrence under either of the two
     ids its occurrences alternate between.
     """
     coordinates = parse_reference(reference, requests_topic)
     if coordinates is None:
-        found = _lookup_id(view, originals, reference, lane)
+        found = _lookup_id(view, originals, reference, lanes)
         return replace(found, series=_series(found, now_ms))
     partition, offset = coordinates
     if partition not in view.partitions:
@@ -96,11 +99,12 @@ def _series(found: Lookup, now_ms: int) -> Description | None:
 
 
 def _lookup_id(view: PendingView, originals: Originals, schedule_id: str,
-               lane: str | None) -> Lookup:
-    entry = next((e for e in (view.find_id(sid, lane) for sid in occurrence_ids(schedule_id))
-                  if e), None)
+               lanes: Sequence[str | None]) -> Lookup:
+    entry = next((e for lane in lanes for sid in occurrence_ids(schedule_id)
+                  if (e := view.find_id(sid, lane))), None)
     if entry is None:
-        of_lane = "" if lane is None else f" in lane {lane}"
+        named = ", ".join(lane for lane in lanes if lane is not None)
+        of_lane = f" (lanes looked in: {named})" if named else ""
         return Lookup(schedule_id, None, None, None,
                       f"no pending request holds id {schedule_id!r}{of_lane}: it was delivered, "
                       "cancelled or never scheduled, or intake has not read it yet")
