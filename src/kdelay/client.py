@@ -38,9 +38,9 @@ from kdelay.plumbing.connection import check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import LayoutError, requests_retention
 from kdelay.protocol import durations, envelope
-from kdelay.protocol.codec import Answer
 from kdelay.protocol.envelope import Headers, HeaderValue
 from kdelay.protocol.forward import id_partition as id_partition
+from kdelay.protocol.idkeys import Answer
 
 UserHeaders: TypeAlias = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]]
 """User headers, as a mapping or as (name, value) pairs; str values are UTF-8 encoded."""

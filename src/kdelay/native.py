@@ -51,6 +51,7 @@ HOT_PATH = (
     "kdelay.engine.writer",
     "kdelay.protocol.codec",
     "kdelay.protocol.envelope",
+    "kdelay.protocol.idkeys",
     "kdelay.state.changes",
     "kdelay.state.originals",
     "kdelay.state.tally",

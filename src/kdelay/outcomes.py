@@ -3,8 +3,8 @@
 For every request that carries a schedule id (a schedule or a cancel) the
 service writes an outcome record to the outcomes topic (``kdelay.outcomes``,
 made by ``kdelay topics create``): key = the id (a request of a lane: the lane
-and the id, :func:`~kdelay.protocol.codec.outcome_key`), value = a JSON object
-(:class:`~kdelay.protocol.codec.Answer`), on the partition the id hashes to
+and the id, :func:`~kdelay.protocol.idkeys.outcome_key`), value = a JSON object
+(:class:`~kdelay.protocol.idkeys.Answer`), on the partition the id hashes to
 (murmur2 of the id alone, as a Java producer places it as a key). Any producer
 can read it.
 
@@ -26,8 +26,8 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
-from kdelay.protocol.codec import Answer, decode_answer, outcome_key
 from kdelay.protocol.forward import id_partition
+from kdelay.protocol.idkeys import Answer, decode_answer, outcome_key
 
 # Exit status of ``kdelay cancel --wait`` and ``kdelay send --wait`` per outcome.
 EXIT_CODES: Mapping[str, int] = {

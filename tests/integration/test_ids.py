@@ -17,7 +17,7 @@ import pytest
 from kdelay.engine.housekeeping import HOUSEKEEPING_EVERY_MS
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import codec, envelope, idkeys
 from tests.conftest import TopicFactory
 from tests.integration.conftest import Collector, Deployment, Running, produce
 
@@ -93,8 +93,8 @@ def test_delivered_ids_are_dropped_once_the_requests_retention_has_passed(
     assert len(out.messages) == 60
 
 
-def answers(out: Collector, topic: str) -> list[codec.Answer]:
-    return [codec.decode_answer(m.value() or b"") for m in out.on(topic)]
+def answers(out: Collector, topic: str) -> list[idkeys.Answer]:
+    return [idkeys.decode_answer(m.value() or b"") for m in out.on(topic)]
 
 
 def conflicts(service: Service) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 
 from kdelay.client import DelayProducer
 from kdelay.plumbing.clock import ManualClock
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import envelope, idkeys
 from kdelay.protocol.forward import id_partition
 from kdelay.protocol.targets import Lanes
 from tests.conftest import TopicFactory
@@ -168,13 +168,13 @@ def test_an_id_is_unique_within_its_lane_forwarded_answered_and_restored(
     assert not out.on(one)
     assert not out.on(shared)
 
-    answers = [(m.key(), codec.decode_answer(m.value() or b""))
+    answers = [(m.key(), idkeys.decode_answer(m.value() or b""))
                for m in out.on(settings.outcomes_topic)]
     by_request = {(a.lane, a.outcome) for _, a in answers}
     assert by_request == {("dev1", "scheduled"), ("dev2", "scheduled"), (None, "scheduled"),
                           ("dev1", "duplicate"), ("dev1", "cancelled"), ("dev2", "rescheduled")}
     for key, answer in answers:
-        assert key == codec.outcome_key(sid, answer.lane)
+        assert key == idkeys.outcome_key(sid, answer.lane)
         assert answer.schedule_id == sid
     assert {m.partition() for m in out.on(settings.outcomes_topic)} == {
         id_partition(sid, deployment.partitions)}
@@ -188,13 +188,13 @@ def test_an_id_is_unique_within_its_lane_forwarded_answered_and_restored(
         scheduled(one, b"dev1-late", b"dev1", home), scheduled(two, b"dev2-late", b"dev2", home),
         scheduled(shared, b"none-late", None, home)])
     rebuilt.until(lambda: out.poll() >= 0 and len(out.on(settings.outcomes_topic)) >= 9)
-    late = [codec.decode_answer(m.value() or b"") for m in out.on(settings.outcomes_topic)][6:]
+    late = [idkeys.decode_answer(m.value() or b"") for m in out.on(settings.outcomes_topic)][6:]
     assert sorted((a.lane or "", a.outcome, a.first or "") for a in late) == [
         ("", "duplicate", "pending"), ("dev1", "duplicate", "cancelled"),
         ("dev2", "duplicate", "delivered")]
     index = service.indexes[home]
     assert index.id_state(sid) is not None
-    assert index.id_state(codec.id_key(sid, "dev1")) is not None
+    assert index.id_state(idkeys.id_key(sid, "dev1")) is not None
     clock.advance(60_000)
     rebuilt.until(lambda: out.poll() >= 0 and bool(out.on(shared)))
     out.poll(0.5)

@@ -30,8 +30,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.clock import Clock
-from kdelay.protocol import codec, envelope, forward
-from kdelay.protocol.codec import Answer, End, Fingerprint, IdState, IndexValue
+from kdelay.protocol import codec, envelope, forward, idkeys
+from kdelay.protocol.codec import End, Fingerprint, IdState, IndexValue
 from kdelay.protocol.durations import Limits
 from kdelay.protocol.envelope import (
     AnyHeaders,
@@ -370,7 +370,7 @@ class Planner:
         if self._partitions is not None:
             headers = forward.counted(headers, self._partitions)
         plan.forwards.append(Record(self._topics.requests, home, None, value, headers))
-        plan.outcomes.append((Outcome.FORWARDED, codec.shown_id(sid)))
+        plan.outcomes.append((Outcome.FORWARDED, idkeys.shown_id(sid)))
 
     def _other(self, plan: Plan, message: Message, rejection: Rejection) -> None:
         """A record that is no request: a forward to index, else a rejection."""
@@ -385,7 +385,7 @@ class Planner:
 
     def _take(self, plan: Plan, message: Message, found: Forward) -> None:
         """Index a schedule forwarded here: its key names the original where it lies."""
-        sid = codec.id_key(found.schedule_id, found.lane)
+        sid = idkeys.id_key(found.schedule_id, found.lane)
         moved = self._moved(plan, sid, message.headers())
         if moved is not None:
             self._forward(plan, message.offset() or 0, moved, sid,
@@ -400,16 +400,16 @@ class Planner:
 
     def _schedule(self, plan: Plan, message: Message, schedule: Schedule, offset: int,
                   timestamp: int) -> None:
-        """Index a valid request, its id by its id key (:func:`codec.id_key`: unique within
+        """Index a valid request, its id by its id key (:func:`idkeys.id_key`: unique within
         its lane); ``timestamp`` is as :func:`fingerprint_of` reads it."""
         sid, lane = schedule.schedule_id, schedule.lane
         if sid is not None and lane is not None:
-            sid = codec.id_key(sid, lane)
+            sid = idkeys.id_key(sid, lane)
         fingerprint = codec.fingerprint(_KEY(message), _VALUE(message), timestamp)
         home = None if sid is None else self._elsewhere(plan, sid)
         if home is not None:
             assert sid is not None  # noqa: S101 - home is None without an id
-            found = Forward(codec.split_id_key(sid)[0], schedule.due_ms, plan.partition, offset,
+            found = Forward(idkeys.split_id_key(sid)[0], schedule.due_ms, plan.partition, offset,
                             fingerprint, schedule.target, lane)
             self._forward(plan, offset, home, sid, forward.schedule_headers(found))
             return
@@ -452,7 +452,7 @@ class Planner:
         if sid is None:
             plan.outcomes.append(_SCHEDULED)
         else:
-            plan.outcomes.append((Outcome.SCHEDULED, codec.shown_id(sid)))
+            plan.outcomes.append((Outcome.SCHEDULED, idkeys.shown_id(sid)))
             self._answer(plan, Outcome.SCHEDULED, sid, key)
 
     def _pending_before(self, key: bytes, message: Message | None) -> bool:
@@ -469,7 +469,7 @@ class Planner:
         """Answer a request whose id is pending under another key, or ended, with the first."""
         first_key = state.pending_key or state.first_key
         first = "pending" if state.pending_key is not None else state.end.word
-        plan.outcomes.append((Outcome.DUPLICATE, f"{codec.shown_id(sid)} (first: {first})"))
+        plan.outcomes.append((Outcome.DUPLICATE, f"{idkeys.shown_id(sid)} (first: {first})"))
         if first_key == key:
             return  # the first request itself, read again after its schedule ended
         kept = (self._fingerprint(plan, state.pending_key) if state.pending_key is not None
@@ -481,7 +481,7 @@ class Planner:
             differs.append("payload")
         if differs:
             plan.conflicts.append(
-                f"id {codec.shown_id(sid)}: request {self._where(key)} differs from the first, "
+                f"id {idkeys.shown_id(sid)}: request {self._where(key)} differs from the first, "
                 f"{self._where(first_key)} ({first}), in its {' and '.join(differs)}; "
                 "the first is kept")
         self._answer(plan, Outcome.DUPLICATE, sid, key, first_key, first, bool(differs))
@@ -503,17 +503,17 @@ class Planner:
             return
         where = (self._where(request) if isinstance(request, bytes)
                  else envelope.origin_of(topics.requests, *request))
-        schedule_id, lane = codec.split_id_key(sid)
-        answer = Answer(schedule_id, str(outcome), where, self._now(None),
+        schedule_id, lane = idkeys.split_id_key(sid)
+        answer = idkeys.Answer(schedule_id, str(outcome), where, self._now(None),
                         None if schedule is None else self._where(schedule), first, differs, lane)
         plan.answers.append(Record(topics.outcomes, forward.home_of(sid, topics.outcome_partitions),
-                                   codec.encode_id_key(sid), codec.encode_answer(answer)))
+                                   idkeys.encode_id_key(sid), idkeys.encode_answer(answer)))
 
     def _cancel(self, plan: Plan, message: Message, cancel: Cancel, offset: int,
                 timestamp: int | None) -> None:
         headers = message.headers()
         origin = forward.origin(headers)
-        schedule_id = codec.id_key(cancel.schedule_id, cancel.lane)
+        schedule_id = idkeys.id_key(cancel.schedule_id, cancel.lane)
         home = (self._elsewhere(plan, schedule_id) if origin is None
                 else self._moved(plan, schedule_id, headers))
         request = origin or (plan.partition, offset)
@@ -532,7 +532,7 @@ class Planner:
         else:
             outcome, key = Outcome.CANCELLED, state.pending_key
             self._withdraw(plan, schedule_id, key, timestamp)
-        plan.outcomes.append((outcome, codec.shown_id(schedule_id)))
+        plan.outcomes.append((outcome, idkeys.shown_id(schedule_id)))
         self._answer(plan, outcome, schedule_id, request, key,
                      None if state is None or state.pending_key is not None else state.end.word)
 
@@ -549,8 +549,8 @@ class Planner:
     def _reschedule(self, plan: Plan, message: Message, request: Reschedule,
                     offset: int) -> None:
         """Move the pending schedule of the request's lane and id: same original, new key."""
-        sid, due_ms = codec.id_key(request.schedule_id, request.lane), request.due_ms
-        shown = codec.shown_id(sid)
+        sid, due_ms = idkeys.id_key(request.schedule_id, request.lane), request.due_ms
+        shown = idkeys.shown_id(sid)
         origin = forward.origin(message.headers())
         home = (self._elsewhere(plan, sid) if origin is None
                 else self._moved(plan, sid, message.headers()))

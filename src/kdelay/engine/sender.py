@@ -22,7 +22,7 @@ from kdelay.engine.failures import TopicCheck
 from kdelay.engine.flights import Flight, Produced
 from kdelay.engine.runs import Run
 from kdelay.plumbing.clients import Producing
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import codec, envelope, idkeys
 from kdelay.protocol.codec import fingerprint_of
 from kdelay.protocol.envelope import ErrorCode, Headers
 from kdelay.protocol.targets import TargetPolicy
@@ -291,7 +291,7 @@ class Sender:
             _, sid, target = job.entry.value
             known: envelope.Headers = []
             if sid is not None:  # an id key: the id, and its lane if it has one
-                schedule_id, lane = codec.split_id_key(sid)
+                schedule_id, lane = idkeys.split_id_key(sid)
                 known.append((envelope.SCHEDULE_ID, schedule_id.encode()))
                 if lane is not None:
                     known.append((envelope.LANE, lane.encode()))

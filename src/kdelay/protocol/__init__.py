@@ -9,7 +9,9 @@
 - :mod:`~kdelay.protocol.forward`: the record that sends a request with an id on
   to the id's partition, and that partition (:func:`~kdelay.protocol.forward.id_partition`);
 - :mod:`~kdelay.protocol.codec`: every byte layout kdelay persists (due keys,
-  index values, fingerprints, changelog keys), as encode/decode pairs.
+  index values, fingerprints, changelog keys), as encode/decode pairs;
+- :mod:`~kdelay.protocol.idkeys`: schedule ids as kdelay keys them (unique within
+  their lane), and the outcome record of a request with an id.
 
 May import: nothing else of kdelay. Everything else may import it. A change
 here is a change of the wire or the disk format.

@@ -1,4 +1,5 @@
-"""Every byte layout kdelay persists, as encode/decode pairs.
+"""Every byte layout kdelay persists, as encode/decode pairs (ids as keys, and the
+outcome records, in :mod:`kdelay.protocol.idkeys`).
 
 These bytes live in RocksDB and in the compacted ``kdelay.changelog``, so they
 outlast any one process: a layout here may only change together with a
@@ -11,17 +12,15 @@ encoding, so corrupt state is reported instead of being misread.
 from __future__ import annotations
 
 import itertools
-import re
 import struct
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
 from typing import Final, NamedTuple
 
-import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.protocol import checksum
-from kdelay.protocol.envelope import LANE_NAME
+from kdelay.protocol.idkeys import LANE_BYTE, decode_id_key, encode_id_key
 
 _DUE_KEY: Final = struct.Struct(">QIQ")
 _KEY_BLOCK: Final = 64  # due_key_fields' structs: n due keys end to end, n up to this
@@ -153,64 +152,6 @@ def end_of(schedule_id: str | None, end: End, at_ms: int, key: bytes,
     return state, (id_record_key(schedule_id), encode_id_state(state))
 
 
-# A schedule id is unique within its lane (``kdelay-lane``). kdelay keys every id
-# by one string, its *id key* (:func:`id_key`): the id itself when the request
-# names no lane, so a deployment without lanes keeps every byte it wrote before
-# lanes scoped ids; for a lane, this mark, the lane, ``/`` and the id. Written as
-# bytes (:func:`encode_id_key`) the mark is the byte 0xFF, which UTF-8 never
-# holds: no id read from a header (always valid UTF-8) can spell a lane's key,
-# and the first ``/`` ends the lane, whose name has none.
-_LANE_BYTE: Final = b"\xff"
-_LANE_MARK: Final = _LANE_BYTE.decode("utf-8", "surrogateescape")  # "\udcff", no literal
-_LANE_BYTES: Final = re.compile(LANE_NAME.pattern.encode())
-
-
-def id_key(schedule_id: str, lane: str | None) -> str:
-    """The key of ``schedule_id`` in ``lane``: the id itself without a lane, else
-    ``"\\udcff" + lane + "/" + id``. The same id in two lanes has two keys; an id
-    key is what the index, the changelog and intake know an id by."""
-    return schedule_id if lane is None else f"{_LANE_MARK}{lane}/{schedule_id}"
-
-
-def split_id_key(key: str) -> tuple[str, str | None]:
-    """The id and the lane (None: none) of an id key made by :func:`id_key`."""
-    if not key.startswith(_LANE_MARK):
-        return key, None
-    lane, _, schedule_id = key[1:].partition("/")
-    return schedule_id, lane
-
-
-def shown_id(key: str) -> str:
-    """An id key as logs and outcome details show it: ``order-43``, or
-    ``order-43 (lane dev1)`` (the key itself is not printable text)."""
-    schedule_id, lane = split_id_key(key)
-    return schedule_id if lane is None else f"{schedule_id} (lane {lane})"
-
-
-def encode_id_key(key: str) -> bytes:
-    """An id key as bytes: the UTF-8 id without a lane; ``0xFF | lane (ASCII) | "/" |
-    UTF-8 id`` with one. The index's ids, the changelog's ended-id records and the
-    outcome records are keyed so."""
-    return key.encode("utf-8", "surrogateescape")
-
-
-def decode_id_key(raw: bytes) -> str:
-    """Decode :func:`encode_id_key`; ValueError for bytes that are neither a UTF-8 id
-    nor a lane's layout (a lane name, ``/`` and a non-empty UTF-8 id)."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    lane, separator, schedule_id = raw[1:].partition(b"/")
-    if raw[:1] != _LANE_BYTE or not separator or not schedule_id \
-            or _LANE_BYTES.fullmatch(lane) is None:
-        raise ValueError(f"schedule id {raw[:80]!r} is not UTF-8, nor a lane's id key")
-    try:
-        return id_key(schedule_id.decode("utf-8"), lane.decode("ascii"))
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"the schedule id in lane key {raw[:80]!r} is not UTF-8") from exc
-
-
 def _id_text(raw: bytes) -> str:
     """:func:`decode_id_key` for a lane's key in an index value (always in the layout
     with a target): UnicodeDecodeError, as the text around it raises, for bytes that
@@ -219,13 +160,6 @@ def _id_text(raw: bytes) -> str:
         return decode_id_key(raw)
     except ValueError:
         raise UnicodeDecodeError("utf-8", raw, 0, len(raw), "not an id key") from None
-
-
-def outcome_key(schedule_id: str, lane: str | None) -> bytes:
-    """The key of an outcome record of ``schedule_id`` in ``lane``: the UTF-8 id
-    without a lane, else the lane's layout (:func:`encode_id_key`), so that two lanes'
-    outcomes of one id are kept apart by compaction."""
-    return encode_id_key(id_key(schedule_id, lane))
 
 
 def id_record_key(schedule_id: str) -> bytes:
@@ -447,7 +381,7 @@ def encode_index_value(v: IndexValue) -> bytes:
     if sid is None and v.target is not None:  # most requests: a deployment has few targets
         return head + (_NO_ID_TAILS.get(v.target) or _no_id_tail(v.target))
     raw_id = b"" if sid is None else sid.encode("utf-8", "surrogateescape")  # encode_id_key
-    if v.target is None and raw_id[:1] != _LANE_BYTE:
+    if v.target is None and raw_id[:1] != LANE_BYTE:
         return head + raw_id
     if len(raw_id) > 0xFFFF:
         raise ValueError(f"a schedule id next to a target has at most 65535 bytes, "
@@ -477,7 +411,7 @@ def decode_index_value(raw: bytes) -> IndexValue:
             length = _TARGET_HEAD.unpack_from(raw, size)[1]
             start = size + _TARGET_HEAD.size
             ident = raw[start : start + length]
-            schedule_id = ((_id_text(ident) if ident[:1] == _LANE_BYTE else ident.decode("utf-8"))
+            schedule_id = ((_id_text(ident) if ident[:1] == LANE_BYTE else ident.decode("utf-8"))
                            if length else None)
             target = raw[start + length :].decode("utf-8") or None
         else:
@@ -545,7 +479,7 @@ def schedule_id_of(raw: bytes) -> str | None:
             ident = raw[start : start + length]
             if not length:
                 return None
-            return _id_text(ident) if ident[:1] == _LANE_BYTE else ident.decode("utf-8")
+            return _id_text(ident) if ident[:1] == LANE_BYTE else ident.decode("utf-8")
         return raw[start:].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
@@ -675,60 +609,3 @@ def decode_offset(raw: bytes) -> int:
     """Decode :func:`encode_offset`; ValueError unless ``raw`` is 8 bytes."""
     _check_size("an offset", raw, _I64.size)
     return int(_I64.unpack(raw)[0])
-
-
-class Answer(NamedTuple):
-    """The outcome of one request that carries an id, as the outcomes topic holds it.
-
-    ``outcome`` is ``scheduled`` or ``duplicate`` for a schedule, ``cancelled``,
-    ``unknown``, ``already-delivered`` or ``dead-lettered`` for a cancel, and
-    ``rescheduled`` (or those three) for a reschedule.
-    ``request`` names the request answered (``topic/partition/offset``, where
-    it was written), ``at_ms`` when the service decided (its clock). For a
-    duplicate and a cancel, ``schedule`` names the request that holds the id
-    and ``first`` its state (``pending``, ``delivered``, ``cancelled``,
-    ``dead-lettered``); ``differs`` says a duplicate's payload or due time is
-    not the first's. ``lane`` is the request's lane (``kdelay-lane``), None
-    without one: an id is unique within its lane.
-    """
-
-    schedule_id: str
-    outcome: str
-    request: str
-    at_ms: int
-    schedule: str | None = None
-    first: str | None = None
-    differs: bool = False
-    lane: str | None = None
-
-
-def encode_answer(answer: Answer) -> bytes:
-    """Encode an outcome record's value: a JSON object (see :class:`Answer`; key ``id``;
-    ``lane`` only when the request named one)."""
-    body: dict[str, object] = {"id": answer.schedule_id, "outcome": answer.outcome,
-                               "request": answer.request, "at_ms": answer.at_ms}
-    if answer.schedule is not None:
-        body["schedule"] = answer.schedule
-    if answer.first is not None:
-        body["first"] = answer.first
-    if answer.differs:
-        body["differs"] = True
-    if answer.lane is not None:
-        body["lane"] = answer.lane
-    return orjson.dumps(body)
-
-
-def decode_answer(raw: bytes) -> Answer:
-    """Decode :func:`encode_answer`; ValueError for anything that is not such a record."""
-    try:
-        body = orjson.loads(raw)
-        return Answer(str(body["id"]), str(body["outcome"]), str(body["request"]),
-                      int(body["at_ms"]), _optional(body, "schedule"), _optional(body, "first"),
-                      bool(body.get("differs", False)), _optional(body, "lane"))
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"not an outcome record: {raw[:80]!r} ({exc})") from None
-
-
-def _optional(body: dict[str, object], name: str) -> str | None:
-    value = body.get(name)
-    return None if value is None else str(value)

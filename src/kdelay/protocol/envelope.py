@@ -117,11 +117,7 @@ class Schedule(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """A request to cancel the pending schedule with ``schedule_id`` in ``lane``.
-
-    An id is unique within its lane: a cancel reaches only the schedule its
-    own lane (``kdelay-lane``, None without one) holds under the id.
-    """
+    """Cancel the schedule ``lane`` (None: no lane) holds under ``schedule_id``."""
 
     schedule_id: str
     lane: str | None = None
@@ -129,12 +125,10 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Reschedule:
-    """A request to move the pending schedule ``schedule_id`` to ``due_ms``.
+    """Move the pending schedule ``lane`` holds under ``schedule_id`` to ``due_ms``.
 
     The due time is not checked against the retention bound here: that bound
-    counts from the original request's timestamp, which only the index knows.
-    Like a cancel, it reaches only the schedule of its own ``lane``.
-    """
+    counts from the original request's timestamp, which only the index knows."""
 
     schedule_id: str
     due_ms: int
@@ -353,8 +347,7 @@ def _cancel(found: dict[str, bytes | None]) -> Cancel:
 
 def _reschedule(found: dict[str, bytes | None], timestamp_ms: int,
                 limits: Limits) -> Reschedule:
-    """Validate a reschedule: an id and one time header, no target or partition; the
-    lane of the schedule it moves, if it has one."""
+    """Validate a reschedule: an id, one time header and a lane, no target or partition."""
     clash = [name for name in (TARGET, PARTITION) if name in found]
     if clash:
         raise _Rejected(ErrorCode.BAD_RESCHEDULE,
@@ -367,9 +360,8 @@ def _reschedule(found: dict[str, bytes | None], timestamp_ms: int,
     if SCHEDULE_ID in found and _utf8(found[SCHEDULE_ID]) != schedule_id:
         raise _Rejected(ErrorCode.BAD_RESCHEDULE, f"header {SCHEDULE_ID} "
                         f"{_show(found[SCHEDULE_ID])} differs from {RESCHEDULE} {_show(raw)}")
-    unbounded = Limits(limits.levels, None)  # the bound counts from the original's time
-    return Reschedule(schedule_id, _due_ms(found, timestamp_ms, unbounded),
-                      _lane(found.get(LANE)) if LANE in found else None)
+    due_ms = _due_ms(found, timestamp_ms, Limits(limits.levels, None))  # unbounded: see Reschedule
+    return Reschedule(schedule_id, due_ms, _lane(found.get(LANE)) if LANE in found else None)
 
 
 def _schedule(found: dict[str, bytes | None], timestamp_ms: int, limits: Limits) -> Schedule:
@@ -583,8 +575,10 @@ def delivery_tail(origin: str, due_ms: int) -> Headers:
 _CHECK_LIMITS: Final = Limits(levels=(1,), max_due_after_ms=None)
 
 
-def _validated(headers: Headers) -> Headers:
-    """Return ``headers`` if :func:`parse` accepts them; else ValueError with its detail."""
+def _validated(headers: Headers, lane: str | None = None) -> Headers:
+    """``headers`` (and ``lane``'s header) if :func:`parse` accepts them; else ValueError."""
+    if lane is not None:
+        headers = [*headers, (LANE, lane.encode("utf-8"))]
     result = parse(headers, 0, _CHECK_LIMITS)
     if isinstance(result, Rejection):
         raise ValueError(f"{result.code}: {result.detail}")
@@ -619,32 +613,23 @@ def schedule_headers(
         headers.append((PARTITION, str(partition).encode("ascii")))
     if schedule_id is not None:
         headers.append((SCHEDULE_ID, schedule_id.encode("utf-8")))
-    if lane is not None:
-        headers.append((LANE, lane.encode("utf-8")))
-    return _validated(headers)
-
-
-def _lane_header(lane: str | None) -> Headers:
-    return [] if lane is None else [(LANE, lane.encode("utf-8"))]
+    return _validated(headers, lane)
 
 
 def cancel_headers(schedule_id: str, lane: str | None = None) -> Headers:
-    """Build the headers of a cancel request of the schedule ``schedule_id`` holds in
-    ``lane``; ValueError for an empty id or a ``lane`` that is not a lane name."""
-    return _validated([(CANCEL, schedule_id.encode("utf-8")), *_lane_header(lane)])
+    """Build the headers of a cancel of ``schedule_id`` in ``lane``; ValueError if malformed."""
+    return _validated([(CANCEL, schedule_id.encode("utf-8"))], lane)
 
 
 def reschedule_headers(schedule_id: str, *, due_ms: int | None = None,
                        delay_ms: int | None = None, lane: str | None = None) -> Headers:
-    """Build the headers of a reschedule of the schedule ``schedule_id`` holds in
-    ``lane``: the id and exactly one of ``due_ms`` and ``delay_ms`` (after the
-    reschedule record's timestamp); ValueError otherwise."""
+    """Build a reschedule of ``schedule_id`` in ``lane``: one of ``due_ms`` and ``delay_ms``
+    (after the reschedule record's timestamp); ValueError otherwise."""
     times = [(name, str(value).encode("ascii")) for name, value in
              ((DUE_MS, due_ms), (DELAY_MS, delay_ms)) if value is not None]
     if len(times) != 1:
         raise ValueError("give exactly one of due_ms and delay_ms")
-    return _validated([(RESCHEDULE, schedule_id.encode("utf-8")), *times,
-                       *_lane_header(lane)])
+    return _validated([(RESCHEDULE, schedule_id.encode("utf-8")), *times], lane)
 
 
 def rejection_headers(rejection: Rejection) -> Headers:

@@ -44,8 +44,9 @@ from typing import NamedTuple
 import confluent_kafka
 
 from kdelay.protocol import envelope
-from kdelay.protocol.codec import Fingerprint, split_id_key
+from kdelay.protocol.codec import Fingerprint
 from kdelay.protocol.envelope import AnyHeaders, ErrorCode, Headers, Rejection
+from kdelay.protocol.idkeys import split_id_key
 
 FORWARD = "kdelay-forward"
 FINGERPRINT = "kdelay-fingerprint"
@@ -70,7 +71,7 @@ def id_partition(schedule_id: str, partitions: int) -> int:
 
 
 def home_of(key: str, partitions: int) -> int:
-    """The request partition of the id key ``key`` (:func:`kdelay.protocol.codec.id_key`):
+    """The request partition of the id key ``key`` (:func:`kdelay.protocol.idkeys.id_key`):
     its id's, whatever its lane."""
     return id_partition(split_id_key(key)[0], partitions)
 

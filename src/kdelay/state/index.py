@@ -5,7 +5,7 @@ One store (rocksdict, raw mode) per request partition, three column families:
 - ``default``: the due index, ``due key -> index value`` (see :mod:`kdelay.protocol.codec`);
 - ``ids``: ``id key -> pending due key | how and when its schedule ended``,
   for dedup, cancel and their outcomes; an id key is the id, and its lane when
-  the request named one (:func:`~kdelay.protocol.codec.encode_id_key`);
+  the request named one (:func:`~kdelay.protocol.idkeys.encode_id_key`);
 - ``expiry``: ``end time | schedule id -> ""``, so that ended-id markers older
   than the id window can be found (:meth:`expired_ids`) without a scan of every id;
 - ``sweep``: ``first due key | u64 sequence -> due keys end to end``, chunks of
@@ -42,7 +42,7 @@ from typing import NamedTuple, cast
 
 from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch
 
-from kdelay.protocol import codec
+from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
 from kdelay.state.changes import Changes, Entry, collect, put_all
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
@@ -210,9 +210,9 @@ class PartitionIndex:
         self._meta[SYNCED] = codec.encode_offset(now_ms)
 
     def id_state(self, schedule_id: str) -> IdState | None:
-        """Return what the index knows of a schedule id (its id key, :func:`codec.id_key`:
+        """Return what the index knows of a schedule id (its id key, :func:`idkeys.id_key`:
         the id and its lane), or None."""
-        raw = self._ids.get(codec.encode_id_key(schedule_id))
+        raw = self._ids.get(idkeys.encode_id_key(schedule_id))
         return None if raw is None else codec.decode_id_state(raw)
 
     def get(self, key: bytes) -> IndexValue | None:
@@ -252,7 +252,7 @@ class PartitionIndex:
             self._put_spans.append((self.puts_applied, lowest, max(new)))
         self._delete(batch, changes)
         for schedule_id, state in changes.ids.items():
-            raw_id = codec.encode_id_key(schedule_id)
+            raw_id = idkeys.encode_id_key(schedule_id)
             if state is None:
                 batch.delete(raw_id, self._ids_handle)
             else:
@@ -590,7 +590,7 @@ class PartitionIndex:
     def id_states(self) -> Iterator[tuple[str, IdState]]:
         """Every schedule id (id key) the store holds, with its state (a full scan; for tools)."""
         for raw_id, raw in self._ids.items():
-            yield (codec.decode_id_key(cast(bytes, raw_id)),
+            yield (idkeys.decode_id_key(cast(bytes, raw_id)),
                    codec.decode_id_state(cast(bytes, raw)))
 
     def id_count(self) -> int:

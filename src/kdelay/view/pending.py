@@ -36,7 +36,7 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client, topic_config
-from kdelay.protocol import codec, envelope
+from kdelay.protocol import codec, envelope, idkeys
 from kdelay.protocol.codec import record_time
 from kdelay.state.changelog import Restorer, open_restored
 from kdelay.state.index import CONSUMED, PartitionIndex
@@ -94,7 +94,7 @@ def pending_of(key: bytes, raw: bytes) -> Pending:
     value = codec.decode_index_value(raw)
     sid = value.schedule_id  # an id key: the lane is the original's to show
     return Pending(due_ms, partition, offset, value.fingerprint,
-                   None if sid is None else codec.split_id_key(sid)[0])
+                   None if sid is None else idkeys.split_id_key(sid)[0])
 
 
 def view_path(view_dir: Path, settings: Settings) -> Path:
@@ -329,7 +329,7 @@ class PendingView:
     def find_id(self, schedule_id: str, lane: str | None = None) -> Pending | None:
         """The pending entry that holds ``schedule_id`` in ``lane`` (None: of no lane), or
         None (delivered, cancelled, unknown)."""
-        key = codec.id_key(schedule_id, lane)
+        key = idkeys.id_key(schedule_id, lane)
         for index in self._indexes.values():
             state = index.id_state(key)
             if state is not None and state.pending_key is not None:

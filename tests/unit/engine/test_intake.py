@@ -19,7 +19,7 @@ from kdelay.engine.intake import (
 )
 from kdelay.engine.rereads import Rereads
 from kdelay.plumbing.clock import ManualClock
-from kdelay.protocol import codec
+from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import (
     End,
     Fingerprint,
@@ -652,8 +652,8 @@ def test_an_empty_batch_has_no_first_offset(ids: Ids) -> None:
 # -- outcome records -------------------------------------------------------------------------
 
 
-def answers(result: Plan) -> list[tuple[str, int | None, bytes | None, codec.Answer]]:
-    return [(r.topic, r.partition, r.key, codec.decode_answer(r.value or b""))
+def answers(result: Plan) -> list[tuple[str, int | None, bytes | None, idkeys.Answer]]:
+    return [(r.topic, r.partition, r.key, idkeys.decode_answer(r.value or b""))
             for r in result.answers]
 
 

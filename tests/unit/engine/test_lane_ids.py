@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from kdelay.engine.intake import Outcome, Plan, Planner
-from kdelay.protocol import codec, forward
+from kdelay.protocol import codec, forward, idkeys
 from kdelay.protocol.codec import End, IdState, IndexValue
 from kdelay.protocol.envelope import (
     Headers,
@@ -28,7 +28,7 @@ from tests.unit.engine.test_intake import LIMITS, PART, TOPICS, TS, Ids, key, re
 LANES = Lanes({"dev1": "dev1.", "dev2": "dev2."})
 POLICY = TargetPolicy((TOPICS.requests, TOPICS.changelog, TOPICS.dlq), (), LANES)
 OUTCOMES = "kdelay.outcomes"
-DEV1, DEV2 = codec.id_key("order-43", "dev1"), codec.id_key("order-43", "dev2")
+DEV1, DEV2 = idkeys.id_key("order-43", "dev1"), idkeys.id_key("order-43", "dev2")
 
 
 def planner(ids: Ids, partitions: int | None = None) -> Planner:
@@ -113,8 +113,8 @@ def test_outcome_records_of_a_lane_are_keyed_by_lane_and_id_on_the_ids_partition
     laned, plain = result.answers
     assert (laned.key, plain.key) == (b"\xffdev1/order-43", b"order-43")
     assert laned.partition == plain.partition == id_partition("order-43", 4)
-    assert codec.decode_answer(laned.value or b"").lane == "dev1"
-    assert codec.decode_answer(plain.value or b"").lane is None
+    assert idkeys.decode_answer(laned.value or b"").lane == "dev1"
+    assert idkeys.decode_answer(plain.value or b"").lane is None
     assert b"lane" not in (plain.value or b""), "a lane-less outcome is as before"
 
 
@@ -139,7 +139,7 @@ def test_a_forward_carries_the_lane_and_is_indexed_under_the_lanes_key() -> None
     ids = Ids()
     there = planner(ids, partitions)
     first = there.plan(home, [landed(0, out.forwards[0].headers)])
-    laned = codec.id_key(sid, "dev1")
+    laned = idkeys.id_key(sid, "dev1")
     original = codec.encode_due_key(TS + 5, PART, 5)
     assert first.changes.ids == {laned: IdState(original, None)}
     assert first.changes.puts[0].value == IndexValue(found.fingerprint, laned, "dev1.orders")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kdelay.protocol import codec
+from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import End, Fingerprint, IndexValue
 from kdelay.protocol.envelope import LANE_NAME
 
@@ -23,9 +23,9 @@ FP = Fingerprint(1_700_000_000_000, 7)
 @given(ids, lanes)
 def test_an_id_key_round_trips_through_every_layout_that_holds_one(sid: str,
                                                                   lane: str | None) -> None:
-    key = codec.id_key(sid, lane)
-    assert codec.split_id_key(key) == (sid, lane)
-    assert codec.decode_id_key(codec.encode_id_key(key)) == key
+    key = idkeys.id_key(sid, lane)
+    assert idkeys.split_id_key(key) == (sid, lane)
+    assert idkeys.decode_id_key(idkeys.encode_id_key(key)) == key
     assert codec.id_of_record_key(codec.id_record_key(key)) == key
     assert codec.decode_expiry_key(codec.encode_expiry_key(5, key)) == (5, key)
     for target in (None, "orders"):
@@ -37,40 +37,40 @@ def test_an_id_key_round_trips_through_every_layout_that_holds_one(sid: str,
 
 @given(ids)
 def test_without_a_lane_every_byte_is_as_before(sid: str) -> None:
-    assert codec.id_key(sid, None) == sid
-    assert codec.encode_id_key(sid) == sid.encode("utf-8")
+    assert idkeys.id_key(sid, None) == sid
+    assert idkeys.encode_id_key(sid) == sid.encode("utf-8")
     assert codec.id_record_key(sid) == codec.ID_RECORD_PREFIX + sid.encode("utf-8")
-    assert codec.outcome_key(sid, None) == sid.encode("utf-8")
+    assert idkeys.outcome_key(sid, None) == sid.encode("utf-8")
     assert codec.encode_index_value(IndexValue(FP, sid, None)).endswith(sid.encode("utf-8"))
 
 
 @given(ids, ids, st.from_regex(LANE_NAME, fullmatch=True))
 def test_no_id_without_a_lane_has_the_key_of_an_id_with_one(plain: str, sid: str,
                                                              lane: str) -> None:
-    assert codec.encode_id_key(plain) != codec.encode_id_key(codec.id_key(sid, lane))
-    assert codec.id_key(sid, lane) != codec.id_key(sid, None)
+    assert idkeys.encode_id_key(plain) != idkeys.encode_id_key(idkeys.id_key(sid, lane))
+    assert idkeys.id_key(sid, lane) != idkeys.id_key(sid, None)
 
 
 def test_a_lanes_key_layout() -> None:
-    key = codec.id_key("order-43", "dev1")
-    assert codec.encode_id_key(key) == b"\xffdev1/order-43"
-    assert codec.outcome_key("order-43", "dev1") == b"\xffdev1/order-43"
+    key = idkeys.id_key("order-43", "dev1")
+    assert idkeys.encode_id_key(key) == b"\xffdev1/order-43"
+    assert idkeys.outcome_key("order-43", "dev1") == b"\xffdev1/order-43"
     assert codec.id_record_key(key) == b"kdelay/ended-schedule-id/\xffdev1/order-43"
-    assert codec.shown_id(key) == "order-43 (lane dev1)"
-    assert codec.split_id_key(codec.id_key("a/b", "dev1")) == ("a/b", "dev1")
+    assert idkeys.shown_id(key) == "order-43 (lane dev1)"
+    assert idkeys.split_id_key(idkeys.id_key("a/b", "dev1")) == ("a/b", "dev1")
 
 
 @pytest.mark.parametrize("raw", [b"\xff", b"\xffdev1", b"\xffdev1/", b"\xff/x", b"\xffa b/x",
                                  b"\xffdev1/\xff", b"\xfe/x", b"ok\xff"])
 def test_bytes_that_are_no_id_key_are_refused(raw: bytes) -> None:
     with pytest.raises(ValueError, match="not UTF-8"):
-        codec.decode_id_key(raw)
+        idkeys.decode_id_key(raw)
     with pytest.raises(ValueError, match="does not decode"):
         codec.id_of_record_key(codec.ID_RECORD_PREFIX + raw)
 
 
 def test_an_ended_lane_id_is_recorded_under_its_lanes_key() -> None:
-    key = codec.id_key("order-43", "dev1")
+    key = idkeys.id_key("order-43", "dev1")
     state, record = codec.end_of(key, End.CANCELLED, 9, codec.encode_due_key(1, 0, 0), FP)
     assert record is not None
     assert record[0] == b"kdelay/ended-schedule-id/\xffdev1/order-43"
@@ -79,7 +79,7 @@ def test_an_ended_lane_id_is_recorded_under_its_lanes_key() -> None:
 
 @given(lanes)
 def test_an_answer_names_its_lane_only_when_it_has_one(lane: str | None) -> None:
-    answer = codec.Answer("order-43", "scheduled", "r/0/1", 5, lane=lane)
-    raw = codec.encode_answer(answer)
-    assert codec.decode_answer(raw) == answer
+    answer = idkeys.Answer("order-43", "scheduled", "r/0/1", 5, lane=lane)
+    raw = idkeys.encode_answer(answer)
+    assert idkeys.decode_answer(raw) == answer
     assert (b'"lane"' in raw) == (lane is not None)

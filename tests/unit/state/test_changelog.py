@@ -17,7 +17,7 @@ from typing import cast
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from kdelay.protocol import codec
+from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
 from kdelay.state.changelog import (
     Progress,
@@ -105,7 +105,7 @@ def test_an_ended_id_is_remembered_after_its_tombstone(index: PartitionIndex) ->
 
 def test_the_same_id_of_two_lanes_and_of_none_is_restored_as_three(
         index: PartitionIndex) -> None:
-    dev1, dev2 = codec.id_key("order-1", "dev1"), codec.id_key("order-1", "dev2")
+    dev1, dev2 = idkeys.id_key("order-1", "dev1"), idkeys.id_key("order-1", "dev2")
     laned = IndexValue(Fingerprint(T0, 444), dev1, "dev1.orders")
     k3 = codec.encode_due_key(T0 + 30, PART, 3)
     _apply(index, staged((K1, V1), (k3, laned)), 3)
