@@ -21,8 +21,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol.codec import decode_answer
 from kdelay.protocol.forward import id_partition
+from kdelay.protocol.idkeys import decode_answer
 from kdelay.web.actions import decode_done
 
 DEPTH = 5_000
