@@ -42,7 +42,7 @@ from kdelay.protocol.envelope import (
     Reschedule,
     Schedule,
 )
-from kdelay.protocol.forward import Forward
+from kdelay.protocol.forward import Forward, id_partition
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changes import Changes, Entry
 
@@ -388,8 +388,7 @@ class Planner:
         sid = idkeys.id_key(found.schedule_id, found.lane)
         moved = self._moved(plan, sid, message.headers())
         if moved is not None:
-            self._forward(plan, message.offset() or 0, moved, sid,
-                          forward.schedule_headers(found))
+            self._forward(plan, message.offset() or 0, moved, sid, forward.schedule_headers(found))
             return
         key = codec.encode_due_key(found.due_ms, found.partition, found.offset)
         self._index(plan, key, _new(IndexValue, (found.fingerprint, sid, found.target)), None)
@@ -506,8 +505,9 @@ class Planner:
         schedule_id, lane = idkeys.split_id_key(sid)
         answer = idkeys.Answer(schedule_id, str(outcome), where, self._now(None),
                         None if schedule is None else self._where(schedule), first, differs, lane)
-        plan.answers.append(Record(topics.outcomes, forward.home_of(sid, topics.outcome_partitions),
-                                   idkeys.encode_id_key(sid), idkeys.encode_answer(answer)))
+        home = id_partition(schedule_id, topics.outcome_partitions)  # the id's, whatever its lane
+        plan.answers.append(Record(topics.outcomes, home, idkeys.encode_id_key(sid),
+                                   idkeys.encode_answer(answer)))
 
     def _cancel(self, plan: Plan, message: Message, cancel: Cancel, offset: int,
                 timestamp: int | None) -> None:

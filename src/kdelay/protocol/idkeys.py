@@ -46,8 +46,10 @@ def split_id_key(key: str) -> tuple[str, str | None]:
 def shown_id(key: str) -> str:
     """An id key as logs and outcome details show it: ``order-43``, or
     ``order-43 (lane dev1)`` (the key itself is not printable text)."""
-    schedule_id, lane = split_id_key(key)
-    return schedule_id if lane is None else f"{schedule_id} (lane {lane})"
+    if not key.startswith(_LANE_MARK):
+        return key
+    lane, _, schedule_id = key[1:].partition("/")
+    return f"{schedule_id} (lane {lane})"
 
 
 def encode_id_key(key: str) -> bytes:
