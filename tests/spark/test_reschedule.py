@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from kdelay.cli import app
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol import codec, envelope, forward
+from kdelay.protocol import envelope, forward, idkeys
 from kdelay.spark.audit import (
     AuditWindow,
     answers_frame,
@@ -108,7 +108,7 @@ def _wait_answers(deployment: Deployment, requests: set[str]) -> dict[str, str]:
                 pytest.fail(f"no outcome for {sorted(requests - answers.keys())} within 60s")
             for message in consumer.consume(100, timeout=0.2):
                 if message.error() is None and message.value():
-                    answer = codec.decode_answer(message.value() or b"")
+                    answer = idkeys.decode_answer(message.value() or b"")
                     answers[answer.request] = answer.outcome
         return {request: answers[request] for request in requests}
     finally:

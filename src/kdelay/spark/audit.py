@@ -97,7 +97,7 @@ RESCHEDULE_OUTCOMES = (RESCHEDULED, UNKNOWN, TOO_LATE, UNANSWERED)
 """What became of a reschedule request (see the module docstring)."""
 _ANSWERS = {"rescheduled": RESCHEDULED, "unknown": UNKNOWN, "already-delivered": TOO_LATE,
             "dead-lettered": TOO_LATE}
-"""The service's answers to a reschedule (:class:`~kdelay.protocol.codec.Answer`), as counted."""
+"""The service's answers to a reschedule (:class:`~kdelay.protocol.idkeys.Answer`), as counted."""
 _ANSWER_SCHEMA = "request string, outcome string, schedule string, at_ms bigint"
 DELIVERY_FAILURES = frozenset({ErrorCode.MISMATCH, ErrorCode.EXPIRED, ErrorCode.UNDELIVERABLE})
 """DLQ reasons of requests that were scheduled first (the others are intake rejections)."""
