@@ -87,7 +87,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from kdelay.plumbing.clients import produce
 from kdelay.protocol import envelope
-from kdelay.protocol.codec import decode_answer
+from kdelay.protocol.idkeys import decode_answer
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
