@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.engine.takeover import owner_of
+from kdelay.engine.commit._takeover import owner_of
 from kdelay.protocol import envelope
 from tests.conftest import TopicFactory
 from tests.e2e.conftest import (
@@ -38,7 +38,7 @@ DEAD_TRANSACTION_TIMEOUT_MS = 300_000
 DEAD_OWNER = """
 import os, signal, sys
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kdelay.engine.takeover import owner_metadata
+from kdelay.engine.commit._takeover import owner_metadata
 from kdelay.protocol import envelope
 
 bootstrap, group, requests, target = sys.argv[1:5]

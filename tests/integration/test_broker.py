@@ -553,7 +553,7 @@ def test_a_record_failed_for_good_fails_every_later_one_only_when_gapless(
     ``_GAPLESS_GUARANTEE`` is raised by the next ``poll`` or ``flush`` (not
     through ``error_cb``) and every later ``produce`` raises ``_FATAL``.
     kdelay's changelog writer asks for the report of a plan's last put only,
-    and relies on this (``kdelay.engine.writer``)."""
+    and relies on this (``kdelay.engine.commit._writer``)."""
     topic = topic_factory("gapless", config={"max.message.bytes": "2000"})
     producer = make_producer(bootstrap, {
         "enable.gapless.guarantee": gapless, "message.timeout.ms": 0, "linger.ms": 0})

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import kdelay
-import kdelay.engine.delivery
+import kdelay.engine.delivery._delivery
 from kdelay import native
 
 EXTENSION = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -53,11 +53,11 @@ def test_a_build_that_matches_its_sources_runs_compiled(package: Path) -> None:
 
 def test_a_source_changed_since_the_build_runs_everything_from_the_sources(
         package: Path) -> None:
-    source = native.source_of("kdelay.engine.window", package)
+    source = native.source_of("kdelay.engine.delivery._book", package)
     source.write_text("NAME = 'edited'\n", encoding="utf-8")
     finders: list[Any] = []
     mode = native.choose({}, package, finders)
-    assert mode.startswith("interpreted (window.py changed since it was compiled")
+    assert mode.startswith("interpreted (_book.py changed since it was compiled")
     assert len(finders) == 1
     assert native.choose({}, package, finders) == mode
     assert len(finders) == 1, "one finder, however often it is chosen"
@@ -73,7 +73,7 @@ def test_the_environment_asks_for_the_sources(package: Path) -> None:
 def test_a_build_without_its_manifest_is_not_trusted(package: Path) -> None:
     (package / native.MANIFEST).unlink()
     finders: list[Any] = []
-    assert native.choose({}, package, finders).startswith("interpreted (book.py changed")
+    assert native.choose({}, package, finders).startswith("interpreted (_checkpoint.py changed")
     assert len(finders) == 1
 
 
@@ -102,17 +102,18 @@ def test_a_build_without_its_shared_library_runs_everything_from_the_sources(
 
 
 def test_a_build_missing_one_module_runs_everything_from_the_sources(package: Path) -> None:
-    native.source_of("kdelay.engine.window", package).with_suffix(EXTENSION).unlink()
+    native.source_of("kdelay.engine.delivery._readahead", package).with_suffix(EXTENSION).unlink()
     finders: list[Any] = []
     assert native.choose({}, package, finders) == (
-        "interpreted (the compiled build does not load: kdelay.engine.window has no "
+        "interpreted (the compiled build does not load: kdelay.engine.delivery._readahead has no "
         "extension module)")
-    assert [f.modules for f in finders] == [frozenset(native.HOT_PATH) - {"kdelay.engine.window"}]
+    assert [f.modules for f in finders] == [
+        frozenset(native.HOT_PATH) - {"kdelay.engine.delivery._readahead"}]
 
 
 def test_an_extension_the_loader_refuses_runs_everything_from_the_sources(package: Path) -> None:
     """A truncated file: the dynamic loader's own words say which and why."""
-    stub = native.source_of("kdelay.engine.book", package).with_suffix(EXTENSION)
+    stub = native.source_of("kdelay.engine.delivery._book", package).with_suffix(EXTENSION)
     stub.write_bytes(LOADABLE[:100])
     mode = native.choose({}, package, [])
     assert mode.startswith(f"interpreted (the compiled build does not load: {stub}: ")
@@ -143,11 +144,11 @@ def test_a_half_failed_build_imports_from_its_sources_with_one_warning_line(
 
 
 def test_the_finder_names_the_sources_of_its_modules_only(package: Path) -> None:
-    finder = native.Sources(frozenset({"kdelay.engine.book"}), package)
-    spec = finder.find_spec("kdelay.engine.book", None)
+    finder = native.Sources(frozenset({"kdelay.engine.delivery._book"}), package)
+    spec = finder.find_spec("kdelay.engine.delivery._book", None)
     assert spec is not None
-    assert spec.origin == str(package / "engine" / "book.py")
-    assert finder.find_spec("kdelay.engine.delivery", None) is None
+    assert spec.origin == str(package / "engine" / "delivery" / "_book.py")
+    assert finder.find_spec("kdelay.engine.delivery._delivery", None) is None
     assert finder.find_spec("json", None) is None
 
 
@@ -163,7 +164,7 @@ def test_an_extension_left_by_an_earlier_build_never_loads(package: Path) -> Non
 
 
 def test_this_process_runs_the_hot_path_as_its_mode_says() -> None:
-    loaded = kdelay.engine.delivery.__file__
+    loaded = kdelay.engine.delivery._delivery.__file__
     assert loaded is not None
     if native.mode == "compiled":
         assert loaded.endswith(EXTENSION)

@@ -31,15 +31,15 @@ from pathlib import Path
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Message, Producer
 
 from kdelay import native
-from kdelay.engine.book import Book, Job
-from kdelay.engine.failures import TopicCheck
-from kdelay.engine.flights import Flight
+from kdelay.engine.delivery._book import Book, Job
+from kdelay.engine.delivery._failures import TopicCheck
+from kdelay.engine.delivery._flights import Flight
+from kdelay.engine.delivery._runs import Run
+from kdelay.engine.delivery._sealing import landed_runs, seal_of
+from kdelay.engine.delivery._sender import Routes, Sender
+from kdelay.engine.delivery._watermarks import Marks
 from kdelay.engine.intake import IdWindow, Planner, Topics
 from kdelay.engine.runner import tune_gc
-from kdelay.engine.runs import Run
-from kdelay.engine.sealing import landed_runs, seal_of
-from kdelay.engine.sender import Routes, Sender
-from kdelay.engine.watermarks import Marks
 from kdelay.plumbing.clock import SystemClock
 from kdelay.protocol import codec, durations, envelope
 from kdelay.protocol.codec import IndexValue

@@ -7,15 +7,15 @@
   :mod:`~kdelay.engine.availability` whether Kafka answers (one line, one gauge per outage);
 - :mod:`~kdelay.engine.workers`: ``kdelay run --workers N``, N service processes
   under a supervising parent (:func:`~kdelay.engine.runner.run_workers` runs them);
-- :mod:`~kdelay.engine.checkpoint`: how a step becomes durable, the only module
-  that reads the guarantee; :mod:`~kdelay.engine.transactional` the renewable
+- :mod:`~kdelay.engine.commit`: how a step becomes durable, the only module
+  that reads the guarantee; :mod:`~kdelay.engine.commit._transactional` the renewable
   transactional producer of exactly-once;
 - :mod:`~kdelay.engine.intake`: requests to plans (index puts, cancels, DLQ records);
 - :mod:`~kdelay.engine.delivery`: read-ahead, produce what is due, settle outcomes;
-  :mod:`~kdelay.engine.book` keeps delivery's jobs and their states,
-  :mod:`~kdelay.engine.window` how far each index was read ahead, and
-  :mod:`~kdelay.engine.failures` what happens when a target fails;
-- :mod:`~kdelay.engine.writer`: the one changelog writer and its positions;
+  :mod:`~kdelay.engine.delivery._book` keeps delivery's jobs and their states,
+  :mod:`~kdelay.engine.delivery._window` how far each index was read ahead, and
+  :mod:`~kdelay.engine.delivery._failures` what happens when a target fails;
+- :mod:`~kdelay.engine.commit._writer`: the one changelog writer and its positions;
 - :mod:`~kdelay.engine.outlook`, :mod:`~kdelay.engine.skew`,
   :mod:`~kdelay.engine.metrics`: forward-looking gauges, the broker's clock,
   the Prometheus metrics.

@@ -222,7 +222,7 @@ class Planner:
     pending is not put again: the put would be written after the tombstone of a
     delivery under way, and bring the delivered entry back. Nor is one whose
     entry ``delivered`` says left the index, done, since the assignment (see
-    :mod:`kdelay.engine.rereads`).
+    :mod:`kdelay.engine.delivery._rereads`).
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,

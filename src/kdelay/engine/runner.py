@@ -19,7 +19,7 @@ from types import FrameType
 
 from confluent_kafka.admin import AdminClient
 
-from kdelay.engine.checkpoint import ServiceError
+from kdelay.engine.commit import ServiceError
 from kdelay.engine.service import Service
 from kdelay.engine.workers import Supervisor, Worker, worker_settings
 from kdelay.plumbing.clock import SystemClock

@@ -6,7 +6,7 @@ waiting no longer than until the next due entry, and plan it), delivery
 records), the checkpoint (make them durable: acknowledgements, or a
 committed transaction), the index writes, and settling (apply delivery
 reports to the indexes). The order is the same under both guarantees; what
-each part means is decided in :mod:`kdelay.engine.checkpoint`, the one module that
+each part means is decided in :mod:`kdelay.engine.commit`, the one module that
 reads the guarantee. Partitions come and go through an ordinary consumer
 group; on assignment a partition's index is opened and caught up from the
 changelog before it serves, on revocation the work in flight is finished
@@ -38,9 +38,16 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from kdelay import native
-from kdelay.engine import checkpoint as checkpoints
+from kdelay.engine import commit as checkpoints
 from kdelay.engine.availability import Availability, T
-from kdelay.engine.checkpoint import MAX_UNACKED_RECORDS, Batch, Checkpoint, ServiceError
+from kdelay.engine.commit import (
+    MAX_UNACKED_RECORDS,
+    Batch,
+    Checkpoint,
+    ServiceError,
+    Takeover,
+    owner_metadata,
+)
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
 from kdelay.engine.housekeeping import Housekeeper
@@ -56,7 +63,6 @@ from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew, unmeasured
 from kdelay.engine.sweeper import Sweeper
-from kdelay.engine.takeover import Takeover, owner_metadata
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, produce, take
@@ -278,7 +284,7 @@ class Service:
         """Take in one batch of requests, deliver what is due, settle the outcomes.
 
         The order is the same under both guarantees (the checkpoint decides
-        what each part means, see :mod:`kdelay.engine.checkpoint`): plan the batch,
+        what each part means, see :mod:`kdelay.engine.commit`): plan the batch,
         produce what is due, write the plans' records, make them durable,
         apply them to the indexes, settle delivery reports. Each phase's time
         goes to ``kdelay_loop_phase_seconds``; a step of a second or more is

@@ -351,7 +351,7 @@ LOGGER = "kdelay.kafka"
 
 CHOSEN = ("enable.gapless.guarantee is experimental",)
 """librdkafka's warnings about settings kdelay chooses on purpose: logged at DEBUG (the
-changelog's producer is gapless, see :mod:`kdelay.engine.writer`)."""
+changelog's producer is gapless, see :mod:`kdelay.engine.commit._writer`)."""
 
 
 class ClientLogger:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdelay.engine.book import Book, Job, State
+from kdelay.engine.delivery._book import Book, Job, State
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.state.changes import Entry

@@ -23,8 +23,10 @@ from confluent_kafka import (
     Message,
 )
 
-from kdelay.engine import delivery as delivery_module
-from kdelay.engine.delivery import (
+from kdelay.engine.commit._durability import Acknowledged, Transacted
+from kdelay.engine.commit._writer import ChangelogWriter
+from kdelay.engine.delivery import _delivery as delivery_module
+from kdelay.engine.delivery._delivery import (
     IN_FLIGHT_WAIT_MS,
     MAX_RETRYING_BATCHES,
     MAX_WAIT_MS,
@@ -33,12 +35,10 @@ from kdelay.engine.delivery import (
     Release,
     by_service_clock,
 )
-from kdelay.engine.durability import Acknowledged, Transacted
-from kdelay.engine.failures import TopicCheck, backoff_ms
-from kdelay.engine.flights import STALL_S
+from kdelay.engine.delivery._failures import TopicCheck, backoff_ms
+from kdelay.engine.delivery._flights import STALL_S
+from kdelay.engine.delivery._sealing import RANGE_DELETE_MIN, SEAL_EVERY_STEPS
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.sealing import RANGE_DELETE_MIN, SEAL_EVERY_STEPS
-from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol.codec import (
@@ -1561,7 +1561,7 @@ def test_a_long_missing_target_logs_one_line_per_interval_not_per_failure(
     world.targets.missing_topics.add("gone")
     for offset in range(20):
         world.request(0, offset, T0, target="gone")
-    with caplog.at_level(logging.WARNING, logger="kdelay.engine.failures"):
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.delivery._failures"):
         for now in range(T0, T0 + 120_000, 500):
             world.at(now)
             world.settle()
@@ -1600,7 +1600,7 @@ def test_many_failures_at_once_are_logged_as_one_line(
     for offset in range(50):
         world.request(offset % 3, offset, T0)
     world.at(T0)
-    caplog.set_level(logging.WARNING, logger="kdelay.engine.failures")
+    caplog.set_level(logging.WARNING, logger="kdelay.engine.delivery._failures")
     assert len(world.targets.report(timed_out())) == 50
     world.settle()
     assert len(caplog.records) == 1

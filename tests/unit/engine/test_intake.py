@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
+from kdelay.engine.delivery._rereads import Rereads
 from kdelay.engine.intake import (
     IdWindow,
     Outcome,
@@ -17,7 +18,6 @@ from kdelay.engine.intake import (
     Topics,
     consumed_marker,
 )
-from kdelay.engine.rereads import Rereads
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import (

@@ -32,8 +32,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kdelay.engine import availability, checkpoint
+from kdelay.engine import availability
 from kdelay.engine import service as service_module
+from kdelay.engine.commit import _checkpoint as checkpoint
 from kdelay.engine.service import Service
 from kdelay.plumbing import callbacks
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting

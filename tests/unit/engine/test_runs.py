@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kdelay.engine.runs import Run, merged
+from kdelay.engine.delivery._runs import Run, merged
 from kdelay.protocol import codec
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdelay.engine.book import Job, Sink
-from kdelay.engine.runs import Run
-from kdelay.engine.sealing import landed_runs, seal_of
-from kdelay.engine.watermarks import Marks
+from kdelay.engine.delivery._book import Job, Sink
+from kdelay.engine.delivery._runs import Run
+from kdelay.engine.delivery._sealing import landed_runs, seal_of
+from kdelay.engine.delivery._watermarks import Marks
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.state.changes import Changes, Entry

@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.engine import takeover
-from kdelay.engine.takeover import Takeover, owned, owner_metadata, owner_of
+from kdelay.engine.commit import _takeover as takeover
+from kdelay.engine.commit._takeover import Takeover, owned, owner_metadata, owner_of
 from kdelay.plumbing.clients import Consuming, Transacting
 
 GROUP = "kdelay"

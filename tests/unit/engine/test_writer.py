@@ -7,9 +7,9 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from kdelay.engine.commit._writer import ChangelogWriter
 from kdelay.engine.intake import Record
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.writer import ChangelogWriter
 from kdelay.plumbing.clients import Report
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import Headers

@@ -3,7 +3,7 @@
 Intake writes puts (and a cancel's tombstones) and the consumed-offset marker;
 delivery writes a seal for every batch it is done with: the end records of its
 schedule ids, tombstones for the entries a watermark cannot cover, and the
-partition's watermark (see :mod:`kdelay.engine.watermarks`). All of it goes
+partition's watermark (see :mod:`kdelay.engine.delivery._watermarks`). All of it goes
 through :class:`ChangelogWriter`, which produces with back-off on a full queue,
 collects the records that failed for good, counts and logs them, and records
 the changelog position each confirming record's acknowledgement proves.
@@ -27,7 +27,7 @@ put costs no Python call when it is acknowledged.
 Intake's records are written on behalf of one step's :class:`Acks`, which
 counts the acknowledgements they still wait for: a step's plans reach the
 indexes once its count is zero, while later steps go on (see
-:mod:`kdelay.engine.checkpoint`).
+:mod:`kdelay.engine.commit`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from kdelay.plumbing.clients import ROOM_POLL_S, Producing
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdRecord, Watermark
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdelay.engine.commit")  # the wing, not its private module
 
 
 class Keyed(Protocol):

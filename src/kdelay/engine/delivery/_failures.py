@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kdelay.engine.book import Book, Job, Sink, State
+from kdelay.engine.delivery._book import Book, Job, Sink, State
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import AWAY, Producing
@@ -24,7 +24,7 @@ from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import ErrorCode
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdelay.engine.delivery")  # the wing, not its private module
 
 # Failed deliveries are logged together, at most once per this many seconds.
 FAILURE_LOG_EVERY_S = 30.0

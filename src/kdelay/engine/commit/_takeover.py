@@ -21,7 +21,7 @@ Until an instance commits a partition's offsets, their stable offsets name
 the last owner, or nobody; were it to die inside its first transaction, the
 next owner would wait out the timeout. So an instance takes up every
 partition it is assigned by committing its offsets at once, on their own
-(:meth:`~kdelay.engine.checkpoint.ExactlyOnce.claim`, at :func:`positioned`).
+(:meth:`~kdelay.engine.commit._checkpoint.ExactlyOnce.claim`, at :func:`positioned`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient
 
 from kdelay.plumbing.clients import Consuming, Transacting, Watermarks, watermarks
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdelay.engine.commit")  # the wing, not its private module
 
 OWNER_PREFIX = "kdelay-owner "
 # How long a read of committed offsets may take before the takeover looks for a

@@ -1,8 +1,8 @@
 """The two durabilities: how delivery's flights go out and land, per guarantee.
 
-:mod:`kdelay.engine.checkpoint` picks one (the only module that reads the
+:mod:`kdelay.engine.commit` picks one (the only module that reads the
 guarantee); delivery only asks it, through the
-:class:`~kdelay.engine.flights.Durability` protocol, which producer a flight
+:class:`~kdelay.engine.delivery._flights.Durability` protocol, which producer a flight
 goes out on, when it has landed, and where a seal's records are written.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from kdelay.engine.flights import STALL_S, Channel, Flight
-from kdelay.engine.writer import ChangelogWriter
+from kdelay.engine.commit._writer import ChangelogWriter
+from kdelay.engine.delivery import STALL_S, Channel, Flight
 from kdelay.plumbing.clients import Producing
 from kdelay.protocol.codec import IdRecord, Watermark
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdelay.engine.commit")  # the wing, not its private module
 
 
 class Transacted:
@@ -57,7 +57,7 @@ class Transacted:
 class Acknowledged(Transacted):
     """At-least-once: flights go out on the bulk lane, one generation at a time.
 
-    While a generation is in the air, a dispatch of :data:`~kdelay.engine.flights.FEW`
+    While a generation is in the air, a dispatch of :data:`~kdelay.engine.delivery._flights.FEW`
     entries goes out on the producer that reports each record, rather than wait
     for it to land (so a steady rate is as prompt as before; a burst's large
     dispatches wait).
@@ -65,7 +65,7 @@ class Acknowledged(Transacted):
     The bulk producer reports failures only (``delivery.report.only.error``):
     a record that lands costs no Python call, and a generation has landed
     once the producer holds no record any more. A generation still in the air
-    after :data:`~kdelay.engine.flights.STALL_S` (a target partition without a
+    after :data:`~kdelay.engine.delivery._flights.STALL_S` (a target partition without a
     leader keeps its records until their timeout) must not hold every other
     delivery back: the flights that follow go out on a producer that reports
     every record (counted per flight, any number in the air) until both

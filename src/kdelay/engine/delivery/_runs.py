@@ -8,7 +8,7 @@ produced, those before ``landed`` are acknowledged (or, under transactions,
 part of the transaction being committed), those before ``settled`` are out of
 the index. The happy path of a million records is a walk over lists; only
 entries that need care (withheld by a cancel, failed, dead-lettered) leave
-their run, as a job of the :class:`~kdelay.engine.book.Book`.
+their run, as a job of the :class:`~kdelay.engine.delivery._book.Book`.
 
 :func:`merged` orders the due slices of several runs by key, a slice at a
 time rather than an entry at a time: in a burst, whole runs follow each

@@ -3,7 +3,7 @@
 Each tick reads ahead: entries due within ``lookahead_ms`` are taken from the
 partition indexes (a bounded scan) and their originals fetched as sorted offset
 ranges, so that when an entry comes due only a produce is left to do. What a
-scan returns is held as a :class:`~kdelay.engine.runs.Run`: columns of keys,
+scan returns is held as a :class:`~kdelay.engine.delivery._runs.Run`: columns of keys,
 index values and originals, walked by cursors. Due entries go out in key order
 (due time, then request partition, then offset), a run slice at a time.
 
@@ -12,12 +12,12 @@ a flight reports to one shared callback that counts it, and only a failed
 record is looked at on its own. A flight is settled as a whole, once its
 :class:`Durability` says it has landed (at-least-once: every record reported;
 exactly-once: its transaction commits). Then delivery *seals* what is done,
-per partition: one watermark record (:mod:`kdelay.engine.watermarks`) instead
+per partition: one watermark record (:mod:`kdelay.engine.delivery._watermarks`) instead
 of a tombstone per entry, the index deletes in one batch, and an end record
 for each schedule id. An entry leaves the index only after its produce is
 acknowledged: at-least-once.
 
-Entries that need care leave their run for the :class:`~kdelay.engine.book.Book`,
+Entries that need care leave their run for the :class:`~kdelay.engine.delivery._book.Book`,
 one job each: an entry a cancel withholds, an original that is gone or no
 longer matches (dead-lettered), a target that fails. A failing target is
 retried with exponential backoff for ``retry_ms`` after its first failure
@@ -36,16 +36,23 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
 
-from kdelay.engine.book import Book, Job, Sink, State
-from kdelay.engine.failures import Retries, TopicCheck
-from kdelay.engine.flights import FEW, STALL_S, Channel, Durability, Flight, failed_entries
+from kdelay.engine.delivery._book import Book, Job, Sink, State
+from kdelay.engine.delivery._failures import Retries, TopicCheck
+from kdelay.engine.delivery._flights import (
+    FEW,
+    STALL_S,
+    Channel,
+    Durability,
+    Flight,
+    failed_entries,
+)
+from kdelay.engine.delivery._readahead import MAX_HELD_BATCHES, ReadAhead
+from kdelay.engine.delivery._rereads import Rereads
+from kdelay.engine.delivery._runs import Run, merged
+from kdelay.engine.delivery._sealing import Cadence, Sealed, frontier, landed_runs, seal_of
+from kdelay.engine.delivery._sender import Routes, Sender
+from kdelay.engine.delivery._watermarks import Marks
 from kdelay.engine.metrics import DeliveryCounts, Metrics
-from kdelay.engine.readahead import MAX_HELD_BATCHES, ReadAhead
-from kdelay.engine.rereads import Rereads
-from kdelay.engine.runs import Run, merged
-from kdelay.engine.sealing import Cadence, Sealed, frontier, landed_runs, seal_of
-from kdelay.engine.sender import Routes, Sender
-from kdelay.engine.watermarks import Marks
 from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
@@ -56,7 +63,7 @@ from kdelay.state.changes import Entry
 from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Reading
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdelay.engine.delivery")  # the wing, not its private module
 
 MAX_WAIT_MS = 100
 
@@ -368,7 +375,7 @@ class Delivery:
 
     def seal(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
         """Land the flights that have landed and write the seals of what is done: of each
-        partition, or (``every_s``, see :class:`~kdelay.engine.sealing.Cadence`) of those
+        partition, or (``every_s``, see :class:`~kdelay.engine.delivery._sealing.Cadence`) of those
         not sealed for a while, with a batch landed, or jobs done.
 
         Flights of one run land in the order they were produced. A flight

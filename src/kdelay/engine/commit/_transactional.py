@@ -1,7 +1,7 @@
 """The transactional producer, renewable: one that can be replaced by a fresh one with the same id.
 
 Exactly-once keeps every produce of a step in one transaction
-(:class:`kdelay.engine.checkpoint.ExactlyOnce`); when Kafka ends that
+(:class:`kdelay.engine.commit._checkpoint.ExactlyOnce`); when Kafka ends that
 producer's life (a transaction the coordinator timed out in an outage), a new
 producer with the same transactional id takes over behind the same object.
 """

@@ -16,7 +16,7 @@
 What each step means differs by guarantee, and only here:
 
 - :class:`AtLeastOnce` has three idempotent producers (targets, the
-  changelog's, gapless, see :mod:`kdelay.engine.writer`, and the other
+  changelog's, gapless, see :mod:`kdelay.engine.commit._writer`, and the other
   internal topics'). ``commit`` does not wait: a batch is durable once all its
   records are acknowledged, and batches are applied in the order written, in
   whichever later step that is. A broker slow to acknowledge the changelog so
@@ -25,7 +25,7 @@ What each step means differs by guarantee, and only here:
   waits, dispatching meanwhile, only when ``MAX_UNACKED_RECORDS`` records
   await acknowledgements. The consumed offset is stored for the next
   auto-commit after the index write. A delivered batch's seal (a watermark,
-  :mod:`kdelay.engine.watermarks`) is written once all its records are
+  :mod:`kdelay.engine.delivery._watermarks`) is written once all its records are
   acknowledged (:class:`Acknowledged`): a crash in between delivers it again.
 - :class:`ExactlyOnce` has one transactional producer. ``commit`` seals what
   delivery produced in the transaction, into it (:class:`Transacted`), flushes
@@ -45,21 +45,20 @@ from typing import Any, Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from kdelay.engine.delivery import Delivery
-from kdelay.engine.durability import Acknowledged, Transacted
-from kdelay.engine.flights import Durability
+from kdelay.engine.commit._durability import Acknowledged, Transacted
+from kdelay.engine.commit._takeover import owned, positioned
+from kdelay.engine.commit._transactional import Renewable
+from kdelay.engine.commit._writer import GAPLESS, Acks, ChangelogWriter, Failure
+from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
-from kdelay.engine.takeover import owned, positioned
-from kdelay.engine.transactional import Renewable
-from kdelay.engine.writer import GAPLESS, Acks, ChangelogWriter, Failure
 from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Flushing, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.state.index import PartitionIndex
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdelay.engine.commit")  # the wing, not its private module
 
 TXN_MARGIN_MS: Final = 10_000
 ACK_POLL_S: Final = 0.001
@@ -329,7 +328,8 @@ class ExactlyOnce:
                  unreachable: Callable[[], bool] = lambda: False, owner: str = "") -> None:
         """``waiting`` is told, on every retry, why a commit waits for Kafka;
         ``unreachable`` tells whether Kafka is known to be away (no flush waits then);
-        ``owner`` is the metadata of the offsets committed (see :mod:`~kdelay.engine.takeover`)."""
+        ``owner`` is the metadata of the offsets committed (see
+        :mod:`~kdelay.engine.commit._takeover`)."""
         self.producer = producer
         self._owner = owner
         self._tell_waiting = waiting
@@ -586,7 +586,7 @@ class ExactlyOnce:
 
     def claim(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         """Commit the offsets of ``partitions`` in a transaction of their own, naming this
-        instance as their owner (see :func:`~kdelay.engine.takeover.positioned`)."""
+        instance as their owner (see :func:`~kdelay.engine.commit._takeover.positioned`)."""
         claimed = positioned(consumer, partitions) if self._owner else []
         if not claimed or not self.begin(True):
             return

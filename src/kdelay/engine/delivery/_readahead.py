@@ -1,9 +1,9 @@
 """Read-ahead: the entries delivery holds, read from the indexes before they are due.
 
 Each partition's index is scanned (a bounded scan from where the last one
-stopped, see :class:`~kdelay.engine.window.Window`) for entries due within
+stopped, see :class:`~kdelay.engine.delivery._window.Window`) for entries due within
 the look-ahead, and their originals are fetched as sorted offset ranges; what
-comes back is held as :class:`~kdelay.engine.runs.Run` s, so that when an entry
+comes back is held as :class:`~kdelay.engine.delivery._runs.Run` s, so that when an entry
 comes due only a produce is left to do. :class:`ReadAhead` keeps the runs of
 every partition, the run of every key it holds, and how far each index was read.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Container, Mapping
 from typing import Final
 
-from kdelay.engine.book import Book, State
-from kdelay.engine.runs import Run
-from kdelay.engine.window import Window
+from kdelay.engine.delivery._book import Book, State
+from kdelay.engine.delivery._runs import Run
+from kdelay.engine.delivery._window import Window
 from kdelay.protocol import codec
 from kdelay.state.changes import Entry
 from kdelay.state.index import PartitionIndex, Scan

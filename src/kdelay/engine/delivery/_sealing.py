@@ -3,7 +3,7 @@
 A seal covers one partition: the entries of its runs that landed (and are in
 the index), and the book's jobs that are done. :func:`seal_of` turns them into
 the index changes (deletes, ids' ends, the watermark, the sweep keys) and the
-changelog records: one watermark (:mod:`kdelay.engine.watermarks`) covering
+changelog records: one watermark (:mod:`kdelay.engine.delivery._watermarks`) covering
 what it can, a tombstone for each done entry it cannot, and an end record for
 each schedule id. The watermark's bound is the partition's frontier
 (:func:`frontier`); what delivery holds below it that is not done is listed as
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kdelay.engine.book import Job, Sink
-from kdelay.engine.runs import Run
-from kdelay.engine.watermarks import Marks, Seal
-from kdelay.engine.window import Window
+from kdelay.engine.delivery._book import Job, Sink
+from kdelay.engine.delivery._runs import Run
+from kdelay.engine.delivery._watermarks import Marks, Seal
+from kdelay.engine.delivery._window import Window
 from kdelay.protocol import codec
 from kdelay.protocol.codec import End, IdRecord, IndexValue
 from kdelay.state.changes import Changes

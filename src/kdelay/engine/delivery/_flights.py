@@ -7,7 +7,7 @@ and keeps only the failures, as librdkafka reports them: topic, key and value
 failed from those only once the flight has landed (:func:`failed_entries`).
 What a flight's landing means, which producer it goes out on (its
 :class:`Channel`), and where the seals of what it delivered are written, is the
-:class:`Durability`'s to say (see :mod:`kdelay.engine.checkpoint`).
+:class:`Durability`'s to say (see :mod:`kdelay.engine.commit`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import NamedTuple, Protocol
 
 from confluent_kafka import KafkaError, Message
 
-from kdelay.engine.book import Job, Sink
-from kdelay.engine.runs import Run
+from kdelay.engine.delivery._book import Job, Sink
+from kdelay.engine.delivery._runs import Run
 from kdelay.plumbing.callbacks import latch
 from kdelay.plumbing.clients import Producing
 from kdelay.protocol.codec import IdRecord, Watermark
@@ -146,7 +146,7 @@ def failed_entries(errors: list[Reported],
 
 class Durability(Protocol):
     """How delivery's work becomes durable: which producer a flight goes out on, when it
-    has landed, and where a seal's records are written (see :mod:`kdelay.engine.checkpoint`)."""
+    has landed, and where a seal's records are written (see :mod:`kdelay.engine.commit`)."""
 
     def channel(self, airborne: Sequence[Flight], now_s: float, few: bool) -> Channel | None:
         """The channel of the next flights, given those in the ``airborne`` (monotonic

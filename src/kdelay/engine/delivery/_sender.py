@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message
 
-from kdelay.engine.book import Job, Sink
-from kdelay.engine.failures import TopicCheck
-from kdelay.engine.flights import Flight, Produced
-from kdelay.engine.runs import Run
+from kdelay.engine.delivery._book import Job, Sink
+from kdelay.engine.delivery._failures import TopicCheck
+from kdelay.engine.delivery._flights import Flight, Produced
+from kdelay.engine.delivery._runs import Run
 from kdelay.plumbing.clients import Producing
 from kdelay.protocol import codec, envelope, idkeys
 from kdelay.protocol.codec import fingerprint_of
