@@ -45,8 +45,6 @@ HOT_PATH = (
     "kdelay.engine.delivery._runs",
     "kdelay.engine.delivery._sealing",
     "kdelay.engine.delivery._sender",
-    "kdelay.engine.delivery._watermarks",
-    "kdelay.engine.delivery._window",
     "kdelay.engine.intake",
     "kdelay.engine.service",
     "kdelay.protocol.codec",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kdelay.engine.housekeeping import HOUSEKEEPING_EVERY_MS
+from kdelay.engine.outlook import HOUSEKEEPING_EVERY_MS
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, envelope, idkeys

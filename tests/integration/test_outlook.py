@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kdelay.engine.housekeeping import HOUSEKEEPING_EVERY_MS
+from kdelay.engine.outlook import HOUSEKEEPING_EVERY_MS
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Guarantee

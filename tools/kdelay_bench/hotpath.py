@@ -35,9 +35,8 @@ from kdelay.engine.delivery._book import Book, Job
 from kdelay.engine.delivery._failures import TopicCheck
 from kdelay.engine.delivery._flights import Flight
 from kdelay.engine.delivery._runs import Run
-from kdelay.engine.delivery._sealing import landed_runs, seal_of
+from kdelay.engine.delivery._sealing import Marks, landed_runs, seal_of
 from kdelay.engine.delivery._sender import Routes, Sender
-from kdelay.engine.delivery._watermarks import Marks
 from kdelay.engine.intake import IdWindow, Planner, Topics
 from kdelay.engine.runner import tune_gc
 from kdelay.plumbing.clock import SystemClock

@@ -23,22 +23,29 @@ the intake lag. Every figure is bounded in cost, so none is a full scan:
 - pending entries, by horizon and at risk of retention: from the index's
   exact tally (:mod:`kdelay.state.tally`), kept in step with every batch it writes;
   summing it costs one step per due minute (or slack minute) with entries.
+
+:class:`Housekeeper` runs the round itself, every few seconds of the service
+clock: it refreshes these gauges and marks every owned store in step with
+the changelog.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from pathlib import Path
 
 from confluent_kafka import KafkaException, TopicPartition
 from prometheus_client import Gauge
 
 from kdelay.engine.metrics import OVERDUE_CAP, Metrics
 from kdelay.plumbing.clients import Watermarks
+from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout
 from kdelay.protocol import codec
 from kdelay.state.index import DueSummary, PartitionIndex
+from kdelay.state.statedir import free_bytes
 from kdelay.state.tally import horizons
 
 
@@ -152,3 +159,38 @@ def _remove(gauge: Gauge, label: str) -> None:
         gauge.remove(label)
     except KeyError:
         pass
+
+HOUSEKEEPING_EVERY_MS = 5_000
+
+
+class Housekeeper:
+    """Every few seconds (service clock): refresh the gauges and mark every owned
+    store in step with the changelog.
+
+    An owned store lacks only the effects of the changelog writes in flight,
+    so the mark (:meth:`PartitionIndex.mark_synced`) is true; the next
+    assignment of the partition to this state dir trusts the store only while
+    the mark is younger than the changelog keeps tombstones.
+    """
+
+    def __init__(self, clock: Clock, metrics: Metrics, outlook: Outlook,
+                 state_dir: Path | None = None) -> None:
+        self._state_dir = state_dir
+        self._clock = clock
+        self._metrics = metrics
+        self._outlook = outlook
+        self._next_ms = 0
+
+    def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
+             consumer: Watermarks) -> bool:
+        """Do the round if it is time; return whether it was."""
+        now = self._clock.now_ms()
+        if now < self._next_ms:
+            return False
+        self._next_ms = now + HOUSEKEEPING_EVERY_MS
+        for index in indexes.values():
+            index.mark_synced(now)
+        self._outlook.refresh(now, indexes, consumed, consumer)
+        if self._state_dir is not None:
+            self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))
+        return True

@@ -50,7 +50,6 @@ from kdelay.engine.commit import (
 )
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
-from kdelay.engine.housekeeping import Housekeeper
 from kdelay.engine.intake import (
     IdWindow,
     Plan,
@@ -60,7 +59,7 @@ from kdelay.engine.intake import (
     count_outcomes,
 )
 from kdelay.engine.metrics import Metrics, PhaseTimer
-from kdelay.engine.outlook import Outlook
+from kdelay.engine.outlook import Housekeeper, Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew, unmeasured
 from kdelay.engine.sweeper import Sweeper
 from kdelay.plumbing import identity

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from kdelay.engine.delivery._book import Job, Sink
 from kdelay.engine.delivery._runs import Run
-from kdelay.engine.delivery._sealing import landed_runs, seal_of
-from kdelay.engine.delivery._watermarks import Marks
+from kdelay.engine.delivery._sealing import Marks, landed_runs, seal_of
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
 from kdelay.state.changes import Changes, Entry

@@ -25,7 +25,7 @@ What each step means differs by guarantee, and only here:
   waits, dispatching meanwhile, only when ``MAX_UNACKED_RECORDS`` records
   await acknowledgements. The consumed offset is stored for the next
   auto-commit after the index write. A delivered batch's seal (a watermark,
-  :mod:`kdelay.engine.delivery._watermarks`) is written once all its records are
+  :mod:`kdelay.engine.delivery._sealing`) is written once all its records are
   acknowledged (:class:`Acknowledged`): a crash in between delivers it again.
 - :class:`ExactlyOnce` has one transactional producer. ``commit`` seals what
   delivery produced in the transaction, into it (:class:`Transacted`), flushes

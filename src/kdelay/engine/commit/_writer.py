@@ -3,7 +3,7 @@
 Intake writes puts (and a cancel's tombstones) and the consumed-offset marker;
 delivery writes a seal for every batch it is done with: the end records of its
 schedule ids, tombstones for the entries a watermark cannot cover, and the
-partition's watermark (see :mod:`kdelay.engine.delivery._watermarks`). All of it goes
+partition's watermark (see :mod:`kdelay.engine.delivery._sealing`). All of it goes
 through :class:`ChangelogWriter`, which produces with back-off on a full queue,
 collects the records that failed for good, counts and logs them, and records
 the changelog position each confirming record's acknowledgement proves.

@@ -12,7 +12,7 @@ a flight reports to one shared callback that counts it, and only a failed
 record is looked at on its own. A flight is settled as a whole, once its
 :class:`Durability` says it has landed (at-least-once: every record reported;
 exactly-once: its transaction commits). Then delivery *seals* what is done,
-per partition: one watermark record (:mod:`kdelay.engine.delivery._watermarks`) instead
+per partition: one watermark record (:mod:`kdelay.engine.delivery._sealing`) instead
 of a tombstone per entry, the index deletes in one batch, and an end record
 for each schedule id. An entry leaves the index only after its produce is
 acknowledged: at-least-once.
@@ -49,9 +49,8 @@ from kdelay.engine.delivery._flights import (
 from kdelay.engine.delivery._readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.delivery._rereads import Rereads
 from kdelay.engine.delivery._runs import Run, merged
-from kdelay.engine.delivery._sealing import Cadence, Sealed, frontier, landed_runs, seal_of
+from kdelay.engine.delivery._sealing import Cadence, Marks, Sealed, frontier, landed_runs, seal_of
 from kdelay.engine.delivery._sender import Routes, Sender
-from kdelay.engine.delivery._watermarks import Marks
 from kdelay.engine.metrics import DeliveryCounts, Metrics
 from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import Producing

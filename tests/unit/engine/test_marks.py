@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdelay.engine.delivery._watermarks import MAX_PENDING, Marks
+from kdelay.engine.delivery._sealing import MAX_PENDING, Marks
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Watermark
 
