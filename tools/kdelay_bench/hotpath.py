@@ -148,7 +148,7 @@ def run_once(count: int) -> dict[str, float]:
             item = seal_of(0, landed_runs([run]), [], marks, codec.key_after(run.keys[-1]),
                            Book().jobs_of(0), BASE_MS)
             index.apply(item.changes)
-            marks.sealed(item.seal, item.done)
+            marks.written(item.cover, item.done)
         return count
 
     try:

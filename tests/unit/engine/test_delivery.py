@@ -251,7 +251,7 @@ class World:
         return self.delivery.tick(self.indexes)
 
     def settle(self) -> None:
-        self.delivery.settle(self.indexes)
+        self.delivery.settle(self.indexes, self.delivery.seal(self.indexes))
 
     def step(self, now_ms: int) -> None:
         """One step of the service as it goes when the broker acknowledges at once:
@@ -264,9 +264,9 @@ class World:
 
     def finish(self, committed: bool) -> None:
         """End the transaction the way the service does: seal into it, then commit or abort."""
-        self.delivery.seal(self.indexes)
+        sealed = self.delivery.seal(self.indexes)
         if committed:
-            self.delivery.settle(self.indexes)
+            self.delivery.settle(self.indexes, sealed)
         else:
             self.delivery.abandon()
 
@@ -1010,10 +1010,10 @@ def test_a_committed_transaction_deletes_the_entry_with_the_seal_inside_it(
     txn.at(T0)
     txn.targets.report()
     txn.clock.set(T0 + 20)
-    txn.delivery.seal(txn.indexes)
+    sealed = txn.delivery.seal(txn.indexes)
     txn.internal.report()
     assert not txn.delivery.has_failures()
-    txn.delivery.settle(txn.indexes)
+    txn.delivery.settle(txn.indexes, sealed)
     assert txn.pending(2) == []
     state = txn.indexes[2].id_state("s-5")
     assert state is not None
@@ -1036,9 +1036,10 @@ def test_a_seal_behind_intake_puts_of_its_transaction_leaves_the_position_to_the
     delivered, other = txn.request(2, 5, T0), txn.request(1, 6, T0)
     txn.at(T0)
     txn.targets.report()
-    txn.delivery.seal(txn.indexes)
+    sealed = txn.delivery.seal(txn.indexes)
     txn.internal.report()
-    txn.delivery.settle(txn.indexes, behind={2})
+    sealed.behind = frozenset({2})
+    txn.delivery.settle(txn.indexes, sealed)
     assert (txn.pending(2), txn.pending(1)) == ([], [])
     assert txn.indexes[2].offset(b"changelog") is None, "left to the plan's apply"
     assert txn.indexes[1].offset(b"changelog") == 1, "no plan of partition 1: recorded"
@@ -1116,12 +1117,12 @@ def test_a_buffer_error_on_the_watermark_never_commits_a_delete_without_it(
     txn.internal.raises.append(BufferError("queue full"))
     txn.at(T0)
     txn.targets.report()
-    txn.delivery.seal(txn.indexes)
+    sealed = txn.delivery.seal(txn.indexes)
     txn.internal.report()
     if txn.delivery.has_failures():
         txn.delivery.abandon()
     else:
-        txn.delivery.settle(txn.indexes)
+        txn.delivery.settle(txn.indexes, sealed)
     deleted = key not in txn.pending()
     assert not deleted or any(mark.covers(key) for mark in watermarks(txn))
 
@@ -1715,16 +1716,16 @@ def test_with_a_cadence_a_partition_is_sealed_once_per_period_not_once_per_step(
     second = world.request(0, 2, T0 + 10)
     world.at(T0)
     world.targets.report()
-    world.delivery.settle(world.indexes, every_s=0.05)
+    world.delivery.settle(world.indexes, world.delivery.seal(world.indexes, every_s=0.05))
     assert len(watermarks(world)) == 1, "never sealed yet: sealed at once"
     world.clock.set(T0 + 10)
     world.delivery.tick(world.indexes)
     world.targets.report()
-    world.delivery.settle(world.indexes, every_s=0.05)
+    world.delivery.settle(world.indexes, world.delivery.seal(world.indexes, every_s=0.05))
     assert len(watermarks(world)) == 1, "landed within the period: it waits"
     assert world.pending() == [second]
     world.clock.set(T0 + 60)
-    world.delivery.settle(world.indexes, every_s=0.05)
+    world.delivery.settle(world.indexes, world.delivery.seal(world.indexes, every_s=0.05))
     assert len(watermarks(world)) == 2
     assert world.pending() == []
     assert all(watermarks(world)[-1].covers(key) for key in (first, second))
@@ -1732,9 +1733,9 @@ def test_with_a_cadence_a_partition_is_sealed_once_per_period_not_once_per_step(
     world.delivery.tick(world.indexes)
     world.targets.report()
     for _ in range(SEAL_EVERY_STEPS - 1):
-        world.delivery.settle(world.indexes, every_s=0.05)
+        world.delivery.settle(world.indexes, world.delivery.seal(world.indexes, every_s=0.05))
     assert world.pending() == [third], "a clock that stands still..."
-    world.delivery.settle(world.indexes, every_s=0.05)
+    world.delivery.settle(world.indexes, world.delivery.seal(world.indexes, every_s=0.05))
     assert world.pending() == [], "...seals once so many seals were asked for"
 
 

@@ -1,4 +1,4 @@
-"""Watermark bookkeeping: what a seal writes for a batch of done keys."""
+"""Watermark bookkeeping: what a cover writes for a batch of done keys."""
 
 from __future__ import annotations
 
@@ -14,34 +14,34 @@ def key(due: int, offset: int = 0) -> bytes:
 def test_a_seal_covers_the_done_keys_below_the_frontier() -> None:
     marks = Marks.of(None, [])
     done = [key(1), key(2)]
-    seal = marks.seal(key(5), [], done)
-    assert seal.mark == Watermark(key(5))
-    assert (seal.covered, seal.uncovered) == (done, [])
-    marks.sealed(seal, done)
+    cover = marks.cover(key(5), [], done)
+    assert cover.mark == Watermark(key(5))
+    assert (cover.covered, cover.uncovered) == (done, [])
+    marks.written(cover, done)
     assert marks.bound == key(5)
 
 
 def test_the_bound_never_goes_down() -> None:
     marks = Marks.of(Watermark(key(10)), [])
-    seal = marks.seal(key(3), [], [key(12)])
-    assert seal.mark is not None
-    assert seal.mark.bound == key(10), "a later record says all an earlier one did"
-    assert seal.uncovered == [key(12)], "above the bound: a tombstone of its own"
+    cover = marks.cover(key(3), [], [key(12)])
+    assert cover.mark is not None
+    assert cover.mark.bound == key(10), "a later record says all an earlier one did"
+    assert cover.uncovered == [key(12)], "above the bound: a tombstone of its own"
 
 
 def test_what_is_held_below_the_bound_and_not_done_is_pending() -> None:
     marks = Marks.of(Watermark(key(10)), [key(4)])
     marks.put(b"plan", [key(6), key(20)])
-    seal = marks.seal(key(8), [key(7), key(9)], [key(5)])
-    assert seal.mark == Watermark(key(10), frozenset({key(4), key(6), key(7), key(9)}))
-    assert seal.covered == [key(5)]
+    cover = marks.cover(key(8), [key(7), key(9)], [key(5)])
+    assert cover.mark == Watermark(key(10), frozenset({key(4), key(6), key(7), key(9)}))
+    assert cover.covered == [key(5)]
 
 
 def test_a_done_pending_key_leaves_the_pending_set() -> None:
     marks = Marks.of(Watermark(key(10)), [key(4)])
-    seal = marks.seal(None, [], [key(4)])
-    assert seal.mark == Watermark(key(10))
-    assert seal.covered == [key(4)]
+    cover = marks.cover(None, [], [key(4)])
+    assert cover.mark == Watermark(key(10))
+    assert cover.covered == [key(4)]
 
 
 def test_an_unapplied_plan_bounds_the_frontier_until_applied_or_given_back() -> None:
@@ -61,15 +61,15 @@ def test_too_many_pending_keys_write_no_watermark_but_tombstones() -> None:
     marks = Marks.of(Watermark(key(10_000)), [])
     held = [key(i) for i in range(MAX_PENDING + 1)]
     done = [key(20_000)]
-    seal = marks.seal(key(30_000), held, done)
-    assert (seal.mark, seal.covered, seal.uncovered) == (None, [], done)
-    marks.sealed(seal, done)
+    cover = marks.cover(key(30_000), held, done)
+    assert (cover.mark, cover.covered, cover.uncovered) == (None, [], done)
+    marks.written(cover, done)
     assert marks.bound == key(10_000)
 
 
 def test_without_any_bound_every_done_key_gets_a_tombstone() -> None:
-    seal = Marks.of(None, []).seal(None, [], [key(1)])
-    assert (seal.mark, seal.uncovered) == (None, [key(1)])
+    cover = Marks.of(None, []).cover(None, [], [key(1)])
+    assert (cover.mark, cover.uncovered) == (None, [key(1)])
 
 
 def test_gone_keys_are_no_longer_pending() -> None:

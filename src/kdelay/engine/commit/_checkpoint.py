@@ -291,7 +291,7 @@ class AtLeastOnce:
         self._each.poll(0)
         self.internal.poll(0)
         self.writer.serve()
-        delivery.settle(indexes, SEAL_EVERY_S)
+        delivery.settle(indexes, delivery.seal(indexes, SEAL_EVERY_S))
 
     def claim(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         """Nothing: no transaction holds this group's offsets."""
@@ -302,7 +302,7 @@ class AtLeastOnce:
         deadline = self._clock.monotonic() + self._drain_s
         for producer in (self.targets, self._each, *self._internals()):
             flush_until(producer, deadline, self._clock.monotonic)
-        delivery.settle(indexes)
+        delivery.settle(indexes, delivery.seal(indexes))
         try:
             consumer.commit(asynchronous=False)
         except KafkaException as exc:
@@ -382,10 +382,11 @@ class ExactlyOnce:
         goes out again. Raises :class:`ServiceError` on a fatal transaction
         error, such as being fenced by a newer instance.
         """
-        delivery.seal(indexes)
+        sealed = delivery.seal(indexes)
         committed = self._commit(batch.acks, offsets, consumer, delivery)
         if committed:
-            delivery.settle(indexes, behind={plan.partition for plan in batch.plans})
+            sealed.behind = frozenset(plan.partition for plan in batch.plans)
+            delivery.settle(indexes, sealed)
         else:
             delivery.abandon()
         return [(batch, committed)]

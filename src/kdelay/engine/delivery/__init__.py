@@ -11,6 +11,7 @@ checkpoint drives delivery, not the other way round.
 
 from kdelay.engine.delivery._delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.delivery._flights import FEW, STALL_S, Channel, Durability, Flight
+from kdelay.engine.delivery._sealing import Seals
 
 __all__ = ["FEW", "STALL_S", "Channel", "Delivery", "DeliveryConfig", "Durability", "Flight",
-           "by_service_clock"]
+           "Seals", "by_service_clock"]

@@ -31,7 +31,7 @@ clock's time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
@@ -49,7 +49,15 @@ from kdelay.engine.delivery._flights import (
 from kdelay.engine.delivery._readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.delivery._rereads import Rereads
 from kdelay.engine.delivery._runs import Run, merged
-from kdelay.engine.delivery._sealing import Cadence, Marks, Sealed, frontier, landed_runs, seal_of
+from kdelay.engine.delivery._sealing import (
+    Cadence,
+    Marks,
+    Seal,
+    Seals,
+    frontier,
+    landed_runs,
+    seal_of,
+)
 from kdelay.engine.delivery._sender import Routes, Sender
 from kdelay.engine.metrics import DeliveryCounts, Metrics
 from kdelay.plumbing.callbacks import unheard
@@ -141,9 +149,6 @@ class Delivery:
         self._cadence = Cadence()
         self._cut = False  # the last dispatch stopped at a full producer queue
         self._landed: list[Flight] = []
-        self._sealed: list[Sealed] = []
-        # Whether seal ran since the last settle (exactly-once seals before committing).
-        self._sealing = False
         # Jobs done whose entries are not in their index yet (see adopt).
         self._unindexed: list[tuple[Job, Sink]] = []
         self._counts = DeliveryCounts()
@@ -287,7 +292,6 @@ class Delivery:
             self._book.drop(key)
         self._ahead.drop(partition)
         self._marks.pop(partition, None)
-        self._sealed = [item for item in self._sealed if item.partition != partition]
         self._unindexed = [(job, sink) for job, sink in self._unindexed
                            if job.partition != partition]
 
@@ -372,10 +376,11 @@ class Delivery:
         return (any(flight.errors for flight in (*self._landed, *self._flights))
                 or self._durability.has_failures())
 
-    def seal(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> None:
+    def seal(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0) -> Seals:
         """Land the flights that have landed and write the seals of what is done: of each
-        partition, or (``every_s``, see :class:`~kdelay.engine.delivery._sealing.Cadence`) of those
-        not sealed for a while, with a batch landed, or jobs done.
+        partition, or (``every_s``, see :class:`~kdelay.engine.delivery._sealing.Cadence`)
+        of those not sealed for a while, with a batch landed, or jobs done; return them,
+        for :meth:`settle` to apply.
 
         Flights of one run land in the order they were produced. A flight
         that has not landed after :data:`STALL_S` (a target partition without a
@@ -384,9 +389,8 @@ class Delivery:
 
         Exactly-once calls this inside the transaction, before it commits: the
         seals go into it, and :meth:`settle` applies them once it committed
-        (:meth:`abandon` takes them back).
+        (:meth:`abandon` takes their flights back, and the seals are dropped).
         """
-        self._sealing = True
         now = self._clock.now_ms()
         stalled = self._clock.monotonic() - STALL_S
         done: dict[int, list[tuple[Job, Sink]]] = {}
@@ -416,23 +420,25 @@ class Delivery:
         self._retries.flush()
         now_s, cadence = self._clock.monotonic(), self._cadence
         cadence.asked()
+        sealed = Seals()
         for partition in sorted({*self._ahead.runs, *done}):
             if partition in indexes and (
                     partition in done or cadence.due(partition, now_s, every_s)
                     or self._ahead.landed(partition) >= self._ahead.batch_size):
-                if self._seal(partition, done.get(partition, []), now):
+                item = self._seal(partition, done.get(partition, []), now)
+                if item is not None:
+                    sealed.seals.append(item)
                     cadence.sealed(partition, now_s)
+        return sealed
 
-    def settle(self, indexes: Mapping[int, PartitionIndex], every_s: float = 0.0,
-               behind: Container[int] = ()) -> None:
-        """Apply what was sealed: done entries leave the index; count and forget them.
-        Seals what has landed first, unless :meth:`seal` did (exactly-once). The indexes
-        of ``behind`` keep their changelog position (see ``ExactlyOnce.commit``)."""
-        if not self._sealing:
-            self.seal(indexes, every_s)
-        sealed, self._sealed, self._landed, self._sealing = self._sealed, [], [], False
-        for item in sealed:
-            self._marks_of(item.partition).sealed(item.seal, item.done)
+    def settle(self, indexes: Mapping[int, PartitionIndex], sealed: Seals) -> None:
+        """Apply what :meth:`seal` returned, its records now durable: done entries leave
+        the index; count and forget them. The indexes of ``sealed.behind`` keep their
+        changelog position."""
+        self._landed = []
+        behind = sealed.behind
+        for item in sealed.seals:
+            self._marks_of(item.partition).written(item.cover, item.done)
             self.rereads.note(item.partition, item.done)
             index = indexes.get(item.partition)
             if index is not None:
@@ -447,10 +453,9 @@ class Delivery:
 
         Failed and refused produces back off as after any failure; the others
         (whatever their report said) are ready to be sent at once. Seals
-        written into the transaction are dropped.
+        written into the transaction are the caller's to drop.
         """
         now = self._clock.now_ms()
-        self._sealed, self._sealing = [], False
         flights, self._landed, self._flights = [*self._landed, *self._flights], [], []
         self._counts.delivered = 0
         failed = [self._failures(flight) for flight in flights]
@@ -583,9 +588,9 @@ class Delivery:
                         self._stalled, STALL_S)
             self._stall_logged, self._stalled = now, 0
 
-    def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> bool:
-        """Write the seal of what is done in ``partition`` and keep it to apply; return
-        whether anything was done."""
+    def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> Seal | None:
+        """Write the seal of what is done in ``partition``; return it to apply (None:
+        nothing was done)."""
         runs = self._ahead.runs.get(partition, [])
         marks = self._marks_of(partition)
         item = seal_of(partition, landed_runs(runs), jobs, marks,
@@ -593,12 +598,11 @@ class Delivery:
                        self._book.jobs_of(partition), now)
         if not item.done:
             self._settled(item)
-            return False
-        self._durability.seal(partition, item.seal.mark, item.seal.uncovered, item.ended)
-        self._sealed.append(item)
-        return True
+            return None
+        self._durability.seal(partition, item.cover.mark, item.cover.uncovered, item.ended)
+        return item
 
-    def _settled(self, item: Sealed) -> None:
+    def _settled(self, item: Seal) -> None:
         """A seal is applied: its runs' ranges and its jobs are out of the index."""
         self._counts.delivered += self._ahead.settled(item.partition, item.runs)
         for job, sink in item.jobs:

@@ -14,14 +14,14 @@ indexed after its due time passed) are listed as pending
 
 :class:`Marks` keeps one partition's side of this: the bound last written, the
 pending keys below it, the puts of plans not yet applied, and turns a batch of
-done keys into a :class:`Seal`: the watermark to write, the done keys it covers
+done keys into a :class:`Cover`: the watermark to write, the done keys it covers
 (their puts get a tombstone later, from the index's sweep list) and those it
 cannot cover (a tombstone each, now). The bound never goes down, so a newer
 record always says what an older one did and compaction may keep the latest.
 
 A seal covers one partition: the entries of its runs that landed (and are in
 the index), and the book's jobs that are done. :func:`seal_of` turns them into
-a :class:`Sealed`: the index changes (deletes, ids' ends, the watermark, the
+a :class:`Seal`: the index changes (deletes, ids' ends, the watermark, the
 sweep keys) and the changelog records: the watermark covering what it can, a
 tombstone for each done entry it cannot, and an end record for each schedule
 id. :class:`Cadence` says how often at-least-once seals a partition.
@@ -42,18 +42,39 @@ from kdelay.state.changes import Changes
 
 
 @dataclass(slots=True)
-class Sealed:
-    """A partition's seal, and what applying it to the index does: the changes, the
+class Seal:
+    """One partition's seal, and what applying it to the index does: the changes, the
     runs whose landed range it settles (with that range's end) and the jobs it ends.
     ``ended`` holds the changelog records of the ids whose schedules end."""
 
     partition: int
-    seal: Seal
+    cover: Cover
     done: list[bytes]
     changes: Changes
     runs: list[tuple[Run, int]]
     jobs: list[tuple[Job, Sink]]
     ended: list[IdRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Seals:
+    """What one :meth:`~kdelay.engine.delivery.Delivery.seal` wrote, for
+    :meth:`~kdelay.engine.delivery.Delivery.settle` to apply: the seal of each
+    partition with entries done.
+
+    The checkpoint decides what happens to it: at-least-once settles it at
+    once (its records are durable on their own acknowledgements); exactly-once
+    writes it into the transaction and settles it once that committed, or
+    drops it when the transaction aborted (:meth:`Delivery.abandon` then
+    sends the entries again). ``behind`` are the partitions whose index must
+    not record its changelog position with these seals: exactly-once's
+    partitions with a plan in the same transaction, whose puts come before
+    the seals in the changelog and are applied to the index after them (the
+    plan's apply records the position, past both).
+    """
+
+    seals: list[Seal] = field(default_factory=list)
+    behind: frozenset[int] = frozenset()
 
 
 RANGE_DELETE_MIN = 100
@@ -96,8 +117,8 @@ def landed_runs(runs: Iterable[Run]) -> list[tuple[Run, int]]:
 
 def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, Sink]],
             marks: Marks, frontier_key: bytes | None, held: Iterable[Job],
-            now: int) -> Sealed:
-    """Seal what is done in ``partition``: the landed ranges of ``runs`` and ``jobs``.
+            now: int) -> Seal:
+    """Cover what is done in ``partition``: the landed ranges of ``runs`` and ``jobs``.
 
     ``held`` are the partition's jobs in the book (pending, unless in ``jobs``).
     Entries with a schedule id get their end, at ``now``.
@@ -140,14 +161,14 @@ def seal_of(partition: int, runs: list[tuple[Run, int]], jobs: list[tuple[Job, S
     else:
         changes.known = {key: raw for key, raw in zip(done, values_done, strict=True) if raw}
     if not done:  # only entries taken out of their runs: nothing leaves the index
-        return Sealed(partition, Seal(None, [], []), [], changes, runs, jobs)
+        return Seal(partition, Cover(None, [], []), [], changes, runs, jobs)
     bound = marks.next_bound(frontier_key)
-    seal = marks.seal(frontier_key, pending_below(bound, held, (run for run, _ in runs)),
+    cover = marks.cover(frontier_key, pending_below(bound, held, (run for run, _ in runs)),
                       done)
     changes.deletes = done
-    changes.watermark = seal.mark
-    changes.swept = seal.covered
-    return Sealed(partition, seal, done, changes, runs, jobs, ended)
+    changes.watermark = cover.mark
+    changes.swept = cover.covered
+    return Seal(partition, cover, done, changes, runs, jobs, ended)
 
 
 def _end(changes: Changes, ended: list[IdRecord], key: bytes, value: IndexValue, sink: Sink,
@@ -191,8 +212,8 @@ stays where it is and done keys get a tombstone each, as before watermarks."""
 
 
 @dataclass(frozen=True, slots=True)
-class Seal:
-    """What settling a batch of done keys writes for one partition.
+class Cover:
+    """What one partition's watermark covers of a batch of done keys (part of a :class:`Seal`).
 
     ``mark`` is the watermark to write (None: none this time), ``covered``
     the done keys it covers and ``uncovered`` those that need a tombstone.
@@ -223,7 +244,7 @@ class Marks:
         return cls(mark.bound, set(present), loaded=True)
 
     def next_bound(self, frontier: bytes | None) -> bytes | None:
-        """The bound a seal at ``frontier`` would write: the frontier, never below the last."""
+        """The bound a cover at ``frontier`` would write: the frontier, never below the last."""
         if self.bound is None or (frontier is not None and frontier > self.bound):
             return frontier
         return self.bound
@@ -255,9 +276,9 @@ class Marks:
         """The smallest key an unapplied plan puts (None: no plan is unapplied)."""
         return min((low for low, _ in self.unapplied.values()), default=None)
 
-    def seal(self, frontier: bytes | None, pending: Iterable[bytes],
-             done: list[bytes]) -> Seal:
-        """Turn ``done`` keys into a seal, the bound at ``frontier`` (never lower than now).
+    def cover(self, frontier: bytes | None, pending: Iterable[bytes],
+             done: list[bytes]) -> Cover:
+        """Turn ``done`` keys into a cover, the bound at ``frontier`` (never lower than now).
 
         ``pending`` are keys delivery holds that are not done (retries,
         withheld, unsent); with the known pending ones below the bound and the
@@ -267,23 +288,23 @@ class Marks:
         """
         bound = self.next_bound(frontier)
         if bound is None:
-            return Seal(None, [], done)
+            return Cover(None, [], done)
         unapplied = itertools.chain.from_iterable(keys for _, keys in self.unapplied.values())
         below = {key for key in itertools.chain(self.below, pending, unapplied) if key < bound}
         if below:  # a set of the done keys only when something below the bound may be one
             below.difference_update(done)
         if len(below) > MAX_PENDING:
-            return Seal(None, [], done)
+            return Cover(None, [], done)
         if not done or max(done) < bound:  # every done key below the bound: a burst's seal
-            return Seal(Watermark(bound, frozenset(below)), list(done), [])
+            return Cover(Watermark(bound, frozenset(below)), list(done), [])
         covered = [key for key in done if key < bound]
         uncovered = [key for key in done if key >= bound]
-        return Seal(Watermark(bound, frozenset(below)), covered, uncovered)
+        return Cover(Watermark(bound, frozenset(below)), covered, uncovered)
 
-    def sealed(self, seal: Seal, done: Iterable[bytes]) -> None:
-        """Take a seal in once it is written (and, under transactions, committed)."""
-        if seal.mark is not None:
-            self.bound = seal.mark.bound
-            self.below = set(seal.mark.pending)
+    def written(self, cover: Cover, done: Iterable[bytes]) -> None:
+        """Take a cover in once it is written (and, under transactions, committed)."""
+        if cover.mark is not None:
+            self.bound = cover.mark.bound
+            self.below = set(cover.mark.pending)
         else:
             self.below.difference_update(done)
