@@ -30,6 +30,7 @@ from typing import NamedTuple, Self, TypeAlias
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from kdelay.errors import KdelayError
 from kdelay.outcomes import Mark, NoOutcome, Tracker
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import produce
@@ -102,7 +103,7 @@ class Ticket:
                                 self.lane)
 
 
-class DeliveryError(Exception):
+class DeliveryError(KdelayError):
     """A request was not written to the requests topic; ``error`` is Kafka's reason."""
 
     code = "delivery-failed"
@@ -112,7 +113,7 @@ class DeliveryError(Exception):
         self.error = error
 
 
-class RequestRefused(ValueError):
+class RequestRefused(KdelayError, ValueError):
     """The service would dead-letter this request; ``code`` is the ``kdelay-error`` it would
     carry (``delay-too-long``, ``unknown-level``), and nothing was written."""
 

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from kdelay.errors import KdelayError
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.protocol.forward import id_partition
 from kdelay.protocol.idkeys import Answer, decode_answer, outcome_key
@@ -38,7 +39,7 @@ NO_OUTCOME_EXIT = 7
 """Exit status when no outcome arrived in time, or the outcomes topic is missing."""
 
 
-class NoOutcome(Exception):
+class NoOutcome(KdelayError):
     """No outcome can be read: ``outcomes-missing`` (no outcomes topic),
     ``outcomes-unreadable`` (not allowed to read it) or ``no-outcome`` (none arrived in
     time: the service is not running, or is behind)."""

@@ -72,6 +72,7 @@ from confluent_kafka import (
 from croniter import CroniterBadCronError, croniter
 
 from kdelay.client import Coordinates, DelayProducer, DeliveryError, Ticket, UserHeaders
+from kdelay.errors import KdelayError
 from kdelay.plumbing.callbacks import guarded
 from kdelay.plumbing.clients import reader_config
 from kdelay.plumbing.settings import Settings
@@ -85,7 +86,7 @@ SERIES_TOPIC = "kdelay.series"
 CANCELS_TOPIC = "kdelay.series.cancels"
 
 
-class SeriesError(ValueError):
+class SeriesError(KdelayError, ValueError):
     """A series that cannot be built or read; ``code`` is stable (``bad-series``)."""
 
     code = "bad-series"

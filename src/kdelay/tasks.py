@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from kdelay import client, recurring
 from kdelay.client import Coordinates, DelayProducer, Ticket
+from kdelay.errors import KdelayError
 from kdelay.plumbing.clock import Clock, SystemClock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import LayoutError
@@ -60,7 +61,7 @@ _STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS \
     | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
-class TaskRejected(Exception):
+class TaskRejected(KdelayError):
     """A task call that can never run; dead-lettered at once with ``code``."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -68,7 +69,7 @@ class TaskRejected(Exception):
         self.code = code
 
 
-class RegistryError(ValueError):
+class RegistryError(KdelayError, ValueError):
     """The registry named on the command line cannot be used; ``code`` is stable."""
 
     code = "bad-registry"

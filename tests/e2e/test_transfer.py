@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kdelay.view.archive import ArchiveReader, ArchiveWriter, Entry, Header, Trailer
+from kdelay.view.archive import Archived, ArchiveReader, ArchiveWriter, Header, Trailer
 from tests.conftest import TopicFactory
 from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, produce_requests, run_cli
 
@@ -178,7 +178,7 @@ def test_an_entry_already_due_is_delivered_at_once(
     file = tmp_path / "late.jsonl"
     due_ms = time.time_ns() // 1_000_000 - 60_000
     writer = ArchiveWriter(file, Header("elsewhere", None, due_ms, 1, due_ms))
-    writer.write(Entry(due_ms, target, None, "late", b"k", b"v", [("h", b"1")],
+    writer.write(Archived(due_ms, target, None, "late", b"k", b"v", [("h", b"1")],
                        "elsewhere/0/7", due_ms - 1_000))
     writer.finish({})
     writer.close()
@@ -201,7 +201,7 @@ def test_an_import_the_destination_cannot_hold_is_refused_before_sending(
     file = tmp_path / "far.jsonl"
     due_ms = time.time_ns() // 1_000_000 + 30 * 86_400_000
     writer = ArchiveWriter(file, Header("elsewhere", None, due_ms, 1, due_ms))
-    writer.write(Entry(due_ms, "t", None, "far", None, b"v", [], "elsewhere/0/1", due_ms))
+    writer.write(Archived(due_ms, "t", None, "far", None, b"v", [], "elsewhere/0/1", due_ms))
     writer.finish({})
     writer.close()
     env = destination.env(KDELAY_VIEW_DIR=str(tmp_path / "view"))

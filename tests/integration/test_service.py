@@ -14,7 +14,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kdelay.engine.commit._checkpoint import ServiceError
+from kdelay.errors import ServiceError
 from kdelay.plumbing import callbacks
 from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Guarantee

@@ -6,6 +6,12 @@ module may import its own room and the rooms :data:`ALLOWED` lists for it,
 nothing else: the engine never sees the CLI, the view or the helpers, and
 the view and the helpers never see the engine. Lazy imports inside functions
 count as much as those at the top of a module.
+
+Inside the engine, the same one level down: the wings (:data:`WINGS`) are
+entered through their face (``engine/delivery/__init__.py``), never through
+a private module, and a wing imports of the rest of the engine only what
+:data:`WINGS` lists for it. The engine's map (docs/engine.md) names every
+module it has.
 """
 
 from __future__ import annotations
@@ -30,8 +36,21 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cli": frozenset({"protocol", "plumbing", "state", "engine", "helpers", "view", "spark",
                       "web", "native"}),
     "native": frozenset(),
+    "errors": frozenset(),
     "package": frozenset({"cli", "native"}),
 }
+for _room in ALLOWED:  # the root of every error with a code: every room may raise one
+    if _room != "errors":
+        ALLOWED[_room] = ALLOWED[_room] | {"errors"}
+
+WINGS: dict[str, frozenset[str]] = {
+    "delivery": frozenset({"kdelay.engine.metrics"}),
+    "commit": frozenset({"kdelay.engine.metrics", "kdelay.engine.intake",
+                         "kdelay.engine.delivery"}),
+}
+"""Each wing of the engine, and what of the engine outside it that it may import: delivery
+only the metrics; commit also the plans it makes durable and delivery's face (it seals and
+settles delivery's work). Never the loop (service, runner, ...), which imports both."""
 
 
 def room_of(module: str) -> str:
@@ -63,6 +82,9 @@ def imported(source: str) -> set[str]:
                 found.update(f"kdelay.{a.name}" for a in node.names if a.name != "__version__")
             elif node.module.startswith("kdelay."):
                 found.add(node.module)
+                # ``from kdelay.engine.delivery import _book``: a private module, by name
+                found.update(f"{node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_"))
     return found
 
 
@@ -74,6 +96,27 @@ def violations(module: str, source: str) -> list[str]:
         other = room_of(target)
         if other != room and other != "package" and other not in ALLOWED[room]:
             wrong.append(f"{module} ({room}) imports {target} ({other})")
+    return wrong
+
+
+def wing_of(module: str) -> str | None:
+    """The wing of the engine a dotted module name belongs to (None: not in a wing)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "engine" and parts[2] in WINGS else None
+
+
+def wing_violations(module: str, source: str) -> list[str]:
+    """The imports of ``module`` that enter a wing past its face, or leave a wing for a
+    part of the engine it may not see."""
+    wing = wing_of(module)
+    wrong = []
+    for target in sorted(imported(source)):
+        other = wing_of(target)
+        if other is not None and other != wing and target != f"kdelay.engine.{other}":
+            wrong.append(f"{module} imports {target}, behind the face of engine/{other}/")
+        elif (wing is not None and other != wing and room_of(target) == "engine"
+              and target not in WINGS[wing]):
+            wrong.append(f"{module} (engine/{wing}/) imports {target}")
     return wrong
 
 
@@ -91,6 +134,7 @@ def test_every_module_is_in_a_known_room() -> None:
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_imports_run_one_way(path: Path) -> None:
     assert violations(module_name(path), path.read_text()) == []
+    assert wing_violations(module_name(path), path.read_text()) == []
 
 
 def test_every_room_says_what_it_holds_and_may_import() -> None:
@@ -111,6 +155,31 @@ def test_every_room_says_what_it_holds_and_may_import() -> None:
 ])
 def test_a_crossing_import_is_caught(module: str, source: str) -> None:
     assert len(violations(module, source)) == 1
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("kdelay.engine.service", "from kdelay.engine.delivery._book import Book"),
+    ("kdelay.engine.service", "from kdelay.engine.delivery import _book"),
+    ("kdelay.engine.commit._checkpoint", "from kdelay.engine.delivery._flights import Flight"),
+    ("kdelay.engine.delivery._delivery", "from kdelay.engine.commit import Batch"),
+    ("kdelay.engine.delivery._sender", "from kdelay.engine.intake import Plan"),
+    ("kdelay.engine.commit._writer", "from kdelay.engine.service import Service"),
+    ("kdelay.cli.service", "from kdelay.engine.commit._takeover import Takeover"),
+])
+def test_a_wing_entered_past_its_face_or_left_for_the_loop_is_caught(
+        module: str, source: str) -> None:
+    assert len(wing_violations(module, source)) == 1
+
+
+def test_wings_may_use_faces_and_their_own_modules() -> None:
+    assert wing_violations("kdelay.engine.service", (
+        "from kdelay.engine.delivery import Delivery\nfrom kdelay.engine import commit\n")) == []
+    assert wing_violations("kdelay.engine.commit._checkpoint", (
+        "from kdelay.engine.delivery import Delivery\nfrom kdelay.engine.intake import Plan\n"
+        "from kdelay.engine.commit._writer import ChangelogWriter\n")) == []
+    assert wing_violations("kdelay.engine.delivery._sender", (
+        "from kdelay.engine.delivery._book import Job\nfrom kdelay.engine.metrics import Metrics\n"
+        )) == []
 
 
 def test_allowed_imports_pass() -> None:
@@ -149,3 +218,25 @@ def test_the_readme_layout_names_every_module_in_its_room() -> None:
         if room != "spark":  # described as a whole
             assert re.search(rf"\b{path.stem}\b", rooms[room]), (
                 f"README's layout misses {room}/{path.stem}")
+
+
+def test_the_engine_map_names_every_module() -> None:
+    """docs/engine.md is the engine's map: a module it does not name is one a newcomer
+    cannot find (and one it names that is gone, a page that misleads)."""
+    text = (PACKAGE.parents[1] / "docs" / "engine.md").read_text(encoding="utf-8")
+    engine = PACKAGE / "engine"
+    named = set(re.findall(r"(?<![\w/.])((?:delivery/|commit/)?_?[a-z]+\.py)\b", text))
+    present = {str(p.relative_to(engine)) for p in engine.rglob("*.py")
+               if p.name != "__init__.py"}
+    assert present - named == set(), "docs/engine.md misses these modules"
+    assert named - present == set(), "docs/engine.md names modules that are gone"
+
+
+def test_the_engine_map_follows_one_entry_through_every_stage() -> None:
+    text = (PACKAGE.parents[1] / "docs" / "engine.md").read_text(encoding="utf-8")
+    life = text.split("## The life of one entry", 1)[1].split("\n## ", 1)[0]
+    stages = ["planned", "put", "read ahead", "dispatched", "landed", "sealed", "applied",
+              "swept"]
+    found = [life.find(f"**{stage}**") for stage in stages]
+    assert -1 not in found, dict(zip(stages, found, strict=True))
+    assert found == sorted(found), "the stages in the order an entry lives them"

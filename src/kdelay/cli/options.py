@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -28,6 +28,8 @@ import typer
 from confluent_kafka import KafkaError, KafkaException
 
 from kdelay.client import DeliveryError, RequestRefused
+from kdelay.errors import KdelayError, ServiceError
+from kdelay.outcomes import NO_OUTCOME_EXIT, NoOutcome
 from kdelay.plumbing.connection import AUTHENTICATION_FAILED, TLS_FAILED, ConnectionFailure
 from kdelay.plumbing.connection import check_connection as check_connection  # tests replace it
 from kdelay.plumbing.settings import Guarantee, Settings, SettingsError, build_settings
@@ -36,6 +38,7 @@ from kdelay.protocol.durations import DEFAULT_LEVELS
 from kdelay.state.changelog import RestoreError
 from kdelay.state.homes import MoveError
 from kdelay.state.statedir import IndexLocked
+from kdelay.view.export import ExportError
 
 _DEFAULTS = Settings()
 _COMMON_PANEL = "Common options"
@@ -235,9 +238,40 @@ def fail(code: str, message: str, exit_code: int) -> NoReturn:
     raise typer.Exit(exit_code)
 
 
+EXITS: Mapping[type[KdelayError], int] = {
+    DeliveryError: KAFKA_ERROR_EXIT,
+    ExportError: KAFKA_ERROR_EXIT,
+    NoOutcome: NO_OUTCOME_EXIT,
+    ServiceError: KAFKA_ERROR_EXIT,
+}
+"""The exit status of each kind of :class:`~kdelay.errors.KdelayError` that is not the
+user's to fix (the cluster's, or an outcome that did not come); every other kind, and a
+:class:`~kdelay.plumbing.connection.ConnectionFailure` the configuration causes, exits
+with :data:`USER_ERROR_EXIT`."""
+
+
+def exit_code_of(exc: KdelayError) -> int:
+    """The exit status of ``exc``: the one table of them (:data:`EXITS`)."""
+    if isinstance(exc, ConnectionFailure):
+        bad_config = exc.code in (AUTHENTICATION_FAILED, TLS_FAILED)
+        return USER_ERROR_EXIT if bad_config else KAFKA_ERROR_EXIT
+    kinds = type(exc).__mro__
+    return next((EXITS[kind] for kind in kinds if kind in EXITS), USER_ERROR_EXIT)
+
+
+def failed(exc: KdelayError) -> NoReturn:
+    """Print ``error[code]: message`` for ``exc`` and exit with its status."""
+    fail(exc.code, str(exc), exit_code_of(exc))
+
+
 @contextmanager
 def reported(*, value_errors: bool = True) -> Iterator[None]:
     """Report the errors a user or the cluster causes as one line, without a traceback.
+
+    The kinds of :class:`~kdelay.errors.KdelayError` a command may raise
+    anywhere are reported by their own code, with the status
+    :func:`exit_code_of` gives them; any other ValueError (a bad series among
+    them) is an ``invalid-argument``.
 
     With ``value_errors`` a plain ValueError counts as a bad argument; the
     ``run`` command turns that off around the service, where a ValueError is
@@ -245,13 +279,8 @@ def reported(*, value_errors: bool = True) -> Iterator[None]:
     """
     try:
         yield
-    except (SettingsError, LayoutError, RequestRefused) as exc:
-        fail(exc.code, str(exc), USER_ERROR_EXIT)
-    except DeliveryError as exc:
-        fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
-    except ConnectionFailure as exc:
-        bad_config = exc.code in (AUTHENTICATION_FAILED, TLS_FAILED)
-        fail(exc.code, str(exc), USER_ERROR_EXIT if bad_config else KAFKA_ERROR_EXIT)
+    except (SettingsError, LayoutError, RequestRefused, DeliveryError, ConnectionFailure) as exc:
+        failed(exc)
     except IndexLocked as exc:
         fail("state-dir-in-use", f"{exc}; stop the service that uses it first",
               USER_ERROR_EXIT)

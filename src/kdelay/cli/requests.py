@@ -15,6 +15,7 @@ from kdelay.cli.options import (
     common_options,
     connected,
     fail,
+    failed,
     option,
     reported,
     settings_of,
@@ -122,7 +123,7 @@ def _answer(ticket: Ticket, timeout_s: float | None) -> None:
     try:
         answer = ticket.outcome(timeout_s)
     except NoOutcome as exc:
-        fail(exc.code, str(exc), NO_OUTCOME_EXIT)
+        failed(exc)
     detail = [f"{name}={value}" for name, value in (
         ("schedule", answer.schedule), ("first", answer.first)) if value is not None]
     if answer.differs:

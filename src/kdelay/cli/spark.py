@@ -22,6 +22,7 @@ from kdelay.cli.options import (
     connected,
     envvar,
     fail,
+    failed,
     option,
     reported,
 )
@@ -65,7 +66,7 @@ def _spark_job() -> Iterator[None]:
         fail("spark-missing", f"the Spark jobs need the spark extra ({exc.name} is not "
              "installed): pip install 'kdelay[spark]'", USER_ERROR_EXIT)
     except JarsError as exc:
-        fail(exc.code, str(exc), USER_ERROR_EXIT)
+        failed(exc)
     except PySparkException as exc:
         fail("spark", str(exc).strip().splitlines()[0], KAFKA_ERROR_EXIT)
 

@@ -20,6 +20,7 @@ from kdelay.cli.options import (
     USER_ERROR_EXIT,
     common_options,
     fail,
+    failed,
     option,
     reported,
 )
@@ -57,7 +58,7 @@ def export_command(
             summary = export_pending(view, originals, lambda h: ArchiveWriter(output, h),
                                      header, view_dir)
         except ExportError as exc:
-            fail(exc.code, str(exc), KAFKA_ERROR_EXIT)
+            failed(exc)
         except OSError as exc:
             fail("export-write-failed", f"cannot write {output}: {exc}", USER_ERROR_EXIT)
     left = ", ".join(f"{n} {why}" for why, n in sorted(summary.unexported.items()))
@@ -72,7 +73,7 @@ def _open(path: Path) -> ArchiveReader:
     try:
         return ArchiveReader(path)
     except ArchiveError as exc:
-        fail(exc.code, str(exc), USER_ERROR_EXIT)
+        failed(exc)
 
 
 @common_options
@@ -102,7 +103,7 @@ def import_command(
                     reader, producer, lambda sid: view.find_id(sid) is not None,
                     lambda done, total: view.report("importing schedules", done, total))
             except (ArchiveError, RetentionTooShort) as exc:
-                fail(exc.code, str(exc), USER_ERROR_EXIT)
+                failed(exc)
             except TimeoutError as exc:
                 fail("import-incomplete", f"{exc}; importing the same file again is safe: "
                      "ids still pending are skipped", KAFKA_ERROR_EXIT)
@@ -116,6 +117,6 @@ def _check(reader: ArchiveReader) -> None:
         try:
             count = sum(1 for _ in reader.entries())
         except ArchiveError as exc:
-            fail(exc.code, str(exc), USER_ERROR_EXIT)
+            failed(exc)
     typer.echo(f"{reader.path}: {count} entries from {reader.header.requests_topic} "
                f"(cluster {reader.header.cluster_id or 'unknown'}), complete")

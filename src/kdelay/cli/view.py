@@ -32,6 +32,7 @@ from kdelay.cli.options import (
     connected,
     envvar,
     fail,
+    failed,
     option,
     reported,
     settings_of,
@@ -85,7 +86,7 @@ def operator_view(ctx: typer.Context, view_dir: Path) -> Iterator[
                         Originals(settings, progress) as originals:
                     yield settings, view, originals, now_ms
             except (ViewBusy, NotARequest) as exc:
-                fail(exc.code, str(exc), USER_ERROR_EXIT)
+                failed(exc)
 
 
 @common_options

@@ -11,10 +11,9 @@ from typing import Annotated
 import typer
 
 from kdelay.cli.options import (
-    USER_ERROR_EXIT,
     common_options,
     connected,
-    fail,
+    failed,
     option,
     reported,
     settings_of,
@@ -64,7 +63,7 @@ def worker(
         try:
             loaded = tasks.load_registry(registry) if registry is not None else None
         except tasks.RegistryError as exc:
-            fail(exc.code, str(exc), USER_ERROR_EXIT)
+            failed(exc)
         options = tasks.WorkerOptions(worker_group_id, topics,
                                       parse_levels(backoff) if backoff else None)
         connected(ctx)  # a broker answers, else one error line

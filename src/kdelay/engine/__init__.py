@@ -1,26 +1,27 @@
 """The delay service's engine: the loop that takes requests in and delivers them when due.
 
-- :mod:`~kdelay.engine.service`: the loop, one step in one order for both
-  guarantees, and partition assignment (:func:`~kdelay.engine.runner.run_service` runs it);
-  :mod:`~kdelay.engine.factory` hands it its Kafka clients;
-  :mod:`~kdelay.engine.outlook` its periodic round, and
-  :mod:`~kdelay.engine.availability` whether Kafka answers (one line, one gauge per outage);
-- :mod:`~kdelay.engine.workers`: ``kdelay run --workers N``, N service processes
-  under a supervising parent (:func:`~kdelay.engine.runner.run_workers` runs them);
-- :mod:`~kdelay.engine.commit`: how a step becomes durable, the only module
-  that reads the guarantee; :mod:`~kdelay.engine.commit._transactional` the renewable
-  transactional producer of exactly-once;
-- :mod:`~kdelay.engine.intake`: requests to plans (index puts, cancels, DLQ records);
-- :mod:`~kdelay.engine.delivery`: read-ahead, produce what is due, settle outcomes;
-  :mod:`~kdelay.engine.delivery._book` keeps delivery's jobs and their states,
-  :mod:`~kdelay.engine.delivery._readahead` how far each index was read ahead, and
-  :mod:`~kdelay.engine.delivery._failures` what happens when a target fails;
-- :mod:`~kdelay.engine.commit._writer`: the one changelog writer and its positions;
-- :mod:`~kdelay.engine.outlook`, :mod:`~kdelay.engine.skew`,
-  :mod:`~kdelay.engine.metrics`: forward-looking gauges, the broker's clock,
-  the Prometheus metrics.
+A loop with two wings; docs/engine.md is the map (every module, a glossary,
+the life of one entry), checked by ``tests/unit/test_layout.py``.
 
-May import: :mod:`kdelay.protocol`, :mod:`kdelay.plumbing`, :mod:`kdelay.state`.
-Never the CLI, the operator's view, the client helpers or Spark; nothing but
-the CLI imports the engine.
+- The loop, flat here: :mod:`~kdelay.engine.service` (one step, one order
+  for both guarantees; :mod:`~kdelay.engine.runner` runs it as ``kdelay
+  run``, :mod:`~kdelay.engine.workers` as N processes),
+  :mod:`~kdelay.engine.factory` (its Kafka clients),
+  :mod:`~kdelay.engine.availability` (whether Kafka answers),
+  :mod:`~kdelay.engine.intake` (requests to plans),
+  :mod:`~kdelay.engine.sweeper` (tombstones of covered puts),
+  :mod:`~kdelay.engine.outlook` (forward gauges, the housekeeping round),
+  :mod:`~kdelay.engine.skew` (the broker's clock) and
+  :mod:`~kdelay.engine.metrics`.
+- :mod:`kdelay.engine.delivery`: read ahead, produce what is due, seal and
+  settle it; its face is :class:`~kdelay.engine.delivery.Delivery`.
+- :mod:`kdelay.engine.commit`: how a step becomes durable, the only wing
+  that reads the guarantee; its face is the checkpoint.
+
+Outside a wing, a module imports the wing's face, never its private modules;
+neither wing imports the loop (the test above says so).
+
+May import: :mod:`kdelay.protocol`, :mod:`kdelay.plumbing`, :mod:`kdelay.state`,
+:mod:`kdelay.errors`. Never the CLI, the operator's view, the client helpers or
+Spark; nothing but the CLI imports the engine.
 """

@@ -18,7 +18,7 @@ from typing import TypeVar
 from confluent_kafka import KafkaException
 from prometheus_client import Gauge
 
-from kdelay.engine.commit import ServiceError
+from kdelay.errors import ServiceError
 from kdelay.plumbing.callbacks import ClientErrors
 from kdelay.plumbing.clients import AWAY, Producing
 from kdelay.plumbing.clock import Clock

@@ -19,9 +19,9 @@ from types import FrameType
 
 from confluent_kafka.admin import AdminClient
 
-from kdelay.engine.commit import ServiceError
 from kdelay.engine.service import Service
-from kdelay.engine.workers import Supervisor, Worker, worker_settings
+from kdelay.engine.workers import Child, Supervisor, worker_settings
+from kdelay.errors import ServiceError
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
@@ -119,7 +119,7 @@ def run_workers(settings: Settings, workers: int, main: WorkerMain, *, check: bo
     context = multiprocessing.get_context("spawn")
     parent = os.getpid()
 
-    def spawn(index: int) -> Worker:
+    def spawn(index: int) -> Child:
         process = context.Process(target=main, args=(parent, plans[index]),
                                   name=f"kdelay-worker-{index}", daemon=False)
         process.start()

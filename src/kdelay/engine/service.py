@@ -44,7 +44,6 @@ from kdelay.engine.commit import (
     MAX_UNACKED_RECORDS,
     Batch,
     Checkpoint,
-    ServiceError,
     Takeover,
     owner_metadata,
 )
@@ -62,6 +61,7 @@ from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Housekeeper, Outlook
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew, unmeasured
 from kdelay.engine.sweeper import Sweeper
+from kdelay.errors import ServiceError
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
 from kdelay.plumbing.clients import Consuming, Producing, produce, take

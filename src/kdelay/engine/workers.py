@@ -160,8 +160,9 @@ class Restarts:
         return Restart(now + self._policy.backoff_s(deaths))
 
 
-class Worker(Protocol):
-    """A started worker process (what :class:`multiprocessing.Process` offers)."""
+class Child(Protocol):
+    """A started worker process, as the supervisor sees it (what :class:`multiprocessing.Process`
+    offers); not a task worker (:class:`kdelay.tasks.Worker`)."""
 
     @property
     def pid(self) -> int | None: ...
@@ -177,7 +178,7 @@ class Worker(Protocol):
     def kill(self) -> None: ...
 
 
-Spawn = Callable[[int], Worker]
+Spawn = Callable[[int], Child]
 Wait = Callable[[Sequence[int], float], object]
 
 
@@ -205,7 +206,7 @@ class Supervisor:
         self._monotonic = monotonic
         self._restarts = Restarts(workers, policy or RestartPolicy())
         self._timing = timing or Timing()
-        self._running: dict[int, Worker] = {}
+        self._running: dict[int, Child] = {}
         self._due: dict[int, float] = {}
         self._stopping = False
 
@@ -281,7 +282,7 @@ class Supervisor:
             self._wait([w.sentinel for w in self._running.values()], self._timing.tick_s)
         return 0 if clean else FAILING_EXIT
 
-    def _stopped(self, index: int, worker: Worker, code: int) -> bool:
+    def _stopped(self, index: int, worker: Child, code: int) -> bool:
         """Whether a worker stopped cleanly: 0, or killed by SIGTERM before its handler."""
         clean = code in (0, -signal.SIGTERM)
         if not clean:

@@ -24,12 +24,14 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from kdelay.errors import KdelayError
+
 UNSUPPORTED = "kafka-config-unsupported"
 REDACTED = "***"
 _SECRET_WORDS = ("password", "secret", "jaas", "key.pem", "keystore.key", "oauthbearer.config")
 
 
-class ClientConfigError(ValueError):
+class ClientConfigError(KdelayError, ValueError):
     """A client.properties kdelay cannot use; ``code`` is stable, the message names no secret."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from kdelay.errors import KdelayError
 from kdelay.plumbing.clientconfig import REDACTED, secret_values
 
 BROKER_UNREACHABLE = "broker-unreachable"
@@ -26,7 +27,7 @@ _AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION,
                                    KafkaError.SASL_AUTHENTICATION_FAILED})
 
 
-class ConnectionFailure(Exception):
+class ConnectionFailure(KdelayError):
     """No broker answered, or the cluster refused the credentials.
 
     ``code`` is :data:`BROKER_UNREACHABLE`, :data:`AUTHENTICATION_FAILED` or

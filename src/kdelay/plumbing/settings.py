@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from kdelay.errors import KdelayError
 from kdelay.plumbing.clientconfig import (
     ClientConfigError,
     ClientLogger,
@@ -48,7 +49,7 @@ WORKER_RESERVED_TOPICS = ("kdelay.series.cancels", "kdelay.tasks.dlq")
 ClientConfig = dict[str, Any]
 
 
-class SettingsError(ValueError):
+class SettingsError(KdelayError, ValueError):
     """A setting a user gave is unusable; ``code`` is stable, the message says why."""
 
     def __init__(self, code: str, message: str) -> None:

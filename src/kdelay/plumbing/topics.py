@@ -28,6 +28,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from kdelay.errors import KdelayError
 from kdelay.plumbing.connection import check_connection
 from kdelay.plumbing.settings import Settings
 
@@ -71,7 +72,7 @@ def id_window_ms(retention_ms: int | None) -> int:
     return UNLIMITED_ID_WINDOW_MS if retention_ms is None else retention_ms
 
 
-class LayoutError(Exception):
+class LayoutError(KdelayError):
     """The topics do not have the layout kdelay needs.
 
     ``code`` is stable (``requests-missing``, ``changelog-missing``,

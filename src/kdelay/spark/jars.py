@@ -18,13 +18,15 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from kdelay.errors import KdelayError
+
 ROOT = Path(__file__).resolve().parents[3]
 POM = ROOT / "tools" / "maven" / "spark-kafka.pom.xml"
 COMPLETE = ".complete"
 _VERSION = re.compile(r"<spark\.version>([^<]+)</spark\.version>")
 
 
-class JarsError(Exception):
+class JarsError(KdelayError):
     """The connector's jars are missing and cannot be fetched; ``code`` is stable."""
 
     def __init__(self, code: str, message: str) -> None:

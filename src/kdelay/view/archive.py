@@ -7,7 +7,7 @@ name). Bytes (keys, values, header values) are base64; null stays null.
 - line 1, the :class:`Header`: ``{"format": "kdelay-export", "version": 1,
   ...}`` names the format and its version, where the schedules come from and
   how many were pending when the export began;
-- one :class:`Entry` per pending schedule: due time, target, target
+- one :class:`Archived` per pending schedule: due time, target, target
   partition, id, key, value, user headers (every header but ``kdelay-*``),
   the request's coordinates (``origin``) and its timestamp, and its ``lane``
   when it named one (the field is left out otherwise);
@@ -32,6 +32,7 @@ from typing import IO, Any, cast
 
 import orjson
 
+from kdelay.errors import KdelayError
 from kdelay.protocol.envelope import LANE_NAME
 
 FORMAT = "kdelay-export"
@@ -40,7 +41,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 PARTIAL_SUFFIX = ".partial"
 
 
-class ArchiveError(Exception):
+class ArchiveError(KdelayError):
     """An export file that cannot be read; ``code`` is stable.
 
     ``bad-export-file`` (not JSON lines of this format, a field of the wrong
@@ -71,7 +72,7 @@ class Header:
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class Archived:
     """One pending schedule and its original record.
 
     ``headers`` are the user's headers in order (``kdelay-*`` request headers
@@ -114,7 +115,7 @@ def encode_header(header: Header) -> bytes:
     }, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def encode_entry(entry: Entry) -> bytes:
+def encode_entry(entry: Archived) -> bytes:
     """One entry's line, newline included."""
     fields: dict[str, object] = {
         "due_ms": entry.due_ms, "target": entry.target, "partition": entry.partition,
@@ -188,7 +189,7 @@ def decode_header(line: bytes) -> Header:
                   _get(obj, "latest_due_ms", int, 1, nullable=True))
 
 
-def decode_entry(obj: dict[str, Any], number: int) -> Entry:
+def decode_entry(obj: dict[str, Any], number: int) -> Archived:
     """Decode an entry's object (line ``number``); ArchiveError for a missing or mistyped field."""
     pairs = _get(obj, "headers", list, number)
     headers: list[tuple[str, bytes | None]] = []
@@ -198,7 +199,7 @@ def decode_entry(obj: dict[str, Any], number: int) -> Entry:
             raise _bad(number, f"a header must be [name, base64 or null], got {pair!r:.60}")
         headers.append((pair[0], None if pair[1] is None else _unb64(pair[1], "headers",
                                                                      number)))
-    return Entry(_get(obj, "due_ms", int, number), _get(obj, "target", str, number),
+    return Archived(_get(obj, "due_ms", int, number), _get(obj, "target", str, number),
                  _get(obj, "partition", int, number, nullable=True),
                  _get(obj, "id", str, number, nullable=True), _bytes(obj, "key", number),
                  _bytes(obj, "value", number), headers, _get(obj, "origin", str, number),
@@ -215,7 +216,7 @@ def _lane(obj: dict[str, Any], number: int) -> str | None:
     return str(lane)
 
 
-def decode_line(line: bytes, number: int) -> Entry | Trailer:
+def decode_line(line: bytes, number: int) -> Archived | Trailer:
     """Decode an entry or the trailer (line ``number`` > 1); ArchiveError for anything else."""
     obj = _object(line, number)
     if obj.get("end") is True:
@@ -255,7 +256,7 @@ class ArchiveReader:
         except (OSError, EOFError) as exc:
             raise ArchiveError("bad-export-file", f"{self.path} cannot be read: {exc}") from None
 
-    def entries(self) -> Iterator[Entry]:
+    def entries(self) -> Iterator[Archived]:
         """Every entry in file order; then :attr:`trailer` is set.
 
         Raises ArchiveError ``export-truncated`` when the file ends without a
@@ -319,7 +320,7 @@ class ArchiveWriter:
         self._done = False
         self._file.write(encode_header(header))
 
-    def write(self, entry: Entry) -> None:
+    def write(self, entry: Archived) -> None:
         """Append one entry."""
         self._file.write(encode_entry(entry))
         self._count += 1

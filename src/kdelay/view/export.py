@@ -36,10 +36,11 @@ from confluent_kafka import Message
 from rocksdict import Options, Rdict, WriteBatch
 
 from kdelay.client import DelayProducer
+from kdelay.errors import KdelayError
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client, topic_config
 from kdelay.protocol import codec, envelope
-from kdelay.view.archive import ArchiveReader, ArchiveWriter, Entry, Header
+from kdelay.view.archive import Archived, ArchiveReader, ArchiveWriter, Header
 from kdelay.view.pending import QUIET, Original, Originals, OriginalState, Pending, PendingView
 from kdelay.view.retention import recommend
 
@@ -51,13 +52,13 @@ DERIVED_PREFIX = "kdelay-export:"
 _BY_OFFSET = struct.Struct(">IQ")
 
 
-class RetentionTooShort(Exception):
+class RetentionTooShort(KdelayError):
     """The destination's requests topic would reject a file's schedules; ``code`` is stable."""
 
     code = "retention-too-short"
 
 
-class ExportError(Exception):
+class ExportError(KdelayError):
     """An export that could not read every original in time; ``code`` is stable."""
 
     code = "originals-unread"
@@ -101,7 +102,7 @@ def cluster_id(settings: Settings) -> str | None:
     return str(found) if found else None
 
 
-def entry_of(pending: Pending, record: Message, requests_topic: str) -> Entry:
+def entry_of(pending: Pending, record: Message, requests_topic: str) -> Archived:
     """The export entry of a pending schedule whose original is ``record``.
 
     The due time and id are the index's (a relative delay or level was turned
@@ -114,7 +115,7 @@ def entry_of(pending: Pending, record: Message, requests_topic: str) -> Entry:
         raise ValueError(f"{requests_topic}/{pending.partition}/{pending.offset} has no target")
     headers = [(name, value.encode() if isinstance(value, str) else value)
                for name, value in route.user]
-    return Entry(pending.due_ms, route.target, route.partition, pending.schedule_id,
+    return Archived(pending.due_ms, route.target, route.partition, pending.schedule_id,
                  record.key(), record.value(), headers,
                  f"{requests_topic}/{pending.partition}/{pending.offset}", pending.record_ms,
                  route.lane)

@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 
 from confluent_kafka import Message
 
+from kdelay.errors import KdelayError
 from kdelay.protocol import codec
 from kdelay.recurring import Description, SeriesError, describe, occurrence_ids
 from kdelay.view.pending import Original, Originals, OriginalState, Pending, PendingView
 
 
-class NotARequest(ValueError):
+class NotARequest(KdelayError, ValueError):
     """A ``topic/partition/offset`` reference that names another topic; ``code`` is stable."""
 
     code = "not-a-request"

@@ -34,6 +34,7 @@ from typing import NamedTuple, cast
 from confluent_kafka import Message
 from rocksdict import Options, Rdict, WriteBatch
 
+from kdelay.errors import KdelayError
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client, topic_config
 from kdelay.protocol import codec, envelope, idkeys
@@ -58,7 +59,7 @@ QUIET = 5
 Progress = Callable[[str, int, int], None]
 
 
-class ViewBusy(Exception):
+class ViewBusy(KdelayError):
     """Another command holds the view directory; ``code`` is stable."""
 
     code = "view-in-use"

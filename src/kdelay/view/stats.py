@@ -32,7 +32,7 @@ Labels = frozenset[tuple[str, str]]
 
 
 @dataclass(frozen=True)
-class Reading:
+class Scrape:
     """The samples of one endpoint at one moment (``taken_s``, monotonic seconds)."""
 
     url: str
@@ -58,8 +58,8 @@ class Reading:
         return dict(out)
 
 
-def parse(url: str, text: str, taken_s: float) -> Reading:
-    """Parse a Prometheus text exposition into a :class:`Reading`.
+def parse(url: str, text: str, taken_s: float) -> Scrape:
+    """Parse a Prometheus text exposition into a :class:`Scrape`.
 
     Raises ValueError when ``text`` is not in the text format.
     """
@@ -67,18 +67,18 @@ def parse(url: str, text: str, taken_s: float) -> Reading:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples[sample.name].append((frozenset(sample.labels.items()), float(sample.value)))
-    return Reading(url, taken_s, dict(samples))
+    return Scrape(url, taken_s, dict(samples))
 
 
-def read(url: str, clock: Callable[[], float] = time.monotonic) -> Reading:
-    """Read one metrics endpoint; a failure gives a Reading with ``error`` set."""
+def read(url: str, clock: Callable[[], float] = time.monotonic) -> Scrape:
+    """Read one metrics endpoint; a failure gives a Scrape with ``error`` set."""
     taken = clock()
     try:
         with urllib.request.urlopen(url, timeout=READ_TIMEOUT_S) as response:  # noqa: S310
             text = response.read().decode("utf-8")
         return parse(url, text, taken)
     except (OSError, ValueError) as exc:
-        return Reading(url, taken, error=str(exc))
+        return Scrape(url, taken, error=str(exc))
 
 
 def quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
@@ -129,28 +129,28 @@ class Summary:
     restoring: float | None = None
 
 
-def _rate(before: Reading | None, after: Reading, name: str) -> float | None:
+def _rate(before: Scrape | None, after: Scrape, name: str) -> float | None:
     now = after.total(name)
     if before is None or now is None or after.taken_s <= before.taken_s:
         return None
     return max(0.0, now - (before.total(name) or 0.0)) / (after.taken_s - before.taken_s)
 
 
-def _buckets(reading: Reading, name: str) -> dict[float, float]:
+def _buckets(reading: Scrape, name: str) -> dict[float, float]:
     out: dict[float, float] = defaultdict(float)
     for lbls, value in reading.samples.get(name, ()):
         out[float(dict(lbls)["le"])] += value
     return out
 
 
-def _lateness(before: Reading | None, after: Reading, q: float) -> float | None:
+def _lateness(before: Scrape | None, after: Scrape, q: float) -> float | None:
     """The lateness quantile over the interval; over the whole run without ``before``."""
     now = _buckets(after, "kdelay_lateness_seconds_bucket")
     then = _buckets(before, "kdelay_lateness_seconds_bucket") if before else {}
     return quantile(q, [(le, count - then.get(le, 0.0)) for le, count in now.items()])
 
 
-def summarize(before: Reading | None, after: Reading) -> Summary:
+def summarize(before: Scrape | None, after: Scrape) -> Summary:
     """Summarise an instance from two readings of it (``before`` may be None: no rates)."""
     if after.error is not None:
         return Summary(after.url, error=after.error)
@@ -239,10 +239,10 @@ class Stats:
     """Reads a set of endpoints and keeps the previous reading of each, for rates."""
 
     def __init__(self, urls: Sequence[str],
-                 reader: Callable[[str], Reading] = read) -> None:
+                 reader: Callable[[str], Scrape] = read) -> None:
         self._urls = list(urls)
         self._read = reader
-        self._last: dict[str, Reading] = {}
+        self._last: dict[str, Scrape] = {}
 
     def refresh(self) -> list[Summary]:
         """Read every endpoint once; summarise each against its previous reading."""

@@ -36,6 +36,7 @@ from kdelay.engine import availability
 from kdelay.engine import service as service_module
 from kdelay.engine.commit import _checkpoint as checkpoint
 from kdelay.engine.service import Service
+from kdelay.errors import ServiceError
 from kdelay.plumbing import callbacks
 from kdelay.plumbing.clients import Consuming, Rebalance, Report, Transacting
 from kdelay.plumbing.clock import ManualClock
@@ -538,7 +539,7 @@ def test_a_stop_while_offsets_wait_for_kafka_ends_the_service_with_a_code(
     monkeypatch.setattr(old, "send_offsets_to_transaction", send_offsets)
     eos.request(T0 + 60_000, key=b"a")
     try:
-        with pytest.raises(checkpoint.ServiceError) as raised:
+        with pytest.raises(ServiceError) as raised:
             eos.step()
     finally:
         release.set()
@@ -588,7 +589,7 @@ def test_a_fence_with_kafka_answering_all_along_ends_the_service(
     monkeypatch.setattr(eos.clients.producers["transactions"], "commit_transaction",
                         fenced_commit)
     eos.request(T0 + 60_000, key=b"a")
-    with pytest.raises(checkpoint.ServiceError) as raised:
+    with pytest.raises(ServiceError) as raised:
         eos.step()
     assert raised.value.code == "fenced"
 
@@ -602,7 +603,7 @@ def test_a_fenced_begin_ends_the_service_with_its_code_not_a_raw_kafka_error(
     monkeypatch.setattr(eos.clients.producers["transactions"], "begin_transaction",
                         fenced_begin)
     eos.request(T0 + 60_000, key=b"a")
-    with pytest.raises(checkpoint.ServiceError) as raised:
+    with pytest.raises(ServiceError) as raised:
         eos.step()
     assert raised.value.code == "fenced"
 
@@ -716,7 +717,7 @@ def test_a_consumer_fenced_by_its_rejoin_after_its_session_timed_out_is_replaced
 def test_a_consumer_fenced_with_kafka_answering_all_along_ends_the_service(alo: Loop) -> None:
     alo.step()
     alo.service._errors.callback("intake")(INSTANCE_FENCED)
-    with pytest.raises(checkpoint.ServiceError) as raised:
+    with pytest.raises(ServiceError) as raised:
         alo.step()
     assert raised.value.code == "fenced"
 
@@ -887,7 +888,7 @@ def test_a_forward_that_fails_for_good_stops_the_at_least_once_service(tmp_path:
     try:
         alo.wire.failing.add(REQUESTS)
         alo.request(T0 + 60_000, key=b"a", sid=off_partition_id())
-        with pytest.raises(checkpoint.ServiceError, match="forward") as raised:
+        with pytest.raises(ServiceError, match="forward") as raised:
             alo.step()
         assert raised.value.code == "forward-write-failed"
         assert alo.wire.kinds("store") == [], "the request's offset is not stored"
@@ -1005,7 +1006,7 @@ def test_a_stop_while_a_restore_waits_for_kafka_ends_the_service_with_a_code(
 
     monkeypatch.setattr(restorer, "restore", restore)
     try:
-        with pytest.raises(checkpoint.ServiceError) as raised:
+        with pytest.raises(ServiceError) as raised:
             loop.step()
         assert raised.value.code == "kafka-unreachable"
         assert "restoring partition 0" in str(raised.value)

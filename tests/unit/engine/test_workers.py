@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from kdelay.engine.workers import (
+    Child,
     GiveUp,
     Restart,
     RestartPolicy,
     Restarts,
     Supervisor,
     Timing,
-    Worker,
     describe_exit,
     worker_dir,
     worker_settings,
@@ -189,7 +189,7 @@ class Pool:
         self.stop_at = stop_at
         self.supervisor: Supervisor | None = None
 
-    def spawn(self, index: int) -> Worker:
+    def spawn(self, index: int) -> Child:
         queue = self.lives.get(index)
         life, code = queue.pop(0) if queue else (None, 0)
         worker = FakeWorker(self.clock, 100 + len(self.workers), life, code, self.stubborn)

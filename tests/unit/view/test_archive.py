@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from kdelay.cli import app
 from kdelay.view.archive import (
+    Archived,
     ArchiveError,
     ArchiveReader,
     ArchiveWriter,
-    Entry,
     Header,
     Trailer,
     decode_entry,
@@ -35,12 +35,12 @@ from kdelay.view.archive import (
 from kdelay.view.export import derived_id
 
 HEADER = Header("kdelay.requests", "cluster-1", 1_700_000_000_000, 2, 1_800_000_000_000)
-ENTRY = Entry(1_800_000_000_000, "orders", 3, "order-7", b"k", b"\x00\xff", [("a", b"1"),
+ENTRY = Archived(1_800_000_000_000, "orders", 3, "order-7", b"k", b"\x00\xff", [("a", b"1"),
               ("n", None), ("a", b"2")], "kdelay.requests/0/42", 1_700_000_000_000)
-BARE = Entry(5, "t", None, None, None, None, [], "r/1/0", 4)
+BARE = Archived(5, "t", None, None, None, None, [], "r/1/0", 4)
 
 entries = st.builds(
-    Entry,
+    Archived,
     due_ms=st.integers(0, 2**63 - 1),
     target=st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True),
     partition=st.none() | st.integers(0, 2**31 - 1),
@@ -54,7 +54,7 @@ entries = st.builds(
 )
 
 
-def write(path: Path, items: list[Entry], header: Header = HEADER) -> None:
+def write(path: Path, items: list[Archived], header: Header = HEADER) -> None:
     writer = ArchiveWriter(path, header)
     for item in items:
         writer.write(item)
@@ -62,14 +62,14 @@ def write(path: Path, items: list[Entry], header: Header = HEADER) -> None:
     writer.close()
 
 
-def read(path: Path) -> tuple[Header, list[Entry], Trailer | None]:
+def read(path: Path) -> tuple[Header, list[Archived], Trailer | None]:
     with ArchiveReader(path) as reader:
         found = list(reader.entries())
         return reader.header, found, reader.trailer
 
 
 @given(entries)
-def test_an_entry_survives_its_line(entry: Entry) -> None:
+def test_an_entry_survives_its_line(entry: Archived) -> None:
     line = encode_entry(entry)
     assert line.endswith(b"\n")
     assert line.count(b"\n") == 1  # one line whatever the bytes inside
@@ -164,7 +164,7 @@ def test_a_cut_gzip_stream_is_truncated(tmp_path: Path) -> None:
 
 
 def test_an_entry_names_its_lane_only_when_it_has_one() -> None:
-    laned = Entry(5, "dev1.t", None, None, None, None, [], "r/1/0", 4, "dev1")
+    laned = Archived(5, "dev1.t", None, None, None, None, [], "r/1/0", 4, "dev1")
     assert orjson.loads(encode_entry(laned))["lane"] == "dev1"
     assert "lane" not in orjson.loads(encode_entry(BARE))
     assert decode_entry(orjson.loads(encode_entry(BARE)), 2).lane is None

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from rich.console import Console
 
 from kdelay.engine.metrics import Metrics
-from kdelay.view.stats import Reading, Stats, endpoints, parse, quantile, show, summarize
+from kdelay.view.stats import Scrape, Stats, endpoints, parse, quantile, show, summarize
 
 URL = "http://127.0.0.1:9100/metrics"
 # A real exposition, as captured from a kdelay instance's endpoint (trimmed).
@@ -100,7 +100,7 @@ def test_a_restarted_instance_never_shows_a_negative_rate() -> None:
 
 
 def test_an_unreadable_endpoint_is_down_not_an_error() -> None:
-    summary = summarize(None, Reading(URL, 1.0, error="connection refused"))
+    summary = summarize(None, Scrape(URL, 1.0, error="connection refused"))
     assert summary.error == "connection refused"
     with pytest.raises(ValueError, match="float"):
         parse(URL, "this is not { an exposition", 1.0)
@@ -121,7 +121,7 @@ class Replay:
         self.texts = texts
         self.reads = 0
 
-    def __call__(self, url: str) -> Reading:
+    def __call__(self, url: str) -> Scrape:
         text = self.texts[min(self.reads, len(self.texts) - 1)]
         self.reads += 1
         return parse(url, text, 2.0 * self.reads)
@@ -144,7 +144,7 @@ def test_show_prints_one_table_from_two_readings() -> None:
 
 def test_show_json_and_exit_status_when_all_are_down() -> None:
     out = io.StringIO()
-    stats = Stats([URL], lambda url: Reading(url, 0.0, error="refused"))
+    stats = Stats([URL], lambda url: Scrape(url, 0.0, error="refused"))
     code = show([URL], console=Console(file=out), as_json=True, sleep=lambda _: None,
                 stats=stats)
     assert code == 1
@@ -173,10 +173,10 @@ def test_a_down_instance_is_named_with_its_reason() -> None:
     up, down = URL, "http://127.0.0.1:9101/metrics"
     texts = {up: exposition(5, [], {"expired": 1})}
 
-    def reader(url: str) -> Reading:
+    def reader(url: str) -> Scrape:
         if url in texts:
             return parse(url, texts[url], 1.0)
-        return Reading(url, 1.0, error="connection refused")
+        return Scrape(url, 1.0, error="connection refused")
 
     code = show([up, down], console=Console(file=out, width=200), sleep=lambda _: None,
                 stats=Stats([up, down], reader))

@@ -17,10 +17,9 @@ from kdelay.engine.commit._checkpoint import (
     Batch,
     Checkpoint,
     Fate,
-    ServiceError,
     for_settings,
 )
 from kdelay.engine.commit._takeover import Takeover, owner_metadata
 
-__all__ = ["MAX_UNACKED_RECORDS", "Batch", "Checkpoint", "Fate", "ServiceError", "Takeover",
+__all__ = ["MAX_UNACKED_RECORDS", "Batch", "Checkpoint", "Fate", "Takeover",
            "for_settings", "owner_metadata"]

@@ -48,10 +48,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from kdelay.engine.commit._durability import Acknowledged, Transacted
 from kdelay.engine.commit._takeover import owned, positioned
 from kdelay.engine.commit._transactional import Renewable
-from kdelay.engine.commit._writer import GAPLESS, Acks, ChangelogWriter, Failure
+from kdelay.engine.commit._writer import GAPLESS, ChangelogWriter, Failure, Receipts
 from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
 from kdelay.engine.metrics import Metrics
+from kdelay.errors import ServiceError
 from kdelay.plumbing.callbacks import fatal_code, unheard
 from kdelay.plumbing.clients import Consuming, Flushing, Producing, Transacting, flush_until
 from kdelay.plumbing.clock import Clock
@@ -82,14 +83,6 @@ ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
 
 
-class ServiceError(Exception):
-    """The service cannot go on (its own topics refuse writes); ``code`` is stable."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 @dataclass(slots=True)
 class Batch:
     """What one step's intake wrote: its plans, the index each was planned against,
@@ -97,7 +90,7 @@ class Batch:
 
     plans: list[Plan]
     indexes: dict[int, PartitionIndex]
-    acks: Acks
+    acks: Receipts
 
 
 Fate = tuple[Batch, bool]
@@ -142,7 +135,7 @@ class Checkpoint(Protocol):
         """Wait (bounded) for the batches in flight; return those now durable, oldest first."""
         ...
 
-    def mark(self, plan: Plan, acks: Acks) -> None:
+    def mark(self, plan: Plan, acks: Receipts) -> None:
         """Write the consumed-offset marker of ``plan``, being written with ``acks``."""
         ...
 
@@ -264,7 +257,7 @@ class AtLeastOnce:
             durable.append(batch)
         return durable
 
-    def mark(self, plan: Plan, acks: Acks) -> None:
+    def mark(self, plan: Plan, acks: Receipts) -> None:
         """Write the plan's marker, never past a request whose forward is not acknowledged.
 
         The marker may be acknowledged before a forward (another partition of
@@ -399,7 +392,7 @@ class ExactlyOnce:
         """Nothing: no transaction is open between steps, where rebalances happen."""
         return []
 
-    def _commit(self, acks: Acks, offsets: list[TopicPartition],
+    def _commit(self, acks: Receipts, offsets: list[TopicPartition],
                 consumer: Consuming, delivery: Delivery) -> bool:
         producer = self.producer
         try:
@@ -574,7 +567,7 @@ class ExactlyOnce:
         """
         return fatal_code(error) == "fenced" and not (self._away or self._unreachable())
 
-    def mark(self, plan: Plan, acks: Acks) -> None:
+    def mark(self, plan: Plan, acks: Receipts) -> None:
         """Write the marker in the open transaction, with the plan's records and offsets."""
         assert plan.changes.consumed is not None  # noqa: S101 - the service checks
         self.writer.mark_consumed(plan.partition, plan.changes.consumed, acks)

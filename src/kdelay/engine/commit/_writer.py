@@ -24,7 +24,7 @@ transaction. So only the last of a plan's puts asks for a delivery report
 (:meth:`ChangelogWriter.puts`): its acknowledgement proves the others, and a
 put costs no Python call when it is acknowledged.
 
-Intake's records are written on behalf of one step's :class:`Acks`, which
+Intake's records are written on behalf of one step's :class:`Receipts`, which
 counts the acknowledgements they still wait for: a step's plans reach the
 indexes once its count is zero, while later steps go on (see
 :mod:`kdelay.engine.commit`).
@@ -80,7 +80,7 @@ def _ignore(_: Message) -> None:
     """Observe nothing."""
 
 
-class Acks:
+class Receipts:
     """The records of one intake step, and how many of them still await their report.
 
     Changelog records count here and fail in the writer (which collects and
@@ -192,16 +192,16 @@ class ChangelogWriter:
         """The changelog topic."""
         return self._topic
 
-    def acks(self) -> Acks:
+    def acks(self) -> Receipts:
         """Return the tally of a new intake step's records."""
-        return Acks(self._failed, self._marker_written)
+        return Receipts(self._failed, self._marker_written)
 
     @property
     def producer(self) -> Producing:
         """The producer the changelog is written with (served by the checkpoint's polls)."""
         return self._producer
 
-    def puts(self, partition: int, records: Sequence[Keyed], acks: Acks) -> None:
+    def puts(self, partition: int, records: Sequence[Keyed], acks: Receipts) -> None:
         """Write a plan's intake records (puts; a cancel's tombstone has the value None).
 
         Only the last asks for a report: on the gapless producer its
@@ -236,7 +236,7 @@ class ChangelogWriter:
         if mark is not None:
             write(partition, codec.WATERMARK_MARKER, codec.encode_watermark(mark), report)
 
-    def mark_consumed(self, partition: int, offset: int, acks: Acks) -> None:
+    def mark_consumed(self, partition: int, offset: int, acks: Receipts) -> None:
         """Write how far intake has read ``partition`` (after the plan's own records)."""
         acks.waiting += 1
         self._write(partition, codec.CONSUMED_MARKER, codec.encode_offset(offset),
