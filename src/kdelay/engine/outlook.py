@@ -32,6 +32,7 @@ the changelog.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from prometheus_client import Gauge
 
 from kdelay.engine.metrics import OVERDUE_CAP, Metrics
-from kdelay.plumbing.clients import Watermarks
+from kdelay.plumbing.clients import Producing, Watermarks
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import Layout
@@ -160,6 +161,8 @@ def _remove(gauge: Gauge, label: str) -> None:
     except KeyError:
         pass
 
+log = logging.getLogger(__name__)
+
 HOUSEKEEPING_EVERY_MS = 5_000
 
 
@@ -194,3 +197,53 @@ class Housekeeper:
         if self._state_dir is not None:
             self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))
         return True
+
+
+PARTITION_CHECK_EVERY_MS = 30_000
+"""How often (service clock) the requests topic's partition count is checked."""
+
+
+class PartitionWatch:
+    """Whether partitions were added to the requests topic, which this service cannot serve.
+
+    The changelog has the partition count kdelay started with, so a request
+    partition beyond it has no index to serve it. Those requests stay in the
+    requests topic (nothing is dead-lettered or lost) until the operator
+    follows the procedure the error line names.
+    """
+
+    def __init__(self, settings: Settings, metrics: Metrics, served: int) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._served = served
+        self._seen = served
+        self._next_ms = 0
+
+    def tick(self, now: int, client: Producing) -> None:
+        """Ask the cluster how many partitions the requests topic has, if it is time."""
+        if now < self._next_ms:
+            return
+        self._next_ms = now + PARTITION_CHECK_EVERY_MS
+        topic = self._settings.requests_topic
+        try:
+            found = client.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return  # the broker is away: the next round asks again
+        if found is not None and found.error is None:
+            self.added(len(found.partitions))
+
+    def added(self, count: int) -> None:
+        """Report once per new count that the requests topic has ``count`` > served partitions."""
+        if count <= self._seen:
+            return
+        self._seen = count
+        s, served = self._settings, self._served
+        self._metrics.outlook.partitions.set(count)
+        self._metrics.outlook.unserved.set(count - served)
+        log.error("error[requests-partitions-added]: requests topic %s now has %d partitions "
+                  "but changelog %s has %d: requests written to partitions %d-%d are not "
+                  "served (they wait in %s). Stop every instance, run `kdelay topics grow "
+                  "--partitions %d` (it moves each schedule id to its new home), then start "
+                  "them again (see \"Adding request partitions\" in docs/operations.md)",
+                  s.requests_topic, count, s.changelog_topic, served, served, count - 1,
+                  s.requests_topic, count)

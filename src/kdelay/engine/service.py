@@ -31,7 +31,6 @@ from typing import Final
 
 from confluent_kafka import (
     KafkaError,
-    KafkaException,
     Message,
     TopicPartition,
 )
@@ -58,17 +57,18 @@ from kdelay.engine.intake import (
     count_outcomes,
 )
 from kdelay.engine.metrics import Metrics, PhaseTimer
-from kdelay.engine.outlook import Housekeeper, Outlook
+from kdelay.engine.outlook import Housekeeper, Outlook, PartitionWatch
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew, unmeasured
 from kdelay.engine.sweeper import Sweeper
 from kdelay.errors import ServiceError
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
-from kdelay.plumbing.clients import Consuming, Producing, produce, take
+from kdelay.plumbing.clients import Consuming, produce, take
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
+from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changelog import Restoring, Staleness, logged_progress, open_restored
 from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.originals import Reading
@@ -83,8 +83,6 @@ _PARTITION: Final = Message.partition
 # at-least-once records it only once their changelog records are acknowledged, and
 # at most MAX_UNACKED_RECORDS records (plus a batch) await that.
 REREAD_RECORDS = 2 * MAX_UNACKED_RECORDS
-# How often (service clock) the requests topic's partition count is checked.
-PARTITION_CHECK_EVERY_MS = 30_000
 # The longest a step waits for requests while written batches await their
 # acknowledgements (which the step after the wait applies).
 ACK_WAIT_MS = 1
@@ -93,6 +91,34 @@ ACK_WAIT_MS = 1
 STEP_MS = 5
 # How long a clean stop writes the sweeper's tombstones before it leaves the rest.
 SWEEP_CLOSE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What the topics' layout and the settings fix for the service's whole life."""
+
+    partitions: int
+    """The request partitions the changelog has, and so those served."""
+    outcomes: int | None
+    """The outcomes topic's partitions (None: the topic does not exist)."""
+    limits: durations.Limits
+    """The longest delays the requests topic's retention allows."""
+    policy: TargetPolicy
+    """Which targets a request may name."""
+    id_window_ms: int
+    """How long a schedule id's end is remembered (see :class:`IdWindow`)."""
+    tombstones_kept_ms: int
+    """How long the changelog keeps tombstones (a store older than this is stale)."""
+    broker_tolerance_ms: int | None
+    """How far the broker's clock may lag (None: no broker-clock guard)."""
+
+    @classmethod
+    def of(cls, settings: Settings, layout: Layout, broker_tolerance_ms: int | None) -> Terms:
+        """The terms of ``layout`` and ``settings``."""
+        return cls(layout.partitions, layout.outcomes, durations.limits_for_retention(
+            layout.retention_ms, settings.retention_margin_ms, settings.levels),
+            settings.target_policy(), id_window_ms(layout.retention_ms),
+            layout.tombstones_kept_ms, broker_tolerance_ms)
 
 
 @dataclass(slots=True)
@@ -129,7 +155,8 @@ class Service:
                  broker_tolerance_ms: int | None = BROKER_TOLERANCE_MS,
                  phase_clock: Callable[[], float] | None = None) -> None:
         self.settings = settings
-        self._broker_tolerance_ms = broker_tolerance_ms if layout.broker_time else None
+        self._terms = Terms.of(settings, layout,
+                               broker_tolerance_ms if layout.broker_time else None)
         self.metrics = metrics or Metrics()
         self._clock = clock
         self._errors = ClientErrors()
@@ -137,22 +164,14 @@ class Service:
         self._factory = clients or KafkaClients(settings, self._errors)
         self._lock: StateDirLock | None = None
         self._group: dict[str, str | int | bool] = {}
-        self._limits = durations.limits_for_retention(
-            layout.retention_ms, settings.retention_margin_ms, settings.levels)
         outlook = Outlook(self.metrics, settings, layout)
         self._housekeeper = Housekeeper(clock, self.metrics, outlook, settings.state_dir)
-        self._id_window_ms = id_window_ms(layout.retention_ms)
-        self._outcome_partitions = layout.outcomes
+        self._watch = PartitionWatch(settings, self.metrics, layout.partitions)
         if layout.outcomes is None:
             log.warning("outcome records are not published: topic %s does not exist (run "
                         "`kdelay topics create`)", settings.outcomes_topic)
         if not layout.broker_time:
             unmeasured(settings.changelog_topic)
-        self._tombstones_kept_ms = layout.tombstones_kept_ms
-        self._policy = settings.target_policy()
-        self._partitions = layout.partitions
-        self._partitions_seen = layout.partitions
-        self._next_partition_check_ms = 0
         self._indexes: dict[int, PartitionIndex] = {}
         self._planners: dict[int, Planner] = {}
         self._consumed: dict[int, int] = {}
@@ -197,7 +216,7 @@ class Service:
         self._delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
-                           s.retry_backoff_max_ms, self._policy, s.delivery_retry_ms),
+                           s.retry_backoff_max_ms, self._terms.policy, s.delivery_retry_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
             outage=lambda: self._errors.unreachable() is not None,
@@ -219,13 +238,14 @@ class Service:
 
     def _guard(self, skew: ClockSkew) -> BrokerGuard | None:
         """The broker-clock guard, its first probe on its way; None when it is off."""
-        if self._broker_tolerance_ms is None:
+        tolerance_ms = self._terms.broker_tolerance_ms
+        if tolerance_ms is None:
             return None
         plain: dict[str, str | int | bool] = {
             "enable.idempotence": False, "acks": "all", "linger.ms": 0}
         producer = self._factory.producer("clock", **plain)
         guard = BrokerGuard(skew, producer, self.settings.changelog_topic, self._clock,
-                            self._broker_tolerance_ms)
+                            tolerance_ms)
         guard.probe()
         return guard
 
@@ -405,42 +425,8 @@ class Service:
         if self._housekeeper.tick(self._indexes, self._consumed, clients.consumer) \
                 and clients.guard is not None:
             clients.guard.tick()
-        now = self._clock.now_ms()
-        if reachable and now >= self._next_partition_check_ms:
-            self._next_partition_check_ms = now + PARTITION_CHECK_EVERY_MS
-            self._check_partitions(clients.checkpoint.internal)
-
-    def _check_partitions(self, client: Producing) -> None:
-        """Ask the cluster how many partitions the requests topic has; report any added.
-
-        The changelog has the partition count kdelay started with, so a
-        request partition beyond it has no index to serve it. Those requests
-        stay in the requests topic (nothing is dead-lettered or lost) until
-        the operator follows the procedure the error line names.
-        """
-        topic = self.settings.requests_topic
-        try:
-            found = client.list_topics(topic, timeout=5).topics.get(topic)
-        except KafkaException:
-            return  # the broker is away: the next round asks again
-        if found is not None and found.error is None:
-            self._partitions_added(len(found.partitions))
-
-    def _partitions_added(self, count: int) -> None:
-        """Report once per new count that the requests topic has ``count`` > served partitions."""
-        if count <= self._partitions_seen:
-            return
-        self._partitions_seen = count
-        s, served = self.settings, self._partitions
-        self.metrics.outlook.partitions.set(count)
-        self.metrics.outlook.unserved.set(count - served)
-        log.error("error[requests-partitions-added]: requests topic %s now has %d partitions "
-                  "but changelog %s has %d: requests written to partitions %d-%d are not "
-                  "served (they wait in %s). Stop every instance, run `kdelay topics grow "
-                  "--partitions %d` (it moves each schedule id to its new home), then start "
-                  "them again (see \"Adding request partitions\" in docs/operations.md)",
-                  s.requests_topic, count, s.changelog_topic, served, served, count - 1,
-                  s.requests_topic, count)
+        if reachable:
+            self._watch.tick(self._clock.now_ms(), clients.checkpoint.internal)
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None or self._delivery is None:
@@ -555,15 +541,16 @@ class Service:
 
     def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         clients, delivery = self._started()
-        beyond = [tp.partition for tp in partitions if tp.partition >= self._partitions]
+        terms = self._terms
+        beyond = [tp.partition for tp in partitions if tp.partition >= terms.partitions]
         if beyond:
             # Added underneath the running service: no changelog partition backs them.
-            self._partitions_added(max(beyond) + 1)
-            partitions = [tp for tp in partitions if tp.partition < self._partitions]
+            self._watch.added(max(beyond) + 1)
+            partitions = [tp for tp in partitions if tp.partition < terms.partitions]
         committed = {tp.partition: tp.offset for tp in self._waited(
             lambda: clients.takeover.committed(consumer, partitions, lambda: self._stopping),
             "reading the group's committed offsets")}
-        outcomes = self._outcome_partitions
+        outcomes = terms.outcomes
         topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
                         self.settings.dlq_topic,
                         None if outcomes is None else self.settings.outcomes_topic, outcomes or 1)
@@ -578,8 +565,8 @@ class Service:
             start = max(self._consumed.get(tp.partition, 0), 0)
             rereads = None if index.first_key() is None else start + REREAD_RECORDS
             self._planners[tp.partition] = Planner(
-                topics, self._limits, index.id_state, delivery.withhold, self._policy,
-                self._partitions, IdWindow(self._id_window_ms, self._clock, index),
+                topics, terms.limits, index.id_state, delivery.withhold, terms.policy,
+                terms.partitions, IdWindow(terms.id_window_ms, self._clock, index),
                 rereads, delivery.rereads.watch(tp.partition, start, rereads))
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._indexes))
@@ -594,7 +581,7 @@ class Service:
         self.metrics.restoring.inc()
 
         def restore() -> tuple[PartitionIndex, int]:
-            staleness = Staleness(self._clock.now_ms(), self._tombstones_kept_ms)
+            staleness = Staleness(self._clock.now_ms(), self._terms.tombstones_kept_ms)
             return open_restored(path, partition, clients.restorer,
                                  logged_progress(partition, self.metrics.restored), staleness)
         try:

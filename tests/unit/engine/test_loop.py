@@ -33,8 +33,8 @@ from confluent_kafka import (
 )
 
 from kdelay.engine import availability
-from kdelay.engine import service as service_module
 from kdelay.engine.commit import _checkpoint as checkpoint
+from kdelay.engine.outlook import PARTITION_CHECK_EVERY_MS
 from kdelay.engine.service import Service
 from kdelay.errors import ServiceError
 from kdelay.plumbing import callbacks
@@ -648,7 +648,7 @@ def test_the_requests_partitions_are_checked_only_while_kafka_answers(
     monkeypatch.setattr(FakeProducer, "list_topics", list_topics)
     alo.service._errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
     for _ in range(3):
-        alo.clock.advance(service_module.PARTITION_CHECK_EVERY_MS)
+        alo.clock.advance(PARTITION_CHECK_EVERY_MS)
         alo.step()
     assert timeouts, "Kafka was probed"
     assert set(timeouts) == {availability.PROBE_TIMEOUT_S}

@@ -99,6 +99,9 @@ class Book:
         self._ready: list[bytes] = []
         self._retries: list[tuple[int, bytes]] = []
         self._withheld: set[bytes] = set()
+        self.unindexed: list[tuple[Job, Sink]] = []
+        """Jobs done whose entries are not in their index yet (adopted ones, see
+        :meth:`~kdelay.engine.delivery.Delivery.adopt`): they leave it once they are."""
 
     @property
     def withheld(self) -> set[bytes]:

@@ -34,7 +34,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import Message
 
 from kdelay.engine.delivery._book import Book, Job, Sink, State
 from kdelay.engine.delivery._failures import Retries, TopicCheck
@@ -48,10 +48,9 @@ from kdelay.engine.delivery._flights import (
 )
 from kdelay.engine.delivery._readahead import MAX_HELD_BATCHES, ReadAhead
 from kdelay.engine.delivery._rereads import Rereads
-from kdelay.engine.delivery._runs import Run, merged
+from kdelay.engine.delivery._runs import merged
 from kdelay.engine.delivery._sealing import (
-    Cadence,
-    Marks,
+    PartitionMarks,
     Seal,
     Seals,
     frontier,
@@ -93,6 +92,24 @@ MAX_RETRYING_BATCHES = MAX_HELD_BATCHES // 2
 STALL_LOG_EVERY_S = 30.0
 
 
+class Stalls:
+    """The entries of flights detached for stalling (see :meth:`Delivery.seal`), logged
+    together at most once per :data:`STALL_LOG_EVERY_S`."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._logged = float("-inf")
+
+    def detached(self, entries: int, now_s: float) -> None:
+        """A stalled flight of ``entries`` was detached at monotonic ``now_s``."""
+        self._count += entries
+        if now_s >= self._logged + STALL_LOG_EVERY_S:
+            log.warning("%d deliveries await their acknowledgements for over %.0f s (a target "
+                        "partition without a leader?); the entries behind them go on",
+                        self._count, STALL_S)
+            self._logged, self._count = now_s, 0
+
+
 @dataclass(frozen=True, slots=True)
 class DeliveryConfig:
     """What delivery needs from the settings."""
@@ -123,14 +140,11 @@ class Delivery:
         """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt,
         and nothing more is sent until it answers; ``away`` is told when a metadata
         request finds the cluster silent."""
-        self._config = config
         self._release = release
         self._outage = outage
-        self._policy = config.targets or TargetPolicy(
+        policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
-        self._producer = targets
         self._internal = internal
-        self._reader = reader
         self._clock = clock
         self._metrics = metrics
         self._durability = durability
@@ -140,23 +154,17 @@ class Delivery:
                                 config.backoff_ms, config.backoff_max_ms, config.retry_ms,
                                 MAX_RETRYING_BATCHES * config.batch_size)
         self._ahead = ReadAhead(reader, self._book, config.lookahead_ms, config.batch_size)
-        self._marks: dict[int, Marks] = {}
-        # Plans written and not yet applied, by their first key: their partition.
-        self._plans: dict[bytes, int] = {}
+        self._marks = PartitionMarks()
         # The flights produced and not landed, in the order produced, and those
         # landed and sealed but not yet applied (exactly-once: until settle or abandon).
         self._flights: list[Flight] = []
-        self._cadence = Cadence()
         self._cut = False  # the last dispatch stopped at a full producer queue
         self._landed: list[Flight] = []
-        # Jobs done whose entries are not in their index yet (see adopt).
-        self._unindexed: list[tuple[Job, Sink]] = []
         self._counts = DeliveryCounts()
-        self._stalled = 0
-        self._stall_logged = float("-inf")
+        self._stalls = Stalls()
         self._sender = Sender(config.requests_topic, config.dlq_topic, targets, internal,
-                              self._policy, TopicCheck(targets, clock, away=away),
-                              self._book.withheld, self._take_out, outage)
+                              policy, TopicCheck(targets, clock, away=away),
+                              self._book.withheld, self._ahead, outage)
 
     # -- what intake and the service ask ------------------------------------------
 
@@ -201,8 +209,7 @@ class Delivery:
                 run.take(at)
                 del self._ahead.held[key]
         self._book.forget(keys)
-        for marks in self._marks.values():
-            marks.gone(keys)
+        self._marks.gone(keys)
 
     def noted(self, partition: int, lowest: bytes | None) -> None:
         """Learn that entries down to ``lowest`` were put in ``partition``'s index by others.
@@ -228,8 +235,7 @@ class Delivery:
         the partition's watermark stays below them.
         """
         if entries:
-            self._plans[entries[0].key] = partition
-            self._marks_of(partition).put(entries[0].key, [entry.key for entry in entries])
+            self._marks.put(partition, [entry.key for entry in entries])
         covered = self._ahead.window(partition).covered
         if covered is None:
             return
@@ -253,8 +259,7 @@ class Delivery:
         was not adopted is found by the next scan, which starts no later than it.
         """
         if entries:
-            self._plans.pop(entries[0].key, None)
-            self._marks_of(partition).applied(entries[0].key)
+            self._marks.applied(partition, entries[0].key)
         window = self._ahead.window(partition)
         bound = None if window.covered is None else codec.due_upper_bound(window.covered)
         lowest: bytes | None = None
@@ -271,9 +276,8 @@ class Delivery:
 
     def disown(self, entries: list[Entry]) -> None:
         """Drop the adopted entries of a plan that was given back (never indexed)."""
-        partition = self._plans.pop(entries[0].key, None) if entries else None
-        if partition is not None:
-            self._marks_of(partition).given_back(entries[0].key)
+        if entries:
+            self._marks.given_back(entries[0].key)
         for entry in entries:
             run = self._ahead.held.get(entry.key)
             at = None if run is None else run.position(entry.key)
@@ -291,8 +295,8 @@ class Delivery:
         for key in self._book.keys_of(partition):
             self._book.drop(key)
         self._ahead.drop(partition)
-        self._marks.pop(partition, None)
-        self._unindexed = [(job, sink) for job, sink in self._unindexed
+        self._marks.drop(partition)
+        self._book.unindexed = [(job, sink) for job, sink in self._book.unindexed
                            if job.partition != partition]
 
     # -- the loop's phases ----------------------------------------------------------
@@ -307,9 +311,7 @@ class Delivery:
         """Read ahead and take back retries whose backoff is over; return whether work is due."""
         now = self._clock.now_ms()
         for partition, index in indexes.items():
-            marks = self._marks.get(partition)
-            if marks is None or not marks.loaded:
-                self._load_marks(partition, index)
+            self._marks.load(partition, index)
         self._ahead.read(indexes, now)
         self._book.promote(now)
         return self._next_wakeup_ms(now) == 0
@@ -410,15 +412,15 @@ class Delivery:
                     blocked.add(id(run))
                 waiting.append(flight)
         self._flights = waiting
-        if self._unindexed:
-            unindexed, self._unindexed = self._unindexed, []
+        if self._book.unindexed:
+            unindexed, self._book.unindexed = self._book.unindexed, []
             for job, sink in unindexed:
                 if job.indexed:
                     done.setdefault(job.partition, []).append((job, sink))
                 else:
-                    self._unindexed.append((job, sink))
+                    self._book.unindexed.append((job, sink))
         self._retries.flush()
-        now_s, cadence = self._clock.monotonic(), self._cadence
+        now_s, cadence = self._clock.monotonic(), self._marks.cadence
         cadence.asked()
         sealed = Seals()
         for partition in sorted({*self._ahead.runs, *done}):
@@ -438,7 +440,7 @@ class Delivery:
         self._landed = []
         behind = sealed.behind
         for item in sealed.seals:
-            self._marks_of(item.partition).written(item.cover, item.done)
+            self._marks.of(item.partition).written(item.cover, item.done)
             self.rereads.note(item.partition, item.done)
             index = indexes.get(item.partition)
             if index is not None:
@@ -474,25 +476,6 @@ class Delivery:
 
     # -- read-ahead -------------------------------------------------------------
 
-    def _marks_of(self, partition: int) -> Marks:
-        marks = self._marks.get(partition)
-        if marks is None:
-            marks = self._marks[partition] = Marks()
-        return marks
-
-    def _load_marks(self, partition: int, index: PartitionIndex) -> None:
-        """Start from the watermark the index holds (restored, or written before a restart)."""
-        mark = index.watermark
-        pending = [] if mark is None else sorted(mark.pending)
-        present = [key for key, raw in zip(pending, index.raw_values(pending), strict=True)
-                   if raw is not None]
-        loaded = Marks.of(mark, present)
-        early = self._marks.get(partition)
-        if early is not None:  # plans written before the partition's first read-ahead
-            for token, (_, keys) in early.unapplied.items():
-                loaded.put(token, keys)
-        self._marks[partition] = loaded
-
     # -- sending ------------------------------------------------------------------
 
     def _send_jobs(self, flight: Flight, limit: int, now: int) -> bool:
@@ -511,28 +494,6 @@ class Delivery:
                 return False
         return True
 
-    def _take_out(self, run: Run, at: int, flight: Flight | None = None,
-                  refused: KafkaError | None = None) -> Job:
-        """Move the entry at ``at`` out of its run into the book, as a job of its own.
-
-        With ``refused`` its produce was refused (or its target is missing): it
-        is in flight until the flight lands, then backs off for a retry.
-        Otherwise the book decides: held back while a cancel withholds it, or
-        verified and dead-lettered when its original is not the one indexed.
-        """
-        key = run.keys[at]
-        run.take(at)
-        self._ahead.held.pop(key, None)
-        raw = run.values[at]
-        job = Job(Entry(key, codec.decode_index_value(raw), raw), run.originals[at],
-                  run.partition, indexed=run.in_index(at))
-        self._book.hold(job)
-        if refused is not None and flight is not None:
-            self._book.move(job, State.IN_FLIGHT)
-            flight.jobs.append((job, Sink.TARGET))
-            flight.refused(key, Sink.TARGET, refused.str())
-        return job
-
     # -- landing and sealing ---------------------------------------------------------
 
     def _land(self, flight: Flight, now: int, done: dict[int, list[tuple[Job, Sink]]]) -> None:
@@ -548,7 +509,7 @@ class Delivery:
             if failed:
                 for at in [at for at in run.live(flight.start, flight.end)
                            if run.keys[at] in failed]:
-                    self._book.move(self._take_out(run, at), State.IN_FLIGHT)
+                    self._book.move(self._ahead.take_out(run, at), State.IN_FLIGHT)
             run.landed = max(run.landed, flight.end)
         for job, sink in flight.jobs:
             if job.key in failed:
@@ -556,7 +517,7 @@ class Delivery:
             if job.indexed:
                 done.setdefault(job.partition, []).append((job, sink))
             else:
-                self._unindexed.append((job, sink))
+                self._book.unindexed.append((job, sink))
         for key, (sink, reason) in failed.items():
             self._failed(key, sink, reason, now)
         for lane, count in flight.lanes.items():
@@ -575,24 +536,18 @@ class Delivery:
         run = flight.run
         assert run is not None  # noqa: S101 - the caller checks
         for at in list(run.live(flight.start, flight.end)):
-            job = self._take_out(run, at)
+            job = self._ahead.take_out(run, at)
             self._book.move(job, State.IN_FLIGHT)
             flight.jobs.append((job, Sink.TARGET))
         run.landed = max(run.landed, flight.end)
         flight.run = None
-        self._stalled += len(flight.jobs)
-        now = self._clock.monotonic()
-        if now >= self._stall_logged + STALL_LOG_EVERY_S:
-            log.warning("%d deliveries await their acknowledgements for over %.0f s (a target "
-                        "partition without a leader?); the entries behind them go on",
-                        self._stalled, STALL_S)
-            self._stall_logged, self._stalled = now, 0
+        self._stalls.detached(len(flight.jobs), self._clock.monotonic())
 
     def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> Seal | None:
         """Write the seal of what is done in ``partition``; return it to apply (None:
         nothing was done)."""
         runs = self._ahead.runs.get(partition, [])
-        marks = self._marks_of(partition)
+        marks = self._marks.of(partition)
         item = seal_of(partition, landed_runs(runs), jobs, marks,
                        frontier(self._ahead.windows.get(partition), marks, runs),
                        self._book.jobs_of(partition), now)
@@ -630,7 +585,7 @@ class Delivery:
             at = None if run is None else run.position(key)
             if run is None or at is None:
                 return
-            job = self._take_out(run, at)
+            job = self._ahead.take_out(run, at)
         self._retries.failed(job, sink, reason, now)
 
     def _next_wakeup_ms(self, now: int) -> int:

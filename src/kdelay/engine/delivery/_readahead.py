@@ -16,7 +16,10 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from kdelay.engine.delivery._book import Book, State
+from confluent_kafka import KafkaError
+
+from kdelay.engine.delivery._book import Book, Job, Sink, State
+from kdelay.engine.delivery._flights import Flight
 from kdelay.engine.delivery._runs import Run
 from kdelay.protocol import codec
 from kdelay.state.changes import Entry
@@ -45,6 +48,28 @@ class ReadAhead:
         # The run of every entry held in a run and not settled, by key.
         self.held: dict[bytes, Run] = {}
         self.windows: dict[int, Window] = {}
+
+    def take_out(self, run: Run, at: int, flight: Flight | None = None,
+                 refused: KafkaError | None = None) -> Job:
+        """Move the entry at ``at`` out of its run into the book, as a job of its own.
+
+        With ``refused`` its produce was refused (or its target is missing): it
+        is in flight until the flight lands, then backs off for a retry.
+        Otherwise the book decides: held back while a cancel withholds it, or
+        verified and dead-lettered when its original is not the one indexed.
+        """
+        key = run.keys[at]
+        run.take(at)
+        self.held.pop(key, None)
+        raw = run.values[at]
+        job = Job(Entry(key, codec.decode_index_value(raw), raw), run.originals[at],
+                  run.partition, indexed=run.in_index(at))
+        self._book.hold(job)
+        if refused is not None and flight is not None:
+            self._book.move(job, State.IN_FLIGHT)
+            flight.jobs.append((job, Sink.TARGET))
+            flight.refused(key, Sink.TARGET, refused.str())
+        return job
 
     def window(self, partition: int) -> Window:
         """The read-ahead window of ``partition`` (a new one at first)."""

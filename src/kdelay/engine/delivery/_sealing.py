@@ -39,6 +39,7 @@ from kdelay.engine.delivery._runs import Run
 from kdelay.protocol import codec
 from kdelay.protocol.codec import End, IdRecord, IndexValue, Watermark
 from kdelay.state.changes import Changes
+from kdelay.state.index import PartitionIndex
 
 
 @dataclass(slots=True)
@@ -308,3 +309,61 @@ class Marks:
             self.below = set(cover.mark.pending)
         else:
             self.below.difference_update(done)
+
+
+class PartitionMarks:
+    """The :class:`Marks` of every partition delivery serves, the partition of each plan
+    written and not yet applied (by its first key), and the :class:`Cadence` of their seals."""
+
+    def __init__(self) -> None:
+        self._marks: dict[int, Marks] = {}
+        self._plans: dict[bytes, int] = {}
+        self.cadence = Cadence()
+
+    def of(self, partition: int) -> Marks:
+        """The marks of ``partition`` (empty ones at first)."""
+        marks = self._marks.get(partition)
+        if marks is None:
+            marks = self._marks[partition] = Marks()
+        return marks
+
+    def load(self, partition: int, index: PartitionIndex) -> None:
+        """Start ``partition`` from the watermark its index holds (restored, or written
+        before a restart), once: later calls find it loaded."""
+        early = self._marks.get(partition)
+        if early is not None and early.loaded:
+            return
+        mark = index.watermark
+        pending = [] if mark is None else sorted(mark.pending)
+        present = [key for key, raw in zip(pending, index.raw_values(pending), strict=True)
+                   if raw is not None]
+        loaded = Marks.of(mark, present)
+        if early is not None:  # plans written before the partition's first read-ahead
+            for token, (_, keys) in early.unapplied.items():
+                loaded.put(token, keys)
+        self._marks[partition] = loaded
+
+    def put(self, partition: int, keys: list[bytes]) -> None:
+        """A plan of ``partition`` putting ``keys`` was written (its first key names it)."""
+        self._plans[keys[0]] = partition
+        self.of(partition).put(keys[0], keys)
+
+    def applied(self, partition: int, token: bytes) -> None:
+        """The plan ``token`` of ``partition`` is in the index now."""
+        self._plans.pop(token, None)
+        self.of(partition).applied(token)
+
+    def given_back(self, token: bytes) -> None:
+        """The plan ``token`` was not made durable: its puts never happened."""
+        partition = self._plans.pop(token, None)
+        if partition is not None:
+            self.of(partition).given_back(token)
+
+    def gone(self, keys: list[bytes]) -> None:
+        """Entries left their index by other means (a cancel)."""
+        for marks in self._marks.values():
+            marks.gone(keys)
+
+    def drop(self, partition: int) -> None:
+        """Forget a partition this instance no longer owns."""
+        self._marks.pop(partition, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message
 
@@ -43,8 +44,15 @@ _NO_TIME = TIMESTAMP_NOT_AVAILABLE
 Routes = dict["bytes | str | RouteKey | None", "_Route"]
 """The routes of one dispatch, by the routing headers that lead to them (the target
 alone when a record names no partition and no lane)."""
-TakeOut = Callable[[Run, int, "Flight | None", "KafkaError | None"], Job]
-"""Moves an entry out of its run into the book: ``(run, position, flight, refused)``."""
+
+
+class Holder(Protocol):
+    """Where an entry that needs care goes (the read-ahead, which holds the runs)."""
+
+    def take_out(self, run: Run, at: int, flight: Flight | None = None,
+                 refused: KafkaError | None = None) -> Job:
+        """Move the entry at ``at`` out of ``run`` into the book, as a job of its own."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +73,14 @@ class Sender:
     """Produces due entries to their targets (or dead-letters them).
 
     ``withheld`` is the live set of keys a planned cancel holds back;
-    ``take_out`` hands an entry that needs care back to delivery. The
+    ``holder`` takes an entry that needs care out of its run. The
     lateness of every record produced is gathered in :attr:`lateness_ms`,
     which delivery takes at each settle.
     """
 
     def __init__(self, requests_topic: str, dlq_topic: str, targets: Producing,
                  internal: Producing, policy: TargetPolicy, topics: TopicCheck,
-                 withheld: set[bytes], take_out: TakeOut,
+                 withheld: set[bytes], holder: Holder,
                  outage: Callable[[], bool]) -> None:
         self._requests_topic = requests_topic
         self._dlq_topic = dlq_topic
@@ -81,7 +89,7 @@ class Sender:
         self._policy = policy
         self._topics = topics
         self._withheld = withheld
-        self._take_out = take_out
+        self._holder = holder
         self._outage = outage
         self._origin = f"{requests_topic}/"
         self.lateness_ms: list[int] = []
@@ -119,7 +127,7 @@ class Sender:
                 key = keys[at]
                 original = originals[at]
                 if (withheld and key in withheld) or original.__class__ is not message_type:
-                    self._take_out(run, at, flight, None)
+                    self._holder.take_out(run, at, flight, None)
                     at += 1
                     continue
                 assert isinstance(original, Message)  # noqa: S101 - checked just above
@@ -128,7 +136,7 @@ class Sender:
                 kind, timestamp = original.timestamp()
                 if (timestamp if kind != no_time else 0) != stamp or codec.framed_crc(
                         record_key, value) != crc:
-                    self._take_out(run, at, flight, None)
+                    self._holder.take_out(run, at, flight, None)
                     at += 1
                     continue
                 user: Headers = []
@@ -156,7 +164,7 @@ class Sender:
                     if self._outage():  # the topic check found the cluster silent
                         break
                 if route.failure is not None or route.missing is not None:
-                    self._take_out(run, at, flight, route.missing)
+                    self._holder.take_out(run, at, flight, route.missing)
                     at += 1
                     continue
                 if fields is None:
@@ -176,7 +184,7 @@ class Sender:
                     produce(route.target, value, record_key, route.partition, report, None, now,
                             user)
                 except KafkaException as exc:  # refused before anything was written
-                    self._take_out(run, at, flight, exc.args[0])
+                    self._holder.take_out(run, at, flight, exc.args[0])
                     at += 1
                     continue
                 produced += 1
