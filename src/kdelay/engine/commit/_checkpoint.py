@@ -7,26 +7,31 @@
 3. produce what is due (delivery), then the plans' changelog and DLQ records
    (a :class:`Batch`; delivery adopts the new entries due soon);
 4. ``commit``: hand over the batch, get back the batches whose fate is known,
-   oldest first, and whether each is durable (exactly-once: and settle the
-   transaction's deliveries, before step 5);
+   oldest first, and whether each is durable (exactly-once: ``seal`` delivery's
+   landed work into the transaction, commit it, then ``settle`` those seals or
+   ``abandon`` them, before step 5);
 5. apply the durable batches' plans to the indexes, release and rewind the others;
 6. ``settle``: turn delivery reports into index deletes and retries
-   (at-least-once: after producing what intake adopted and came due).
+   (at-least-once: after producing what intake adopted and came due, ``seal``
+   what landed and ``settle`` the seals it returns).
 
 What each step means differs by guarantee, and only here:
 
 - :class:`AtLeastOnce` has three idempotent producers (targets, the
   changelog's, gapless, see :mod:`kdelay.engine.commit._writer`, and the other
-  internal topics'). ``commit`` does not wait: a batch is durable once all its
-  records are acknowledged, and batches are applied in the order written, in
-  whichever later step that is. A broker slow to acknowledge the changelog so
-  delays no delivery: an adopted entry may go out before its plan is applied
-  (:meth:`Delivery.adopt`; a crash in between delivers it again). ``commit``
-  waits, dispatching meanwhile, only when ``MAX_UNACKED_RECORDS`` records
-  await acknowledgements. The consumed offset is stored for the next
-  auto-commit after the index write. A delivered batch's seal (a watermark,
-  :mod:`kdelay.engine.delivery._sealing`) is written once all its records are
-  acknowledged (:class:`Acknowledged`): a crash in between delivers it again.
+  internal topics'). ``commit`` does not wait: a batch is durable once every one of
+  its records is acknowledged, and batches are applied in the order they
+  were written, in whichever later step that is. Meanwhile the service keeps
+  consuming and dispatching, so a broker slow to acknowledge the changelog
+  delays no delivery: an adopted entry may go out before its plan is
+  applied (it leaves the index only after, see :meth:`Delivery.adopt`), and
+  a crash in between re-reads the request and delivers it again. Only when
+  ``MAX_UNACKED_RECORDS`` records await acknowledgements does ``commit``
+  wait, dispatching meanwhile. The consumed offset is stored for the next
+  auto-commit after the index write. The seal of a delivered batch (a
+  watermark, see :mod:`kdelay.engine.delivery._sealing`) is written once every
+  record of it is acknowledged (:class:`Acknowledged`), so a crash in between
+  delivers it again.
 - :class:`ExactlyOnce` has one transactional producer. ``commit`` seals what
   delivery produced in the transaction, into it (:class:`Transacted`), flushes
   the transaction, aborts it when any of its records failed, else sends the
@@ -179,7 +184,8 @@ class AtLeastOnce:
     def __init__(self, settings: Settings, targets: Producing, internal: Producing,
                  writer: ChangelogWriter, clock: Clock, metrics: Metrics,
                  stopping: Callable[[], bool], each: Producing | None = None) -> None:
-        """``targets`` reports failures only (the bulk lane); ``each`` every record (stalls)."""
+        """``targets`` is the bulk lane (failures reported only), ``each`` the producer
+        that reports every record, for while the bulk lane is stalled."""
         self.targets = targets
         self.internal = internal
         self.writer = writer
