@@ -173,3 +173,11 @@ def test_this_process_runs_the_hot_path_as_its_mode_says() -> None:
     assert all(module not in sys.modules or native.mode == "compiled"
                or str(sys.modules[module].__file__).endswith(".py")
                for module in native.HOT_PATH)
+
+
+def test_every_hot_path_module_has_its_source() -> None:
+    """A module moved or merged away from :data:`native.HOT_PATH`'s list would leave it
+    naming nothing: setup.py would not compile, and ``choose`` would never trust a build."""
+    missing = [m for m in native.HOT_PATH if not native.source_of(m).is_file()]
+    assert missing == []
+    assert list(native.HOT_PATH) == sorted(set(native.HOT_PATH)), "sorted, each once"
