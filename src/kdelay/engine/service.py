@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
@@ -122,6 +122,16 @@ class Terms:
 
 
 @dataclass(slots=True)
+class Owned:
+    """The request partitions this instance serves now, each with its index, its planner
+    and the offset intake has applied it up to (once it has one)."""
+
+    indexes: dict[int, PartitionIndex] = field(default_factory=dict)
+    planners: dict[int, Planner] = field(default_factory=dict)
+    consumed: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class _Clients:
     """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
 
@@ -172,9 +182,7 @@ class Service:
                         "`kdelay topics create`)", settings.outcomes_topic)
         if not layout.broker_time:
             unmeasured(settings.changelog_topic)
-        self._indexes: dict[int, PartitionIndex] = {}
-        self._planners: dict[int, Planner] = {}
-        self._consumed: dict[int, int] = {}
+        self._owned = Owned()
         self._stopping = False
         self._clients: _Clients | None = None
         self._delivery: Delivery | None = None
@@ -277,7 +285,7 @@ class Service:
                     clients.consumer.close()  # revokes: the checkpoint finishes the work
                 finally:
                     self._clients = None
-                    self._close_partitions(list(self._indexes))
+                    self._close_partitions(list(self._owned.indexes))
                     clients.checkpoint.close()
                     if self._sweeper is not None:
                         self._sweeper.close(SWEEP_CLOSE_S)
@@ -292,12 +300,12 @@ class Service:
 
     def owned(self) -> list[int]:
         """Return the request partitions this instance serves now."""
-        return sorted(self._indexes)
+        return sorted(self._owned.indexes)
 
     @property
     def indexes(self) -> Mapping[int, PartitionIndex]:
         """The open index of every owned partition (read-only view; for tools and tests)."""
-        return MappingProxyType(self._indexes)
+        return MappingProxyType(self._owned.indexes)
 
     def step(self, max_wait_ms: int | None = None) -> None:
         """Take in one batch of requests, deliver what is due, settle the outcomes.
@@ -320,7 +328,7 @@ class Service:
         """
         self._check_fatal()
         clients, delivery = self._started()
-        checkpoint = clients.checkpoint
+        checkpoint, indexes = clients.checkpoint, self._owned.indexes
         reachable = self._availability.reachable(checkpoint.internal, self.settings.requests_topic)
         phases = self._phases
         phases.start()
@@ -329,7 +337,7 @@ class Service:
         wait_ms = delivery.wait_ms()
         if checkpoint.awaiting():
             wait_ms = min(wait_ms, ACK_WAIT_MS)
-        if reachable and self._sweeper is not None and self._sweeper.waiting(self._indexes):
+        if reachable and self._sweeper is not None and self._sweeper.waiting(indexes):
             wait_ms = min(wait_ms, STEP_MS)
         started, self._started_at = self._started_at, self._clock.monotonic()
         gather_ms = STEP_MS - int((self._started_at - started) * 1000)
@@ -339,7 +347,7 @@ class Service:
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000,
                                 gather_ms / 1000))
         phases.lap("consume")
-        due = reachable and delivery.prepare(self._indexes)
+        due = reachable and delivery.prepare(indexes)
         phases.lap("read-ahead")
         if reachable and checkpoint.begin(bool(plans) or due):
             delivery.dispatch()
@@ -347,7 +355,7 @@ class Service:
             batch = self._write(plans, checkpoint, delivery)
             phases.lap("write")
             outcomes = checkpoint.commit(batch, self._offsets_after(plans), clients.consumer,
-                                         delivery, self._indexes)
+                                         delivery, indexes)
             phases.lap("commit")
             for done, durable in outcomes:
                 if durable:
@@ -358,10 +366,10 @@ class Service:
         elif plans:  # nothing may be produced (Kafka away): read the requests again later
             self._give_back(Batch(plans, {}, checkpoint.writer.acks()), clients.consumer,
                             delivery)
-        checkpoint.settle(delivery, self._indexes)
+        checkpoint.settle(delivery, indexes)
         phases.lap("settle")
         if reachable and self._sweeper is not None:
-            self._sweeper.step(self._indexes, busy=not delivery.idle() or delivery.wait_ms() == 0)
+            self._sweeper.step(indexes, busy=not delivery.idle() or delivery.wait_ms() == 0)
             phases.lap("sweep")
         self._housekeeping(reachable)
         phases.lap("housekeeping")
@@ -404,7 +412,7 @@ class Service:
             clients.consumer.close()
         except Exception as exc:  # a fenced consumer's close may fail in any way: it is dropped
             log.debug("closing the fenced consumer: %s", exc)
-        self._close_partitions(list(self._indexes))
+        self._close_partitions(list(self._owned.indexes))
         clients.consumer = self._join()
 
     def _fatal(self, error: KafkaError, client: str) -> ServiceError:
@@ -422,7 +430,7 @@ class Service:
         requests' partitions only while Kafka answers (else the step would wait out the
         metadata call's timeout, and notice Kafka's return that much later)."""
         clients, _ = self._started()
-        if self._housekeeper.tick(self._indexes, self._consumed, clients.consumer) \
+        if self._housekeeper.tick(self._owned.indexes, self._owned.consumed, clients.consumer) \
                 and clients.guard is not None:
             clients.guard.tick()
         if reachable:
@@ -451,8 +459,8 @@ class Service:
             by_partition[_PARTITION(message) or 0].append(message)
         now = self._clock.now_ms()
         delays: list[int] = []  # each planner reads a timestamp once and notes its age
-        plans = [self._planners[p].plan(p, ms, now, delays) for p, ms in by_partition.items()
-                 if p in self._planners]
+        plans = [self._owned.planners[p].plan(p, ms, now, delays) for p, ms in by_partition.items()
+                 if p in self._owned.planners]
         self.metrics.intake_delay.observe_ms(delays)
         return plans
 
@@ -480,7 +488,7 @@ class Service:
             if plan.changes.consumed is not None:
                 checkpoint.mark(plan, acks)
             delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
-        return Batch(plans, {plan.partition: self._indexes[plan.partition] for plan in plans},
+        return Batch(plans, {plan.partition: self._owned.indexes[plan.partition] for plan in plans},
                      acks)
 
     def _apply(self, batch: Batch, checkpoint: Checkpoint, consumer: Consuming,
@@ -492,17 +500,17 @@ class Service:
         """
         for plan in batch.plans:
             partition = plan.partition
-            index = self._indexes.get(partition)
+            index = self._owned.indexes.get(partition)
             if index is None or index is not batch.indexes[partition]:
                 continue
             plan.changes.changelog = checkpoint.writer.position(partition)
             index.apply(plan.changes)
-            self._planners[partition].done(plan)
+            self._owned.planners[partition].done(plan)
             delivery.forget(plan.changes.deletes)
             delivery.indexed(partition, plan.changes.puts)
             consumed = plan.changes.consumed
             if consumed is not None:
-                self._consumed[partition] = consumed
+                self._owned.consumed[partition] = consumed
                 checkpoint.consumed(consumer, partition, consumed)
                 delivery.rereads.passed(partition, consumed)
             count_outcomes(self.metrics, plan.outcomes)
@@ -520,7 +528,7 @@ class Service:
         adopted are dropped, and the consumer seeks back to each plan's first record.
         """
         for plan in batch.plans:
-            planner = self._planners.get(plan.partition)
+            planner = self._owned.planners.get(plan.partition)
             if planner is not None:
                 planner.done(plan)
             delivery.release(plan.changes.deletes)
@@ -531,11 +539,11 @@ class Service:
 
     def _offsets_after(self, plans: list[Plan]) -> list[TopicPartition]:
         """Return the consumed positions of every owned partition once ``plans`` are applied."""
-        positions = dict(self._consumed)
+        positions = dict(self._owned.consumed)
         positions.update({p.partition: p.changes.consumed for p in plans
                           if p.changes.consumed is not None})
         return [TopicPartition(self.settings.requests_topic, p, offset)
-                for p, offset in sorted(positions.items()) if p in self._indexes]
+                for p, offset in sorted(positions.items()) if p in self._owned.indexes]
 
     # -- partitions -------------------------------------------------------------
 
@@ -559,17 +567,17 @@ class Service:
             local = index.offset(CONSUMED)
             start = max(committed.get(tp.partition, -1), -1 if local is None else local)
             if start >= 0:  # else the consumer starts at the earliest offset
-                tp.offset = self._consumed[tp.partition] = start
-            self._indexes[tp.partition] = index
+                tp.offset = self._owned.consumed[tp.partition] = start
+            self._owned.indexes[tp.partition] = index
             # An empty index holds nothing a request read again could find pending.
-            start = max(self._consumed.get(tp.partition, 0), 0)
+            start = max(self._owned.consumed.get(tp.partition, 0), 0)
             rereads = None if index.first_key() is None else start + REREAD_RECORDS
-            self._planners[tp.partition] = Planner(
+            self._owned.planners[tp.partition] = Planner(
                 topics, terms.limits, index.id_state, delivery.withhold, terms.policy,
                 terms.partitions, IdWindow(terms.id_window_ms, self._clock, index),
                 rereads, delivery.rereads.watch(tp.partition, start, rereads))
         self.metrics.rebalances.labels(kind="assign").inc()
-        self.metrics.owned.set(len(self._indexes))
+        self.metrics.owned.set(len(self._owned.indexes))
         clients.checkpoint.claim(consumer, partitions)
         log.info("assigned %s", [tp.partition for tp in partitions])
         consumer.assign(partitions)
@@ -604,11 +612,11 @@ class Service:
         try:
             for batch in clients.checkpoint.drain():
                 self._apply(batch, clients.checkpoint, consumer, delivery)
-            clients.checkpoint.revoke(consumer, delivery, self._indexes)
+            clients.checkpoint.revoke(consumer, delivery, self._owned.indexes)
             if self._stopping and self._sweeper is not None:
                 # A clean stop writes the tombstones it still owes (for a while).
-                self._sweeper.drain({tp.partition: self._indexes[tp.partition]
-                                     for tp in partitions if tp.partition in self._indexes},
+                self._sweeper.drain({tp.partition: self._owned.indexes[tp.partition]
+                                     for tp in partitions if tp.partition in self._owned.indexes},
                                     SWEEP_CLOSE_S)
         finally:
             self._close_partitions([tp.partition for tp in partitions])
@@ -624,9 +632,9 @@ class Service:
                 self._delivery.drop_partition(partition)
             if self._sweeper is not None:
                 self._sweeper.drop_partition(partition)
-            self._planners.pop(partition, None)
-            self._consumed.pop(partition, None)
-            index = self._indexes.pop(partition, None)
+            self._owned.planners.pop(partition, None)
+            self._owned.consumed.pop(partition, None)
+            index = self._owned.indexes.pop(partition, None)
             if index is not None:
                 index.close()
-        self.metrics.owned.set(len(self._indexes))
+        self.metrics.owned.set(len(self._owned.indexes))
