@@ -13,7 +13,15 @@ from typing import Annotated
 
 import typer
 
-from kdelay.cli.options import USER_ERROR_EXIT, common_options, connected, fail, option, reported
+from kdelay.cli.options import (
+    USER_ERROR_EXIT,
+    common_options,
+    connected,
+    fail,
+    failed,
+    option,
+    reported,
+)
 from kdelay.plumbing.clock import SystemClock
 
 DEFAULT_WEB_VIEW_DIR = Path.home() / ".cache" / "kdelay" / "web-view"
@@ -71,7 +79,7 @@ def web(
             payloads_for_viewers=web_show_payloads)
         gate = access.Gate(policy)
     except access.AccessError as exc:
-        fail(exc.code, str(exc), USER_ERROR_EXIT)
+        failed(exc)
     with reported():
         settings = connected(ctx)
         if create_audit_topic and actions.ensure_audit_topic(settings, audit_topic):

@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from kdelay.errors import KdelayError
 from kdelay.web.problems import CSRF_FAILED, FORBIDDEN, UNAUTHENTICATED, Problem
 
 DEFAULT_ITERATIONS = 200_000
@@ -61,7 +62,7 @@ class Principal:
         return self.role is Role.OPERATOR
 
 
-class AccessError(ValueError):
+class AccessError(KdelayError, ValueError):
     """A console configuration that cannot be served safely; ``code`` is stable."""
 
     def __init__(self, code: str, message: str) -> None:

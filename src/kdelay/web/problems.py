@@ -8,8 +8,10 @@ the log, never to the client, since it can hold settings.
 
 from __future__ import annotations
 
+from kdelay.errors import KdelayError
 
-class Problem(Exception):
+
+class Problem(KdelayError):
     """An error the console answers with ``status`` and a stable ``code``."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
