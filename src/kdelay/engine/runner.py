@@ -19,6 +19,7 @@ from types import FrameType
 
 from confluent_kafka.admin import AdminClient
 
+from kdelay.engine import health
 from kdelay.engine.service import Service
 from kdelay.engine.workers import Child, Supervisor, worker_settings
 from kdelay.errors import ServiceError
@@ -26,7 +27,7 @@ from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import check_layout
 from kdelay.state.index import PartitionIndex
-from kdelay.state.statedir import StateDirFull, StateDirLock
+from kdelay.state.statedir import StateDirFull, StateDirLock, store_path
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def run_service(settings: Settings, *, check: bool) -> int:
         return 0
     service = Service(settings, SystemClock(), layout)
     if settings.metrics_port is not None:
-        service.metrics.serve(settings.metrics_port)
+        health.serve(settings.metrics_port, service.metrics.registry, service.health)
 
     def on_signal(signum: int, _: FrameType | None) -> None:
         log.info("signal %d: finishing the batch in flight", signum)
@@ -80,14 +81,29 @@ def run_service(settings: Settings, *, check: bool) -> int:
         log.error("error[%s]: %s", exc.code, exc)
         return 1
     except StateDirFull as exc:
-        # A store whose write found no room is not trusted again: after a restart
-        # on the grown volume it was seen to miss requests. Deleted (which also
-        # frees its room), it is rebuilt from the changelog at the next start.
-        PartitionIndex.destroy(exc.path)
-        log.error("error[state-dir-full]: %s; its index was deleted and is rebuilt from the "
-                  "changelog at the restart", exc)
+        discard_stores(settings, layout.partitions)
+        log.error("error[state-dir-full]: %s; every index of this instance was deleted and is "
+                  "rebuilt from the changelog at the restart", exc)
         return 1
     return 0
+
+
+def discard_stores(settings: Settings, partitions: int) -> None:
+    """Delete every partition's store under the state dir, after a write found no room.
+
+    No store the service had open is trusted then, not only the one whose
+    write failed. A store records, with each applied plan, the changelog
+    position its writer had confirmed, and that covers the records of plans
+    acknowledged but not applied yet. The failed write ends the applying
+    midway: every owned partition may hold such a plan, and closing drains
+    the producers (its later records, consumed markers included, land after
+    that position). Caught up from it after a restart, the store would skip
+    the unapplied plans' entries while the markers carry its consumed offset
+    past their requests: they would never be delivered. Rebuilt whole from
+    the changelog, every store has them all (and the deletion frees room).
+    """
+    for partition in range(partitions):
+        PartitionIndex.destroy(store_path(settings.state_dir, settings.requests_topic, partition))
 
 
 WorkerMain = Callable[[int, Settings], None]

@@ -167,7 +167,12 @@ class PartitionIndex:
         self.watermark: Watermark | None = None if raw is None else codec.decode_watermark(raw)
 
     def close(self) -> None:
-        """Close the store and release its lock; the object is unusable afterwards."""
+        """Close the store and release its lock; the object is unusable afterwards.
+
+        Raises :class:`StateDirFull` when closing finds no room on the volume
+        (it flushes what the store holds in memory): a store other than the
+        one whose write failed meets the full volume here.
+        """
         try:
             self._ids.close()
             self._meta.close()
@@ -175,11 +180,15 @@ class PartitionIndex:
             self._sweep.close()
             del self._ids_handle, self._meta_handle, self._expiry_handle, self._sweep_handle
             self._db.close()
-        except Exception:
+        except Exception as exc:
             # After a write found no room, closing fails with the writer's
             # "previous error": StateDirFull already reported it.
-            if not self._full:
-                raise
+            if self._full:
+                return
+            if no_space(exc):
+                self._full = True
+                raise StateDirFull(self.path, str(exc)) from None
+            raise
 
     @staticmethod
     def destroy(path: Path) -> None:
