@@ -1,7 +1,8 @@
 """Prometheus metrics of one kdelay process.
 
 Each :class:`Metrics` owns its registry, so two services in one process (as in
-tests) never clash; ``serve`` exposes it over HTTP on ``--metrics-port``.
+tests) never clash; :func:`kdelay.engine.health.serve` exposes it over HTTP on
+``--metrics-port``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -78,9 +79,9 @@ class OutlookGauges:
             "kdelay_overdue_entries", "Pending entries already due (in flight included), by "
             f"partition; capped: counting stops at {OVERDUE_CAP}", ["partition"], registry=r)
         self.intake_lag = Gauge(
-            "kdelay_intake_lag_records", "Request records not yet taken in: high watermark "
-            "(as last fetched) minus the consumed position, by partition", ["partition"],
-            registry=r)
+            "kdelay_intake_lag_records", "Request records not yet taken in: the broker's high "
+            "watermark (asked every 10 s, off the loop) minus the consumed position, by "
+            "partition", ["partition"], registry=r)
         self.headroom = Gauge(
             "kdelay_retention_headroom_seconds", "Least time before the requests topic's "
             "retention may delete a pending original, by partition: exact over the overdue "
@@ -253,10 +254,6 @@ class Metrics:
             named = lane.decode("utf-8", "replace") if isinstance(lane, bytes) else lane
             label = NO_LANE if named is None else named if named in lanes else OTHER_LANE
             self.lane_refused.labels(lane=label, reason=reason.decode()).inc()
-
-    def serve(self, port: int) -> None:
-        """Expose the registry on ``http://0.0.0.0:port/metrics`` from a daemon thread."""
-        start_http_server(port, registry=self.registry)
 
 
 @dataclass(slots=True)

@@ -9,8 +9,10 @@ the intake lag. Every figure is bounded in cost, so none is a full scan:
 - latest due: one ``seek_to_last``;
 - overdue entries: a key-only scan up to now, stopped at
   :data:`~kdelay.engine.metrics.OVERDUE_CAP` keys (the gauge's help says so);
-- intake lag: the high watermark the consumer last fetched (no broker
-  request) minus the position the service has taken in;
+- intake lag: the high watermark the broker last gave
+  :class:`~kdelay.engine.health.HighWatermarks` (asked off the loop; the
+  consumer's cached one stops moving when the consumer stops fetching) minus
+  the position the service has taken in;
 - retention headroom: how long until retention may delete the oldest
   pending original. Intake only schedules an entry due by its request's
   timestamp + retention - margin, so an entry not yet due has more than
@@ -75,8 +77,8 @@ class Outlook:
         """Set every gauge for the partitions in ``indexes`` at service time ``now_ms``.
 
         ``consumed`` holds the next request offset each partition will take in;
-        a partition without one, or whose high watermark the consumer has not
-        fetched yet, has no intake lag series.
+        a partition without one, or whose high watermark ``consumer`` does not
+        know yet, has no intake lag series.
         """
         m = self._gauges
         self._metrics.owned.set(len(indexes))
@@ -185,7 +187,7 @@ class Housekeeper:
         self._next_ms = 0
 
     def tick(self, indexes: Mapping[int, PartitionIndex], consumed: Mapping[int, int],
-             consumer: Watermarks) -> bool:
+             consumer: Watermarks | None) -> bool:
         """Do the round if it is time; return whether it was."""
         now = self._clock.now_ms()
         if now < self._next_ms:

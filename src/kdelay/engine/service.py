@@ -48,6 +48,7 @@ from kdelay.engine.commit import (
 )
 from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
+from kdelay.engine.health import Health, Observation
 from kdelay.engine.intake import (
     IdWindow,
     Plan,
@@ -188,6 +189,8 @@ class Service:
         self._delivery: Delivery | None = None
         self._sweeper: Sweeper | None = None
         self._started_at = 0.0  # when the last step started (monotonic)
+        self.health = Health.of(self._factory, settings, clock, self.metrics,
+                                lambda: self._errors.unreachable() is not None)
         self._phases = PhaseTimer(self.metrics.phases, phase_clock or clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
@@ -236,6 +239,7 @@ class Service:
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         self._clients = _Clients(self._join(), checkpoint, reader, self._factory.restorer(),
                                  guard, takeover)
+        self.health.start()
 
     def _join(self) -> Consuming:
         """A new group consumer, subscribed to the requests topic."""
@@ -279,6 +283,7 @@ class Service:
         release the state dir."""
         clients = self._clients
         self._stopping = True
+        self.health.close()
         try:
             if clients is not None:
                 try:
@@ -374,7 +379,7 @@ class Service:
         self._housekeeping(reachable)
         phases.lap("housekeeping")
         phases.finish()
-        self.metrics.last_step.set(self._clock.now_ms() / 1000)
+        self.health.beat(self._clock.now_ms())
 
     def _check_fatal(self) -> None:
         """Raise :class:`ServiceError` if a client reported a fatal error.
@@ -426,13 +431,14 @@ class Service:
         return ServiceError(code, f"{client}: fatal Kafka client error: {error.str()}")
 
     def _housekeeping(self, reachable: bool) -> None:
-        """Refresh the gauges and drop expired id markers, if it is time; check the
-        requests' partitions only while Kafka answers (else the step would wait out the
-        metadata call's timeout, and notice Kafka's return that much later)."""
+        """Refresh the gauges and readiness, if it is time; check the requests' partitions
+        only while Kafka answers (else the step would wait out the metadata call's timeout)."""
         clients, _ = self._started()
-        if self._housekeeper.tick(self._owned.indexes, self._owned.consumed, clients.consumer) \
-                and clients.guard is not None:
-            clients.guard.tick()
+        if self._housekeeper.tick(self._owned.indexes, self._owned.consumed, self.health.marks):
+            self.health.judge(Observation.of(reachable, self._owned.indexes, self._owned.consumed,
+                                             clients.checkpoint.writer))
+            if clients.guard is not None:
+                clients.guard.tick()
         if reachable:
             self._watch.tick(self._clock.now_ms(), clients.checkpoint.internal)
 
@@ -579,6 +585,7 @@ class Service:
         self.metrics.rebalances.labels(kind="assign").inc()
         self.metrics.owned.set(len(self._owned.indexes))
         clients.checkpoint.claim(consumer, partitions)
+        self.health.assigned(self._owned.indexes)
         log.info("assigned %s", [tp.partition for tp in partitions])
         consumer.assign(partitions)
 
@@ -586,19 +593,17 @@ class Service:
         """Open a partition's index and catch it up from the changelog (Kafka waited for)."""
         clients, _ = self._started()
         path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
-        self.metrics.restoring.inc()
 
         def restore() -> tuple[PartitionIndex, int]:
             staleness = Staleness(self._clock.now_ms(), self._terms.tombstones_kept_ms)
             return open_restored(path, partition, clients.restorer,
                                  logged_progress(partition, self.metrics.restored), staleness)
         try:
-            index, restored = self._waited(restore, f"restoring partition {partition}")
+            with self.health.restoring():
+                index, restored = self._waited(restore, f"restoring partition {partition}")
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
-        finally:
-            self.metrics.restoring.dec()
         log.info("partition %d: %d changelog records replayed", partition, restored)
         return index
 
