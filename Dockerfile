@@ -42,10 +42,10 @@ ENV KDELAY_STATE_DIR=/state \
 VOLUME ["/state"]
 EXPOSE 9464
 
-# Healthy while the process runs and its metrics endpoint answers. It does not
-# say the instance owns partitions or delivers on time: alert on the metrics.
+# Healthy while the service loop lives (/healthz: it steps, restores a partition
+# or waits out a Kafka outage). Whether it serves is /readyz (compose.yml's check).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ['KDELAY_METRICS_PORT'], timeout=4).read(1)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ['KDELAY_METRICS_PORT'], timeout=4).read(1)"]
 
 # Exec form: kdelay is PID 1 and gets SIGTERM itself (it finishes its step and exits 0).
 ENTRYPOINT ["kdelay"]
