@@ -93,14 +93,15 @@ def discard_stores(settings: Settings, partitions: int) -> None:
 
     No store the service had open is trusted then, not only the one whose
     write failed. A store records, with each applied plan, the changelog
-    position its writer had confirmed, and that covers the records of plans
+    position its writer had confirmed, and that may cover the records of plans
     acknowledged but not applied yet. The failed write ends the applying
     midway: every owned partition may hold such a plan, and closing drains
     the producers (its later records, consumed markers included, land after
-    that position). Caught up from it after a restart, the store would skip
+    that position). Caught up from it after a restart, the store can skip
     the unapplied plans' entries while the markers carry its consumed offset
-    past their requests: they would never be delivered. Rebuilt whole from
-    the changelog, every store has them all (and the deletion frees room).
+    past their requests: they would never be delivered (the likely cause of
+    the requests a kept store was seen to miss). Rebuilt whole from the
+    changelog, every store has them all (and the deletion frees room).
     """
     for partition in range(partitions):
         PartitionIndex.destroy(store_path(settings.state_dir, settings.requests_topic, partition))
