@@ -100,7 +100,8 @@ StateDir = Annotated[Path | None, common(
 GuaranteeOpt = Annotated[Guarantee | None, common(
     "guarantee", "Delivery guarantee.", _DEFAULTS.guarantee.value)]
 MetricsPort = Annotated[int | None, common(
-    "metrics-port", "Port of the Prometheus endpoint; none when not given.")]
+    "metrics-port", "Port of the Prometheus endpoint (/metrics) and the probes /healthz and "
+    "/readyz; none when not given.")]
 KafkaConfig = Annotated[Path | None, common(
     "kafka-config", "A client.properties file with any Kafka client setting (SASL, TLS, ...).")]
 Levels = Annotated[str | None, common(
