@@ -243,9 +243,11 @@ class Health:
     @classmethod
     def of(cls, clients: ClientFactory, settings: Settings, clock: Clock, metrics: Metrics,
            waiting: Callable[[], bool]) -> Health:
-        """The health of a service: its high watermarks asked by a consumer of ``clients``."""
+        """The health of a service: its high watermarks asked by a consumer of ``clients``
+        that joins no group (named ``kdelay-reader`` like the reader of originals, so the
+        documented ACLs cover it: a consumer finds its group's coordinator)."""
         asker: dict[str, str | int | bool] = {
-            "group.id": f"{settings.group_id}-watermarks", "enable.auto.commit": False}
+            "group.id": "kdelay-reader", "enable.auto.commit": False}
         marks = HighWatermarks(lambda: clients.consumer("watermarks", **asker),
                                settings.requests_topic, clock)
         return cls(clock, marks, waiting, metrics)
