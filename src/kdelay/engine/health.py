@@ -97,8 +97,9 @@ class HighWatermarks:
         self._thread = threading.Thread(target=self._run, name="kdelay-watermarks", daemon=True)
 
     def start(self) -> None:
-        """Start asking (a daemon thread)."""
-        self._thread.start()
+        """Start asking (a daemon thread); once only."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def close(self, timeout_s: float = ASK_TIMEOUT_S + 1) -> None:
         """Stop asking; wait up to ``timeout_s`` for the question in flight."""
@@ -160,12 +161,12 @@ class HighWatermarks:
         try:
             while not self._stop.is_set():
                 self._wake.clear()
-                if consumer is None:
-                    consumer = self._build()
                 try:
+                    if consumer is None:
+                        consumer = self._build()
                     self.ask(consumer)
-                except Exception:  # never end the thread: readiness would freeze
-                    log.exception("asking for high watermarks failed")
+                except Exception as exc:  # never end the thread: readiness would freeze
+                    self._failed(f"{type(exc).__name__}: {exc}")
                 self._wake.wait(self._every_s)
         finally:
             close = getattr(consumer, "close", None)
