@@ -130,14 +130,15 @@ def listing(view: PendingView, originals: Originals, chosen: Filter, *, skip: in
 
 
 def matching_ids(view: PendingView, originals: Originals,
-                 chosen: Filter) -> tuple[list[str], int]:
-    """The schedule ids of every entry ``chosen`` keeps, in due order, and how many
-    entries it keeps that have no id (those no cancel or reschedule can name)."""
+                 chosen: Filter) -> tuple[list[tuple[str, str | None]], int]:
+    """The schedule ids of every entry ``chosen`` keeps, each with its lane (None: no
+    lane; an id is unique within its lane), in due order, and how many entries it keeps
+    that have no id (those no cancel or reschedule can name)."""
     kept: list[Pending] = []
     for partition in view.partitions:
         kept += view.pending(partition, matching(view, originals, partition, chosen))
     kept.sort(key=_order)
-    ids = [entry.schedule_id for entry in kept if entry.schedule_id is not None]
+    ids = [(entry.schedule_id, entry.lane) for entry in kept if entry.schedule_id is not None]
     return ids, len(kept) - len(ids)
 
 

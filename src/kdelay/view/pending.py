@@ -74,6 +74,7 @@ class Pending:
     offset: int
     fingerprint: codec.Fingerprint
     schedule_id: str | None
+    lane: str | None = None  # the lane of schedule_id (an id is unique within its lane)
 
     @property
     def record_ms(self) -> int:
@@ -93,9 +94,9 @@ def pending_of(key: bytes, raw: bytes) -> Pending:
     """Decode one index entry; ValueError for bytes that are not one."""
     due_ms, partition, offset = codec.decode_due_key(key)
     value = codec.decode_index_value(raw)
-    sid = value.schedule_id  # an id key: the lane is the original's to show
-    return Pending(due_ms, partition, offset, value.fingerprint,
-                   None if sid is None else idkeys.split_id_key(sid)[0])
+    sid = value.schedule_id  # an id key: split into the id and its lane
+    schedule_id, lane = (None, None) if sid is None else idkeys.split_id_key(sid)
+    return Pending(due_ms, partition, offset, value.fingerprint, schedule_id, lane)
 
 
 def view_path(view_dir: Path, settings: Settings) -> Path:
