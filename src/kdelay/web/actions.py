@@ -6,7 +6,9 @@ library exactly as any producer writes it (:class:`~kdelay.client.DelayProducer`
 outcome is the service's outcome record, read back from the outcomes topic.
 Then who did it, when, why and what came of it goes to the audit topic as
 one JSON record keyed by the schedule id, on the id's partition (murmur2, as
-the outcomes are placed), so a schedule's trace reads one partition.
+the outcomes are placed), so a schedule's trace reads one partition. An id is
+unique within its lane: every action names the schedule's lane (None: no
+lane), and the audit record says which.
 
 An action without a reason is refused before anything is written. An audit
 record that cannot be written fails the action's answer (``audit-failed``):
@@ -29,6 +31,7 @@ from kdelay.outcomes import NoOutcome
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client
+from kdelay.protocol.envelope import LANE_NAME
 from kdelay.protocol.forward import id_partition
 from kdelay.web.access import Principal
 from kdelay.web.problems import Problem, bad_input
@@ -58,6 +61,7 @@ class Done:
     outcome: str | None
     outcome_error: str | None = None
     due_ms: int | None = None
+    lane: str | None = None
 
     def encode(self) -> bytes:
         """The audit record's value: this action as a JSON object."""
@@ -92,6 +96,17 @@ def checked_id(schedule_id: str) -> str:
     if not schedule_id or len(schedule_id) > MAX_ID or not schedule_id.isprintable():
         raise bad_input("invalid-id", f"a schedule id is 1 to {MAX_ID} printable characters")
     return schedule_id
+
+
+def checked_lane(lane: str | None) -> str | None:
+    """``lane`` (None or empty: no lane) when it is a lane name; :class:`Problem` 400
+    ``invalid-lane`` otherwise (the protocol's rule, ``envelope.LANE_NAME``)."""
+    if lane is None or not lane.strip():
+        return None
+    if LANE_NAME.fullmatch(lane.strip()) is None:
+        raise bad_input("invalid-lane", f"{lane[:70]!r} is not a lane name (a letter or "
+                        "digit, then up to 63 of A-Z a-z 0-9 . _ -)")
+    return lane.strip()
 
 
 def checked_reason(reason: str | None) -> str:
@@ -144,30 +159,40 @@ class Actions:
             raise bad_input("invalid-request", str(exc)) from None
         return self._settle("schedule", who, ticket, reason, order.due_ms)
 
-    def cancel(self, who: Principal, schedule_id: str, reason: str) -> Done:
-        """Cancel ``schedule_id`` (a series too, as ``kdelay cancel`` does)."""
+    def cancel(self, who: Principal, schedule_id: str, reason: str,
+               lane: str | None = None) -> Done:
+        """Cancel ``schedule_id`` of ``lane`` (a series too, as ``kdelay cancel`` does,
+        when no lane: a series has none)."""
         self._audit_partition_count()  # a missing audit topic refuses before any write
-        ticket = recurring.cancel(self._settings, self._requests, schedule_id,
-                                  self._clock.now_ms())
-        return self._settle("cancel", who, ticket, reason, None)
+        return self._settle("cancel", who, self._cancel(schedule_id, lane,
+                                                        self._clock.now_ms()), reason, None)
 
-    def reschedule(self, who: Principal, schedule_id: str, due_ms: int, reason: str) -> Done:
-        """Move ``schedule_id`` to ``due_ms``; a time already past means now."""
+    def _cancel(self, schedule_id: str, lane: str | None, now_ms: int) -> Ticket:
+        if lane is not None:
+            return self._requests.cancel(schedule_id, lane=lane)
+        return recurring.cancel(self._settings, self._requests, schedule_id, now_ms)
+
+    def reschedule(self, who: Principal, schedule_id: str, due_ms: int, reason: str,
+                   lane: str | None = None) -> Done:
+        """Move ``schedule_id`` of ``lane`` to ``due_ms``; a time already past means now."""
         self._audit_partition_count()
         due_ms = max(due_ms, self._clock.now_ms())
-        ticket = self._requests.reschedule(schedule_id, due=due_ms)
+        ticket = self._requests.reschedule(schedule_id, due=due_ms, lane=lane)
         return self._settle("reschedule", who, ticket, reason, due_ms)
 
-    def deliver_now(self, who: Principal, schedule_id: str, reason: str) -> Done:
-        """Deliver ``schedule_id`` as soon as the service sees it: a reschedule to now."""
+    def deliver_now(self, who: Principal, schedule_id: str, reason: str,
+                    lane: str | None = None) -> Done:
+        """Deliver ``schedule_id`` of ``lane`` as soon as the service sees it: a
+        reschedule to now."""
         self._audit_partition_count()
         now_ms = self._clock.now_ms()
-        ticket = self._requests.reschedule(schedule_id, due=now_ms)
+        ticket = self._requests.reschedule(schedule_id, due=now_ms, lane=lane)
         return self._settle("deliver-now", who, ticket, reason, now_ms)
 
-    def bulk(self, who: Principal, action: str, ids: list[str], reason: str,
-             due_ms: int | None = None) -> dict[str, int]:
-        """Cancel (``due_ms`` None) or reschedule every id of ``ids``; count the outcomes.
+    def bulk(self, who: Principal, action: str, ids: list[tuple[str, str | None]],
+             reason: str, due_ms: int | None = None) -> dict[str, int]:
+        """Cancel (``due_ms`` None) or reschedule every ``(id, lane)`` of ``ids``, each in
+        its own lane; count the outcomes.
 
         Every request is written first, then each outcome is awaited within
         one shared deadline (an id with none in time counts as ``no-outcome``);
@@ -177,10 +202,10 @@ class Actions:
         self._audit_partition_count()
         now_ms = self._clock.now_ms()
         if due_ms is None:
-            tickets = [recurring.cancel(self._settings, self._requests, i, now_ms) for i in ids]
+            tickets = [self._cancel(i, lane, now_ms) for i, lane in ids]
         else:
             due_ms = max(due_ms, now_ms)
-            tickets = [self._requests.reschedule(i, due=due_ms) for i in ids]
+            tickets = [self._requests.reschedule(i, due=due_ms, lane=lane) for i, lane in ids]
         deadline = time.monotonic() + self._timeout_s * 2
         counts: Counter[str] = Counter()
         for ticket in tickets:
@@ -198,7 +223,8 @@ class Actions:
         except NoOutcome as missing:
             error = missing.code
         done = Done(action, ticket.schedule_id, who.name, who.role.value, reason,
-                    self._clock.now_ms(), str(ticket.coordinates), outcome, error, due_ms)
+                    self._clock.now_ms(), str(ticket.coordinates), outcome, error, due_ms,
+                    ticket.lane)
         self._write_audit(done)
         return done
 

@@ -20,7 +20,7 @@ from kdelay.protocol.durations import parse_duration_ms
 from kdelay.view.display import preview as short
 from kdelay.view.display import retention_json
 from kdelay.view.pending import Original, Pending
-from kdelay.web.actions import Order
+from kdelay.web.actions import Order, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
 from kdelay.web.inputs import parse_bucket, parse_filter, parse_page, parse_time
 from kdelay.web.problems import bad_input
@@ -30,12 +30,14 @@ router = APIRouter(tags=["console"])
 
 
 class ActionBody(BaseModel):
-    """An action on one schedule: its id, why, and for a reschedule the new due time
-    (epoch ms, ISO-8601 with a timezone, or ``YYYY-MM-DDTHH:MM`` in UTC; past means now)."""
+    """An action on one schedule: its id, its lane (absent: no lane; an id is unique
+    within its lane), why, and for a reschedule the new due time (epoch ms, ISO-8601
+    with a timezone, or ``YYYY-MM-DDTHH:MM`` in UTC; past means now)."""
 
     id: str = Field(max_length=512)
     reason: str = Field(max_length=500)
     due: str | None = Field(default=None, max_length=64)
+    lane: str | None = Field(default=None, max_length=64)
 
 
 class ScheduleBody(BaseModel):
@@ -102,6 +104,7 @@ def record_json(found: Record, topic: str) -> dict[str, Any]:
         "request": None if lookup.coordinates is None else "{}/{}/{}".format(
             topic, *lookup.coordinates),
         "id": None if pending is None else pending.schedule_id,
+        "lane": found.lane,
         "due_ms": None if pending is None else pending.due_ms,
         "target": None if lookup.original is None else lookup.original.target,
         "headers": [{"name": n, "value": v} for n, v in found.headers],
@@ -142,11 +145,13 @@ def schedules(request: Request, _: Caller, target: str | None = None, lane: str 
 
 
 @router.get("/schedules/{reference:path}")
-def schedule(request: Request, who: Caller, reference: str) -> dict[str, Any]:
-    """One request by schedule id or ``topic/partition/offset``, with its trace."""
+def schedule(request: Request, who: Caller, reference: str,
+             lane: str | None = None) -> dict[str, Any]:
+    """One request by schedule id or ``topic/partition/offset``, with its trace. An id
+    is looked up in ``lane`` when given, else of no lane first, then in each lane."""
     console = console_of(request)
     shown = who.can_act or console.gate.policy.payloads_for_viewers
-    found = console.reads.record(reference, show_payload=shown)
+    found = console.reads.record(reference, show_payload=shown, lane=checked_lane(lane))
     return record_json(found, console.reads.requests_topic)
 
 
@@ -194,4 +199,5 @@ def bulk(request: Request, who: Acting, action: str, body: BulkBody) -> dict[str
 @router.post("/actions/{action}")
 def act(request: Request, who: Acting, action: str, body: ActionBody) -> dict[str, Any]:
     """Cancel, reschedule or deliver now (``action``); answers the service's outcome."""
-    return asdict(console_of(request).perform(who, action, body.id, body.reason, body.due))
+    return asdict(console_of(request).perform(who, action, body.id, body.reason, body.due,
+                                              body.lane))

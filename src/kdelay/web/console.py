@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from kdelay.plumbing.clock import Clock
 from kdelay.view.listing import Filter
 from kdelay.web.access import Gate, Principal
-from kdelay.web.actions import Actions, Done, Order, checked_id, checked_reason
+from kdelay.web.actions import Actions, Done, Order, checked_id, checked_lane, checked_reason
 from kdelay.web.inputs import not_pending, parse_time
 from kdelay.web.problems import Problem, bad_input
 from kdelay.web.reads import Reads
@@ -51,25 +51,28 @@ class Console:
     clock: Clock
 
     def perform(self, who: Principal, action: str, schedule_id: str, reason: str | None,
-                due: str | None = None) -> Done:
-        """Check the inputs, then cancel, reschedule or deliver now, and return the outcome.
+                due: str | None = None, lane: str | None = None) -> Done:
+        """Check the inputs, then cancel, reschedule or deliver now the schedule
+        ``schedule_id`` of ``lane`` (None or empty: of no lane; an id is unique within
+        its lane), and return the outcome.
 
         Raises :class:`~kdelay.web.problems.Problem`: 400 ``invalid-action``,
-        ``invalid-id``, ``reason-required``, ``invalid-time``; 409
+        ``invalid-id``, ``invalid-lane``, ``reason-required``, ``invalid-time``; 409
         ``not-pending`` for a reschedule or a delivery of a schedule the view
         does not hold (a cancel is always written: its outcome says what it found).
         """
         if action not in ACTIONS:
             raise bad_input("invalid-action", f"the action is one of {', '.join(ACTIONS)}")
-        schedule_id, reason = checked_id(schedule_id), checked_reason(reason)
+        schedule_id, lane = checked_id(schedule_id), checked_lane(lane)
+        reason = checked_reason(reason)
         if action == "cancel":
-            return self.actions.cancel(who, schedule_id, reason)
+            return self.actions.cancel(who, schedule_id, reason, lane)
         due_ms = parse_time(due or "") if action == "reschedule" else None
-        if not self.reads.is_pending(schedule_id):
-            raise not_pending(schedule_id)
+        if not self.reads.is_pending(schedule_id, lane):
+            raise not_pending(schedule_id, lane)
         if due_ms is not None:
-            return self.actions.reschedule(who, schedule_id, due_ms, reason)
-        return self.actions.deliver_now(who, schedule_id, reason)
+            return self.actions.reschedule(who, schedule_id, due_ms, reason, lane)
+        return self.actions.deliver_now(who, schedule_id, reason, lane)
 
 
     def schedule(self, who: Principal, order: Order, reason: str | None) -> Done:

@@ -83,7 +83,8 @@ def parse_page(skip: int, limit: int) -> tuple[int, int]:
     return skip, limit
 
 
-def not_pending(schedule_id: str) -> Problem:
+def not_pending(schedule_id: str, lane: str | None = None) -> Problem:
     """The refusal of an action on a schedule the view does not hold as pending (409)."""
-    return Problem(409, "not-pending", f"{schedule_id!r} is not pending (delivered, cancelled "
-                   "or unknown, as the operator view sees it): nothing was written")
+    of_lane = "" if lane is None else f" in lane {lane}"
+    return Problem(409, "not-pending", f"{schedule_id!r}{of_lane} is not pending (delivered, "
+                   "cancelled or unknown, as the operator view sees it): nothing was written")

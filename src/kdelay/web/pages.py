@@ -17,7 +17,7 @@ from fastapi.templating import Jinja2Templates
 
 from kdelay.view.display import preview, relative, span, utc
 from kdelay.web.access import Principal
-from kdelay.web.actions import Done
+from kdelay.web.actions import Done, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
 from kdelay.web.inputs import BUCKETS, parse_bucket, parse_filter, parse_page
 
@@ -92,24 +92,26 @@ def retention(request: Request, who: Caller) -> HTMLResponse:
 
 
 def _record_page(request: Request, who: Principal, reference: str,
-                 done: Done | None = None) -> HTMLResponse:
+                 done: Done | None = None, lane: str | None = None) -> HTMLResponse:
     console = console_of(request)
     shown = who.can_act or console.gate.policy.payloads_for_viewers
-    found = console.reads.record(reference, show_payload=shown)
+    found = console.reads.record(reference, show_payload=shown, lane=lane)
     return render(request, who, "record.html", record=found, done=done)
 
 
 @router.get("/record", response_class=HTMLResponse)
-def record(request: Request, who: Caller, ref: str = "") -> HTMLResponse:
-    """Record: one request by id or coordinates, its original, retention and trace."""
+def record(request: Request, who: Caller, ref: str = "", lane: str = "") -> HTMLResponse:
+    """Record: one request by id or coordinates, its original, retention and trace; an
+    id of ``lane`` when given, else of no lane first, then of each lane."""
     if not ref.strip():
         return render(request, who, "find.html")
-    return _record_page(request, who, ref.strip())
+    return _record_page(request, who, ref.strip(), lane=checked_lane(lane))
 
 
 @router.post("/record/{action}", response_class=HTMLResponse)
 def act(request: Request, who: Acting, action: str, id: Text, reason: OptionalText = None,
-        due: OptionalText = None) -> HTMLResponse:
-    """Cancel, reschedule or deliver now from the record page; shows the outcome."""
-    done = console_of(request).perform(who, action, id, reason, due)
-    return _record_page(request, who, done.schedule_id, done)
+        due: OptionalText = None, lane: OptionalText = None) -> HTMLResponse:
+    """Cancel, reschedule or deliver now from the record page (the schedule of ``lane``,
+    a hidden field); shows the outcome."""
+    done = console_of(request).perform(who, action, id, reason, due, lane)
+    return _record_page(request, who, done.schedule_id, done, done.lane)

@@ -95,6 +95,12 @@ class Record:
     trace: list[Step]
 
     @property
+    def lane(self) -> str | None:
+        """The lane of the schedule shown (None: no lane, or nothing pending): actions
+        on this page name it, since an id is unique within its lane."""
+        return None if self.found.pending is None else self.found.pending.lane
+
+    @property
     def headroom_ms(self) -> int | None:
         """How long the original outlives its due time (negative: it expires first)."""
         if self.expires_ms is None or self.found.pending is None:
@@ -181,23 +187,27 @@ class Reads:
         with self._opened() as (view, _, now_ms):
             return check(self._settings, view, now_ms)
 
-    def ids(self, chosen: Filter) -> tuple[list[str], int]:
-        """The ids of the pending entries ``chosen`` keeps, in due order, and how many
-        entries it keeps without an id."""
+    def ids(self, chosen: Filter) -> tuple[list[tuple[str, str | None]], int]:
+        """The ids of the pending entries ``chosen`` keeps, each with its lane, in due
+        order, and how many entries it keeps without an id."""
         with self._opened() as (view, originals, _):
             return matching_ids(view, originals, chosen)
 
-    def is_pending(self, schedule_id: str) -> bool:
-        """Whether the view holds a pending entry for ``schedule_id``."""
+    def is_pending(self, schedule_id: str, lane: str | None = None) -> bool:
+        """Whether the view holds a pending entry for ``schedule_id`` in ``lane`` (None:
+        of no lane)."""
         with self._opened() as (view, _, _):
-            return view.find_id(schedule_id) is not None
+            return view.find_id(schedule_id, lane) is not None
 
-    def record(self, reference: str, *, show_payload: bool) -> Record:
+    def record(self, reference: str, *, show_payload: bool, lane: str | None = None) -> Record:
         """One request by id or coordinates, with its trace; the payload only when
-        ``show_payload``. Raises :class:`~kdelay.view.lookup.NotARequest` for
-        coordinates on another topic."""
+        ``show_payload``. An id is looked up in ``lane`` when given, else as ``kdelay
+        show`` does: of no lane first, then in each configured lane. Raises
+        :class:`~kdelay.view.lookup.NotARequest` for coordinates on another topic."""
+        lanes = [lane] if lane is not None else [None, *self._settings.lanes]
         with self._opened() as (view, originals, now_ms):
-            found = lookup(view, originals, reference, self._settings.requests_topic, now_ms)
+            found = lookup(view, originals, reference, self._settings.requests_topic, now_ms,
+                           lanes)
         record = None if found.original is None else found.original.record
         headers = [] if record is None else [
             (name, "null" if value is None else value.decode("utf-8", "replace"))
@@ -205,7 +215,7 @@ class Reads:
         value = None if record is None else record.value()
         payload = preview(value) if value is not None and show_payload else None
         return Record(found, now_ms, headers, payload, value is not None and not show_payload,
-                      self._expires_ms(found), self._trace(found, reference))
+                      self._expires_ms(found), self._trace(found, reference, lane))
 
     def _expires_ms(self, found: Lookup) -> int | None:
         if found.pending is None:
@@ -214,8 +224,9 @@ class Reads:
                                        self._settings.requests_topic, timeout=10.0)
         return None if retention is None else found.pending.record_ms + retention
 
-    def _trace(self, found: Lookup, reference: str) -> list[Step]:
-        """The request and scheduled steps from the view, then the outcomes and the audit."""
+    def _trace(self, found: Lookup, reference: str, lane: str | None) -> list[Step]:
+        """The request and scheduled steps from the view, then the outcomes and the audit
+        of the id in its lane (the pending entry's; else ``lane``)."""
         steps: list[Step] = []
         if found.pending is not None and found.coordinates is not None:
             where = "{}/{}/{}".format(self._settings.requests_topic, *found.coordinates)
@@ -223,9 +234,11 @@ class Reads:
             steps.append(Step(found.pending.record_ms, "pending",
                               f"due at {utc(found.pending.due_ms)}"))
         schedule_id = found.pending.schedule_id if found.pending is not None else None
+        if schedule_id is not None and found.pending is not None:
+            lane = found.pending.lane
         if schedule_id is None and found.coordinates is None:
             schedule_id = reference
         if schedule_id is not None:
-            steps += outcome_steps(self._settings, schedule_id)
-            steps += audit_steps(self._settings, self._audit_topic, schedule_id)
+            steps += outcome_steps(self._settings, schedule_id, lane)
+            steps += audit_steps(self._settings, self._audit_topic, schedule_id, lane)
         return sorted(steps, key=lambda step: step.at_ms)

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol.forward import id_partition
-from kdelay.protocol.idkeys import decode_answer
+from kdelay.protocol.idkeys import decode_answer, outcome_key
 from kdelay.web.actions import decode_done
 
 DEPTH = 5_000
@@ -40,8 +40,10 @@ class Step:
 
 
 def keyed(settings: Settings, topic: str, key: str, *, depth: int = DEPTH,
-          timeout_s: float = TIMEOUT_S) -> list[bytes]:
-    """The values of the last records keyed ``key`` among the last ``depth`` of its partition.
+          timeout_s: float = TIMEOUT_S, record_key: bytes | None = None) -> list[bytes]:
+    """The values of the last records keyed ``record_key`` (default: ``key`` as UTF-8)
+    among the last ``depth`` of ``key``'s partition (murmur2 of the plain id, whatever
+    its lane, as the service places outcomes).
 
     An absent topic gives no records. Raises KafkaException for other Kafka
     errors; stops at the partition's end as it was when the read began, or
@@ -58,7 +60,8 @@ def keyed(settings: Settings, topic: str, key: str, *, depth: int = DEPTH,
         if high <= low:
             return []
         consumer.assign([TopicPartition(topic, place.partition, max(low, high - depth))])
-        return _read_to(consumer, key.encode(), high, timeout_s)
+        wanted = key.encode() if record_key is None else record_key
+        return _read_to(consumer, wanted, high, timeout_s)
     finally:
         consumer.close()
 
@@ -82,10 +85,13 @@ def _read_to(consumer: Consumer, key: bytes, high: int, timeout_s: float) -> lis
     return values
 
 
-def outcome_steps(settings: Settings, schedule_id: str) -> list[Step]:
-    """The service's outcome records for ``schedule_id``, as steps."""
+def outcome_steps(settings: Settings, schedule_id: str, lane: str | None = None) -> list[Step]:
+    """The service's outcome records for ``schedule_id`` in ``lane``, as steps: those
+    keyed by the id's key in that lane (:func:`~kdelay.protocol.idkeys.outcome_key`),
+    so another lane's schedule of the same id is not in the trace."""
     steps = []
-    for raw in keyed(settings, settings.outcomes_topic, schedule_id):
+    for raw in keyed(settings, settings.outcomes_topic, schedule_id,
+                     record_key=outcome_key(schedule_id, lane)):
         try:
             answer = decode_answer(raw)
         except ValueError:
@@ -99,13 +105,17 @@ def outcome_steps(settings: Settings, schedule_id: str) -> list[Step]:
     return steps
 
 
-def audit_steps(settings: Settings, audit_topic: str, schedule_id: str) -> list[Step]:
-    """The console's audit records for ``schedule_id``, as steps."""
+def audit_steps(settings: Settings, audit_topic: str, schedule_id: str,
+                lane: str | None = None) -> list[Step]:
+    """The console's audit records for ``schedule_id`` in ``lane``, as steps (audit
+    records are keyed by the plain id; their ``lane`` tells the lanes apart)."""
     steps = []
     for raw in keyed(settings, audit_topic, schedule_id):
         try:
             done = decode_done(raw)
         except ValueError:
+            continue
+        if done.lane != lane:
             continue
         outcome = done.outcome or f"no outcome ({done.outcome_error})"
         steps.append(Step(done.at_ms, f"console {done.action}",

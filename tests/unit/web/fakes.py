@@ -29,11 +29,14 @@ SECRETS = {"olga": "operator-secret-1", "vera": "viewer-secret-2"}
 
 
 class FakeReads(Reads):
-    """Reads that answer from memory: ``order-42`` is pending, nothing else is."""
+    """Reads that answer from memory: ``order-42`` of no lane is pending (and what
+    ``lane_ids`` names in a lane), nothing else is."""
 
     def __init__(self) -> None:
         self.pending_ids = {"order-42"}
+        self.lane_ids: set[tuple[str, str]] = set()
         self.payload_shown: list[bool] = []
+        self.lanes_asked: list[str | None] = []
         self.fail_with: Exception | None = None
 
     @property
@@ -54,7 +57,9 @@ class FakeReads(Reads):
     def timeline(self, bucket_ms: int, chosen: Filter | None = None) -> Timeline:
         return Timeline(bucket_ms, 1, {"orders": {NOW_MS // bucket_ms * bucket_ms: 1}})
 
-    def is_pending(self, schedule_id: str) -> bool:
+    def is_pending(self, schedule_id: str, lane: str | None = None) -> bool:
+        if lane is not None:
+            return (schedule_id, lane) in self.lane_ids
         return schedule_id in self.pending_ids
 
     def retention(self) -> RetentionReport:
@@ -63,12 +68,16 @@ class FakeReads(Reads):
         return RetentionReport("kdelay.requests", NOW_MS, 604_800_000, -1, None, None, None,
                                60_000, 7_200_000, [figures])
 
-    def ids(self, chosen: Filter) -> tuple[list[str], int]:
+    def ids(self, chosen: Filter) -> tuple[list[tuple[str, str | None]], int]:
         prefix = chosen.id_prefix or ""
-        return sorted(i for i in self.pending_ids if i.startswith(prefix)), 1
+        found: list[tuple[str, str | None]] = [(i, None) for i in self.pending_ids]
+        found += [(i, lane) for i, lane in self.lane_ids
+                  if chosen.lane is None or lane == chosen.lane]
+        return sorted((p for p in found if p[0].startswith(prefix)), key=str), 1
 
-    def record(self, reference: str, *, show_payload: bool) -> Record:
+    def record(self, reference: str, *, show_payload: bool, lane: str | None = None) -> Record:
         self.payload_shown.append(show_payload)
+        self.lanes_asked.append(lane)
         payload = Preview("text", "the payload", 11, cut=False) if show_payload else None
         return Record(Lookup(reference, None, None, None, "not pending"), NOW_MS, [], payload,
                       not show_payload, None, [])
@@ -82,9 +91,9 @@ class FakeActions(Actions):
         self.orders: list[Order] = []
 
     def _answer(self, action: str, who: Principal, schedule_id: str, reason: str,
-                outcome: str, due_ms: int | None = None) -> Done:
+                outcome: str, due_ms: int | None = None, lane: str | None = None) -> Done:
         done = Done(action, schedule_id, who.name, who.role.value, reason, NOW_MS,
-                    "kdelay.requests/0/7", outcome, None, due_ms)
+                    "kdelay.requests/0/7", outcome, None, due_ms, lane)
         self.done.append(done)
         return done
 
@@ -93,20 +102,25 @@ class FakeActions(Actions):
         return self._answer("schedule", who, order.schedule_id, reason, "scheduled",
                             order.due_ms)
 
-    def cancel(self, who: Principal, schedule_id: str, reason: str) -> Done:
-        return self._answer("cancel", who, schedule_id, reason, "cancelled")
+    def cancel(self, who: Principal, schedule_id: str, reason: str,
+               lane: str | None = None) -> Done:
+        return self._answer("cancel", who, schedule_id, reason, "cancelled", None, lane)
 
-    def reschedule(self, who: Principal, schedule_id: str, due_ms: int, reason: str) -> Done:
-        return self._answer("reschedule", who, schedule_id, reason, "rescheduled", due_ms)
+    def reschedule(self, who: Principal, schedule_id: str, due_ms: int, reason: str,
+                   lane: str | None = None) -> Done:
+        return self._answer("reschedule", who, schedule_id, reason, "rescheduled", due_ms,
+                            lane)
 
-    def deliver_now(self, who: Principal, schedule_id: str, reason: str) -> Done:
-        return self._answer("deliver-now", who, schedule_id, reason, "rescheduled", NOW_MS)
+    def deliver_now(self, who: Principal, schedule_id: str, reason: str,
+                    lane: str | None = None) -> Done:
+        return self._answer("deliver-now", who, schedule_id, reason, "rescheduled", NOW_MS,
+                            lane)
 
-    def bulk(self, who: Principal, action: str, ids: list[str], reason: str,
-             due_ms: int | None = None) -> dict[str, int]:
+    def bulk(self, who: Principal, action: str, ids: list[tuple[str, str | None]],
+             reason: str, due_ms: int | None = None) -> dict[str, int]:
         outcome = "cancelled" if action == "cancel" else "rescheduled"
-        for schedule_id in ids:
-            self._answer(f"bulk-{action}", who, schedule_id, reason, outcome, due_ms)
+        for schedule_id, lane in ids:
+            self._answer(f"bulk-{action}", who, schedule_id, reason, outcome, due_ms, lane)
         return {outcome: len(ids)}
 
 
