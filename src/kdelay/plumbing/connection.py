@@ -86,7 +86,7 @@ def _failure(
             f"the brokers at {servers} refused the credentials: "
             f"{_scrubbed(refused.str(), config)}; check sasl.username, sasl.password and "
             "sasl.mechanism (or sasl.jaas.config) in --kafka-config"))
-    handshake = next((e for e in errors if e.code() == KafkaError._SSL), None)
+    handshake = next((e for e in errors if _in_handshake(e)), None)
     if handshake is not None:
         return ConnectionFailure(TLS_FAILED, (
             f"the TLS handshake with the brokers at {servers} failed: "
@@ -101,6 +101,18 @@ def _failure(
     return ConnectionFailure(BROKER_UNREACHABLE, (
         f"no Kafka broker answers at {servers} ({_scrubbed(reason, config)}); is a broker "
         "running there? Give its address with --bootstrap-servers or KDELAY_BOOTSTRAP_SERVERS"))
+
+
+def _in_handshake(error: KafkaError) -> bool:
+    """Whether ``error`` says the TLS handshake failed.
+
+    librdkafka reports a failed handshake twice: as ``_SSL`` through the error
+    callback, and as a ``_TRANSPORT`` error "... (after N ms in state
+    SSL_HANDSHAKE)". Which comes first depends on scheduling, and
+    ``_ALL_BROKERS_DOWN`` can come between them, so either one names the cause.
+    """
+    return error.code() == KafkaError._SSL or (
+        error.code() == KafkaError._TRANSPORT and "in state SSL_HANDSHAKE" in error.str())
 
 
 def _scrubbed(text: str, config: Mapping[str, object]) -> str:
