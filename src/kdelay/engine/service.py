@@ -134,7 +134,8 @@ class Owned:
 
 @dataclass(slots=True)
 class _Clients:
-    """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers."""
+    """What :meth:`Service.start` built: the group consumer, the checkpoint, the readers,
+    the delivery and the sweeper; they live and close together."""
 
     consumer: Consuming
     checkpoint: Checkpoint
@@ -142,6 +143,8 @@ class _Clients:
     restorer: Restoring
     guard: BrokerGuard | None
     takeover: Takeover
+    delivery: Delivery
+    sweeper: Sweeper
 
 
 class Service:
@@ -186,8 +189,6 @@ class Service:
         self._owned = Owned()
         self._stopping = False
         self._clients: _Clients | None = None
-        self._delivery: Delivery | None = None
-        self._sweeper: Sweeper | None = None
         self._started_at = 0.0  # when the last step started (monotonic)
         self.health = Health.of(self._factory, settings, clock, self.metrics,
                                 lambda: self._errors.unreachable() is not None)
@@ -221,10 +222,10 @@ class Service:
             "admin")), self._factory.producer, transactions=s.guarantee is Guarantee.EXACTLY_ONCE)
         reader = self._factory.reader()
         guard = self._guard(skew)
-        self._sweeper = Sweeper(self._factory.producer("sweeper", **{
+        sweeper = Sweeper(self._factory.producer("sweeper", **{
             "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 0,
             "delivery.report.only.error": True}), s.changelog_topic, self.metrics)
-        self._delivery = Delivery(
+        delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
                            s.retry_backoff_max_ms, self._terms.policy, s.delivery_retry_ms),
@@ -238,7 +239,7 @@ class Service:
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         self._clients = _Clients(self._join(), checkpoint, reader, self._factory.restorer(),
-                                 guard, takeover)
+                                 guard, takeover, delivery, sweeper)
         self.health.start()
 
     def _join(self) -> Consuming:
@@ -290,10 +291,9 @@ class Service:
                     clients.consumer.close()  # revokes: the checkpoint finishes the work
                 finally:
                     self._clients = None
-                    self._close_partitions(list(self._owned.indexes))
+                    self._close_partitions(clients, list(self._owned.indexes))
                     clients.checkpoint.close()
-                    if self._sweeper is not None:
-                        self._sweeper.close(SWEEP_CLOSE_S)
+                    clients.sweeper.close(SWEEP_CLOSE_S)
                     clients.reader.close()
                     clients.restorer.close()
                     if clients.guard is not None:
@@ -342,7 +342,7 @@ class Service:
         wait_ms = delivery.wait_ms()
         if checkpoint.awaiting():
             wait_ms = min(wait_ms, ACK_WAIT_MS)
-        if reachable and self._sweeper is not None and self._sweeper.waiting(indexes):
+        if reachable and clients.sweeper.waiting(indexes):
             wait_ms = min(wait_ms, STEP_MS)
         started, self._started_at = self._started_at, self._clock.monotonic()
         gather_ms = STEP_MS - int((self._started_at - started) * 1000)
@@ -373,8 +373,8 @@ class Service:
                             delivery)
         checkpoint.settle(delivery, indexes)
         phases.lap("settle")
-        if reachable and self._sweeper is not None:
-            self._sweeper.step(indexes, busy=not delivery.idle() or delivery.wait_ms() == 0)
+        if reachable:
+            clients.sweeper.step(indexes, busy=not delivery.idle() or delivery.wait_ms() == 0)
             phases.lap("sweep")
         self._housekeeping(reachable)
         phases.lap("housekeeping")
@@ -417,7 +417,7 @@ class Service:
             clients.consumer.close()
         except Exception as exc:  # a fenced consumer's close may fail in any way: it is dropped
             log.debug("closing the fenced consumer: %s", exc)
-        self._close_partitions(list(self._owned.indexes))
+        self._close_partitions(clients, list(self._owned.indexes))
         clients.consumer = self._join()
 
     def _fatal(self, error: KafkaError, client: str) -> ServiceError:
@@ -443,9 +443,9 @@ class Service:
             self._watch.tick(self._clock.now_ms(), clients.checkpoint.internal)
 
     def _started(self) -> tuple[_Clients, Delivery]:
-        if self._clients is None or self._delivery is None:
+        if self._clients is None:
             raise RuntimeError("Service.step() before start()")
-        return self._clients, self._delivery
+        return self._clients, self._clients.delivery
 
     # -- intake -----------------------------------------------------------------
 
@@ -618,25 +618,27 @@ class Service:
             for batch in clients.checkpoint.drain():
                 self._apply(batch, clients.checkpoint, consumer, delivery)
             clients.checkpoint.revoke(consumer, delivery, self._owned.indexes)
-            if self._stopping and self._sweeper is not None:
+            if self._stopping:
                 # A clean stop writes the tombstones it still owes (for a while).
-                self._sweeper.drain({tp.partition: self._owned.indexes[tp.partition]
+                clients.sweeper.drain({tp.partition: self._owned.indexes[tp.partition]
                                      for tp in partitions if tp.partition in self._owned.indexes},
                                     SWEEP_CLOSE_S)
         finally:
-            self._close_partitions([tp.partition for tp in partitions])
+            self._close_partitions(clients, [tp.partition for tp in partitions])
 
     def _on_lost(self, _: Consuming, partitions: list[TopicPartition]) -> None:
+        clients = self._started()[0]
         log.warning("partitions lost: %s", [tp.partition for tp in partitions])
         self.metrics.rebalances.labels(kind="lost").inc()
-        self._close_partitions([tp.partition for tp in partitions])
+        self._close_partitions(clients, [tp.partition for tp in partitions])
 
-    def _close_partitions(self, partitions: list[int]) -> None:
+    def _close_partitions(self, clients: _Clients, partitions: list[int]) -> None:
+        """Forget ``partitions``: their delivery, their tombstones owed, their planners.
+        ``clients`` is passed, not read from the service: :meth:`close` calls this
+        after it has let go of its clients."""
         for partition in partitions:
-            if self._delivery is not None:
-                self._delivery.drop_partition(partition)
-            if self._sweeper is not None:
-                self._sweeper.drop_partition(partition)
+            clients.delivery.drop_partition(partition)
+            clients.sweeper.drop_partition(partition)
             self._owned.planners.pop(partition, None)
             self._owned.consumed.pop(partition, None)
             index = self._owned.indexes.pop(partition, None)
