@@ -138,6 +138,7 @@ class _Clients:
     the delivery and the sweeper; they live and close together."""
 
     consumer: Consuming
+    group: dict[str, str | int | bool]  # the consumer's config: a rejoin builds it again
     checkpoint: Checkpoint
     reader: Reading
     restorer: Restoring
@@ -177,7 +178,6 @@ class Service:
         self._availability = Availability(self._errors, clock, self.metrics.kafka_available)
         self._factory = clients or KafkaClients(settings, self._errors)
         self._lock: StateDirLock | None = None
-        self._group: dict[str, str | int | bool] = {}
         outlook = Outlook(self.metrics, settings, layout)
         self._housekeeper = Housekeeper(clock, self.metrics, outlook, settings.state_dir)
         self._watch = PartitionWatch(settings, self.metrics, layout.partitions)
@@ -233,18 +233,18 @@ class Service:
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
             outage=lambda: self._errors.unreachable() is not None,
             away=self._errors.unreachable_now)
-        self._group = {
+        group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
-        self._clients = _Clients(self._join(), checkpoint, reader, self._factory.restorer(),
-                                 guard, takeover, delivery, sweeper)
+        self._clients = _Clients(self._join(group), group, checkpoint, reader,
+                                 self._factory.restorer(), guard, takeover, delivery, sweeper)
         self.health.start()
 
-    def _join(self) -> Consuming:
-        """A new group consumer, subscribed to the requests topic."""
-        consumer = self._factory.consumer("intake", **self._group)
+    def _join(self, group: dict[str, str | int | bool]) -> Consuming:
+        """A new group consumer with the ``group`` config, subscribed to the requests topic."""
+        consumer = self._factory.consumer("intake", **group)
         consumer.subscribe([self.settings.requests_topic], on_assign=guarded(self._on_assign),
                            on_revoke=guarded(self._on_revoke), on_lost=guarded(self._on_lost))
         return consumer
@@ -418,7 +418,7 @@ class Service:
         except Exception as exc:  # a fenced consumer's close may fail in any way: it is dropped
             log.debug("closing the fenced consumer: %s", exc)
         self._close_partitions(clients, list(self._owned.indexes))
-        clients.consumer = self._join()
+        clients.consumer = self._join(clients.group)
 
     def _fatal(self, error: KafkaError, client: str) -> ServiceError:
         """The error that ends the service after ``client`` reported the fatal ``error``."""
