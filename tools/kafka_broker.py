@@ -96,6 +96,20 @@ SASL_USER = "kdelay"
 SASL_PASSWORD = "kdelay-dev-secret"  # noqa: S105 - the development broker's fixed user
 SCRAM_MECHANISM = "SCRAM-SHA-256"
 READY_TIMEOUT_S = 120.0
+LOG4J2_PROPERTIES = (
+    "status = warn\n"
+    "appender.err.type = Console\n"
+    "appender.err.name = STDERR\n"
+    "appender.err.target = SYSTEM_ERR\n"
+    "appender.err.layout.type = PatternLayout\n"
+    "appender.err.layout.pattern = [%d] %p %m (%c)%n\n"
+    "rootLogger.level = warn\n"
+    "rootLogger.appenderRef.err.ref = STDERR\n"
+    # When the broker is fenced and unfenced (rare lines): what the WARNs do not say.
+    "logger.lifecycle.name = kafka.server.BrokerLifecycleManager\n"
+    "logger.lifecycle.level = info\n"
+)
+"""The log4j2 settings of every broker these tools start: WARN to stderr, plus fencing."""
 MEMORY = Path("/dev/shm")  # noqa: S108 - a private directory is made in it, see own_dir
 MEMORY_DATA_MIN_FREE = 4 << 30
 OWNER_SUFFIX = ".owner"  # beside a directory in MEMORY: the RUN directory that chose it
@@ -490,19 +504,7 @@ def write_config(port: int, controller_port: int, sasl_port: int, tls_port: int)
     }
     settings.update(secure_settings(settings, tls_port, plain, scram))
     config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    (RUN / "log4j2.properties").write_text(
-        "status = warn\n"
-        "appender.err.type = Console\n"
-        "appender.err.name = STDERR\n"
-        "appender.err.target = SYSTEM_ERR\n"
-        "appender.err.layout.type = PatternLayout\n"
-        "appender.err.layout.pattern = [%d] %p %m (%c)%n\n"
-        "rootLogger.level = warn\n"
-        "rootLogger.appenderRef.err.ref = STDERR\n"
-        # When the broker is fenced and unfenced (rare lines): what the WARNs do not say.
-        "logger.lifecycle.name = kafka.server.BrokerLifecycleManager\n"
-        "logger.lifecycle.level = info\n"
-    )
+    (RUN / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
     return config
 
 

@@ -209,17 +209,7 @@ def write_node(node: Node, nodes: list[Node]) -> Path:
     config = home / "server.properties"
     settings = node_settings(node, nodes, data)
     config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    (home / "log4j2.properties").write_text(
-        "status = warn\n"
-        "appender.err.type = Console\n"
-        "appender.err.name = STDERR\n"
-        "appender.err.target = SYSTEM_ERR\n"
-        "appender.err.layout.type = PatternLayout\n"
-        "appender.err.layout.pattern = [%d] %p %m (%c)%n\n"
-        "rootLogger.level = warn\n"
-        "rootLogger.appenderRef.err.ref = STDERR\n"
-        "logger.lifecycle.name = kafka.server.BrokerLifecycleManager\n"
-        "logger.lifecycle.level = info\n")
+    (home / "log4j2.properties").write_text(broker.LOG4J2_PROPERTIES)
     return config
 
 
