@@ -1770,6 +1770,54 @@ def test_a_stalled_bulk_lane_hands_over_to_a_producer_that_reports_each_record(
     assert len(world.each.sent) == 2, "nothing was produced twice"
 
 
+def test_a_stalled_flight_that_then_fails_goes_out_again(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled flight is taken off its run; when its records then fail (their timeout),
+    the failure is still found by the target topic the report names: the entry stays
+    pending and goes out again. Taking the failure for a landing would seal the entry as
+    delivered: lost."""
+    monkeypatch.setattr(delivery_module, "FEW", 1)
+    stuck = world.request(0, 1, T0, target="stuck")
+    world.at(T0)
+    world.at(T0 + int(STALL_S * 1000) + 1)
+    world.settle()  # the flight is detached from its run
+    assert world.delivery.in_flight(stuck)
+    world.targets.report(timed_out(), topic="stuck")
+    world.internal.report()
+    world.settle()
+    assert world.pending() == [stuck], "a record that timed out is not delivered"
+    world.step(T0 + 60_000)
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1), origin(0, 1)]
+    world.internal.report()
+    world.settle()
+    assert world.pending() == []
+
+
+def test_entries_in_the_air_when_their_partition_is_lost_go_out_once_it_is_back(
+        world: World, tmp_path: Path) -> None:
+    """A partition lost (and given back) while its deliveries await their reports: what
+    those flights do after the loss (stall, fail, land) must not leave its entries held by
+    delivery, or they are never read ahead again once the partition is back."""
+    first = world.request(0, 1, T0)
+    second = world.request(0, 2, T0)
+    world.at(T0)
+    assert len(world.targets.sent) == 2
+    world.delivery.drop_partition(0)
+    index = world.indexes.pop(0)
+    world.at(T0 + int(STALL_S * 1000) + 1)
+    world.settle()  # the flight stalls while the partition is away
+    world.targets.report(timed_out())  # then times out, the broker still away
+    world.internal.report()
+    world.settle()
+    world.indexes[0] = index  # the partition is back, its index as it was
+    world.delivery.noted(0, first)
+    world.step(T0 + 10_000)
+    world.step(T0 + 11_000)
+    assert [s.origin for s in world.targets.sent[2:]] == [origin(0, 1), origin(0, 2)]
+    assert world.pending() == []
+    assert second
+
+
 def test_a_failure_is_told_apart_by_its_topic_key_and_value_the_report_carries(
         world: World) -> None:
     """A delivery report carries no headers: the failed entry is found by what it does

@@ -291,9 +291,19 @@ class Delivery:
                 self._book.drop(entry.key)
 
     def drop_partition(self, partition: int) -> None:
-        """Forget everything of a partition this instance no longer owns."""
+        """Forget everything of a partition this instance no longer owns.
+
+        Its flights in the air are forgotten too: whatever they do later (stall,
+        fail, land) must not bring its entries back into the book, where they would
+        keep the partition's next owner (this instance again, say) from reading them.
+        Their reports still arrive, to flights nobody looks at any more; the entries
+        stay in the index, and whoever serves the partition next delivers them
+        (at-least-once: perhaps again).
+        """
         for key in self._book.keys_of(partition):
             self._book.drop(key)
+        self._flights = _without(self._flights, partition)
+        self._landed = _without(self._landed, partition)
         self._ahead.drop(partition)
         self._marks.drop(partition)
         self._book.unindexed = [(job, sink) for job, sink in self._book.unindexed
@@ -603,3 +613,19 @@ class Delivery:
             # Due by the service clock, held by the release limit: look again soon.
             return max(0, min(MAX_WAIT_MS, wakeup - limit))
         return max(0, min(MAX_WAIT_MS, wakeup - now))
+
+
+def _without(flights: list[Flight], partition: int) -> list[Flight]:
+    """``flights`` without what they carry of ``partition``: its runs' flights, its jobs
+    and their refusals."""
+    kept: list[Flight] = []
+    for flight in flights:
+        if flight.run is not None and flight.run.partition == partition:
+            continue
+        gone = [job.key for job, _ in flight.jobs if job.partition == partition]
+        if gone:
+            flight.jobs = [(job, sink) for job, sink in flight.jobs if job.partition != partition]
+            for key in gone:
+                flight.refusals.pop(key, None)
+        kept.append(flight)
+    return kept

@@ -325,7 +325,12 @@ class Sender:
             original = job.original
             whole = isinstance(original, Message) and (sink is Sink.TARGET or (
                 job.failure is not None and job.failure[0] in WHOLE_DEAD_LETTERS))
-            routed = None if job.routing is None else job.routing.target
+            routing = job.routing
+            if routing is None and isinstance(original, Message):
+                # Produced from its run, then detached (see Delivery.seal): the job was
+                # never verified, and its report names the target the headers give.
+                routing = envelope.routing(original.headers())
+            routed = None if routing is None else routing.target
             topic = self._dlq_topic if sink is Sink.DLQ else routed
             if whole and isinstance(original, Message):
                 yield job.key, (sink, topic, original.key(), original.value())
