@@ -74,12 +74,12 @@ def test_each_lanes_requests_reach_only_its_own_targets(
     for message in out.on(settings.dlq_topic):  # intact, lane included, so it can be re-sent
         assert message.value() == b"v-" + (message.key() or b"")
     metrics = service.services[0].metrics
-    delivered = [metrics.lane_delivered.labels(lane=lane) for lane in ("dev1", "dev2")]
+    delivered = [metrics.delivery.lane_delivered.labels(lane=lane) for lane in ("dev1", "dev2")]
     refusals = metrics.dead_lettered.labels(reason="wrong-lane")
 
     def by_lane() -> dict[tuple[str, str], float]:
         return {(s.labels["lane"], s.labels["reason"]): s.value
-                for family in metrics.lane_refused.collect() for s in family.samples
+                for family in metrics.intake.lane_refused.collect() for s in family.samples
                 if s.name.endswith("_total")}
 
     # Counted once reports are settled and batches applied, which may follow the arrivals.

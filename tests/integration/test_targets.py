@@ -180,7 +180,7 @@ def test_a_target_created_after_its_due_time_still_gets_the_record(
         clock.advance(500)
         service.step()
     assert out.poll(0.2) == 0, "dead-lettered while the target may still appear"
-    assert service.services[0].metrics.retries._value.get() > 0
+    assert service.services[0].metrics.delivery.retries._value.get() > 0
     deployment.admin.create_topics([NewTopic(late, 1, 1)])[late].result(timeout=30)
     try:
         wait_visible(deployment.admin, late, 1)

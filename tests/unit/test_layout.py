@@ -240,3 +240,54 @@ def test_the_engine_map_follows_one_entry_through_every_stage() -> None:
     found = [life.find(f"**{stage}**") for stage in stages]
     assert -1 not in found, dict(zip(stages, found, strict=True))
     assert found == sorted(found), "the stages in the order an entry lives them"
+
+
+ATTRIBUTE_BUDGET = 15
+"""The most instance attributes a class of the engine may hold.
+
+A class past it holds state that belongs together in a smaller named object
+(as :class:`kdelay.engine.metrics.Metrics` holds one group per concern): state
+that grows while behaviour moves out is how a loop class becomes unreadable.
+"""
+
+
+def instance_attributes(cls: ast.ClassDef) -> set[str]:
+    """The names a class gives its instances: ``self.x = ...`` (plain, annotated or in a
+    tuple) in any of its methods, and the annotated fields of its body (dataclasses)."""
+    names: set[str] = set()
+    for node in ast.walk(cls):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets = [node.target]
+        for target in targets:
+            for item in [target, *(target.elts if isinstance(target, ast.Tuple) else [])]:
+                if (isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name)
+                        and item.value.id == "self"):
+                    names.add(item.attr)
+    names.update(statement.target.id for statement in cls.body
+                 if isinstance(statement, ast.AnnAssign)
+                 and isinstance(statement.target, ast.Name))
+    return names
+
+
+def over_budget(source: str) -> list[str]:
+    """The classes of ``source`` with more than :data:`ATTRIBUTE_BUDGET` instance attributes."""
+    return [f"{cls.name}: {len(names)} attributes ({', '.join(sorted(names))})"
+            for cls in ast.walk(ast.parse(source)) if isinstance(cls, ast.ClassDef)
+            and len(names := instance_attributes(cls)) > ATTRIBUTE_BUDGET]
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "engine").rglob("*.py")),
+                         ids=lambda path: module_name(path))
+def test_no_engine_class_holds_more_than_its_budget_of_attributes(path: Path) -> None:
+    assert over_budget(path.read_text()) == []
+
+
+def test_a_class_over_the_budget_is_caught() -> None:
+    fields = "\n".join(f"    f{n}: int" for n in range(ATTRIBUTE_BUDGET - 1))
+    source = (f"class Wide:\n{fields}\n    def __init__(self) -> None:\n"
+              "        self.a, self.b = 1, 2\n")
+    assert [line.split(":")[0] for line in over_budget(source)] == ["Wide"]
+    assert over_budget(source.replace("self.a, self.b = 1, 2", "self.a = 1")) == []

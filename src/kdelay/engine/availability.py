@@ -40,7 +40,8 @@ class Availability:
     """Kafka's availability: reports confirmed by probes, the outage line, the gauge."""
 
     def __init__(self, errors: ClientErrors, clock: Clock, gauge: Gauge) -> None:
-        self._errors = errors
+        self.errors = errors
+        """What the clients reported: the errors that tell Kafka is away, and fatal ones."""
         self._clock = clock
         self._gauge = gauge
         self._down_since: float | None = None
@@ -57,7 +58,7 @@ class Availability:
         (bounded by :data:`PROBE_TIMEOUT_S`) asks whether a broker is back.
         The loop keeps stepping, so the process neither exits nor hangs.
         """
-        why = self._errors.unreachable()
+        why = self.errors.unreachable()
         if why is None:
             return True
         now = self._clock.monotonic()
@@ -71,7 +72,7 @@ class Availability:
         except KafkaException:
             self._note_down(why)
             return False
-        self._errors.reachable()
+        self.errors.reachable()
         if self._down_since is not None:
             log.warning("Kafka answers again after %.1f s unreachable: serving",
                         now - self._down_since)
@@ -82,7 +83,7 @@ class Availability:
 
     def waiting(self, why: str) -> None:
         """A call waits for Kafka (a transaction commit that timed out): say so, once."""
-        self._errors.unreachable_now(why)
+        self.errors.unreachable_now(why)
         self._note_down(why)
 
     def waited(self, call: Callable[[], T], what: str, stopping: Callable[[], bool],
@@ -121,9 +122,9 @@ class Availability:
         """Whether Kafka is unreachable, or answered again less than a minute ago, or a
         group consumer's session timed out less than a minute ago (on a cluster, the
         group's coordinator can be away while the other brokers answer)."""
-        if self._down_since is not None or self._errors.unreachable() is not None:
+        if self._down_since is not None or self.errors.unreachable() is not None:
             return True
-        if self._errors.session_lost_lately():
+        if self.errors.session_lost_lately():
             return True
         return (self._back_at is not None
                 and self._clock.monotonic() - self._back_at < FENCE_AFTER_OUTAGE_S)

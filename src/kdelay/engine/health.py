@@ -228,8 +228,8 @@ class Health:
         self._clock = clock
         self.marks = marks
         self._waiting = waiting
-        self._last_step: Gauge | None = None if metrics is None else metrics.last_step
-        self._restoring_gauge: Gauge | None = None if metrics is None else metrics.restoring
+        self._last_step: Gauge | None = None if metrics is None else metrics.loop.last_step
+        self._restoring_gauge: Gauge | None = None if metrics is None else metrics.state.restoring
         self._lock = threading.Lock()
         now = clock.monotonic()
         self._beat_s = now

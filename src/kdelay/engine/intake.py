@@ -623,7 +623,7 @@ def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> Non
         elif outcome is not Outcome.SCHEDULED and outcome is not Outcome.FORWARDED:
             log.info("request %s: %s", outcome, detail)
     for outcome, count in kinds.items():
-        metrics.intake.labels(outcome=str(outcome)).inc(count)
+        metrics.intake.records.labels(outcome=str(outcome)).inc(count)
     for reason, count in reasons.items():
         metrics.dead_lettered.labels(reason=reason).inc(count)
 
@@ -632,7 +632,7 @@ def count_conflicts(metrics: Metrics, conflicts: list[str]) -> None:
     """Count and log the duplicates that differ from their first request (a few per batch)."""
     if not conflicts:
         return
-    metrics.id_conflicts.inc(len(conflicts))
+    metrics.intake.id_conflicts.inc(len(conflicts))
     for conflict in conflicts[:CONFLICTS_LOGGED]:
         log.warning("duplicate id dropped: %s", conflict)
     if len(conflicts) > CONFLICTS_LOGGED:

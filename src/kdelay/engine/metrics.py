@@ -163,77 +163,25 @@ class BatchHistogram:
                                     sum_value=total)
 
 
-class Metrics:
-    """The counters, gauges and histograms the service updates."""
+class IntakeMetrics:
+    """What intake counts: requests by outcome, how late they arrive, ids and lanes."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.intake = Counter("kdelay_intake_records", "Request records read, by outcome",
-                              ["outcome"], registry=r)
-        self.delivered = Counter("kdelay_delivered_records",
-                                 "Records republished to their target", registry=r)
-        self.lane_delivered = Counter(
-            "kdelay_lane_delivered_records", "Records republished to their target, by the lane "
-            "their request named (only configured lanes; lane-less records are not counted "
-            "here)", ["lane"], registry=r)
-        self.lane_refused = Counter(
-            "kdelay_lane_refused_records", "Requests refused at intake by the lane check, by "
-            f"the lane they named ({NO_LANE}: none, {OTHER_LANE}: one not configured) and "
-            "reason", ["lane", "reason"], registry=r)
-        self.dead_lettered = Counter("kdelay_dead_lettered_records",
-                                     "Records sent to the DLQ, by reason", ["reason"], registry=r)
-        self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
-                               registry=r)
-        self.changelog_errors = Counter("kdelay_changelog_errors",
-                                        "Changelog writes that failed", registry=r)
-        self.swept = Counter(
-            "kdelay_swept_records", "Changelog tombstones written, off the delivery path, "
-            "for the puts of entries a watermark covers (so that compaction drops them)",
-            registry=r)
-        self.lateness = BatchHistogram("kdelay_lateness_seconds",
-                                       "Produce time minus due time, by the service clock",
-                                       LATENESS_BUCKETS, r)
-        self.intake_delay = BatchHistogram(
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.records = Counter("kdelay_intake_records", "Request records read, by outcome",
+                               ["outcome"], registry=r)
+        self.delay = BatchHistogram(
             "kdelay_intake_delay_seconds", "Service clock when a request was taken in minus "
             "its record timestamp: how late requests reach the service", LATENESS_BUCKETS, r)
-        self.restored = Counter("kdelay_restored_changelog_records",
-                                "Changelog records replayed into local indexes", registry=r)
         self.ids_expired = Counter(
             "kdelay_schedule_ids_expired", "Ended-id markers dropped after the id window "
             "(the requests topic's retention)", registry=r)
         self.id_conflicts = Counter(
             "kdelay_duplicate_conflicts", "Requests whose id was taken by a first request with "
             "another payload or due time (dropped; the first is kept)", registry=r)
-        self.clock_skew = Gauge(
-            "kdelay_clock_skew_seconds", "Broker clock minus service clock, from the "
-            "LogAppendTime of changelog acknowledgements", registry=r)
-        self.restoring = Gauge("kdelay_restoring_partitions",
-                               "Partitions being restored from the changelog", registry=r)
-        self.last_step = Gauge(
-            "kdelay_last_step_timestamp_seconds",
-            "Unix time the service loop last finished a step; it steps at least every "
-            "100 ms while it runs, with or without traffic, so a loop stuck in a call "
-            "stops it", registry=r)
-        self.kafka_available = Gauge(
-            "kdelay_kafka_available",
-            "1 while Kafka answers, 0 from the moment every broker is down until one "
-            "answers again; meanwhile the service waits", registry=r)
-        self.kafka_available.set(1)
-        self.owned = Gauge("kdelay_owned_partitions",
-                           "Request partitions this instance serves", registry=r)
-        self.rebalances = Counter(
-            "kdelay_rebalances", "Partition assignments, revocations and losses, by kind",
-            ["kind"], registry=r)
-        self.commit_duration = Histogram(
-            "kdelay_transaction_commit_seconds", "Time to commit one transaction "
-            "(exactly-once only)", buckets=COMMIT_BUCKETS, registry=r)
-        # The gauges below are refreshed by kdelay.engine.outlook every housekeeping round.
-        self.phases = Histogram(
-            "kdelay_loop_phase_seconds", "Time one service step spends in each phase (consume, "
-            "read-ahead, dispatch, write, commit, apply, settle, sweep, housekeeping)", ["phase"],
-            buckets=PHASE_BUCKETS, registry=r)
-        self.outlook = OutlookGauges(r)
+        self.lane_refused = Counter(
+            "kdelay_lane_refused_records", "Requests refused at intake by the lane check, by "
+            f"the lane they named ({NO_LANE}: none, {OTHER_LANE}: one not configured) and "
+            "reason", ["lane", "reason"], registry=r)
 
     def count_lane_refusals(self, dead_letters: Iterable[envelope.Headers | None],
                             lanes: Container[str]) -> None:
@@ -256,6 +204,97 @@ class Metrics:
             self.lane_refused.labels(lane=label, reason=reason.decode()).inc()
 
 
+class DeliveryMetrics:
+    """What delivery counts: records republished (by lane), retried, and how late they
+    went out (dead letters are counted by :class:`Metrics`, as intake's are)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.delivered = Counter("kdelay_delivered_records",
+                                 "Records republished to their target", registry=r)
+        self.lane_delivered = Counter(
+            "kdelay_lane_delivered_records", "Records republished to their target, by the lane "
+            "their request named (only configured lanes; lane-less records are not counted "
+            "here)", ["lane"], registry=r)
+        self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
+                               registry=r)
+        self.lateness = BatchHistogram("kdelay_lateness_seconds",
+                                       "Produce time minus due time, by the service clock",
+                                       LATENESS_BUCKETS, r)
+
+
+class StateMetrics:
+    """The local state and its changelog: writes that failed, tombstones swept, and restores."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.changelog_errors = Counter("kdelay_changelog_errors",
+                                        "Changelog writes that failed", registry=r)
+        self.swept = Counter(
+            "kdelay_swept_records", "Changelog tombstones written, off the delivery path, "
+            "for the puts of entries a watermark covers (so that compaction drops them)",
+            registry=r)
+        self.restored = Counter("kdelay_restored_changelog_records",
+                                "Changelog records replayed into local indexes", registry=r)
+        self.restoring = Gauge("kdelay_restoring_partitions",
+                               "Partitions being restored from the changelog", registry=r)
+
+
+class ClusterMetrics:
+    """This instance among the others and Kafka: partitions served, rebalances, whether
+    Kafka answers, and how far the broker's clock is."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.owned = Gauge("kdelay_owned_partitions",
+                           "Request partitions this instance serves", registry=r)
+        self.rebalances = Counter(
+            "kdelay_rebalances", "Partition assignments, revocations and losses, by kind",
+            ["kind"], registry=r)
+        self.kafka_available = Gauge(
+            "kdelay_kafka_available",
+            "1 while Kafka answers, 0 from the moment every broker is down until one "
+            "answers again; meanwhile the service waits", registry=r)
+        self.kafka_available.set(1)
+        self.clock_skew = Gauge(
+            "kdelay_clock_skew_seconds", "Broker clock minus service clock, from the "
+            "LogAppendTime of changelog acknowledgements", registry=r)
+
+
+class LoopMetrics:
+    """The service loop: when it last stepped, its phases, and its transaction commits."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.last_step = Gauge(
+            "kdelay_last_step_timestamp_seconds",
+            "Unix time the service loop last finished a step; it steps at least every "
+            "100 ms while it runs, with or without traffic, so a loop stuck in a call "
+            "stops it", registry=r)
+        self.phases = Histogram(
+            "kdelay_loop_phase_seconds", "Time one service step spends in each phase (consume, "
+            "read-ahead, dispatch, write, commit, apply, settle, sweep, housekeeping)", ["phase"],
+            buckets=PHASE_BUCKETS, registry=r)
+        self.commit_duration = Histogram(
+            "kdelay_transaction_commit_seconds", "Time to commit one transaction "
+            "(exactly-once only)", buckets=COMMIT_BUCKETS, registry=r)
+
+
+class Metrics:
+    """The counters, gauges and histograms the service updates, one group per concern,
+    all in one registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        # Intake and delivery both dead-letter.
+        self.dead_lettered = Counter("kdelay_dead_lettered_records",
+                                     "Records sent to the DLQ, by reason", ["reason"], registry=r)
+        self.intake = IntakeMetrics(r)
+        self.delivery = DeliveryMetrics(r)
+        self.state = StateMetrics(r)
+        self.cluster = ClusterMetrics(r)
+        self.loop = LoopMetrics(r)
+        # Refreshed by kdelay.engine.outlook every housekeeping round.
+        self.outlook = OutlookGauges(r)
+
+
 @dataclass(slots=True)
 class DeliveryCounts:
     """Per-record figures delivery gathers between two settles, handed to Prometheus at once."""
@@ -266,13 +305,14 @@ class DeliveryCounts:
 
     def flush(self, metrics: Metrics, lateness_ms: list[int]) -> None:
         """Add the counts, and observe the lateness of each record produced, at once."""
+        counted = metrics.delivery
         if self.delivered:
-            metrics.delivered.inc(self.delivered)
+            counted.delivered.inc(self.delivered)
         for lane, count in self.by_lane.items():
-            metrics.lane_delivered.labels(lane=lane).inc(count)
+            counted.lane_delivered.labels(lane=lane).inc(count)
         for reason, count in self.dead_lettered.items():
             metrics.dead_lettered.labels(reason=reason).inc(count)
-        metrics.lateness.observe_ms(lateness_ms)
+        counted.lateness.observe_ms(lateness_ms)
 
 
 class PhaseTimer:

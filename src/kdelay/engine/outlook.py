@@ -81,7 +81,7 @@ class Outlook:
         know yet, has no intake lag series.
         """
         m = self._gauges
-        self._metrics.owned.set(len(indexes))
+        self._metrics.cluster.owned.set(len(indexes))
         for gone in self._shown - set(indexes):
             self._forget(gone)
         for partition, index in indexes.items():

@@ -174,9 +174,9 @@ class Service:
                                broker_tolerance_ms if layout.broker_time else None)
         self.metrics = metrics or Metrics()
         self._clock = clock
-        self._errors = ClientErrors()
-        self._availability = Availability(self._errors, clock, self.metrics.kafka_available)
-        self._factory = clients or KafkaClients(settings, self._errors)
+        self._availability = Availability(ClientErrors(), clock,
+                                          self.metrics.cluster.kafka_available)
+        self._factory = clients or KafkaClients(settings, self._availability.errors)
         self._lock: StateDirLock | None = None
         outlook = Outlook(self.metrics, settings, layout)
         self._housekeeper = Housekeeper(clock, self.metrics, outlook, settings.state_dir)
@@ -191,8 +191,8 @@ class Service:
         self._clients: _Clients | None = None
         self._started_at = 0.0  # when the last step started (monotonic)
         self.health = Health.of(self._factory, settings, clock, self.metrics,
-                                lambda: self._errors.unreachable() is not None)
-        self._phases = PhaseTimer(self.metrics.phases, phase_clock or clock.monotonic)
+                                lambda: self._availability.errors.unreachable() is not None)
+        self._phases = PhaseTimer(self.metrics.loop.phases, phase_clock or clock.monotonic)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -212,11 +212,11 @@ class Service:
         me = identity.of(s)
         log.info("instance %s (group %s, transactional id %s; delivery hot path %s)",
                  me.member_id, s.group_id, me.transactional_id, native.mode)
-        skew = ClockSkew(self._clock, self.metrics.clock_skew)
+        skew = ClockSkew(self._clock, self.metrics.cluster.clock_skew)
         checkpoint = checkpoints.for_settings(
             s, self._factory.producer, me.transactional_id, self._clock, self.metrics,
             lambda: self._stopping, skew.observe, self._availability.waiting,
-            lambda: self._errors.unreachable() is not None,
+            lambda: self._availability.errors.unreachable() is not None,
             owner_metadata(me.member_id, me.transactional_id))
         takeover = Takeover(s.group_id, me.transactional_id, lambda: AdminClient(s.client_config(
             "admin")), self._factory.producer, transactions=s.guarantee is Guarantee.EXACTLY_ONCE)
@@ -231,8 +231,8 @@ class Service:
                            s.retry_backoff_max_ms, self._terms.policy, s.delivery_retry_ms),
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
-            outage=lambda: self._errors.unreachable() is not None,
-            away=self._errors.unreachable_now)
+            outage=lambda: self._availability.errors.unreachable() is not None,
+            away=self._availability.errors.unreachable_now)
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
@@ -392,7 +392,7 @@ class Service:
         consumer is replaced (the checkpoint replaces the producer) instead
         of ending the service.
         """
-        reported = self._errors.take_fatal()
+        reported = self._availability.errors.take_fatal()
         if reported is None:
             return
         client, error = reported
@@ -405,7 +405,7 @@ class Service:
             return False
         if client == "intake":
             self._rejoin(error)
-        self._errors.forgive()  # also what the old consumer reported while it closed
+        self._availability.errors.forgive()  # also what the old consumer reported while it closed
         return True
 
     def _rejoin(self, error: KafkaError) -> None:
@@ -467,7 +467,7 @@ class Service:
         delays: list[int] = []  # each planner reads a timestamp once and notes its age
         plans = [self._owned.planners[p].plan(p, ms, now, delays) for p, ms in by_partition.items()
                  if p in self._owned.planners]
-        self.metrics.intake_delay.observe_ms(delays)
+        self.metrics.intake.delay.observe_ms(delays)
         return plans
 
     def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
@@ -522,9 +522,9 @@ class Service:
             count_outcomes(self.metrics, plan.outcomes)
             count_conflicts(self.metrics, plan.conflicts)
             if plan.changes.expired:
-                self.metrics.ids_expired.inc(len(plan.changes.expired))
+                self.metrics.intake.ids_expired.inc(len(plan.changes.expired))
             if plan.dead_letters and self.settings.lanes:
-                self.metrics.count_lane_refusals((r.headers for r in plan.dead_letters),
+                self.metrics.intake.count_lane_refusals((r.headers for r in plan.dead_letters),
                                                  self.settings.lanes)
 
     def _give_back(self, batch: Batch, consumer: Consuming, delivery: Delivery) -> None:
@@ -582,8 +582,8 @@ class Service:
                 topics, terms.limits, index.id_state, delivery.withhold, terms.policy,
                 terms.partitions, IdWindow(terms.id_window_ms, self._clock, index),
                 rereads, delivery.rereads.watch(tp.partition, start, rereads))
-        self.metrics.rebalances.labels(kind="assign").inc()
-        self.metrics.owned.set(len(self._owned.indexes))
+        self.metrics.cluster.rebalances.labels(kind="assign").inc()
+        self.metrics.cluster.owned.set(len(self._owned.indexes))
         clients.checkpoint.claim(consumer, partitions)
         self.health.assigned(self._owned.indexes)
         log.info("assigned %s", [tp.partition for tp in partitions])
@@ -597,7 +597,7 @@ class Service:
         def restore() -> tuple[PartitionIndex, int]:
             staleness = Staleness(self._clock.now_ms(), self._terms.tombstones_kept_ms)
             return open_restored(path, partition, clients.restorer,
-                                 logged_progress(partition, self.metrics.restored), staleness)
+                                 logged_progress(partition, self.metrics.state.restored), staleness)
         try:
             with self.health.restoring():
                 index, restored = self._waited(restore, f"restoring partition {partition}")
@@ -613,7 +613,7 @@ class Service:
 
     def _on_revoke(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         clients, delivery = self._started()
-        self.metrics.rebalances.labels(kind="revoke").inc()
+        self.metrics.cluster.rebalances.labels(kind="revoke").inc()
         try:
             for batch in clients.checkpoint.drain():
                 self._apply(batch, clients.checkpoint, consumer, delivery)
@@ -629,7 +629,7 @@ class Service:
     def _on_lost(self, _: Consuming, partitions: list[TopicPartition]) -> None:
         clients = self._started()[0]
         log.warning("partitions lost: %s", [tp.partition for tp in partitions])
-        self.metrics.rebalances.labels(kind="lost").inc()
+        self.metrics.cluster.rebalances.labels(kind="lost").inc()
         self._close_partitions(clients, [tp.partition for tp in partitions])
 
     def _close_partitions(self, clients: _Clients, partitions: list[int]) -> None:
@@ -644,4 +644,4 @@ class Service:
             index = self._owned.indexes.pop(partition, None)
             if index is not None:
                 index.close()
-        self.metrics.owned.set(len(self._owned.indexes))
+        self.metrics.cluster.owned.set(len(self._owned.indexes))

@@ -117,7 +117,7 @@ class Sweeper:
         if self._failures:
             log.warning("%d changelog tombstone(s) of delivered entries failed (%s); they are "
                         "written again later", self._failures, self._failure)
-            self._metrics.changelog_errors.inc(self._failures)
+            self._metrics.state.changelog_errors.inc(self._failures)
             self._failures = self._counted = 0
             for partition in sweeping:
                 if partition in indexes:
@@ -127,7 +127,7 @@ class Sweeper:
             index = indexes.get(partition)
             if index is not None:
                 index.apply(Changes(unswept=chunk_ids))
-        self._metrics.swept.inc(self._counted)
+        self._metrics.state.swept.inc(self._counted)
         self._counted = 0
 
     def _report(self, error: KafkaError | None, _: Message) -> None:

@@ -389,7 +389,7 @@ def test_a_duplicate_id_in_a_later_batch_sees_the_unacknowledged_one(alo: Loop) 
     alo.step()
     alo.clients.producers["changelog"].hold = False
     alo.step()
-    intake = alo.service.metrics.intake
+    intake = alo.service.metrics.intake.records
     assert intake.labels(outcome="duplicate")._value.get() == 1
     assert len(alo.pending()) == 1
 
@@ -407,7 +407,7 @@ def test_a_cancel_of_an_unacknowledged_schedule_keeps_it_from_going_out(alo: Loo
     alo.step()
     assert ("orders", b"a") not in produced(alo.wire.events)
     assert alo.pending() == []
-    assert alo.service.metrics.intake.labels(outcome="cancelled")._value.get() == 1
+    assert alo.service.metrics.intake.records.labels(outcome="cancelled")._value.get() == 1
 
 
 def test_a_revoke_applies_the_batches_still_awaiting_acknowledgement(alo: Loop) -> None:
@@ -502,7 +502,7 @@ def test_offsets_whose_call_never_answers_are_abandoned_to_a_new_producer(
     # an outage that replaced the consumer it may never answer while Kafka answers
     # everything else: the step must not wait forever serving nothing.
     monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
-    available = eos.service.metrics.kafka_available
+    available = eos.service.metrics.cluster.kafka_available
     release = threading.Event()
     old = eos.clients.producers["transactions"]
 
@@ -558,7 +558,7 @@ def test_a_fence_after_an_outage_is_the_coordinators_timeout_and_a_new_producer_
     # The coordinator aborts a transaction that outlived transaction.timeout.ms while
     # Kafka was away and bumps the epoch: the waiting producer is fenced, by no one else.
     monkeypatch.setattr(checkpoint, "ANSWER_POLL_S", 0.01)
-    available = eos.service.metrics.kafka_available
+    available = eos.service.metrics.cluster.kafka_available
     old = eos.clients.producers["transactions"]
 
     def late_offsets(*_: Any, **__: Any) -> None:
@@ -626,13 +626,14 @@ def outage_then_back(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
 
     monkeypatch.setattr(FakeProducer, "list_topics", list_topics)
-    loop.service._errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "down")
+    loop.service._availability.errors.callback("intake")(down)
     loop.step()
-    assert loop.service.metrics.kafka_available._value.get() == 0
+    assert loop.service.metrics.cluster.kafka_available._value.get() == 0
     answers[0] = True
     loop.clock.advance(2_000)
     loop.step()
-    assert loop.service.metrics.kafka_available._value.get() == 1
+    assert loop.service.metrics.cluster.kafka_available._value.get() == 1
 
 
 def test_the_requests_partitions_are_checked_only_while_kafka_answers(
@@ -649,7 +650,8 @@ def test_the_requests_partitions_are_checked_only_while_kafka_answers(
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
 
     monkeypatch.setattr(FakeProducer, "list_topics", list_topics)
-    alo.service._errors.callback("intake")(KafkaError(KafkaError._ALL_BROKERS_DOWN, "down"))
+    down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "down")
+    alo.service._availability.errors.callback("intake")(down)
     for _ in range(3):
         alo.clock.advance(PARTITION_CHECK_EVERY_MS)
         alo.step()
@@ -676,7 +678,7 @@ def test_a_consumer_fenced_by_its_own_rejoin_after_an_outage_is_replaced(
         loop.step()
         outage_then_back(loop, monkeypatch)
         if reported == "error_cb":
-            loop.service._errors.callback("intake")(INSTANCE_FENCED)
+            loop.service._availability.errors.callback("intake")(INSTANCE_FENCED)
         else:  # the consumer's own batch ends with the fatal error
             loop.clients.group.log.append(Message(topic=REQUESTS, error=INSTANCE_FENCED))
         events = loop.step()
@@ -703,10 +705,10 @@ def test_a_consumer_fenced_by_its_rejoin_after_its_session_timed_out_is_replaced
     try:
         first = loop.request(T0 + 60_000, key=b"a")
         loop.step()
-        quiet = loop.service._errors.quiet(logging.getLogger("test"))
+        quiet = loop.service._availability.errors.quiet(logging.getLogger("test"))
         quiet.log(4, "%s [%s] %s", "SESSTMOUT", "rdkafka#consumer-1",
                   "Consumer group session timed out")
-        loop.service._errors.callback("intake")(INSTANCE_FENCED)
+        loop.service._availability.errors.callback("intake")(INSTANCE_FENCED)
         events = loop.step()
         assert ("close",) in events, "the fenced consumer is closed"
         loop.clients.group.assign_next.append(0)
@@ -719,7 +721,7 @@ def test_a_consumer_fenced_by_its_rejoin_after_its_session_timed_out_is_replaced
 
 def test_a_consumer_fenced_with_kafka_answering_all_along_ends_the_service(alo: Loop) -> None:
     alo.step()
-    alo.service._errors.callback("intake")(INSTANCE_FENCED)
+    alo.service._availability.errors.callback("intake")(INSTANCE_FENCED)
     with pytest.raises(ServiceError) as raised:
         alo.step()
     assert raised.value.code == "fenced"
@@ -966,9 +968,9 @@ def test_a_restore_kafka_does_not_answer_is_waited_for_and_said_once(
             loop.step()
             assert restorer.calls == 4, "tried again until it answered"
             assert loop.service.owned() == [0], "then the partition serves"
-            assert loop.service.metrics.kafka_available._value.get() == 0
+            assert loop.service.metrics.cluster.kafka_available._value.get() == 0
             loop.step()
-        assert loop.service.metrics.kafka_available._value.get() == 1
+        assert loop.service.metrics.cluster.kafka_available._value.get() == 1
         lines = [r.getMessage() for r in caplog.records]
         down = [line for line in lines if "Kafka is unreachable" in line]
         assert len(down) == 1, lines

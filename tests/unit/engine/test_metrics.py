@@ -59,13 +59,13 @@ def test_lane_refusals_are_counted_by_a_bounded_lane_label() -> None:
         return [("trace", b"1"), *named, (envelope.ERROR, b"forged"),
                 *envelope.rejection_headers(envelope.Rejection(ErrorCode(code), "why"))]
 
-    metrics.count_lane_refusals([
+    metrics.intake.count_lane_refusals([
         refused("wrong-lane", b"dev1"), refused("wrong-lane", b"dev1"),
         refused("missing-lane", None), *(refused("unknown-lane", f"x{n}".encode())
                                          for n in range(50)),
         refused("bad-time", b"dev1"), None], {"dev1", "dev2"})  # None: a record without headers
     counted = {(s.labels["lane"], s.labels["reason"]): s.value
-               for family in metrics.lane_refused.collect() for s in family.samples
+               for family in metrics.intake.lane_refused.collect() for s in family.samples
                if s.name.endswith("_total")}
     assert counted == {("dev1", "wrong-lane"): 2, ("(none)", "missing-lane"): 1,
                        ("(unknown)", "unknown-lane"): 50}

@@ -26,7 +26,7 @@ def count(metrics: Metrics, phase: str, le: str) -> float:
 
 def test_each_lap_lands_in_its_phase() -> None:
     metrics, ticks = Metrics(), Ticks()
-    timer = PhaseTimer(metrics.phases, ticks)
+    timer = PhaseTimer(metrics.loop.phases, ticks)
     timer.start()
     ticks.now += 0.002
     timer.lap("consume")
@@ -44,7 +44,7 @@ def test_each_lap_lands_in_its_phase() -> None:
 
 def test_a_slow_step_is_logged_with_its_phases(caplog: pytest.LogCaptureFixture) -> None:
     metrics, ticks = Metrics(), Ticks()
-    timer = PhaseTimer(metrics.phases, ticks, slow_s=1.0)
+    timer = PhaseTimer(metrics.loop.phases, ticks, slow_s=1.0)
     timer.start()
     ticks.now += 0.1
     timer.lap("consume")

@@ -28,7 +28,7 @@ def skew_of(metrics: Metrics) -> float | None:
 
 def test_a_broker_stamp_sets_the_skew_gauge() -> None:
     clock, metrics = ManualClock(NOW), Metrics()
-    skew = ClockSkew(clock, metrics.clock_skew)
+    skew = ClockSkew(clock, metrics.cluster.clock_skew)
     skew.observe(acknowledged(NOW - 2_500))
     assert skew.last_ms == -2_500
     assert skew_of(metrics) == -2.5
@@ -36,7 +36,7 @@ def test_a_broker_stamp_sets_the_skew_gauge() -> None:
 
 def test_a_create_time_stamp_says_nothing_about_the_broker() -> None:
     clock, metrics = ManualClock(NOW), Metrics()
-    skew = ClockSkew(clock, metrics.clock_skew)
+    skew = ClockSkew(clock, metrics.cluster.clock_skew)
     skew.observe(acknowledged(NOW - 90_000, TIMESTAMP_CREATE_TIME))
     assert skew.last_ms is None
     assert skew_of(metrics) == 0.0
@@ -44,7 +44,7 @@ def test_a_create_time_stamp_says_nothing_about_the_broker() -> None:
 
 def test_a_large_skew_is_warned_about_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
     clock, metrics = ManualClock(NOW), Metrics()
-    skew = ClockSkew(clock, metrics.clock_skew)
+    skew = ClockSkew(clock, metrics.cluster.clock_skew)
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         skew.observe(acknowledged(NOW + 5_000))
         skew.observe(acknowledged(NOW + 5_000))
@@ -64,7 +64,7 @@ def test_one_large_reading_between_small_ones_is_not_warned_about(
     # A report served seconds late (the loop held up by a long assignment) reads the
     # broker as that much behind; the next reading, served in time, shows no skew.
     clock, metrics = ManualClock(NOW), Metrics()
-    skew = ClockSkew(clock, metrics.clock_skew)
+    skew = ClockSkew(clock, metrics.cluster.clock_skew)
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         skew.observe(acknowledged(NOW - 4_000))
         skew.observe(acknowledged(NOW - 2))
@@ -76,7 +76,7 @@ def test_one_large_reading_between_small_ones_is_not_warned_about(
 def test_a_small_skew_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     clock, metrics = ManualClock(NOW), Metrics()
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
-        ClockSkew(clock, metrics.clock_skew).observe(acknowledged(NOW - 3))
+        ClockSkew(clock, metrics.cluster.clock_skew).observe(acknowledged(NOW - 3))
     assert caplog.records == []
 
 
@@ -114,7 +114,7 @@ class ProbeProducer:
 
 def guard_on(clock: ManualClock) -> tuple[BrokerGuard, ProbeProducer]:
     producer = ProbeProducer()
-    skew = ClockSkew(clock, Metrics().clock_skew)
+    skew = ClockSkew(clock, Metrics().cluster.clock_skew)
     return BrokerGuard(skew, cast(Producing, producer), "chg", clock, tolerance_ms=1_000), \
         producer
 

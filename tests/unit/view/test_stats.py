@@ -38,12 +38,12 @@ kdelay_lateness_seconds_sum 9.5
 def exposition(delivered: int, late: list[float], dlq: dict[str, int]) -> str:
     """The text a Metrics registry exports after ``delivered`` deliveries and so on."""
     metrics = Metrics()
-    metrics.delivered.inc(delivered)
-    metrics.intake.labels(outcome="scheduled").inc(delivered * 2)
-    metrics.lateness.observe_ms([round(seconds * 1000) for seconds in late])
+    metrics.delivery.delivered.inc(delivered)
+    metrics.intake.records.labels(outcome="scheduled").inc(delivered * 2)
+    metrics.delivery.lateness.observe_ms([round(seconds * 1000) for seconds in late])
     for reason, count in dlq.items():
         metrics.dead_lettered.labels(reason=reason).inc(count)
-    metrics.owned.set(3)
+    metrics.cluster.owned.set(3)
     metrics.outlook.partitions.set(6)
     metrics.outlook.pending.labels(partition="0").set(10)
     metrics.outlook.pending.labels(partition="4").set(5)
@@ -51,7 +51,7 @@ def exposition(delivered: int, late: list[float], dlq: dict[str, int]) -> str:
     metrics.outlook.oldest_overdue.labels(partition="0").set(1.5)
     metrics.outlook.oldest_overdue.labels(partition="4").set(0)
     metrics.outlook.intake_lag.labels(partition="0").set(7)
-    metrics.clock_skew.set(-0.25)
+    metrics.cluster.clock_skew.set(-0.25)
     return generate_latest(metrics.registry).decode()
 
 

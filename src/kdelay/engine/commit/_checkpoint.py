@@ -107,10 +107,16 @@ class Checkpoint(Protocol):
 
     auto_commit: bool
     """Whether the group consumer commits stored offsets on its own."""
-    targets: Producing
-    """The producer of records to targets."""
-    internal: Producing
-    """The producer of DLQ records, forwards and answers (under transactions, every record)."""
+    @property
+    def targets(self) -> Producing:
+        """The producer of records to targets."""
+        ...
+
+    @property
+    def internal(self) -> Producing:
+        """The producer of DLQ records, forwards and answers (under transactions, every record)."""
+        ...
+
     writer: ChangelogWriter
     """The changelog writer: on a gapless producer of its own, or the transactional one."""
     durability: Durability
@@ -259,7 +265,7 @@ class AtLeastOnce:
             batch, records = unacked.popleft()
             self._records -= records
             _report_lost(batch.acks.dead_letter_failures)
-            self._metrics.changelog_errors.inc(len(batch.acks.dead_letter_failures))
+            self._metrics.state.changelog_errors.inc(len(batch.acks.dead_letter_failures))
             durable.append(batch)
         return durable
 
@@ -336,8 +342,6 @@ class ExactlyOnce:
         # Whether Kafka was away since the last transaction ended: the
         # coordinator may have timed the open one out meanwhile (see _fenced).
         self._away = False
-        self.targets: Producing = producer
-        self.internal: Producing = producer
         self.writer = writer
         self.durability: Durability = Transacted(writer, producer)
         self._flush_s = settings.delivery_timeout_ms / 1000
@@ -347,6 +351,16 @@ class ExactlyOnce:
         self._ending = False
         self._renewing = False
         self._retrying_commit = False
+
+    @property
+    def targets(self) -> Producing:
+        """The transactional producer: targets are written in the step's transaction."""
+        return self.producer
+
+    @property
+    def internal(self) -> Producing:
+        """The transactional producer: every record is, under transactions."""
+        return self.producer
 
     def begin(self, work: bool) -> bool:
         """Open a transaction when the step has work; a step without produces nothing.
@@ -500,7 +514,7 @@ class ExactlyOnce:
         """
         while True:
             try:
-                with self._metrics.commit_duration.time():
+                with self._metrics.loop.commit_duration.time():
                     self.producer.commit_transaction(TXN_CALL_S)
             except KafkaException as exc:
                 error = exc.args[0]

@@ -293,7 +293,7 @@ class ChangelogWriter:
             log.error("changelog producer failed for good: %s", error.str())
             self._fatal_logged = True
         self._failures.append(Failure(self._topic, key, error))
-        self._metrics.changelog_errors.inc()
+        self._metrics.state.changelog_errors.inc()
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
@@ -314,7 +314,7 @@ class ChangelogWriter:
 
     def _failed(self, error: KafkaError, message: Message) -> None:
         self._failures.append(Failure(self._topic, message.key(), error))
-        self._metrics.changelog_errors.inc()
+        self._metrics.state.changelog_errors.inc()
         log.error("changelog record for %r failed: %s", message.key(), error.str())
 
     def _confirming_reported(self, error: KafkaError | None, message: Message) -> None:

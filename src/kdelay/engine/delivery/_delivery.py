@@ -111,6 +111,30 @@ class Stalls:
 
 
 @dataclass(frozen=True, slots=True)
+class Gate:
+    """Whether delivery may send now, and up to which due time."""
+
+    release: Release
+    """The latest due time that may go out at a service time (None: nothing yet)."""
+    outage: Callable[[], bool]
+    """Whether Kafka is unreachable now: then nothing is sent, and a failure costs no attempt."""
+
+
+class Tally:
+    """The per-record figures delivery gathers between two settles, handed to Prometheus
+    at once."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self.counts = DeliveryCounts()
+
+    def flush(self, lateness_ms: list[int]) -> None:
+        """Hand the counts gathered since the last call, and ``lateness_ms``, to Prometheus."""
+        counts, self.counts = self.counts, DeliveryCounts()
+        counts.flush(self._metrics, lateness_ms)
+
+
+@dataclass(frozen=True, slots=True)
 class DeliveryConfig:
     """What delivery needs from the settings."""
 
@@ -140,13 +164,11 @@ class Delivery:
         """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt,
         and nothing more is sent until it answers; ``away`` is told when a metadata
         request finds the cluster silent."""
-        self._release = release
-        self._outage = outage
+        self._gate = Gate(release, outage)
         policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
         self._internal = internal
         self._clock = clock
-        self._metrics = metrics
         self._durability = durability
         self._book = Book()
         self.rereads = Rereads()
@@ -160,7 +182,7 @@ class Delivery:
         self._flights: list[Flight] = []
         self._cut = False  # the last dispatch stopped at a full producer queue
         self._landed: list[Flight] = []
-        self._counts = DeliveryCounts()
+        self._tally = Tally(metrics)
         self._stalls = Stalls()
         self._sender = Sender(config.requests_topic, config.dlq_topic, targets, internal,
                               policy, TopicCheck(targets, clock, away=away),
@@ -334,8 +356,8 @@ class Delivery:
         slices, merged in key order: one :class:`Flight` each.
         """
         now = self._clock.now_ms()
-        limit = self._release(now)
-        if limit is None or self._outage():
+        limit = self._gate.release(now)
+        if limit is None or self._gate.outage():
             return
         bound = codec.due_upper_bound(limit)
         due = [(run, run.sent, run.due_end(bound)) for runs in self._ahead.runs.values()
@@ -469,7 +491,7 @@ class Delivery:
         """
         now = self._clock.now_ms()
         flights, self._landed, self._flights = [*self._landed, *self._flights], [], []
-        self._counts.delivered = 0
+        self._tally.counts.delivered = 0
         failed = [self._failures(flight) for flight in flights]
         for flight, failures in zip(flights, failed, strict=True):
             run = flight.run
@@ -492,7 +514,7 @@ class Delivery:
         """Send the book's due jobs (retries, dead letters); False on a full queue."""
         book = self._book
         while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= limit:
-            if self._outage():  # learnt mid-way (a silent metadata request): wait for Kafka
+            if self._gate.outage():  # learnt mid-way (a silent metadata request): wait for Kafka
                 return False
             try:
                 self._sender.job(job, now, flight)
@@ -531,7 +553,7 @@ class Delivery:
         for key, (sink, reason) in failed.items():
             self._failed(key, sink, reason, now)
         for lane, count in flight.lanes.items():
-            self._counts.by_lane[lane] = self._counts.by_lane.get(lane, 0) + count
+            self._tally.counts.by_lane[lane] = self._tally.counts.by_lane.get(lane, 0) + count
 
     def _failures(self, flight: Flight) -> dict[bytes, tuple[Sink, str]]:
         """The entries of ``flight`` whose produce was refused or reported failed."""
@@ -569,21 +591,21 @@ class Delivery:
 
     def _settled(self, item: Seal) -> None:
         """A seal is applied: its runs' ranges and its jobs are out of the index."""
-        self._counts.delivered += self._ahead.settled(item.partition, item.runs)
+        self._tally.counts.delivered += self._ahead.settled(item.partition, item.runs)
         for job, sink in item.jobs:
             if self._book.get(job.key) is job:
                 self._book.drop(job.key)
             if sink is Sink.TARGET:
-                self._counts.delivered += 1
+                self._tally.counts.delivered += 1
             else:
                 code = str(job.failure[0] if job.failure else ErrorCode.UNDELIVERABLE)
-                self._counts.dead_lettered[code] = self._counts.dead_lettered.get(code, 0) + 1
+                dead = self._tally.counts.dead_lettered
+                dead[code] = dead.get(code, 0) + 1
 
     def _flush_metrics(self) -> None:
         """Hand the per-record counts gathered since the last call to Prometheus at once."""
-        counts, self._counts = self._counts, DeliveryCounts()
         lateness, self._sender.lateness_ms = self._sender.lateness_ms, []
-        counts.flush(self._metrics, lateness)
+        self._tally.flush(lateness)
 
     # -- failures -------------------------------------------------------------------
 
@@ -606,7 +628,7 @@ class Delivery:
             wakeup = due if wakeup is None else min(wakeup, due)
         if wakeup is None:
             return MAX_WAIT_MS
-        limit = self._release(now)
+        limit = self._gate.release(now)
         if limit is None:
             return MAX_WAIT_MS
         if limit < now and wakeup <= now:

@@ -157,7 +157,7 @@ class Retries:
             # The last attempt falls at the end of the retry window, not after it.
             wait = max(0, min(wait, job.first_failed_ms + self._retry_ms - now))
         self._log.add(job.entry.due, reason, job.attempts, wait, outage)
-        self._metrics.retries.inc()
+        self._metrics.delivery.retries.inc()
         job.not_before_ms = now + wait
         self._book.move(job, State.BACKING_OFF)
 
