@@ -100,6 +100,37 @@ class ErrorCode(StrEnum):
     BAD_RESCHEDULE = "bad-reschedule"
 
 
+MEANINGS: dict[ErrorCode, str] = {
+    ErrorCode.MISSING_TARGET: "no `kdelay-target`",
+    ErrorCode.MISSING_TIME: "none of due time, delay or level",
+    ErrorCode.CONFLICTING_TIME: "more than one of due time, delay or level",
+    ErrorCode.BAD_TIME: "a time that is not a non-negative integer, or no record timestamp "
+                        "to count a delay from",
+    ErrorCode.UNKNOWN_LEVEL: "a level that is not an integer of at least 1",
+    ErrorCode.DELAY_TOO_LONG: "due later than the requests topic's retention allows",
+    ErrorCode.BAD_CANCEL: "a cancel without an id, or with a target or time",
+    ErrorCode.BAD_PARTITION: "`kdelay-partition` is not a partition number",
+    ErrorCode.BAD_HEADER: "a `kdelay-*` header twice, an illegal target name, an empty id",
+    ErrorCode.MISMATCH: "the record at the stored offset is not the one scheduled (topic "
+                        "recreated, truncated)",
+    ErrorCode.EXPIRED: "retention deleted the request before it came due",
+    ErrorCode.UNDELIVERABLE: "the target kept refusing the record for the service's retry "
+                             "window (15 minutes after the first failure by default)",
+    ErrorCode.FORBIDDEN_TARGET: "the target is one of kdelay's own topics",
+    ErrorCode.TARGET_NOT_ALLOWED: "the service runs with `--allowed-targets` and the target "
+                                  "matches none of them",
+    ErrorCode.UNKNOWN_LANE: "the request names a lane the service is not configured with",
+    ErrorCode.WRONG_LANE: "the request's target is not one of its lane's topics",
+    ErrorCode.MISSING_LANE: "the request names no lane, and its target is a lane's topic",
+    ErrorCode.BAD_FORWARD: "a `kdelay-forward` record whose other forward headers are missing "
+                           "or malformed",
+    ErrorCode.BAD_RESCHEDULE: "a reschedule without an id or a new time, or with a target or "
+                              "partition",
+}
+"""What each :class:`ErrorCode` means, in one line: the error-code reference is generated
+from it (docs/reference/errors.md)."""
+
+
 class Schedule(NamedTuple):
     """A valid request: deliver to ``target`` (optionally ``partition``) at ``due_ms``.
 
