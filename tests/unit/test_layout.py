@@ -189,10 +189,10 @@ def test_allowed_imports_pass() -> None:
     assert violations("kdelay.view.lookup", "from kdelay.recurring import describe") == []
 
 
-def _readme_layout() -> dict[str, str]:
-    """The README's layout tree: each room's lines (``src/kdelay/`` for the top), joined."""
-    text = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
-    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+def _layout_page() -> dict[str, str]:
+    """The tree of docs/layout.md: each room's lines (``src/kdelay/`` for the top), joined."""
+    text = (PACKAGE.parents[1] / "docs" / "layout.md").read_text(encoding="utf-8")
+    block = text.split("```", 2)[1]
     rooms: dict[str, str] = {}
     room = ""
     for line in block.splitlines():
@@ -208,16 +208,16 @@ def _readme_layout() -> dict[str, str]:
     return rooms
 
 
-def test_the_readme_layout_names_every_module_in_its_room() -> None:
-    rooms = _readme_layout()
+def test_the_layout_page_names_every_module_in_its_room() -> None:
+    rooms = _layout_page()
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.stem.startswith("_"):
             continue
         room = "." if path.parent == PACKAGE else path.parent.name
-        assert room in rooms, f"README's layout has no line for {room}/"
+        assert room in rooms, f"docs/layout.md has no line for {room}/"
         if room != "spark":  # described as a whole
             assert re.search(rf"\b{path.stem}\b", rooms[room]), (
-                f"README's layout misses {room}/{path.stem}")
+                f"docs/layout.md misses {room}/{path.stem}")
 
 
 def test_the_engine_map_names_every_module() -> None:
