@@ -11,6 +11,7 @@ empty, so an error swallowed somewhere up the stack still fails the test.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,9 @@ FAIL_LINE_EVERY_S = 60.0
 # refused while a transaction coordinator finishes the transaction it took over
 # (``GETPID``: over a hundred lines in a second after a cluster refused writes).
 RARE_FACILITIES = frozenset({"FAIL", "GETPID"})
+# What librdkafka says while a new broker loads its coordinators (its first minute): it
+# retries by itself, and a user needs to hear of it once, not as a warning per client.
+COORDINATOR_LOADING = "Coordinator load in progress"
 # How long after a group consumer's session timed out its fence counts as its own.
 OWN_FENCE_WINDOW_S = 60.0
 
@@ -110,6 +114,13 @@ class ClientErrors:
         self._down: str | None = None
         self._monotonic = monotonic
         self._session_lost_s: float | None = None
+        self._said_loading = False
+
+    def loading_first_said(self) -> bool:
+        """Return True the first time a client says the coordinators are loading, False
+        after: every client of the process says it, once is enough."""
+        first, self._said_loading = not self._said_loading, True
+        return first
 
     def callback(self, client: str, *, watch: bool = True,
                  renewable: bool = False) -> Callable[[KafkaError], None]:
@@ -192,12 +203,18 @@ class _QuietLogger:
         self._next_s: dict[object, float] = {}
 
     def log(self, level: int, message: str, *args: object) -> None:
-        """Pass the line on, unless it is a connection failure during an outage, or a
+        """Pass the line on, unless it is a connection failure during an outage, a
         line of :data:`RARE_FACILITIES` within a minute of the last one of its kind
-        passed; note a session timeout."""
+        passed, or a coordinator still loading (said once per process, as INFO);
+        note a session timeout."""
         facility = args[0] if args else None
         if facility == "SESSTMOUT":
             self._errors.session_lost()
+        if any(isinstance(arg, str) and COORDINATOR_LOADING in arg for arg in args):
+            if self._errors.loading_first_said():
+                self._logger.log(logging.INFO, "waiting for the broker to load its group and "
+                                 "transaction coordinators (a new broker's first minute)")
+            return
         if facility in RARE_FACILITIES:
             now = self._monotonic()
             if facility == "FAIL" and self._errors.unreachable() is not None:

@@ -33,7 +33,7 @@ class Lines:
         self.lines: list[tuple[object, ...]] = []
 
     def log(self, level: int, message: str, *args: object) -> None:
-        self.lines.append(args)
+        self.lines.append(args if args else (level, message))
 
 
 def test_every_broker_down_makes_kafka_unreachable_until_it_answers() -> None:
@@ -91,3 +91,16 @@ def test_producer_id_retries_are_logged_once_a_minute() -> None:
     logger.log(4, "%s [%s] %s", "FAIL", "transactions", "refused")
     assert lines.lines == [("GETPID", "transactions", "CONCURRENT_TRANSACTIONS"),
                            ("FAIL", "transactions", "refused")]
+
+
+def test_a_new_brokers_coordinators_loading_is_said_once_as_info_whatever_the_clients() -> None:
+    errors = ClientErrors()
+    lines = Lines()
+    first, second = errors.quiet(lines), errors.quiet(lines)
+    loading = ("Failed to acquire idempotence PID from broker 127.0.0.1:9092/1: Broker: "
+               "Coordinator load in progress: retrying")
+    for logger in (first, second, first):
+        logger.log(4, "%s [%s] %s", "GETPID", "internal", loading)
+    first.log(4, "%s [%s] %s", "COMMITFAIL", "intake", "Coordinator load in progress")
+    assert lines.lines == [(20, "waiting for the broker to load its group and transaction "
+                                "coordinators (a new broker's first minute)")]
