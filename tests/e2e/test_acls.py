@@ -1,12 +1,12 @@
 """Least privilege on the real broker: SASL_SSL, a development CA, and exactly the ACLs
-docs/operations.md lists.
+docs/operations/security.md lists.
 
 The jar broker of ``tools/kafka`` has a SASL_SSL listener whose certificate a
 CA made at its first start signs, and KRaft's ``StandardAuthorizer`` with
 ``allow.everyone.if.no.acl.found=false`` (``tools/kafka tls`` prints both; the
 PLAINTEXT listener's principal is a super user, so the other tests never meet
 an ACL). Each test makes two SCRAM users of its own, grants them the ACLs of
-the ``kafka-acls.sh`` lines in docs/operations.md (read from the page, so the
+the ``kafka-acls.sh`` lines in docs/operations/security.md (read from the page, so the
 page cannot drift) and runs ``kdelay run`` as one of them, configured with a
 Java ``client.properties`` that trusts the CA through PEM settings.
 """
@@ -100,12 +100,12 @@ def java_properties(path: Path, ca: Path, user: str, password: str) -> Path:
 
 
 def documented_acls(names: dict[str, str]) -> list[AclBinding]:
-    """The ACL bindings of the ``kafka-acls.sh`` lines in docs/operations.md, ``$NAME``s
+    """The ACL bindings of the ``kafka-acls.sh`` lines in docs/operations/security.md, ``$NAME``s
     replaced by ``names``."""
-    page = (ROOT / "docs" / "operations.md").read_text()
+    page = (ROOT / "docs" / "operations" / "security.md").read_text()
     block = page.split("<!-- acls:begin -->")[1].split("<!-- acls:end -->")[0]
     lines = [line for line in block.splitlines() if line.startswith("kafka-acls.sh")]
-    assert lines, "docs/operations.md lists no kafka-acls.sh command"
+    assert lines, "docs/operations/security.md lists no kafka-acls.sh command"
     bindings = []
     for line in lines:
         text = re.sub(r"\$([A-Z]+)", lambda m: names.get(m.group(1), m.group(0)), line)
@@ -209,7 +209,7 @@ def test_the_service_serves_over_sasl_ssl_with_exactly_the_documented_acls(
 
     password = principals.service[1]
     properties = java_properties(tmp_path / "client.properties", tls[1], *principals.service)
-    # Run as docs/operations.md says to when kdelay's ACLs are broader than its
+    # Run as docs/operations/security.md says to when kdelay's ACLs are broader than its
     # producers': with the targets it may serve listed.
     env = {"KDELAY_KAFKA_CONFIG": str(properties), "KDELAY_GUARANTEE": guarantee,
            "KDELAY_ALLOWED_TARGETS": target}

@@ -34,7 +34,7 @@ Start = Callable[..., KdelayProcess]
 Receive = Callable[[list[str]], Receiver]
 
 kafka = pytest.mark.kafka
-# What docs/operations.md promises: serving again within 10 s of a restart; a dead
+# What docs/operations/deployment.md promises: serving again within 10 s of a restart; a dead
 # instance's partitions are served by a survivor within FAILOVER_S (see its comment).
 RESTART_SERVING_S = 10.0
 GUARANTEES = ["at-least-once", "exactly-once"]

@@ -246,6 +246,6 @@ class PartitionWatch:
                   "but changelog %s has %d: requests written to partitions %d-%d are not "
                   "served (they wait in %s). Stop every instance, run `kdelay topics grow "
                   "--partitions %d` (it moves each schedule id to its new home), then start "
-                  "them again (see \"Adding request partitions\" in docs/operations.md)",
+                  "them again (see \"Adding request partitions\" in docs/operations/topics.md)",
                   s.requests_topic, count, s.changelog_topic, served, served, count - 1,
                   s.requests_topic, count)

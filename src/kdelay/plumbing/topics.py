@@ -196,7 +196,7 @@ def replication_warnings(existing: Mapping[str, _Existing], brokers: int) -> lis
     return [f"topic {name} has replication factor {found.replicas} on a cluster of "
             f"{brokers} brokers: a broker down stops kdelay and a lost disk loses its records; "
             f"raise it to {wanted} with kafka-reassign-partitions "
-            "(docs/operations.md, \"Running on a production cluster\")"
+            "(docs/operations/clusters.md)"
             for name, found in existing.items() if found.replicas < wanted]
 
 

@@ -49,7 +49,7 @@ def resolves(words: list[str], command: Any) -> bool:
 
 def test_the_files_are_found() -> None:
     names = {path.name for path in read_by_operators()}
-    assert {"kdelay-rules.yml", "operations.md", "service.py", "topics.py"} <= names
+    assert {"kdelay-rules.yml", "security.md", "service.py", "topics.py"} <= names
 
 
 @pytest.mark.parametrize(("old", "current"), RETIRED.items())
