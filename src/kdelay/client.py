@@ -388,6 +388,22 @@ class DelayProducer:
                                  level=level, partition=partition, id=id, lane=lane)
         return Ticket(self._wait(future), id, mark, self._new_tracker, lane or self._lane)
 
+    def resend(self, value: bytes | None, key: bytes | None,
+               headers: Headers) -> Ticket | Coordinates:
+        """Write a request whose headers are the protocol's already (a dead letter sent
+        again, see :mod:`kdelay.view.deadletters`): on its id's partition when it has an
+        id, and then return its :class:`Ticket` (its outcome says ``scheduled`` or
+        ``duplicate``), else its coordinates."""
+        found = dict(headers)
+        raw_id, raw_lane = found.get(envelope.SCHEDULE_ID), found.get(envelope.LANE)
+        if raw_id is None:
+            return self._wait(self._produce(value, key, headers, None))
+        schedule_id = _text(raw_id)
+        lane = None if raw_lane is None else _text(raw_lane)
+        mark = self._mark(schedule_id)
+        coordinates = self._wait(self._produce(value, key, headers, schedule_id))
+        return Ticket(coordinates, schedule_id, mark, self._new_tracker, lane)
+
     def cancel(self, id: str, *, lane: str | None = None) -> Ticket:
         """Ask the service to cancel the pending schedule ``id`` of ``lane`` (the
         producer's when None); return a :class:`Ticket`.
@@ -622,3 +638,8 @@ class DelayProducer:
                 )
             self._partitions = len(topic.partitions)
         return self._partitions
+
+
+def _text(value: str | bytes) -> str:
+    """A header value as text (bytes as UTF-8)."""
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")

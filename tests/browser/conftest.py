@@ -45,6 +45,7 @@ from tests.e2e.conftest import (
 )
 
 READY_S = 90.0
+RETRY_MS = 3_000
 OPERATOR = ("olga", "operator-secret-1")
 VIEWER = ("vera", "viewer-secret-2")
 
@@ -147,7 +148,11 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     target, audit = f"web-orders-{suffix}", f"web-audit-{suffix}"
     made = run_cli(deployment.env(), "topics", "create", "--partitions", "2", "--target", target)
     assert made.returncode == 0, made.stderr
-    service = KdelayProcess("kdelay-run", deployment.env(), root / "run.log")
+    # A target that fails is retried for 3 s, not the default 15 min, so that a dead
+    # letter (a target topic created late) is made in a test's time; the consoles run
+    # with their defaults.
+    service = KdelayProcess("kdelay-run", deployment.env(KDELAY_DELIVERY_RETRY_MS=str(
+        RETRY_MS)), root / "run.log")
     users = ",".join(f"{name}:{role}:{hash_secret(secret, iterations=1_000)}"
                      for (name, secret), role in ((OPERATOR, "operator"), (VIEWER, "viewer")))
     common = {"KDELAY_AUDIT_TOPIC": audit}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kdelay.client import DelayProducer
 from kdelay.plumbing.settings import Settings
@@ -293,3 +293,39 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
     assert page.text_content("#total").startswith("12 matches")
     assert len(page.query_selector_all("#pending tr")) == 6  # the head row and 5
     page.screenshot(path=shots / "pending.png", full_page=True)
+
+
+def test_a_dead_letter_is_sent_again_once_its_target_exists(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        admin: AdminClient, shots: Path) -> None:
+    """A record due now for a target topic that does not exist yet is retried for the
+    service's retry window, then dead-lettered as ``undeliverable``. Once the topic is
+    created, an operator sends the dead letter again from the console, with a reason:
+    the outcome is ``scheduled`` and the record arrives on its target."""
+    late = f"{stack.target}-late"
+    producer.send(late, "late one", key="late-1", due=int(time.time() * 1000), id="late-1")
+    page = page_of()
+    row = "#dead-letters tr[data-id='late-1'][data-code='undeliverable']"
+    deadline = time.monotonic() + SEEN_S
+    while True:  # the service's retry window (3 s here), then the dead letter
+        page.goto(stack.open.url + "/dead-letters?code=undeliverable")
+        if page.query_selector(row) is not None:
+            break
+        assert time.monotonic() < deadline, "no undeliverable dead letter for late-1"
+        time.sleep(0.5)
+    assert "late-1" in page.text_content(row)
+    page.screenshot(path=shots / "dead-letters.png", full_page=True)
+    admin.create_topics([NewTopic(late, num_partitions=1, replication_factor=1)])[late].result(
+        timeout=30)
+    reader = Receiver(stack.deployment.bootstrap, admin, [late])
+    try:
+        page.fill(f"{row} input[name=reason]", "the topic was created late")
+        page.click(f"{row} button")
+        page.wait_for_selector("#resent")
+        assert page.text_content("#resent-outcome") == "scheduled"
+        reader.until(lambda: b"late-1" in keys(reader), "late-1, sent again")
+        record = next(r.message for r in reader.received if r.message.key() == b"late-1")
+        assert record.value() == b"late one"
+    finally:
+        reader.close()
+        admin.delete_topics([late])[late].result(timeout=30)

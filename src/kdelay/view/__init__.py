@@ -9,6 +9,8 @@
   :mod:`~kdelay.view.members`: which instances serve which partitions;
 - :mod:`~kdelay.view.stats`: ``kdelay stats`` from running instances' metrics;
 - :mod:`~kdelay.view.tail`: print records as they arrive on a topic;
+- :mod:`~kdelay.view.deadletters`: the DLQ's latest records, and one read back
+  to be sent again;
 - :mod:`~kdelay.view.export`: ``export`` and ``import`` of pending schedules,
   in the file format of :mod:`~kdelay.view.archive`.
 

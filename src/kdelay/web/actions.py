@@ -33,6 +33,7 @@ from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client
 from kdelay.protocol.envelope import LANE_NAME
 from kdelay.protocol.forward import id_partition
+from kdelay.view.deadletters import request_headers
 from kdelay.web.access import Principal
 from kdelay.web.problems import Problem, bad_input
 
@@ -188,6 +189,22 @@ class Actions:
         now_ms = self._clock.now_ms()
         ticket = self._requests.reschedule(schedule_id, due=now_ms, lane=lane)
         return self._settle("deliver-now", who, ticket, reason, now_ms)
+
+    def resend(self, who: Principal, letter: Message, reason: str) -> Done:
+        """Send the dead letter ``letter`` again to the requests topic, as the request it
+        carries (:func:`kdelay.view.deadletters.request_headers`). With an id, the outcome
+        is ``scheduled`` or ``duplicate``, audited under the id; without one there is
+        no outcome (``outcome_error`` ``no-id``) and the audit is keyed by the dead
+        letter's coordinates."""
+        self._audit_partition_count()
+        place = f"{letter.topic()}/{letter.partition()}/{letter.offset()}"
+        sent = self._requests.resend(letter.value(), letter.key(), request_headers(letter))
+        if isinstance(sent, Ticket):
+            return self._settle("resend", who, sent, f"{reason} (dead letter {place})", None)
+        done = Done("resend", place, who.name, who.role.value, reason, self._clock.now_ms(),
+                    str(sent), None, "no-id")
+        self._write_audit(done)
+        return done
 
     def bulk(self, who: Principal, action: str, ids: list[tuple[str, str | None]],
              reason: str, due_ms: int | None = None) -> dict[str, int]:

@@ -17,12 +17,13 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from kdelay.protocol.durations import parse_duration_ms
+from kdelay.view.deadletters import DeadLetter
 from kdelay.view.display import preview as short
 from kdelay.view.display import retention_json
 from kdelay.view.pending import Original, Pending
 from kdelay.web.actions import Order, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
-from kdelay.web.inputs import parse_bucket, parse_filter, parse_page, parse_time
+from kdelay.web.inputs import parse_bucket, parse_code, parse_filter, parse_page, parse_time
 from kdelay.web.problems import bad_input
 from kdelay.web.reads import Overview, Record
 
@@ -55,6 +56,12 @@ class ScheduleBody(BaseModel):
     delay: str | None = Field(default=None, max_length=32)
     due: str | None = Field(default=None, max_length=64)
     lane: str | None = Field(default=None, max_length=64)
+
+
+class ReasonBody(BaseModel):
+    """Why: every action needs a reason."""
+
+    reason: str = Field(max_length=500)
 
 
 class BulkBody(BaseModel):
@@ -171,6 +178,28 @@ def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None
     found = console_of(request).reads.timeline(bucket_ms, chosen)
     return {"bucket_ms": found.bucket_ms, "total": found.total,
             "targets": {t: sorted(c.items()) for t, c in found.by_target.items()}}
+
+
+def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """One dead letter: where it lies in the DLQ, when, why, and what it was for."""
+    return {**asdict(letter), "resendable": letter.resendable}
+
+
+@router.get("/dead-letters")
+def dead_letters(request: Request, _: Caller, code: str | None = None) -> dict[str, Any]:
+    """The latest dead letters (the last 100 of each DLQ partition), newest first; those
+    of ``code`` only when given."""
+    chosen = parse_code(code)
+    found = console_of(request).reads.dead_letters(code=chosen)
+    return {"items": [dead_letter_json(letter) for letter in found]}
+
+
+@router.post("/dead-letters/{partition}/{offset}/resend")
+def resend(request: Request, who: Acting, partition: int, offset: int,
+           body: ReasonBody) -> dict[str, Any]:
+    """Send a dead letter again to the requests topic, as the request it carries; with
+    an id, answers ``scheduled`` or ``duplicate``."""
+    return asdict(console_of(request).resend(who, partition, offset, body.reason))
 
 
 @router.post("/schedules")

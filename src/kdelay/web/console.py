@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from kdelay.plumbing.clock import Clock
+from kdelay.view import deadletters
 from kdelay.view.listing import Filter
 from kdelay.web.access import Gate, Principal
 from kdelay.web.actions import Actions, Done, Order, checked_id, checked_lane, checked_reason
@@ -74,6 +75,23 @@ class Console:
             return self.actions.reschedule(who, schedule_id, due_ms, reason, lane)
         return self.actions.deliver_now(who, schedule_id, reason, lane)
 
+
+    def resend(self, who: Principal, partition: int, offset: int, reason: str | None) -> Done:
+        """Send the dead letter at ``partition``/``offset`` of the DLQ again.
+
+        Raises :class:`~kdelay.web.problems.Problem`: 400 ``reason-required``; 404
+        ``no-dead-letter`` when the DLQ holds no record there; 409 ``not-resendable``
+        for a dead letter that does not carry its request (``mismatch``, ``expired``).
+        """
+        reason = checked_reason(reason)
+        letter = self.reads.dead_letter(partition, offset)
+        if letter is None:
+            raise Problem(404, "no-dead-letter", f"the DLQ holds no record at "
+                          f"{partition}/{offset} (out of range, or deleted by retention)")
+        if not deadletters.decode(letter).resendable:
+            raise Problem(409, "not-resendable", "this dead letter does not carry its request "
+                          "(its original was gone): there is nothing to send again")
+        return self.actions.resend(who, letter, reason)
 
     def schedule(self, who: Principal, order: Order, reason: str | None) -> Done:
         """Check the id and the reason, then schedule ``order`` (see

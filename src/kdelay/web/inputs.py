@@ -13,6 +13,7 @@ import datetime as dt
 import re
 
 from kdelay.protocol import envelope
+from kdelay.protocol.envelope import ErrorCode
 from kdelay.view.listing import Filter
 from kdelay.web.problems import Problem, bad_input
 
@@ -88,3 +89,14 @@ def not_pending(schedule_id: str, lane: str | None = None) -> Problem:
     of_lane = "" if lane is None else f" in lane {lane}"
     return Problem(409, "not-pending", f"{schedule_id!r}{of_lane} is not pending (delivered, "
                    "cancelled or unknown, as the operator view sees it): nothing was written")
+
+
+def parse_code(code: str | None) -> str | None:
+    """A DLQ code to filter by (None or empty: every code); 400 ``invalid-code`` when it is
+    not one of the protocol's."""
+    if code is None or not code.strip():
+        return None
+    if code.strip() not in {member.value for member in ErrorCode}:
+        raise bad_input("invalid-code", f"{code[:70]!r} is not a DLQ code (see "
+                        "docs/reference/errors.md)")
+    return code.strip()

@@ -15,11 +15,12 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from kdelay.protocol.envelope import ErrorCode
 from kdelay.view.display import preview, relative, span, utc
 from kdelay.web.access import Principal
 from kdelay.web.actions import Done, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
-from kdelay.web.inputs import BUCKETS, parse_bucket, parse_filter, parse_page
+from kdelay.web.inputs import BUCKETS, parse_bucket, parse_code, parse_filter, parse_page
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.filters.update(utc=utc, span=span, short=preview)
@@ -89,6 +90,28 @@ def timeline(request: Request, who: Caller, bucket: str = "1h",
 def retention(request: Request, who: Caller) -> HTMLResponse:
     """Retention guard: pending originals retention may delete before they are due."""
     return render(request, who, "retention.html", report=console_of(request).reads.retention())
+
+
+@router.get("/dead-letters", response_class=HTMLResponse)
+def dead_letters(request: Request, who: Caller, code: str | None = None) -> HTMLResponse:
+    """Dead letters: the latest DLQ records with their codes; send one again."""
+    return _dead_letters_page(request, who, code)
+
+
+def _dead_letters_page(request: Request, who: Principal, code: str | None,
+                       **extra: Any) -> HTMLResponse:
+    chosen = parse_code(code)
+    found = console_of(request).reads.dead_letters(code=chosen)
+    return render(request, who, "dead_letters.html", letters=found, code=chosen or "",
+                  codes=[member.value for member in ErrorCode], **extra)
+
+
+@router.post("/dead-letters/resend", response_class=HTMLResponse)
+def resend(request: Request, who: Acting, partition: Annotated[int, Form()],
+           offset: Annotated[int, Form()], reason: OptionalText = None) -> HTMLResponse:
+    """Send a dead letter again; shows where the request went and its outcome."""
+    done = console_of(request).resend(who, partition, offset, reason)
+    return _dead_letters_page(request, who, None, done=done)
 
 
 def _record_page(request: Request, who: Principal, reference: str,

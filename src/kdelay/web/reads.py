@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+from confluent_kafka import Message
 
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.connection import ConnectionFailure, check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
+from kdelay.view import deadletters
 from kdelay.view.backlog import Backlog, backlog
+from kdelay.view.deadletters import DeadLetter
 from kdelay.view.display import utc
 from kdelay.view.listing import (
     Filter,
@@ -41,6 +44,7 @@ from kdelay.web.trace import Step, audit_steps, outcome_steps
 
 PREVIEW_BYTES = 4_096
 HOUR_MS = 3_600_000
+DEAD_LETTERS_PER_PARTITION = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,15 @@ class Reads:
         order, and how many entries it keeps without an id."""
         with self._opened() as (view, originals, _):
             return matching_ids(view, originals, chosen)
+
+    def dead_letters(self, *, code: str | None = None,
+                     per_partition: int = DEAD_LETTERS_PER_PARTITION) -> list[DeadLetter]:
+        """The latest dead letters (of ``code`` only, when given), newest first."""
+        return deadletters.latest(self._settings, per_partition=per_partition, code=code)
+
+    def dead_letter(self, partition: int, offset: int) -> Message | None:
+        """The DLQ record at ``partition``/``offset``, None when there is none."""
+        return deadletters.at(self._settings, partition, offset)
 
     def is_pending(self, schedule_id: str, lane: str | None = None) -> bool:
         """Whether the view holds a pending entry for ``schedule_id`` in ``lane`` (None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import base64
 
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from kdelay.plumbing.clock import ManualClock
 from kdelay.view.backlog import Backlog
+from kdelay.view.deadletters import DeadLetter, decode
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
 from kdelay.view.members import Member, Membership
@@ -38,6 +40,10 @@ class FakeReads(Reads):
         self.payload_shown: list[bool] = []
         self.lanes_asked: list[str | None] = []
         self.fail_with: Exception | None = None
+        self.letters: dict[tuple[int, int], Message] = {
+            (0, 3): dead_letter(0, 3, "undeliverable", schedule_id="order-9"),
+            (1, 5): dead_letter(1, 5, "expired", schedule_id="order-8"),
+        }
 
     @property
     def requests_topic(self) -> str:
@@ -74,6 +80,14 @@ class FakeReads(Reads):
         found += [(i, lane) for i, lane in self.lane_ids
                   if chosen.lane is None or lane == chosen.lane]
         return sorted((p for p in found if p[0].startswith(prefix)), key=str), 1
+
+    def dead_letters(self, *, code: str | None = None,
+                     per_partition: int = 100) -> list[DeadLetter]:
+        return [letter for letter in (decode(m) for m in self.letters.values())
+                if code is None or letter.code == code]
+
+    def dead_letter(self, partition: int, offset: int) -> Message | None:
+        return self.letters.get((partition, offset))
 
     def record(self, reference: str, *, show_payload: bool, lane: str | None = None) -> Record:
         self.payload_shown.append(show_payload)
@@ -116,12 +130,30 @@ class FakeActions(Actions):
         return self._answer("deliver-now", who, schedule_id, reason, "rescheduled", NOW_MS,
                             lane)
 
+    def resend(self, who: Principal, letter: Message, reason: str) -> Done:
+        return self._answer("resend", who, decode(letter).schedule_id or "", reason, "scheduled")
+
     def bulk(self, who: Principal, action: str, ids: list[tuple[str, str | None]],
              reason: str, due_ms: int | None = None) -> dict[str, int]:
         outcome = "cancelled" if action == "cancel" else "rescheduled"
         for schedule_id, lane in ids:
             self._answer(f"bulk-{action}", who, schedule_id, reason, outcome, due_ms, lane)
         return {outcome: len(ids)}
+
+
+def dead_letter(partition: int, offset: int, code: str, *,
+                schedule_id: str | None = None) -> Message:
+    """A DLQ record as kdelay writes one: the request's headers, then why and from where."""
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("kdelay-target", b"orders"), ("kdelay-due-ms", str(NOW_MS).encode())]
+    if schedule_id is not None:
+        headers.append(("kdelay-id", schedule_id.encode()))
+    headers += [("kdelay-error", code.encode()), ("kdelay-error-detail", b"why"),
+                ("kdelay-origin", b"kdelay.requests/0/1")]
+    gone = code in ("mismatch", "expired")
+    return Message(topic="kdelay.dlq", partition=partition, offset=offset,
+                   key=None if gone else b"k", value=None if gone else b"v", headers=headers,
+                   timestamp=(TIMESTAMP_CREATE_TIME, NOW_MS))
 
 
 def users_policy(**changes: object) -> Policy:
