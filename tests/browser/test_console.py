@@ -329,3 +329,30 @@ def test_a_dead_letter_is_sent_again_once_its_target_exists(
     finally:
         reader.close()
         admin.delete_topics([late])[late].result(timeout=30)
+
+
+def test_a_same_second_burst_is_marked_on_the_timeline(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        shots: Path) -> None:
+    """A hundred records due in one second, an hour ahead: the timeline marks their bucket
+    with that second and its count, as the API does."""
+    second_ms = (int(time.time()) + 3_600) * 1_000
+    for number in range(100):
+        producer.send_async(stack.target, "spike", key=f"spike-{number}",
+                            due=second_ms + number % 1_000, id=f"spike-{number}")
+    producer.flush()
+    page = page_of()
+    burst = f"#timeline span.burst[data-second='{second_ms}']"
+    deadline = time.monotonic() + SEEN_S
+    while True:  # until the view holds all hundred
+        page.goto(stack.open.url + "/timeline?bucket=1h")
+        shown = page.query_selector(burst)
+        if shown is not None and "burst: 100 due" in (shown.text_content() or ""):
+            break
+        assert time.monotonic() < deadline, page.text_content("#timeline")
+        time.sleep(0.3)
+    page.screenshot(path=shots / "timeline-burst.png", full_page=True)
+    page.goto(stack.open.url + "/api/v1/timeline?bucket=1h")
+    marked = json.loads(page.text_content("body") or "{}")["bursts"]
+    assert {"bucket_ms": second_ms // 3_600_000 * 3_600_000, "second_ms": second_ms,
+            "count": 100} in marked

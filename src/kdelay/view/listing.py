@@ -71,6 +71,9 @@ class Timeline:
     bucket_ms: int
     total: int
     by_target: dict[str, dict[int, int]] = field(default_factory=dict)
+    bursts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per bucket start, its busiest second ``(start ms, entries due in it)`` when that
+    second holds at least :data:`BURST_MIN` entries: a same-second burst."""
 
     @property
     def starts(self) -> list[int]:
@@ -142,9 +145,29 @@ def matching_ids(view: PendingView, originals: Originals,
     return ids, len(kept) - len(ids)
 
 
+BURST_MIN = 100
+"""Entries due in one second that make it a burst on the timeline."""
+
+
+def bursts(seconds: Counter[int], bucket_ms: int,
+           minimum: int = BURST_MIN) -> dict[int, tuple[int, int]]:
+    """The busiest second of each bucket of ``bucket_ms``, from entries counted by the
+    second they are due in (``seconds``: start ms -> count), where it holds at least
+    ``minimum`` entries; the earliest second wins a tie."""
+    found: dict[int, tuple[int, int]] = {}
+    for second, count in sorted(seconds.items()):
+        if count < minimum:
+            continue
+        start = second // bucket_ms * bucket_ms
+        if start not in found or count > found[start][1]:
+            found[start] = (second, count)
+    return found
+
+
 def timeline(view: PendingView, originals: Originals, bucket_ms: int,
              chosen: Filter | None = None) -> Timeline:
-    """Count the entries ``chosen`` keeps by due bucket of ``bucket_ms`` and by target.
+    """Count the entries ``chosen`` keeps by due bucket of ``bucket_ms`` and by target, and
+    mark each bucket's same-second burst (see :func:`bursts`).
 
     Needs every entry's route: the first call reads the originals not cached
     yet (see :func:`kdelay.view.backlog.backlog` with ``by target``). Raises
@@ -154,6 +177,7 @@ def timeline(view: PendingView, originals: Originals, bucket_ms: int,
         raise ValueError(f"a bucket must be at least 1 ms, got {bucket_ms}")
     chosen = chosen or Filter()
     counts: dict[str, Counter[int]] = {}
+    seconds: Counter[int] = Counter()
     total = 0
     for partition in view.partitions:
         keys = window(view.keys(partition), chosen)
@@ -164,9 +188,10 @@ def timeline(view: PendingView, originals: Originals, bucket_ms: int,
         for (due_ms, _, _), (target, lane) in zip(dues, found, strict=True):
             if chosen.passes(target, lane):
                 counts.setdefault(target, Counter())[due_ms // bucket_ms * bucket_ms] += 1
+                seconds[due_ms // 1_000 * 1_000] += 1
                 total += 1
     by_target = {target: dict(sorted(c.items())) for target, c in sorted(counts.items())}
-    return Timeline(bucket_ms, total, by_target)
+    return Timeline(bucket_ms, total, by_target, bursts(seconds, bucket_ms))
 
 
 def by_lane(view: PendingView, originals: Originals) -> dict[str, int]:

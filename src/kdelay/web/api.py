@@ -172,12 +172,15 @@ def retention(request: Request, _: Caller) -> Any:
 def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None = None,
              lane: str | None = None, due_from: str | None = None,
              due_to: str | None = None) -> dict[str, Any]:
-    """Pending entries by due bucket (1m, 1h, 1d), per target."""
+    """Pending entries by due bucket (1m, 1h, 1d), per target, and each bucket's
+    same-second burst (its busiest second, when it holds 100 entries or more)."""
     bucket_ms = parse_bucket(bucket)
     chosen = parse_filter(target, lane, due_from, due_to)
     found = console_of(request).reads.timeline(bucket_ms, chosen)
     return {"bucket_ms": found.bucket_ms, "total": found.total,
-            "targets": {t: sorted(c.items()) for t, c in found.by_target.items()}}
+            "targets": {t: sorted(c.items()) for t, c in found.by_target.items()},
+            "bursts": [{"bucket_ms": start, "second_ms": second, "count": count}
+                       for start, (second, count) in sorted(found.bursts.items())]}
 
 
 def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:

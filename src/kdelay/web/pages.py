@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.view.display import preview, relative, span, utc
+from kdelay.view.listing import BURST_MIN
 from kdelay.web.access import Principal
 from kdelay.web.actions import Done, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
@@ -82,7 +83,7 @@ def timeline(request: Request, who: Caller, bucket: str = "1h",
              target: str | None = None, lane: str | None = None) -> HTMLResponse:
     """Timeline: pending entries by due bucket, per target."""
     found = console_of(request).reads.timeline(parse_bucket(bucket), parse_filter(target, lane))
-    return render(request, who, "timeline.html", found=found, bucket=bucket,
+    return render(request, who, "timeline.html", found=found, bucket=bucket, burst_min=BURST_MIN,
                   form={"target": target or "", "lane": lane or ""})
 
 
