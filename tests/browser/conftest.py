@@ -9,7 +9,8 @@ The module's deployment is real: its topics made by ``kdelay topics create``,
 the service run by ``kdelay run``, and two ``kdelay web`` processes on free
 loopback ports, each configured only through ``KDELAY_*`` variables: one with
 the default settings (open on loopback: everyone is the local operator), one
-with users (an operator and a viewer, basic auth). Every process is killed
+with users (an operator and a viewer, basic auth) that redacts the `card` field
+and the `x-secret` header. Every process is killed
 and every topic deleted at the end.
 
 Screenshots go to ``KDELAY_SCREENSHOTS`` when set (the docs' pictures were
@@ -46,6 +47,8 @@ from tests.e2e.conftest import (
 
 READY_S = 90.0
 RETRY_MS = 3_000
+REDACT = "card,x-secret"
+"""What the console with users redacts (the open one redacts nothing)."""
 OPERATOR = ("olga", "operator-secret-1")
 VIEWER = ("vera", "viewer-secret-2")
 
@@ -159,7 +162,8 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     opened = WebProcess(deployment.env(**common, KDELAY_VIEW_DIR=str(root / "view-open")),
                         root / "web-open.log")
     guarded = WebProcess(deployment.env(**common, KDELAY_VIEW_DIR=str(root / "view-users"),
-                                        KDELAY_WEB_USERS=users), root / "web-users.log")
+                                        KDELAY_WEB_USERS=users, KDELAY_WEB_REDACT=REDACT),
+                         root / "web-users.log")
     try:
         service.wait_ready()
         opened.wait_ready()

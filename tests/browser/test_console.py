@@ -356,3 +356,20 @@ def test_a_same_second_burst_is_marked_on_the_timeline(
     marked = json.loads(page.text_content("body") or "{}")["bursts"]
     assert {"bucket_ms": second_ms // 3_600_000 * 3_600_000, "second_ms": second_ms,
             "count": 100} in marked
+
+
+def test_configured_headers_and_json_fields_are_redacted_even_for_an_operator(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any]) -> None:
+    producer.send(stack.target, '{"id": 50, "card": "4111-1111", "items": [{"card": "55"}]}',
+                  key="order-50", delay=HOUR, id="order-50", headers={"x-secret": "s3cr3t"})
+    page = page_of(OPERATOR)
+    open_pending(page, stack.users.url, "order-50")
+    payload = page.text_content("#payload") or ""
+    assert '"id": 50' in payload
+    assert "4111" not in payload
+    assert payload.count("***") == 2
+    assert "s3cr3t" not in (page.content())
+    page.goto(stack.users.url + "/api/v1/schedules/order-50")
+    answer = json.loads(page.text_content("body") or "{}")
+    assert {"name": "x-secret", "value": "***"} in answer["headers"]
+    assert "4111" not in json.dumps(answer)

@@ -48,6 +48,10 @@ def web(
     web_show_payloads: Annotated[bool, option(
         "web-show-payloads", "Show payloads to viewers too (operators always see them).")]
     = False,
+    web_redact: Annotated[str, option(
+        "web-redact", "Header names and JSON field names (at any depth) whose values the "
+        "console and the API show as ***, comma-separated; names compare case-insensitively.")]
+    = "",
     audit_topic: Annotated[str, option(
         "audit-topic", "Topic of the console's audit records.", shown="kdelay.audit")]
     = "kdelay.audit",
@@ -86,8 +90,9 @@ def web(
             typer.echo(f"created the audit topic {audit_topic}", err=True)
         clock = SystemClock()
         acts = actions.Actions(settings, clock, audit_topic=audit_topic)
-    served = console.Console(gate, reads.Reads(settings, view_dir, clock,
-                                               audit_topic=audit_topic), acts, clock)
+    shown = reads.Reads(settings, view_dir, clock, audit_topic=audit_topic,
+                        redact=reads.Redaction.of(_names(web_redact)))
+    served = console.Console(gate, shown, acts, clock)
     try:
         _serve(app.create_app(served), web_host, web_port)
     finally:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 from confluent_kafka import Message
@@ -72,7 +73,8 @@ class Overview:
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """A payload shown as ``json`` (pretty), ``text`` or ``hex``, at most
+    """A payload shown as ``json`` (pretty), ``text``, ``hex`` or ``redacted`` (not JSON while
+    fields are redacted: not shown), at most
     :data:`PREVIEW_BYTES` of it (``cut`` when there was more)."""
 
     kind: str
@@ -112,15 +114,52 @@ class Record:
         return self.expires_ms - self.found.pending.due_ms
 
 
-def preview(value: bytes) -> Preview:
-    """Show ``value`` as pretty JSON, else UTF-8 text, else hex, cut at :data:`PREVIEW_BYTES`."""
+REDACTED = "***"
+
+
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    """Header names and JSON field names whose values are never shown (``--web-redact``),
+    lower-cased: a header by its name, a JSON field by its key at any depth."""
+
+    names: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, names: list[str]) -> Redaction:
+        """The redaction of ``names``, compared case-insensitively."""
+        return cls(frozenset(name.lower() for name in names))
+
+    def header(self, name: str, value: str) -> str:
+        """``value``, or :data:`REDACTED` when the header ``name`` is redacted."""
+        return REDACTED if name.lower() in self.names else value
+
+    def json(self, value: Any) -> Any:
+        """``value`` with every redacted field's value replaced, at any depth."""
+        if not self.names:
+            return value
+        if isinstance(value, dict):
+            return {key: REDACTED if str(key).lower() in self.names else self.json(item)
+                    for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.json(item) for item in value]
+        return value
+
+
+def preview(value: bytes, redaction: Redaction = Redaction()) -> Preview:
+    """Show ``value`` as pretty JSON (its redacted fields as ``***``), else UTF-8 text, else
+    hex, cut at :data:`PREVIEW_BYTES`. Text and hex cannot be redacted field by field:
+    with a redaction configured, a payload that is not JSON is not shown."""
     head, cut = value[:PREVIEW_BYTES], len(value) > PREVIEW_BYTES
     if not cut:
         try:
-            shown = orjson.dumps(orjson.loads(value), option=orjson.OPT_INDENT_2)
+            parsed = redaction.json(orjson.loads(value))
+            shown = orjson.dumps(parsed, option=orjson.OPT_INDENT_2)
             return Preview("json", shown.decode(), len(value), cut)
         except orjson.JSONDecodeError:
             pass
+    if redaction.names:
+        return Preview("redacted", "(not JSON: not shown while fields are redacted)",
+                       len(value), cut)
     try:
         return Preview("text", head.decode("utf-8"), len(value), cut)
     except UnicodeDecodeError:
@@ -136,8 +175,9 @@ class Reads:
     """
 
     def __init__(self, settings: Settings, view_dir: Path, clock: Clock, *,
-                 audit_topic: str) -> None:
+                 audit_topic: str, redact: Redaction = Redaction()) -> None:
         self._settings = settings
+        self._redact = redact
         self._view_dir = view_dir
         self._clock = clock
         self._audit_topic = audit_topic
@@ -223,10 +263,11 @@ class Reads:
                            lanes)
         record = None if found.original is None else found.original.record
         headers = [] if record is None else [
-            (name, "null" if value is None else value.decode("utf-8", "replace"))
+            (name, self._redact.header(
+                name, "null" if value is None else value.decode("utf-8", "replace")))
             for name, value in headers_of(record)]
         value = None if record is None else record.value()
-        payload = preview(value) if value is not None and show_payload else None
+        payload = preview(value, self._redact) if value is not None and show_payload else None
         return Record(found, now_ms, headers, payload, value is not None and not show_payload,
                       self._expires_ms(found), self._trace(found, reference, lane))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from kdelay.web.reads import PREVIEW_BYTES, preview
+from kdelay.web.reads import PREVIEW_BYTES, Redaction, preview
 
 
 def test_payloads_preview_as_json_text_or_hex_within_the_cap() -> None:
@@ -17,3 +17,22 @@ def test_payloads_preview_as_json_text_or_hex_within_the_cap() -> None:
     big = preview(b"x" * (PREVIEW_BYTES + 10))
     assert (big.kind, big.cut, big.size, len(big.text)) == ("text", True, PREVIEW_BYTES + 10,
                                                            PREVIEW_BYTES)
+
+
+def test_redacted_json_fields_and_headers_show_as_stars_at_any_depth() -> None:
+    redaction = Redaction.of(["Card", "authorization"])
+    value = b'{"id": 42, "card": "4111", "items": [{"CARD": "5500", "sku": "a"}]}'
+    shown = preview(value, redaction)
+    assert shown.kind == "json"
+    assert "4111" not in shown.text
+    assert "5500" not in shown.text
+    assert '"sku": "a"' in shown.text
+    assert shown.text.count('"***"') == 2
+    assert redaction.header("Authorization", "Bearer x") == "***"
+    assert redaction.header("trace", "t1") == "t1"
+
+
+def test_a_payload_that_is_not_json_is_not_shown_while_fields_are_redacted() -> None:
+    shown = preview(b"card=4111", Redaction.of(["card"]))
+    assert (shown.kind, "4111" in shown.text) == ("redacted", False)
+    assert preview(b"card=4111").kind == "text", "without a redaction, text is shown"
