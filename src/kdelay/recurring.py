@@ -281,6 +281,21 @@ def describe(headers: AnyHeaders, now_ms: int) -> Description | None:
                        series.target)
 
 
+def upcoming(series: Series, due_ms: int, now_ms: int, count: int = 5) -> list[int]:
+    """The due times of the pending occurrence (due at ``due_ms``) and of those after it,
+    ``count`` at most, as the worker will schedule them if it handles each on time; fewer
+    when the series ends sooner (its ``count`` or ``until``)."""
+    times = [due_ms]
+    current = series
+    while len(times) < count:
+        following = current.following(times[-1], now_ms)
+        if following is None:
+            break
+        times.append(following)
+        current = next_occurrence(current)
+    return times
+
+
 def occurrence_headers(headers: AnyHeaders, series: Series) -> list[tuple[str, bytes | None]]:
     """User headers for an occurrence request: the record's own, then ``kdelay.series``."""
     kept = [(n, v.encode() if isinstance(v, str) else v)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from kdelay import recurring
 from kdelay.client import DelayProducer
 from kdelay.plumbing.settings import Settings
 from tests.browser.conftest import OPERATOR, VIEWER, Stack, cli_env
@@ -373,3 +374,33 @@ def test_configured_headers_and_json_fields_are_redacted_even_for_an_operator(
     answer = json.loads(page.text_content("body") or "{}")
     assert {"name": "x-secret", "value": "***"} in answer["headers"]
     assert "4111" not in json.dumps(answer)
+
+
+def test_a_recurring_series_shows_its_next_fire_times_and_is_ended_with_a_reason(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        shots: Path) -> None:
+    """A series every hour, its first occurrence an hour ahead (started as ``kdelay send
+    --every 1h`` starts one): the page shows its rule and five fire times an hour apart;
+    an operator ends it with a reason and the service answers ``cancelled``."""
+    now_ms = int(time.time() * 1000)
+    first_ms = now_ms + 3_600_000
+    recurring.start(producer, stack.target, "report", recurring.every("1h", first_ms),
+                    schedule_id="hourly-report", now_ms=now_ms)
+    page = page_of()
+    row = "#series tr[data-id='hourly-report']"
+    deadline = time.monotonic() + SEEN_S
+    while True:  # until the view holds the occurrence
+        page.goto(stack.open.url + "/series")
+        if page.query_selector(row) is not None:
+            break
+        assert time.monotonic() < deadline, page.text_content("#series")
+        time.sleep(0.3)
+    fires = page.eval_on_selector_all(f"{row} ol.fires li",
+                                      "items => items.map(i => +i.dataset.ms)")
+    assert fires == [first_ms + n * 3_600_000 for n in range(5)]
+    assert "every 3600000 ms" in page.text_content(row)
+    page.screenshot(path=shots / "series.png", full_page=True)
+    page.fill(f"{row} input[name=reason]", "the report moved to the warehouse")
+    page.click(f"{row} button")
+    page.wait_for_selector("#series-done")
+    assert page.text_content("#series-outcome") == "cancelled"

@@ -183,6 +183,15 @@ def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None
                        for start, (second, count) in sorted(found.bursts.items())]}
 
 
+@router.get("/series")
+def series(request: Request, _: Caller) -> dict[str, Any]:
+    """Recurring series with a pending occurrence: rule, occurrence ``n`` (of ``count``,
+    until ``until_ms``), target and the next fire times (``upcoming``, the pending one
+    first). End one with ``POST /api/v1/actions/cancel`` and its id."""
+    found = console_of(request).reads.series()
+    return {"pending": found.pending, "items": [asdict(row) for row in found.rows]}
+
+
 def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
     """One dead letter: where it lies in the DLQ, when, why, and what it was for."""
     return {**asdict(letter), "resendable": letter.resendable}

@@ -93,6 +93,21 @@ def retention(request: Request, who: Caller) -> HTMLResponse:
     return render(request, who, "retention.html", report=console_of(request).reads.retention())
 
 
+@router.get("/series", response_class=HTMLResponse)
+def series(request: Request, who: Caller) -> HTMLResponse:
+    """Recurring series: each one's rule, pending occurrence and next fire times."""
+    return render(request, who, "series.html", found=console_of(request).reads.series())
+
+
+@router.post("/series/cancel", response_class=HTMLResponse)
+def cancel_series(request: Request, who: Acting, id: Text,
+                  reason: OptionalText = None) -> HTMLResponse:
+    """End a series (as ``kdelay cancel`` does); shows the outcome."""
+    console = console_of(request)
+    done = console.perform(who, "cancel", id, reason)
+    return render(request, who, "series.html", found=console.reads.series(), done=done)
+
+
 @router.get("/dead-letters", response_class=HTMLResponse)
 def dead_letters(request: Request, who: Caller, code: str | None = None) -> HTMLResponse:
     """Dead letters: the latest DLQ records with their codes; send one again."""

@@ -20,10 +20,12 @@ from typing import Any
 import orjson
 from confluent_kafka import Message
 
+from kdelay import recurring
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.connection import ConnectionFailure, check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
+from kdelay.tasks import TASKS_TOPIC
 from kdelay.view import deadletters
 from kdelay.view.backlog import Backlog, backlog
 from kdelay.view.deadletters import DeadLetter
@@ -166,6 +168,31 @@ def preview(value: bytes, redaction: Redaction = Redaction()) -> Preview:
         return Preview("hex", head.hex(" "), len(value), cut)
 
 
+SERIES_LIMIT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesRow:
+    """A recurring series, from its pending occurrence: the rule, which occurrence is
+    pending, its bounds, where it goes, and the next fire times (the pending one first)."""
+
+    schedule_id: str
+    rule: str
+    n: int
+    count: int | None
+    until_ms: int | None
+    target: str
+    upcoming: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesList:
+    """The series shown, and how many pending occurrences the worker topics hold."""
+
+    rows: list[SeriesRow]
+    pending: int
+
+
 class Reads:
     """The console's reads of one deployment, one at a time.
 
@@ -246,6 +273,19 @@ class Reads:
         """The DLQ record at ``partition``/``offset``, None when there is none."""
         return deadletters.at(self._settings, partition, offset)
 
+    def series(self, *, limit: int = SERIES_LIMIT) -> SeriesList:
+        """The recurring series with a pending occurrence (on the series topic or the tasks
+        topic, the worker's defaults), the first ``limit`` of each topic in due order."""
+        rows: list[SeriesRow] = []
+        pending = 0
+        with self._opened() as (view, originals, now_ms):
+            for topic in (recurring.SERIES_TOPIC, TASKS_TOPIC):
+                found = listing(view, originals, Filter(target=topic), limit=limit)
+                pending += found.total
+                rows.extend(row for _, original in found.rows
+                            if (row := _series_row(original.record, topic, now_ms)) is not None)
+        return SeriesList(sorted(rows, key=lambda row: row.upcoming[0]), pending)
+
     def is_pending(self, schedule_id: str, lane: str | None = None) -> bool:
         """Whether the view holds a pending entry for ``schedule_id`` in ``lane`` (None:
         of no lane)."""
@@ -296,3 +336,20 @@ class Reads:
             steps += outcome_steps(self._settings, schedule_id, lane)
             steps += audit_steps(self._settings, self._audit_topic, schedule_id, lane)
         return sorted(steps, key=lambda step: step.at_ms)
+
+
+def _series_row(record: Message | None, topic: str, now_ms: int) -> SeriesRow | None:
+    """The series a pending occurrence's record belongs to; None for a record of no series
+    (a one-off task) or with an unreadable series header."""
+    if record is None:
+        return None
+    try:
+        series = recurring.series_of(record.headers())
+    except recurring.SeriesError:
+        return None
+    due_ms = recurring.due_of(record.headers())
+    if series is None or due_ms is None:
+        return None
+    return SeriesRow(series.schedule_id, series.spec.text(), series.n, series.count,
+                     series.until_ms, series.target or topic,
+                     recurring.upcoming(series, due_ms, now_ms))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -147,3 +148,13 @@ def test_spec_of_needs_exactly_one_of_every_and_cron() -> None:
 def test_occurrences_alternate_between_two_ids() -> None:
     assert [recurring.occurrence_id("s", n) for n in (1, 2, 3, 4)] == ["s", "s~", "s", "s~"]
     assert recurring.occurrence_ids("s") == ("s", "s~")
+
+
+def test_the_next_fire_times_follow_the_rule_and_stop_with_the_series() -> None:
+    hourly = Series("s", recurring.every("1h", 0), start_ms=0)
+    assert recurring.upcoming(hourly, 3_600_000, now_ms=0) == [
+        3_600_000, 7_200_000, 10_800_000, 14_400_000, 18_000_000]
+    assert recurring.upcoming(replace(hourly, n=2, count=3), 7_200_000, now_ms=0) == [
+        7_200_000, 10_800_000], "occurrences 2 and 3 of 3"
+    assert recurring.upcoming(replace(hourly, until_ms=10_000_000), 3_600_000, now_ms=0) == [
+        3_600_000, 7_200_000]

@@ -24,7 +24,7 @@ from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
 from kdelay.web.actions import Actions, Done, Order
 from kdelay.web.app import create_app
 from kdelay.web.console import Console
-from kdelay.web.reads import Overview, Preview, Reads, Record
+from kdelay.web.reads import Overview, Preview, Reads, Record, SeriesList, SeriesRow
 
 NOW_MS = 1_795_000_000_000
 SECRETS = {"olga": "operator-secret-1", "vera": "viewer-secret-2"}
@@ -80,6 +80,11 @@ class FakeReads(Reads):
         found += [(i, lane) for i, lane in self.lane_ids
                   if chosen.lane is None or lane == chosen.lane]
         return sorted((p for p in found if p[0].startswith(prefix)), key=str), 1
+
+    def series(self, *, limit: int = 200) -> SeriesList:
+        hourly = [NOW_MS + n * 3_600_000 for n in range(1, 6)]
+        return SeriesList([SeriesRow("daily-report", "every 1h", 3, None, None, "reports",
+                                     hourly)], 1)
 
     def dead_letters(self, *, code: str | None = None,
                      per_partition: int = 100) -> list[DeadLetter]:
