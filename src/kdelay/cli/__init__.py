@@ -11,6 +11,7 @@ variables and error reporting are defined), and calls a library function.
 - :mod:`~kdelay.cli.worker`: ``worker``
 - :mod:`~kdelay.cli.spark`: ``audit``, ``forecast`` (the spark extra)
 - :mod:`~kdelay.cli.transfer`: ``export``, ``import``
+- :mod:`~kdelay.cli.targets`: ``target pause``, ``resume``, ``limit``, ``list``
 - :mod:`~kdelay.cli.web`: ``web`` (the web extra)
 
 The CLI is the top of the package: it may import every other room, and none
@@ -25,7 +26,17 @@ from typing import Annotated
 import typer
 
 from kdelay import native
-from kdelay.cli import requests, retention, service, spark, transfer, view, web, worker
+from kdelay.cli import (
+    requests,
+    retention,
+    service,
+    spark,
+    targets,
+    transfer,
+    view,
+    web,
+    worker,
+)
 from kdelay.cli.options import envvar
 
 __all__ = ["app", "envvar", "main"]
@@ -38,6 +49,8 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Manage kdelay's topics.", no_args_is_help=True)
 retention_app = typer.Typer(help="Check the requests topic's retention.", no_args_is_help=True)
+target_app = typer.Typer(help="Pause, resume and cap deliveries to a target or lane.",
+                         no_args_is_help=True)
 
 
 
@@ -76,6 +89,11 @@ retention_app.command("check")(retention.retention_check)
 retention_app.command("set")(retention.retention_set)
 app.command("worker")(worker.worker)
 app.command("stats")(view.stats)
+app.add_typer(target_app, name="target")
+target_app.command("pause")(targets.pause)
+target_app.command("resume")(targets.resume)
+target_app.command("limit")(targets.limit)
+target_app.command("list")(targets.list_command)
 app.command("export")(transfer.export_command)
 app.command("import")(transfer.import_command)
 app.command("web")(web.web)

@@ -87,6 +87,9 @@ DlqTopic = Annotated[str | None, common(
 OutcomesTopic = Annotated[str | None, common(
     "outcomes-topic", "Compacted topic of the outcome records of requests with an id.",
     _DEFAULTS.outcomes_topic)]
+ControlsTopic = Annotated[str | None, common(
+    "controls-topic", "Compacted topic of the target controls (pause, rate cap); never a "
+    "delivery target.", _DEFAULTS.controls_topic)]
 SeriesCancelsTopic = Annotated[str | None, common(
     "series-cancels-topic", "Compacted topic of kdelay worker's series cancel markers; never a "
     "delivery target.", _DEFAULTS.series_cancels_topic)]
@@ -158,6 +161,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "changelog_topic": ChangelogTopic,
     "dlq_topic": DlqTopic,
     "outcomes_topic": OutcomesTopic,
+    "controls_topic": ControlsTopic,
     "series_cancels_topic": SeriesCancelsTopic,
     "worker_dlq_topic": WorkerDlqTopic,
     "group_id": GroupId,

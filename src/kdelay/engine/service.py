@@ -27,10 +27,11 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
+from typing import Final, cast
 
 from confluent_kafka import (
     KafkaError,
+    KafkaException,
     Message,
     TopicPartition,
 )
@@ -46,7 +47,8 @@ from kdelay.engine.commit import (
     Takeover,
     owner_metadata,
 )
-from kdelay.engine.delivery import Delivery, DeliveryConfig, by_service_clock
+from kdelay.engine.controlfeed import ControlFeed, Following
+from kdelay.engine.delivery import Controls, Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
 from kdelay.engine.health import Health, Observation
 from kdelay.engine.intake import (
@@ -146,6 +148,7 @@ class _Clients:
     takeover: Takeover
     delivery: Delivery
     sweeper: Sweeper
+    feed: ControlFeed
 
 
 class Service:
@@ -225,6 +228,7 @@ class Service:
         sweeper = Sweeper(self._factory.producer("sweeper", **{
             "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 0,
             "delivery.report.only.error": True}), s.changelog_topic, self.metrics)
+        feed = self._follow_controls()
         delivery = Delivery(
             DeliveryConfig(s.requests_topic, s.changelog_topic, s.dlq_topic, s.lookahead_ms,
                            s.batch_size, s.delivery_attempts, s.retry_backoff_ms,
@@ -232,15 +236,32 @@ class Service:
             checkpoint.targets, checkpoint.internal, reader, self._clock, self.metrics,
             checkpoint.durability, by_service_clock if guard is None else guard.release_ms,
             outage=lambda: self._availability.errors.unreachable() is not None,
-            away=self._availability.errors.unreachable_now)
+            away=self._availability.errors.unreachable_now, controls=feed.controls)
         group: dict[str, str | int | bool] = {
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config)}
         self._clients = _Clients(self._join(group), group, checkpoint, reader,
-                                 self._factory.restorer(), guard, takeover, delivery, sweeper)
+                                 self._factory.restorer(), guard, takeover, delivery, sweeper,
+                                 feed)
         self.health.start()
+
+    def _follow_controls(self) -> ControlFeed:
+        """The controls topic, read to its end: no record goes out before the pauses
+        in force are known. ServiceError ``controls-unreadable`` when it cannot be."""
+        config: dict[str, str | int | bool] = {
+            "group.id": f"{self.settings.group_id}.controls", "enable.auto.commit": False,
+            "enable.auto.offset.store": False}
+        consumer = self._factory.consumer("controls", **config)
+        feed = ControlFeed(cast(Following, consumer), self.settings.controls_topic, Controls(),
+                           self._clock)
+        try:
+            feed.catch_up()
+        except KafkaException as exc:
+            feed.close()
+            raise ServiceError("controls-unreadable", str(exc.args[0])) from exc
+        return feed
 
     def _join(self, group: dict[str, str | int | bool]) -> Consuming:
         """A new group consumer with the ``group`` config, subscribed to the requests topic."""
@@ -298,6 +319,7 @@ class Service:
                     clients.restorer.close()
                     if clients.guard is not None:
                         clients.guard.close()
+                    clients.feed.close()
         finally:
             if self._lock is not None:
                 self._lock.release()
@@ -339,6 +361,7 @@ class Service:
         phases.start()
         if clients.guard is not None:
             clients.guard.poll()
+        clients.feed.poll()
         wait_ms = delivery.wait_ms()
         if checkpoint.awaiting():
             wait_ms = min(wait_ms, ACK_WAIT_MS)

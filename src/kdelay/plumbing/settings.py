@@ -107,6 +107,7 @@ class Settings:
     changelog_topic: str = "kdelay.changelog"
     dlq_topic: str = "kdelay.dlq"
     outcomes_topic: str = "kdelay.outcomes"
+    controls_topic: str = "kdelay.controls"
     series_cancels_topic: str = WORKER_RESERVED_TOPICS[0]
     worker_dlq_topic: str = WORKER_RESERVED_TOPICS[1]
     group_id: str = "kdelay"
@@ -146,8 +147,9 @@ class Settings:
         """Yield one sentence per invalid field, in field order."""
         if not self.bootstrap_servers.strip():
             yield "bootstrap_servers must not be empty"
-        yield from _topic_problems("requests, changelog, dlq and outcomes", self.requests_topic,
-                                   self.changelog_topic, self.dlq_topic, self.outcomes_topic)
+        yield from _topic_problems("requests, changelog, dlq, outcomes and controls",
+                                   self.requests_topic, self.changelog_topic, self.dlq_topic,
+                                   self.outcomes_topic, self.controls_topic)
         yield from _topic_problems("series cancels and worker dlq", self.series_cancels_topic,
                                    self.worker_dlq_topic)
         if not self.group_id:
@@ -173,8 +175,9 @@ class Settings:
     def reserved_topics(self) -> tuple[str, ...]:
         """Every topic kdelay itself reads or writes under these settings, never a delivery
         target (see :class:`TargetPolicy`): the service's requests, changelog, DLQ and
-        outcomes topics and the worker's series cancels and tasks DLQ topics."""
+        outcomes and controls topics and the worker's series cancels and tasks DLQ topics."""
         return (self.requests_topic, self.changelog_topic, self.dlq_topic, self.outcomes_topic,
+                self.controls_topic,
                 self.series_cancels_topic, self.worker_dlq_topic)
 
     def target_policy(self) -> TargetPolicy:

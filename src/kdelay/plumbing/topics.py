@@ -155,6 +155,8 @@ def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> li
         TopicSpec("outcomes", settings.outcomes_topic, partitions,
                   {CLEANUP_POLICY: "compact,delete",
                    RETENTION_MS: str(id_window_ms(None if retention_ms < 0 else retention_ms))}),
+        # One partition: a handful of records, read whole by every instance.
+        TopicSpec("controls", settings.controls_topic, 1, {CLEANUP_POLICY: "compact"}),
     ]
 
 

@@ -9,9 +9,10 @@ and :mod:`kdelay.engine.metrics`. Never the commit wing or the loop: the
 checkpoint drives delivery, not the other way round.
 """
 
+from kdelay.engine.delivery._controls import Controls
 from kdelay.engine.delivery._delivery import Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.delivery._flights import FEW, STALL_S, Channel, Durability, Flight
 from kdelay.engine.delivery._sealing import Seals
 
-__all__ = ["FEW", "STALL_S", "Channel", "Delivery", "DeliveryConfig", "Durability", "Flight",
-           "Seals", "by_service_clock"]
+__all__ = ["FEW", "STALL_S", "Channel", "Controls", "Delivery", "DeliveryConfig", "Durability",
+           "Flight", "Seals", "by_service_clock"]

@@ -2,8 +2,9 @@
 
 A :class:`Job` is an index entry with its original record, in one
 :class:`State`: adopted from intake or read ahead (both wait for their due
-time), in flight (produced, report pending) or backing off (waiting for a
-retry). The :class:`Book` holds the jobs, the per-partition count of each state
+time), in flight (produced, report pending), backing off (waiting for a
+retry) or held back by a target control (pending, untouched, until let go).
+The :class:`Book` holds the jobs, the per-partition count of each state
 (changed only as jobs are held, moved, sent and dropped), the heap of keys that
 wait to be sent in key order (due time, then request partition, then offset),
 the heap of retries by the time they may go again, and the keys a planned
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 from kdelay.protocol import codec, envelope
+from kdelay.protocol.controls import Subject
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.state.changes import Entry
 from kdelay.state.originals import Found
@@ -39,6 +41,8 @@ class State(IntEnum):
     """Produced; its delivery report is awaited. Too late to cancel."""
     BACKING_OFF = 3
     """Failed; waits until ``not_before_ms`` to be sent again."""
+    HELD = 4
+    """Due, held back by a target control (``held_by``); pending until it is let go."""
 
 
 WAITING = (State.ADOPTED, State.READY)
@@ -66,6 +70,8 @@ class Job:
     failure: tuple[ErrorCode, str] | None = None
     detail: str = ""
     routing: envelope.Routing | None = None
+    held_by: Subject | None = None
+    """The control that holds the job back (state HELD), or held it last."""
     indexed: bool = True
     """False while intake's plan for the entry awaits its acknowledgements: the
     entry may go out, but leaves the index only after it is in it."""

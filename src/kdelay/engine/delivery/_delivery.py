@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from confluent_kafka import Message
 
 from kdelay.engine.delivery._book import Book, Job, Sink, State
+from kdelay.engine.delivery._controls import Controls
 from kdelay.engine.delivery._failures import Retries, TopicCheck
 from kdelay.engine.delivery._flights import (
     FEW,
@@ -63,6 +64,7 @@ from kdelay.plumbing.callbacks import unheard
 from kdelay.plumbing.clients import Producing
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol import codec
+from kdelay.protocol.controls import Subject
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changes import Entry
@@ -160,10 +162,12 @@ class Delivery:
                  reader: Reading, clock: Clock, metrics: Metrics,
                  durability: Durability, release: Release = by_service_clock,
                  outage: Callable[[], bool] = lambda: False,
-                 away: Callable[[str], None] = unheard) -> None:
+                 away: Callable[[str], None] = unheard,
+                 controls: Controls | None = None) -> None:
         """``outage`` tells whether Kafka is unreachable now: a failure then costs no attempt,
         and nothing more is sent until it answers; ``away`` is told when a metadata
-        request finds the cluster silent."""
+        request finds the cluster silent; ``controls`` are the target controls in force
+        (kept up to date by whoever follows the controls topic)."""
         self._gate = Gate(release, outage)
         policy = config.targets or TargetPolicy(
             (config.requests_topic, config.changelog_topic, config.dlq_topic), ())
@@ -175,7 +179,9 @@ class Delivery:
         self._retries = Retries(self._book, clock, metrics, outage, config.attempts,
                                 config.backoff_ms, config.backoff_max_ms, config.retry_ms,
                                 MAX_RETRYING_BATCHES * config.batch_size)
-        self._ahead = ReadAhead(reader, self._book, config.lookahead_ms, config.batch_size)
+        self.controls = Controls() if controls is None else controls
+        self._ahead = ReadAhead(reader, self._book, config.lookahead_ms, config.batch_size,
+                                self.controls)
         self._marks = PartitionMarks()
         # The flights produced and not landed, in the order produced, and those
         # landed and sealed but not yet applied (exactly-once: until settle or abandon).
@@ -186,7 +192,7 @@ class Delivery:
         self._stalls = Stalls()
         self._sender = Sender(config.requests_topic, config.dlq_topic, targets, internal,
                               policy, TopicCheck(targets, clock, away=away),
-                              self._book.withheld, self._ahead, outage)
+                              self._book.withheld, self._ahead, outage, self.controls)
 
     # -- what intake and the service ask ------------------------------------------
 
@@ -346,6 +352,8 @@ class Delivery:
             self._marks.load(partition, index)
         self._ahead.read(indexes, now)
         self._book.promote(now)
+        if self.controls:
+            self._let_go(now)
         return self._next_wakeup_ms(now) == 0
 
     def dispatch(self) -> None:
@@ -506,16 +514,46 @@ class Delivery:
                 self._failed(key, sink, reason, now)
         self._retries.flush()
 
-    # -- read-ahead -------------------------------------------------------------
+    # -- controls ---------------------------------------------------------------
+
+    def _let_go(self, now: int) -> None:
+        """Send again the held-back jobs their controls let go now, oldest first."""
+        book = self._book
+
+        def holds(key: bytes, subject: Subject) -> bool:
+            job = book.get(key)
+            return job is not None and job.state is State.HELD and job.held_by == subject
+
+        for key in self.controls.release(now, holds):
+            job = book.get(key)
+            if job is not None:
+                book.move(job, State.READY)
+
+    def held_back(self) -> dict[Subject, tuple[int, int | None]]:
+        """Return, per controlled subject, how many due records it holds back in this
+        instance and the oldest one's due time (None: none held)."""
+        found: dict[Subject, tuple[int, int | None]] = dict.fromkeys(
+            self.controls.subjects, (0, None))
+        for job in self._book.jobs_in(State.HELD):
+            if job.held_by is None:
+                continue
+            count, oldest = found.get(job.held_by, (0, None))
+            due = job.entry.due.due_ms
+            found[job.held_by] = (count + 1, due if oldest is None else min(oldest, due))
+        return found
 
     # -- sending ------------------------------------------------------------------
 
     def _send_jobs(self, flight: Flight, limit: int, now: int) -> bool:
         """Send the book's due jobs (retries, dead letters); False on a full queue."""
         book = self._book
+        controls = self.controls
         while (job := book.next_to_send()) is not None and job.entry.due.due_ms <= limit:
             if self._gate.outage():  # learnt mid-way (a silent metadata request): wait for Kafka
                 return False
+            if controls and (held := self._sender.held_by(job, now)) is not None:
+                self._ahead.hold_back(job, held)
+                continue
             try:
                 self._sender.job(job, now, flight)
                 self._book.sent(job)
@@ -626,6 +664,10 @@ class Delivery:
         if first is not None:
             due = codec.due_ms_of(first)
             wakeup = due if wakeup is None else min(wakeup, due)
+        if self.controls:
+            let_go = self.controls.next_release_ms(now)
+            if let_go is not None:
+                wakeup = let_go if wakeup is None else min(wakeup, let_go)
         if wakeup is None:
             return MAX_WAIT_MS
         limit = self._gate.release(now)

@@ -19,9 +19,11 @@ from typing import Final
 from confluent_kafka import KafkaError
 
 from kdelay.engine.delivery._book import Book, Job, Sink, State
+from kdelay.engine.delivery._controls import Controls
 from kdelay.engine.delivery._flights import Flight
 from kdelay.engine.delivery._runs import Run
 from kdelay.protocol import codec
+from kdelay.protocol.controls import Subject
 from kdelay.state.changes import Entry
 from kdelay.state.index import PartitionIndex, Scan
 from kdelay.state.originals import Found, Reading
@@ -39,9 +41,10 @@ class ReadAhead:
     """
 
     def __init__(self, reader: Reading, book: Book, lookahead_ms: int,
-                 batch_size: int) -> None:
+                 batch_size: int, controls: Controls | None = None) -> None:
         self._reader = reader
         self._book = book
+        self._controls = Controls() if controls is None else controls
         self._lookahead_ms = lookahead_ms
         self.batch_size = batch_size
         self.runs: dict[int, list[Run]] = {}
@@ -70,6 +73,13 @@ class ReadAhead:
             flight.jobs.append((job, Sink.TARGET))
             flight.refused(key, Sink.TARGET, refused.str())
         return job
+
+    def hold_back(self, job: Job, subject: Subject) -> None:
+        """Keep the book's ``job`` pending, held back by the control of ``subject``: it
+        stays in the index and the changelog, untouched, until the control lets it go."""
+        job.held_by = subject
+        self._book.move(job, State.HELD)
+        self._controls.hold(subject, job.key)
 
     def window(self, partition: int) -> Window:
         """The read-ahead window of ``partition`` (a new one at first)."""

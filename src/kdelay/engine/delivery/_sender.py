@@ -19,12 +19,14 @@ from typing import Protocol
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message
 
 from kdelay.engine.delivery._book import Job, Sink
+from kdelay.engine.delivery._controls import Controls
 from kdelay.engine.delivery._failures import TopicCheck
 from kdelay.engine.delivery._flights import Flight, Produced
 from kdelay.engine.delivery._runs import Run
 from kdelay.plumbing.clients import Producing
 from kdelay.protocol import codec, envelope, idkeys
 from kdelay.protocol.codec import fingerprint_of
+from kdelay.protocol.controls import Subject
 from kdelay.protocol.envelope import ErrorCode, Headers
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.originals import Missing
@@ -54,6 +56,10 @@ class Holder(Protocol):
         """Move the entry at ``at`` out of ``run`` into the book, as a job of its own."""
         ...
 
+    def hold_back(self, job: Job, subject: Subject) -> None:
+        """Keep the book's ``job`` pending: the control of ``subject`` holds it back."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Route:
@@ -81,7 +87,7 @@ class Sender:
     def __init__(self, requests_topic: str, dlq_topic: str, targets: Producing,
                  internal: Producing, policy: TargetPolicy, topics: TopicCheck,
                  withheld: set[bytes], holder: Holder,
-                 outage: Callable[[], bool]) -> None:
+                 outage: Callable[[], bool], controls: Controls) -> None:
         self._requests_topic = requests_topic
         self._dlq_topic = dlq_topic
         self._producer = targets
@@ -91,6 +97,7 @@ class Sender:
         self._withheld = withheld
         self._holder = holder
         self._outage = outage
+        self._controls = controls
         self._origin = f"{requests_topic}/"
         self.lateness_ms: list[int] = []
 
@@ -108,6 +115,7 @@ class Sender:
         producer = self._producer if flight.producer is None else flight.producer
         produce, report = producer.produce, flight.report
         withheld, lateness, lanes = self._withheld, self.lateness_ms, flight.lanes
+        controls = self._controls
         prefix = self._origin
         head = ""  # ``kdelay-origin`` up to the offset, for the partition ``seen``
         seen = -1
@@ -167,6 +175,10 @@ class Sender:
                     self._holder.take_out(run, at, flight, route.missing)
                     at += 1
                     continue
+                if controls and (held := controls.admit(route.target, route.lane, now)):
+                    self._holder.hold_back(self._holder.take_out(run, at), held)
+                    at += 1
+                    continue
                 if fields is None:
                     due_ms, lies, offset = codec.unpack_due_key(key)
                 else:
@@ -214,6 +226,23 @@ class Sender:
         if refused is not None:
             return _Route(name, place, lane_name, (refused.code, refused.detail))
         return _Route(name, place, lane_name, None, self._topics.missing(name))
+
+    def held_by(self, job: Job, now: int) -> Subject | None:
+        """Return the control that holds ``job`` back at ``now`` (its tokens spent if none).
+
+        The job is verified first: one that would be dead-lettered is not held
+        (the DLQ is no controlled target). A job let go by its control is not
+        held behind the records its control still holds.
+        """
+        if not self._controls:
+            return None
+        if job.failure is None and job.routing is None:
+            job.failure = self._verify(job)
+        routing = job.routing
+        if job.failure is not None or routing is None:
+            return None
+        return self._controls.admit(routing.target, routing.lane, now,
+                                    released=job.held_by is not None)
 
     def job(self, job: Job, now: int, flight: Flight) -> None:
         """Produce the job's record to its target, or to the DLQ with a reason."""
