@@ -32,6 +32,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Message, Producer
 
 from kdelay import native
 from kdelay.engine.delivery._book import Book, Job
+from kdelay.engine.delivery._controls import Controls
 from kdelay.engine.delivery._failures import TopicCheck
 from kdelay.engine.delivery._flights import Flight
 from kdelay.engine.delivery._runs import Run
@@ -42,6 +43,7 @@ from kdelay.engine.runner import tune_gc
 from kdelay.plumbing.clock import SystemClock
 from kdelay.protocol import codec, durations, envelope
 from kdelay.protocol.codec import IndexValue
+from kdelay.protocol.controls import Subject
 from kdelay.protocol.envelope import Headers
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changes import Changes, Entry
@@ -87,7 +89,7 @@ def _sender(producer: Producer) -> Sender:
     topics._known[TARGET] = (float("inf"), None)  # no metadata request
     return Sender(REQUESTS, "bench.dlq", producer, producer,
                   TargetPolicy((REQUESTS, "bench.changelog", "bench.dlq"), ()), topics, set(),
-                  _NeverTaken(), lambda: False)
+                  _NeverTaken(), lambda: False, Controls())
 
 
 class _NeverTaken:
@@ -96,6 +98,9 @@ class _NeverTaken:
     def take_out(self, run: Run, at: int, flight: Flight | None = None,
                  refused: KafkaError | None = None) -> Job:
         raise AssertionError(f"entry {at} of the bench's run was taken out")
+
+    def hold_back(self, job: Job, subject: Subject) -> None:
+        raise AssertionError(f"{job.key!r} held back by {subject}: the bench has no controls")
 
 
 def run_once(count: int) -> dict[str, float]:

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
 from kdelay.engine.delivery import Controls
+from kdelay.engine.metrics import ControlRow
 from kdelay.plumbing.clock import Clock
-from kdelay.protocol.controls import ControlError, decode_control, decode_subject
+from kdelay.protocol.controls import ControlError, Subject, decode_control, decode_subject
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,17 @@ class ControlFeed:
             log.info("%s paused by %s since %d: %s", subject, control.paused.by,
                      control.paused.since_ms, control.paused.reason)
         return True
+
+    def rows(self, held: dict[Subject, tuple[int, int | None]]) -> list[ControlRow]:
+        """The gauges' rows: every controlled subject with what it holds back here
+        (``held``: count and oldest due time, see ``Delivery.held_back``)."""
+        rows = []
+        for subject, control in self.controls.subjects.items():
+            count, oldest = held.get(subject, (0, None))
+            rows.append(ControlRow(subject.scope.value, subject.name, count, oldest,
+                                   self.controls.rate_of(subject),
+                                   None if control.paused is None else control.paused.since_ms))
+        return rows
 
     def close(self) -> None:
         """Close the consumer."""

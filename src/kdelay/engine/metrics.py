@@ -94,6 +94,70 @@ class OutlookGauges:
                 self.overdue, self.intake_lag, self.headroom, self.at_risk)
 
 
+@dataclass(frozen=True, slots=True)
+class ControlRow:
+    """One controlled target or lane as this instance applies it, for :class:`ControlGauges`."""
+
+    scope: str
+    name: str
+    held: int
+    oldest_held_ms: int | None
+    rate_per_s: float | None
+    paused_since_ms: int | None
+
+
+class ControlGauges:
+    """The target controls in force and what they hold back in this instance, refreshed
+    each housekeeping round (see :mod:`kdelay.engine.controlfeed`)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        labels = ["scope", "name"]
+        self.held = Gauge("kdelay_control_held_entries", "Due records a target control holds "
+                          "back in this instance (pending, not failed), by scope (target or "
+                          "lane) and name", labels, registry=r)
+        self.oldest_held = Gauge(
+            "kdelay_control_oldest_held_due_timestamp_seconds", "Due time of the oldest "
+            "record a control holds back in this instance; absent when none is held", labels,
+            registry=r)
+        self.rate = Gauge("kdelay_control_rate_per_second", "The delivery rate a control "
+                          "applies now, per instance: 0 while paused, the catch-up rate after "
+                          "a resume, then the cap; absent without a limit", labels, registry=r)
+        self.paused_since = Gauge(
+            "kdelay_control_paused_since_timestamp_seconds", "When a paused target or lane "
+            "was paused; absent when not paused", labels, registry=r)
+        self._shown: set[tuple[str, str]] = set()
+
+    def show(self, rows: Iterable[ControlRow]) -> None:
+        """Set the gauges to ``rows``; the series of subjects no longer controlled go."""
+        shown: set[tuple[str, str]] = set()
+        for row in rows:
+            labels = (row.scope, row.name)
+            shown.add(labels)
+            self.held.labels(*labels).set(row.held)
+            for gauge, value in ((self.oldest_held, _seconds(row.oldest_held_ms)),
+                                 (self.paused_since, _seconds(row.paused_since_ms)),
+                                 (self.rate, row.rate_per_s)):
+                if value is None:
+                    _forget(gauge, labels)
+                else:
+                    gauge.labels(*labels).set(value)
+        for labels in self._shown - shown:
+            for gauge in (self.held, self.oldest_held, self.rate, self.paused_since):
+                _forget(gauge, labels)
+        self._shown = shown
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def _forget(gauge: Gauge, labels: tuple[str, str]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
+
+
 def _last_ms_within(bound_s: float) -> float:
     """The largest whole millisecond count ``v`` with ``v / 1000 <= bound_s`` (the
     comparison ``Histogram.observe`` makes), infinity for an infinite bound."""
@@ -293,6 +357,7 @@ class Metrics:
         self.loop = LoopMetrics(r)
         # Refreshed by kdelay.engine.outlook every housekeeping round.
         self.outlook = OutlookGauges(r)
+        self.controls = ControlGauges(r)
 
 
 @dataclass(slots=True)

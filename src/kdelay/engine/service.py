@@ -472,6 +472,7 @@ class Service:
                                              clients.checkpoint.writer))
             if clients.guard is not None:
                 clients.guard.tick()
+            self.metrics.controls.show(clients.feed.rows(clients.delivery.held_back()))
         if reachable:
             self._watch.tick(self._clock.now_ms(), clients.checkpoint.internal)
 

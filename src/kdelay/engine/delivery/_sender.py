@@ -116,6 +116,7 @@ class Sender:
         produce, report = producer.produce, flight.report
         withheld, lateness, lanes = self._withheld, self.lateness_ms, flight.lanes
         controls = self._controls
+        controlled = bool(controls)  # once a slice: no call per record when nothing is
         prefix = self._origin
         head = ""  # ``kdelay-origin`` up to the offset, for the partition ``seen``
         seen = -1
@@ -175,7 +176,7 @@ class Sender:
                     self._holder.take_out(run, at, flight, route.missing)
                     at += 1
                     continue
-                if controls and (held := controls.admit(route.target, route.lane, now)):
+                if controlled and (held := controls.admit(route.target, route.lane, now)):
                     self._holder.hold_back(self._holder.take_out(run, at), held)
                     at += 1
                     continue
