@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "kdelay"
-HELPERS = frozenset({"client", "outcomes", "retry", "tasks", "recurring"})
+HELPERS = frozenset({"client", "outcomes", "retry", "tasks", "recurring", "controls"})
 ALLOWED: dict[str, frozenset[str]] = {
     "protocol": frozenset(),
     "plumbing": frozenset({"protocol"}),

@@ -35,7 +35,7 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_are_valid() -> None:
     result = run_promtool("check", "rules", "kdelay-rules.yml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 17 rules found" in result.stdout
+    assert "SUCCESS: 19 rules found" in result.stdout
 
 
 def test_rule_unit_tests_pass() -> None:
