@@ -52,8 +52,8 @@ def read_controls(settings: Settings, timeout_s: float = TIMEOUT_S) -> dict[Subj
     Raises ControlsUnavailable when the topic is missing or not read in time;
     records that cannot be decoded are left out.
     """
-    config: dict[str, str | int | bool] = {
-        "group.id": f"{settings.group_id}.controls-reader", "enable.auto.commit": False}
+    config: dict[str, str | int | bool] = {"group.id": "kdelay-controls",
+                                           "enable.auto.commit": False}
     consumer = Consumer(settings.client_config("controls-reader", **config))
     try:
         topic = consumer.list_topics(settings.controls_topic, timeout=timeout_s).topics.get(

@@ -118,6 +118,7 @@ class Deployment:
     state_dir: Path
     partitions: int
     outcomes: str = "kdelay.outcomes"
+    controls: str = "kdelay.controls"
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The environment ``kdelay`` runs with: every setting as a ``KDELAY_*`` variable."""
@@ -127,6 +128,7 @@ class Deployment:
             "KDELAY_CHANGELOG_TOPIC": self.changelog,
             "KDELAY_DLQ_TOPIC": self.dlq,
             "KDELAY_OUTCOMES_TOPIC": self.outcomes,
+            "KDELAY_CONTROLS_TOPIC": self.controls,
             "KDELAY_GROUP_ID": self.group_id,
             "KDELAY_STATE_DIR": str(self.state_dir),
             "KDELAY_LOG_LEVEL": "INFO",
@@ -147,7 +149,7 @@ def deploy(
             bootstrap=bootstrap, requests=f"e2e-req-{suffix}", changelog=f"e2e-chg-{suffix}",
             dlq=f"e2e-dlq-{suffix}", group_id=f"e2e-g-{suffix}",
             state_dir=tmp_path / f"state-{suffix}", partitions=partitions,
-            outcomes=f"e2e-out-{suffix}",
+            outcomes=f"e2e-out-{suffix}", controls=f"e2e-ctl-{suffix}",
         )
         made.append(deployment)
         result = run_cli(deployment.env(), "topics", "create", "--partitions", str(partitions))
@@ -155,7 +157,7 @@ def deploy(
         return deployment
 
     yield create
-    names = [t for d in made for t in (d.requests, d.changelog, d.dlq, d.outcomes)]
+    names = [t for d in made for t in (d.requests, d.changelog, d.dlq, d.outcomes, d.controls)]
     existing = set(admin.list_topics(timeout=30).topics)
     doomed = [name for name in names if name in existing]
     if doomed:

@@ -44,14 +44,14 @@ def create(admin: AdminClient, topic: str, partitions: int, config: dict[str, st
 
 @pytest.fixture
 def fresh(admin: AdminClient, bootstrap: str) -> Iterator[Settings]:
-    """Settings naming four topics that do not exist yet; whichever exist are deleted after."""
+    """Settings naming five topics that do not exist yet; whichever exist are deleted after."""
     suffix = uuid.uuid4().hex[:12]
     settings = Settings(bootstrap_servers=bootstrap, requests_topic=f"req-{suffix}",
                         changelog_topic=f"chg-{suffix}", dlq_topic=f"dlq-{suffix}",
-                        outcomes_topic=f"out-{suffix}")
+                        outcomes_topic=f"out-{suffix}", controls_topic=f"ctl-{suffix}")
     yield settings
     names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic,
-             settings.outcomes_topic]
+             settings.outcomes_topic, settings.controls_topic]
     existing = [name for name in names if name in admin.list_topics(timeout=TIMEOUT_S).topics]
     if existing:
         for future in admin.delete_topics(existing).values():
@@ -80,17 +80,17 @@ def settings_for(
 # --- topics create ---------------------------------------------------------------------
 
 
-def test_topics_create_command_creates_four_topics_then_is_idempotent(
+def test_topics_create_command_creates_five_topics_then_is_idempotent(
     fresh: Settings, admin: AdminClient
 ) -> None:
     args = ["topics", "create", "--partitions", "3", "--retention-ms", str(2 * DAY_MS),
             "--bootstrap-servers", fresh.bootstrap_servers,
             "--requests-topic", fresh.requests_topic,
             "--changelog-topic", fresh.changelog_topic, "--dlq-topic", fresh.dlq_topic,
-            "--outcomes-topic", fresh.outcomes_topic]
+            "--outcomes-topic", fresh.outcomes_topic, "--controls-topic", fresh.controls_topic]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 4 + [
+    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 5 + [
         "replication:"]
     assert first.stdout.splitlines()[-1] == (
         "replication: factor 1 for new topics (chosen for a cluster of 1 broker)")
@@ -109,10 +109,13 @@ def test_topics_create_command_creates_four_topics_then_is_idempotent(
     assert outcomes[0] == 3
     assert outcomes[1]["cleanup.policy"] == "compact,delete"
     assert outcomes[1]["retention.ms"] == str(2 * DAY_MS), "the id window: requests' retention"
+    controls = describe(admin, fresh.controls_topic)
+    assert controls[0] == 1
+    assert controls[1]["cleanup.policy"] == "compact"
 
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
-    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 4 + [
+    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 5 + [
         "replication:"]
     assert changelog[1]["message.timestamp.type"] == "LogAppendTime"
     assert check_layout(admin, fresh) == Layout(partitions=3, retention_ms=2 * DAY_MS,
@@ -125,7 +128,7 @@ def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: Admi
     assert [line.split()[:2] for line in lines] == [
         ["exists", fresh.requests_topic], ["created", fresh.changelog_topic],
         ["created", fresh.dlq_topic], ["created", fresh.outcomes_topic],
-        ["replication:", "factor"],
+        ["created", fresh.controls_topic], ["replication:", "factor"],
     ]
     wait_visible(admin, fresh.changelog_topic, 2)  # metadata of a new topic can lag a moment
     assert describe(admin, fresh.changelog_topic)[0] == 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from kdelay.engine.delivery import Controls
 from kdelay.engine.metrics import ControlRow
@@ -24,6 +24,9 @@ from kdelay.protocol.controls import ControlError, Subject, decode_control, deco
 
 log = logging.getLogger(__name__)
 
+CONTROLS_GROUP = "kdelay-controls"
+"""The group id of the feed's consumer: it never joins nor commits, but a consumer names
+one (the ACLs grant it Describe)."""
 CATCH_UP_S = 30.0
 """How long :meth:`ControlFeed.catch_up` may take before the service gives up starting."""
 
@@ -68,12 +71,16 @@ class ControlFeed:
         """Assign every partition from the beginning and read up to today's end.
 
         Returns False when the topic does not exist (no controls can be in
-        force; logged once). Raises KafkaException when the end is not reached
-        within ``timeout_s``: delivering before the pauses are known could
-        send what a pause holds back.
+        force; logged once). Raises KafkaException when it exists but cannot
+        be read (ACLs) or its end is not reached within ``timeout_s``:
+        delivering before the pauses are known could send what a pause holds
+        back.
         """
         metadata = self._consumer.list_topics(self._topic, timeout=timeout_s)
         topic = metadata.topics.get(self._topic)
+        if topic is not None and topic.error is not None and (
+                topic.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise KafkaException(topic.error)  # not readable (ACLs): a pause could be missed
         if topic is None or topic.error is not None:
             log.warning("target controls are off: topic %s does not exist (run "
                         "`kdelay topics create`)", self._topic)

@@ -47,7 +47,7 @@ from kdelay.engine.commit import (
     Takeover,
     owner_metadata,
 )
-from kdelay.engine.controlfeed import ControlFeed, Following
+from kdelay.engine.controlfeed import CONTROLS_GROUP, ControlFeed, Following
 from kdelay.engine.delivery import Controls, Delivery, DeliveryConfig, by_service_clock
 from kdelay.engine.factory import ClientFactory, KafkaClients, membership
 from kdelay.engine.health import Health, Observation
@@ -251,7 +251,7 @@ class Service:
         """The controls topic, read to its end: no record goes out before the pauses
         in force are known. ServiceError ``controls-unreadable`` when it cannot be."""
         config: dict[str, str | int | bool] = {
-            "group.id": f"{self.settings.group_id}.controls", "enable.auto.commit": False,
+            "group.id": CONTROLS_GROUP, "enable.auto.commit": False,
             "enable.auto.offset.store": False}
         consumer = self._factory.consumer("controls", **config)
         feed = ControlFeed(cast(Following, consumer), self.settings.controls_topic, Controls(),
