@@ -12,6 +12,8 @@ record written is in force, and ``kdelay target list`` shows it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
@@ -44,6 +46,34 @@ def subject_of(name: str, lane: bool, settings: Settings) -> Subject:
     if not lane and name in settings.reserved_topics:
         raise ControlError(f"{name} is one of kdelay's own topics, never a target")
     return Subject(Scope.LANE if lane else Scope.TARGET, name)
+
+
+def holding(found: Mapping[Subject, Control], target: str | None,
+            lane: str | None) -> str | None:
+    """Say how the controls in ``found`` hold back a record to ``target`` (of ``lane``):
+    ``paused since <time> by <who>: <why>``, ``capped at <n>/s``; None when none does."""
+    said = []
+    for subject in (None if target is None else Subject(Scope.TARGET, target),
+                    None if lane is None else Subject(Scope.LANE, lane)):
+        control = None if subject is None else found.get(subject)
+        if subject is None or control is None:
+            continue
+        if control.paused is not None:
+            since = datetime.fromtimestamp(control.paused.since_ms / 1000, tz=UTC)
+            said.append(f"{subject} paused since {since:%Y-%m-%d %H:%M:%S} UTC by "
+                        f"{control.paused.by or '?'}: {control.paused.reason or '-'}")
+        elif control.rate_per_s is not None:
+            said.append(f"{subject} capped at {control.rate_per_s:g}/s")
+    return "; ".join(said) or None
+
+
+def read_controls_or_none(settings: Settings) -> dict[Subject, Control]:
+    """:func:`read_controls`, or no controls when the topic cannot be read (for views that
+    only mention them)."""
+    try:
+        return read_controls(settings)
+    except ControlsUnavailable:
+        return {}
 
 
 def read_controls(settings: Settings, timeout_s: float = TIMEOUT_S) -> dict[Subject, Control]:

@@ -26,6 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from kdelay import controls
 from kdelay.cli.options import (
     USER_ERROR_EXIT,
     common_options,
@@ -39,9 +40,11 @@ from kdelay.cli.options import (
 )
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
+from kdelay.protocol.controls import Scope, Subject
 from kdelay.protocol.durations import parse_duration_ms
 from kdelay.view.backlog import DueQuery, backlog, due
 from kdelay.view.display import (
+    Held,
     backlog_json,
     backlog_tables,
     due_json,
@@ -127,11 +130,25 @@ def due_command(
                          lane)
     with operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
         listed = due(view, originals, query, now_ms)
+        held = _held(settings)
     if as_json:
-        for line in due_json(listed, settings.requests_topic):
+        for line in due_json(listed, settings.requests_topic, held):
             typer.echo(line)
     else:
-        Console().print(due_table(listed, settings.requests_topic, now_ms))
+        Console().print(due_table(listed, settings.requests_topic, now_ms, held))
+
+
+def _routing_of(subject: Subject) -> tuple[str | None, str | None]:
+    """The (target, lane) a record has for ``subject``'s control to apply to it."""
+    if subject.scope is Scope.LANE:
+        return None, subject.name
+    return subject.name, None
+
+
+def _held(settings: Settings) -> Held:
+    """What the target controls in force say of a record to a target (of a lane)."""
+    found = controls.read_controls_or_none(settings)
+    return functools.partial(controls.holding, found)
 
 
 @common_options
@@ -152,13 +169,16 @@ def backlog_command(
     if bucket not in _BUCKETS or by not in ("partition", "target"):
         fail("invalid-argument", "--bucket is one of 1m, 1h, 1d and --by one of "
              "partition, target", USER_ERROR_EXIT)
-    with operator_view(ctx, view_dir) as (_, view, originals, now_ms):
+    with operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
         reads = by == "target" or lane is not None
         result = backlog(view, now_ms, _BUCKETS[bucket], originals if reads else None, lane)
+        found = controls.read_controls_or_none(settings)
+    notes = [note for subject in sorted(found, key=str)
+             if (note := controls.holding(found, *_routing_of(subject))) is not None]
     if as_json:
-        typer.echo(backlog_json(result))
+        typer.echo(backlog_json(result, notes))
     else:
-        Console().print(backlog_tables(result))
+        Console().print(backlog_tables(result, notes))
 
 
 @common_options
@@ -177,10 +197,11 @@ def show_command(
     with operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
         lanes = [lane] if lane is not None else [None, *settings.lanes]
         found = lookup(view, originals, reference, settings.requests_topic, now_ms, lanes)
+        held = _held(settings)
     if as_json:
-        typer.echo(show_json(found, settings.requests_topic))
+        typer.echo(show_json(found, settings.requests_topic, held))
     else:
-        Console().print(show_renderable(found, settings.requests_topic, now_ms))
+        Console().print(show_renderable(found, settings.requests_topic, now_ms, held))
 
 
 @common_options

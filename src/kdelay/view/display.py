@@ -9,7 +9,7 @@ Times are shown in UTC and relative to the command's "now" ("in 12 s",
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import orjson
 from confluent_kafka import Message
@@ -23,6 +23,16 @@ from kdelay.view.lookup import Lookup
 from kdelay.view.pending import Original, Pending, headers_of
 from kdelay.view.retention import PartitionRetention, RetentionReport
 
+Held = Callable[[str | None, str | None], str | None]
+"""What holds a record to a target (of a lane) back: a sentence naming the target control,
+or None (see :func:`kdelay.controls.holding`)."""
+
+
+def _not_held(target: str | None, lane: str | None) -> str | None:
+    return None
+
+
+_NOT_HELD: Held = _not_held
 PREVIEW_CHARS = 40
 VALUE_PREVIEW_CHARS = 200
 BAR_WIDTH = 40
@@ -80,8 +90,10 @@ def preview(data: bytes | None, chars: int = PREVIEW_CHARS) -> str:
     return shown if len(shown) <= chars else shown[:chars - 1] + "…"
 
 
-def due_json(listed: Sequence[tuple[Pending, Original]], topic: str) -> Iterator[str]:
-    """One JSON object per listed entry (``kdelay due --json``)."""
+def due_json(listed: Sequence[tuple[Pending, Original]], topic: str,
+             held: Held = _NOT_HELD) -> Iterator[str]:
+    """One JSON object per listed entry (``kdelay due --json``); ``held_by`` says which
+    target control holds it back, if any."""
     for entry, original in listed:
         yield orjson.dumps({
             "due_ms": entry.due_ms, "topic": topic, "partition": entry.partition,
@@ -90,30 +102,36 @@ def due_json(listed: Sequence[tuple[Pending, Original]], topic: str) -> Iterator
             "key_hex": None if original.key is None else original.key.hex(),
             "value_bytes": original.value_bytes, "record_ms": entry.record_ms,
             "original": original.state.value,
+            "held_by": held(original.target, original.lane),
         }).decode()
 
 
-def due_table(listed: Sequence[tuple[Pending, Original]], topic: str, now_ms: int) -> Table:
-    """The ``kdelay due`` table, in due order."""
+def due_table(listed: Sequence[tuple[Pending, Original]], topic: str, now_ms: int,
+              held: Held = _NOT_HELD) -> Table:
+    """The ``kdelay due`` table, in due order; a ``held by`` column when a target control
+    holds any listed entry back."""
     table = Table(title=f"due entries of {topic} ({len(listed)})", title_justify="left")
     laned = any(original.lane is not None for _, original in listed)
+    notes = [held(original.target, original.lane) for _, original in listed]
+    controlled = any(notes)
     names = ("due (UTC)", "when", "request", "id", "target", *(("lane",) if laned else ()),
-             "key", "value bytes")
+             "key", "value bytes", *(("held by",) if controlled else ()))
     for name in names:
         table.add_column(name, justify="right" if name == "value bytes" else "left")
-    for entry, original in listed:
+    for (entry, original), note in zip(listed, notes, strict=True):
         target = original.target or f"({original.state.value})"
         size = original.value_bytes
         lane = (original.lane or "-",) if laned else ()
         table.add_row(utc(entry.due_ms), relative(entry.due_ms, now_ms),
                       f"{topic}/{entry.partition}/{entry.offset}", entry.schedule_id or "-",
                       target, *lane, preview(original.key) if original.record else "-",
-                      "-" if size is None else str(size))
+                      "-" if size is None else str(size), *((note or "-",) if controlled else ()))
     return table
 
 
-def backlog_json(backlog: Backlog) -> str:
-    """The ``kdelay backlog --json`` object."""
+def backlog_json(backlog: Backlog, controls: Sequence[str] = ()) -> str:
+    """The ``kdelay backlog --json`` object; ``controls``: the target controls in force,
+    one sentence each (their targets' pending records wait while paused)."""
     body: dict[str, object] = {
         "now_ms": backlog.now_ms, "pending": backlog.pending, "overdue": backlog.overdue,
         "earliest_due_ms": backlog.earliest_due_ms, "latest_due_ms": backlog.latest_due_ms,
@@ -125,6 +143,7 @@ def backlog_json(backlog: Backlog) -> str:
         body["by_target"] = backlog.by_target
     if backlog.lane is not None:
         body["lane"] = backlog.lane
+    body["controls"] = list(controls)
     return orjson.dumps(body).decode()
 
 
@@ -137,14 +156,16 @@ def _bar(count: int, most: int) -> str:
     return "█" * max(1, round(BAR_WIDTH * count / most)) if count else ""
 
 
-def backlog_tables(backlog: Backlog) -> RenderableType:
-    """The ``kdelay backlog`` summary, due-time histogram and per-partition/target counts."""
+def backlog_tables(backlog: Backlog, controls: Sequence[str] = ()) -> RenderableType:
+    """The ``kdelay backlog`` summary (with the target controls in force, whose targets'
+    records are held back), due-time histogram and per-partition/target counts."""
     now = backlog.now_ms
     of_lane = "" if backlog.lane is None else f" in lane {backlog.lane}"
+    held = "".join(f"\nheld by a target control: {line}" for line in controls)
     summary = Text(
         f"pending{of_lane} {backlog.pending}, overdue (ready now) {backlog.overdue}\n"
         f"earliest due {_when(backlog.earliest_due_ms, now)}\n"
-        f"latest due   {_when(backlog.latest_due_ms, now)}")
+        f"latest due   {_when(backlog.latest_due_ms, now)}{held}")
     parts: list[RenderableType] = [summary, _buckets_table(backlog)]
     counts = backlog.by_target if backlog.by_target is not None else {
         str(p): n for p, n in backlog.by_partition.items()}
@@ -194,9 +215,14 @@ def render_original(record: Message) -> RenderableType:
     return table
 
 
-def show_renderable(found: Lookup, topic: str, now_ms: int) -> RenderableType:
-    """``kdelay show``: where the request stands, then its original record."""
+def show_renderable(found: Lookup, topic: str, now_ms: int,
+                    held: Held = _NOT_HELD) -> RenderableType:
+    """``kdelay show``: where the request stands (and the control that holds it back, if
+    any), then its original record."""
     lines = [f"{found.reference}: {found.status}"]
+    note = _held_note(found, held)
+    if note is not None:
+        lines.append(f"held by a target control: {note}")
     if found.coordinates is not None:
         lines.append(f"request {topic}/{found.coordinates[0]}/{found.coordinates[1]}")
     entry = found.pending
@@ -229,12 +255,21 @@ def series_lines(series: Description, now_ms: int) -> list[str]:
             f"this is occurrence {series.n}; next occurrence {following}"]
 
 
-def show_json(found: Lookup, topic: str) -> str:
+def _held_note(found: Lookup, held: Held) -> str | None:
+    """The control that holds a pending request back, or None."""
+    original = found.original
+    if found.pending is None or original is None:
+        return None
+    return held(original.target, original.lane)
+
+
+def show_json(found: Lookup, topic: str, held: Held = _NOT_HELD) -> str:
     """The ``kdelay show --json`` object."""
     entry, original = found.pending, found.original
     record = None if original is None else original.record
     body: dict[str, object] = {
         "reference": found.reference, "status": found.status, "pending": entry is not None,
+        "held_by": _held_note(found, held),
         "topic": topic if found.coordinates else None,
         "partition": found.coordinates[0] if found.coordinates else None,
         "offset": found.coordinates[1] if found.coordinates else None,

@@ -229,6 +229,10 @@ class Clients:
         if name == "watermarks":  # the health's asker, on a thread: the log's end, nothing more
             return cast(Consuming, SimpleNamespace(
                 get_watermark_offsets=self.group.get_watermark_offsets, close=lambda: None))
+        if name == "controls":  # no controls topic: no controls in force
+            return cast(Consuming, SimpleNamespace(
+                list_topics=lambda topic, timeout=-1: SimpleNamespace(topics={}),
+                consume=lambda num_messages=1, timeout=-1: [], close=lambda: None))
         return self.group
 
     def reader(self) -> Reading:

@@ -285,12 +285,13 @@ def test_reserved_topics_name_kdelay_and_the_worker_topics() -> None:
     from kdelay import recurring, tasks
 
     settings = Settings(requests_topic="r", changelog_topic="c", dlq_topic="d",
-                        outcomes_topic="o")
+                        outcomes_topic="o", controls_topic="k")
     assert set(settings.reserved_topics) == {
-        "r", "c", "d", "o", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
-    refused = settings.target_policy().refusal("c")
-    assert refused is not None
-    assert refused.code == "forbidden-target"
+        "r", "c", "d", "o", "k", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
+    for topic in ("c", "k"):
+        refused = settings.target_policy().refusal(topic)
+        assert refused is not None
+        assert refused.code == "forbidden-target"
 
 
 def test_renamed_worker_and_outcomes_topics_are_refused_under_their_names() -> None:
