@@ -32,16 +32,16 @@ from typing import Any
 
 import orjson
 
+from kdelay.errors import KdelayError
+
 VERSION = 1
 CODE = "bad-control"
 
 
-class ControlError(ValueError):
+class ControlError(KdelayError, ValueError):
     """A control record or request that cannot be understood; ``code`` is stable."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.code = CODE
+    code = CODE
 
 
 class Scope(Enum):

@@ -11,7 +11,8 @@ exactly one outcome, the first that holds:
     the DLQ holds it, with its ``kdelay-error`` as the reason (intake rejections
     and delivery failures such as ``expired`` alike);
 ``pending`` / ``overdue``
-    the changelog holds its entry, not yet due / already due;
+    the changelog holds its entry, not yet due / already due (a record a
+    target control holds back is overdue: pending, never lost);
 ``deduplicated``
     it carries a ``kdelay-id`` that an earlier request of the same id's
     partition still held when it arrived: no cancel in between, and the
