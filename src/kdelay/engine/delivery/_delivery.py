@@ -179,9 +179,8 @@ class Delivery:
         self._retries = Retries(self._book, clock, metrics, outage, config.attempts,
                                 config.backoff_ms, config.backoff_max_ms, config.retry_ms,
                                 MAX_RETRYING_BATCHES * config.batch_size)
-        self.controls = Controls() if controls is None else controls
         self._ahead = ReadAhead(reader, self._book, config.lookahead_ms, config.batch_size,
-                                self.controls)
+                                Controls() if controls is None else controls)
         self._marks = PartitionMarks()
         # The flights produced and not landed, in the order produced, and those
         # landed and sealed but not yet applied (exactly-once: until settle or abandon).
@@ -192,9 +191,14 @@ class Delivery:
         self._stalls = Stalls()
         self._sender = Sender(config.requests_topic, config.dlq_topic, targets, internal,
                               policy, TopicCheck(targets, clock, away=away),
-                              self._book.withheld, self._ahead, outage, self.controls)
+                              self._book.withheld, self._ahead, outage, self._ahead.controls)
 
     # -- what intake and the service ask ------------------------------------------
+
+    @property
+    def controls(self) -> Controls:
+        """The target controls in force (the read-ahead holds them, with what they hold)."""
+        return self._ahead.controls
 
     def in_flight(self, key: bytes) -> bool:
         """Return whether a produce for ``key`` awaits its report (too late to cancel)."""

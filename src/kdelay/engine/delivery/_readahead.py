@@ -44,7 +44,7 @@ class ReadAhead:
                  batch_size: int, controls: Controls | None = None) -> None:
         self._reader = reader
         self._book = book
-        self._controls = Controls() if controls is None else controls
+        self.controls = Controls() if controls is None else controls
         self._lookahead_ms = lookahead_ms
         self.batch_size = batch_size
         self.runs: dict[int, list[Run]] = {}
@@ -79,7 +79,7 @@ class ReadAhead:
         stays in the index and the changelog, untouched, until the control lets it go."""
         job.held_by = subject
         self._book.move(job, State.HELD)
-        self._controls.hold(subject, job.key)
+        self.controls.hold(subject, job.key)
 
     def window(self, partition: int) -> Window:
         """The read-ahead window of ``partition`` (a new one at first)."""
