@@ -56,8 +56,11 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from kdelay.controls import write_control
 from kdelay.plumbing.clients import produce
+from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
+from kdelay.protocol.controls import Control, Pause, Scope, Subject
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA = ROOT / "tools" / "kafka"
@@ -82,6 +85,8 @@ class Options:
     drain_timeout_s: float = 180.0
     seed: int = 1
     ids: float = 0.3
+    controls: float = 0.3
+    """Probability that a kill also changes the target's control (pause, resume, cap)."""
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kdelay-crash-")))
     # The environment tools/kafka kills and restarts the broker with (a broker of
     # its own: KDELAY_CACHE_DIR); None: this process's, the broker tools/kafka runs.
@@ -328,12 +333,16 @@ def run(options: Options) -> Report:
               f"crash.chg.{suffix}": (options.partitions, {
                   "cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime"}),
               f"crash.dlq.{suffix}": (1, {}), f"crash.target.{suffix}": (3, {}),
-              f"crash.out.{suffix}": (options.partitions, {"cleanup.policy": "compact,delete"})}
+              f"crash.out.{suffix}": (options.partitions, {"cleanup.policy": "compact,delete"}),
+              f"crash.ctl.{suffix}": (1, {"cleanup.policy": "compact"})}
     create_topics(admin, topics)
-    requests, changelog, dlq, target, outcomes = list(topics)
+    requests, changelog, dlq, target, outcomes, controls_topic = list(topics)
+    changer = ControlChanger(Settings(bootstrap_servers=options.bootstrap,
+                                      controls_topic=controls_topic), target, rng)
     env = {**os.environ, "KDELAY_BOOTSTRAP_SERVERS": options.bootstrap,
            "KDELAY_REQUESTS_TOPIC": requests, "KDELAY_CHANGELOG_TOPIC": changelog,
            "KDELAY_DLQ_TOPIC": dlq, "KDELAY_OUTCOMES_TOPIC": outcomes,
+           "KDELAY_CONTROLS_TOPIC": controls_topic,
            "KDELAY_GROUP_ID": f"crash-{suffix}",
            "KDELAY_STATE_DIR": str(options.workdir / "state"),
            "KDELAY_GUARANTEE": options.guarantee}
@@ -357,9 +366,12 @@ def run(options: Options) -> Report:
         if rng.random() < options.state_loss:
             shutil.rmtree(instance.state_dir, ignore_errors=True)
             state_losses += 1
+        if rng.random() < options.controls:
+            log(f"kill {k + 1}: the target's control now: {changer.change()}")
         log(f"kill {k + 1}/{options.kills} (state losses so far: {state_losses})")
         instance.start()
     load.stop()
+    changer.clear()
     log(f"load stopped after {len(load.due)} requests; draining")
     delivered = read_all(options.bootstrap, target, set(load.due), options.drain_timeout_s)
     code = instance.terminate()
@@ -376,6 +388,34 @@ def run(options: Options) -> Report:
                          serving_median_s=round(statistics.median(serving), 2),
                          serving_max_s=round(max(serving), 2))
     return report
+
+
+class ControlChanger:
+    """Changes the target's control between kills: a pause, a resume with a catch-up rate,
+    a cap, none. Controls change when records go out, never whether: the judge's
+    verdict stays the same."""
+
+    def __init__(self, settings: Settings, target: str, rng: random.Random) -> None:
+        self._settings = settings
+        self._subject = Subject(Scope.TARGET, target)
+        self._rng = rng
+
+    def change(self) -> str:
+        """Write a random control for the target; say which."""
+        now = int(time.time() * 1000)
+        choice = self._rng.choice(["pause", "resume", "cap", "clear"])
+        control = {
+            "pause": Control(paused=Pause(now, "crash", "harness"), changed_ms=now),
+            "resume": Control(catch_up_per_s=self._rng.choice([50.0, 500.0]), changed_ms=now),
+            "cap": Control(rate_per_s=self._rng.choice([20.0, 100.0, 1000.0]), changed_ms=now),
+            "clear": Control(),
+        }[choice]
+        write_control(self._settings, self._subject, control)
+        return choice
+
+    def clear(self) -> None:
+        """Lift every control, so that the drain finds everything delivered."""
+        write_control(self._settings, self._subject, Control())
 
 
 def _copy(message: Message) -> str:
@@ -435,6 +475,8 @@ def main() -> int:
                         help="shortest time an instance runs before it is killed (s)")
     parser.add_argument("--max-up", type=float, default=4.0,
                         help="longest time an instance runs before it is killed (s)")
+    parser.add_argument("--controls", type=float, default=0.3,
+                        help="probability that a kill also changes the target's control")
     parser.add_argument("--json", type=Path, help="also write the reports as JSON here")
     args = parser.parse_args()
     guarantees = ["at-least-once", "exactly-once"] if args.guarantee == "both" else [
@@ -442,7 +484,8 @@ def main() -> int:
     bootstrap = kafka_broker.address()
     reports = [run(Options(bootstrap, g, args.kills, args.rate, state_loss=args.state_loss,
                            broker_kills=args.broker_kills, min_up_s=args.min_up,
-                           max_up_s=args.max_up, seed=args.seed, ids=args.ids))
+                           max_up_s=args.max_up, seed=args.seed, ids=args.ids,
+                           controls=args.controls))
                for g in guarantees]
     for report in reports:
         print(report.table())
