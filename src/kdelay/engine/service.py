@@ -419,18 +419,8 @@ class Service:
         if reported is None:
             return
         client, error = reported
-        if not self._own_fence(error, client) and not self._renewed(error, client):
+        if not self._own_fence(error, client):
             raise self._fatal(error, client)
-
-    def _renewed(self, error: KafkaError, client: str) -> bool:
-        """Whether the checkpoint replaced ``client``, a producer it can renew, after its
-        fatal ``error`` (at-least-once's target producers)."""
-        if not self._started()[0].checkpoint.renew(client):
-            return False
-        log.warning("%s: %s: a fresh producer replaces it; the records it held go out again",
-                    client, error.str())
-        self._availability.errors.forgive()
-        return True
 
     def _own_fence(self, error: KafkaError, client: str) -> bool:
         """Whether ``error`` is a fence an outage caused; if so, replace the consumer."""

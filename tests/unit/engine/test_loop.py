@@ -1022,29 +1022,3 @@ def test_a_stop_while_a_restore_waits_for_kafka_ends_the_service_with_a_code(
         assert callbacks.drain_errors() == [raised.value]
     finally:
         loop.service.close()
-
-
-OUT_OF_SEQUENCE = KafkaError(KafkaError._FATAL, "Unable to reconstruct MessageSet", fatal=True)
-
-
-def test_a_target_producer_gone_fatal_is_replaced_under_at_least_once(alo: Loop) -> None:
-    """A target refusing writes longer than the produce timeout can leave the idempotent
-    target producer out of sequence for good: a fresh one replaces it, and the service
-    goes on delivering instead of ending."""
-    alo.step()
-    first = alo.clients.producers["targets"]
-    alo.service._availability.errors.callback("targets")(OUT_OF_SEQUENCE)
-    alo.step()
-    assert alo.clients.producers["targets"] is not first, "a fresh producer was built"
-    assert alo.service._availability.errors.take_fatal() is None
-    alo.request(T0, key=b"a")
-    events = alo.step() + alo.step()
-    assert ("ack", "targets", "orders", b"a", True) in events, "delivered by the fresh one"
-
-
-def test_a_fatal_error_of_another_producer_still_ends_the_service(alo: Loop) -> None:
-    alo.step()
-    alo.service._availability.errors.callback("internal")(OUT_OF_SEQUENCE)
-    with pytest.raises(ServiceError) as raised:
-        alo.step()
-    assert raised.value.code == "kafka-fatal"

@@ -52,7 +52,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from kdelay.engine.commit._durability import Acknowledged, Transacted
 from kdelay.engine.commit._takeover import owned, positioned
-from kdelay.engine.commit._transactional import Renewable, Renewing
+from kdelay.engine.commit._transactional import Renewable
 from kdelay.engine.commit._writer import GAPLESS, ChangelogWriter, Failure, Receipts
 from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
@@ -83,11 +83,6 @@ MAX_UNACKED_RECORDS: Final = 20_000
 # At-least-once: how often a partition's deliveries are sealed (a watermark, index
 # deletes) while fewer than a batch landed. Exactly-once seals with each transaction.
 SEAL_EVERY_S: Final = 0.05
-
-TARGETS = "targets"
-TARGETS_EACH = "targets-each"
-"""The names of at-least-once's target producers: the bulk lane, and the one that
-reports each record (see :class:`~kdelay.engine.commit._durability.Acknowledged`)."""
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
@@ -170,11 +165,6 @@ class Checkpoint(Protocol):
     def revoke(self, consumer: Consuming, delivery: Delivery,
                indexes: Mapping[int, PartitionIndex]) -> None:
         """Finish the work of partitions about to be revoked."""
-        ...
-
-    def renew(self, client: str) -> bool:
-        """Replace the producer named ``client`` after its fatal error, if this checkpoint
-        can; return whether it did (if not, the error ends the service)."""
         ...
 
     def close(self) -> None:
@@ -323,15 +313,6 @@ class AtLeastOnce:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning("offset commit failed: %s", exc)
-
-    def renew(self, client: str) -> bool:
-        """Replace a target producer (``targets``, ``targets-each``) after its fatal error: its
-        records are reported failed and go out again on the new one."""
-        renewing = {TARGETS: self.targets, TARGETS_EACH: self._each}.get(client)
-        if not isinstance(renewing, Renewing):
-            return False
-        renewing.renew()
-        return True
 
     def close(self) -> None:
         """Flush the producers (briefly)."""
@@ -634,11 +615,6 @@ class ExactlyOnce:
                indexes: Mapping[int, PartitionIndex]) -> None:
         """Nothing: no transaction is open between steps, where rebalances happen."""
 
-    def renew(self, client: str) -> bool:
-        """Nothing: the transactional producer is renewed by the checkpoint itself, and a
-        fatal error it reports is a fence (see :meth:`~ClientErrors.callback`)."""
-        return False
-
     def close(self) -> None:
         """Flush the producer (briefly)."""
         self.producer.flush(CLOSE_FLUSH_S)
@@ -669,9 +645,8 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
     lane: dict[str, str | int | bool] = {
         "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
         "message.timeout.ms": s.delivery_timeout_ms}
-    targets = Renewing(lambda: producers(TARGETS, **lane,
-                                         **{"delivery.report.only.error": True}))
-    each = Renewing(lambda: producers(TARGETS_EACH, **lane))
+    targets = producers("targets", **lane, **{"delivery.report.only.error": True})
+    each = producers("targets-each", **lane)
     internal = producers("internal", **{
         "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0})
     writer = ChangelogWriter(producers("changelog", **GAPLESS), s.changelog_topic, metrics,

@@ -1,15 +1,9 @@
-"""Producers that can be replaced behind the same object when Kafka ends their life.
+"""The transactional producer, renewable: one that can be replaced by a fresh one with the same id.
 
 Exactly-once keeps every produce of a step in one transaction
 (:class:`kdelay.engine.commit._checkpoint.ExactlyOnce`); when Kafka ends that
 producer's life (a transaction the coordinator timed out in an outage), a new
-producer with the same transactional id takes over (:class:`Renewable`).
-
-At-least-once's target producers are idempotent: a target refusing writes
-for longer than the produce timeout (``NOT_ENOUGH_REPLICAS`` while a follower
-is out of the ISR) can leave one with a sequence it cannot repair, a fatal
-error. :class:`Renewing` replaces it by a fresh producer; what the old one
-held is reported failed, so those entries go out again (at-least-once).
+producer with the same transactional id takes over behind the same object.
 """
 
 from __future__ import annotations
@@ -17,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from kdelay.plumbing.clients import Report, Transacting
 from kdelay.protocol.envelope import Headers
@@ -97,49 +91,3 @@ class Renewable:
     def abort_transaction(self, timeout: float = -1) -> None:
         """Abort the open transaction."""
         self._producer.abort_transaction(timeout)
-
-
-class Renewing:
-    """An idempotent producer that can be replaced by a fresh one (see the module doc).
-
-    ``produce`` is the current producer's own bound method, not a wrapper: the
-    bulk lane calls it once per record. Everything that produces holds this
-    object, so all of them use the new producer after :meth:`renew`.
-    """
-
-    def __init__(self, build: Callable[[], Transacting]) -> None:
-        self._build = build
-        self._producer = build()
-        self.produce = self._producer.produce
-        self.renewals = 0
-
-    def renew(self) -> None:
-        """Replace the producer: the old one's records are purged, and their reports (each
-        a failure) served now, so that whoever waits for them learns they failed."""
-        old = self._producer
-        purge = getattr(old, "purge", None)  # confluent-kafka's Producer has it
-        if callable(purge):
-            try:
-                purge()
-            except (KafkaException, RuntimeError):  # a fatal producer may refuse even this
-                pass
-        old.poll(0)
-        self._producer = self._build()
-        self.produce = self._producer.produce
-        self.renewals += 1
-
-    def poll(self, timeout: float = -1) -> int:
-        """Serve the current producer's reports."""
-        return self._producer.poll(timeout)
-
-    def flush(self, timeout: float = -1) -> int:
-        """Flush the current producer."""
-        return self._producer.flush(timeout)
-
-    def __len__(self) -> int:
-        """Records the current producer holds."""
-        return len(self._producer)
-
-    def list_topics(self, topic: str, timeout: float = -1) -> Any:
-        """Metadata, through the current producer."""
-        return self._producer.list_topics(topic, timeout=timeout)
