@@ -71,6 +71,7 @@ class BenchOptions:
     work_dir: Path | None
     keep_topics: bool
     ids: bool = False
+    charts_dir: Path | None = None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -127,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="value sizes of the footprint scenario")
     p.add_argument("--json", type=Path, help="write JSON lines here instead of stdout")
     p.add_argument("--markdown", type=Path, help="write the tables here instead of stderr")
+    p.add_argument("--charts", type=Path, help="draw the run's SVG charts into this directory "
+                   "(with --json; e.g. docs/assets/benchmarks)")
     p.add_argument("--work-dir", type=Path, help="state directories (default: a temp dir)")
     p.add_argument("--keep-topics", action="store_true", help="do not delete bench topics")
     return p
@@ -179,5 +182,5 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         spark_requests=int(_size(args, "spark_requests")),
         transfer_pending=int(_size(args, "transfer_pending")),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
-        keep_topics=args.keep_topics,
+        keep_topics=args.keep_topics, charts_dir=args.charts,
     )

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from kdelay_bench import chart
 from kdelay_bench.broker import Topics, bootstrap_servers, external_broker, left_running
 from kdelay_bench.capacity import run_capacity
 from kdelay_bench.footprint import run_footprint
@@ -112,6 +113,9 @@ def _write(options: BenchOptions, results: list[Result]) -> None:
     else:
         with options.json_path.open("w") as out:
             write_json(results, out)
+        if options.charts_dir is not None:
+            for path in chart.draw(options.json_path, options.charts_dir):
+                sys.stderr.write(f"chart: {path}\n")
     tables = markdown(results)
     if options.markdown_path is None:
         sys.stderr.write("\n" + tables)
