@@ -92,6 +92,7 @@ def web(
         acts = actions.Actions(settings, clock, audit_topic=audit_topic)
     shown = reads.Reads(settings, view_dir, clock, audit_topic=audit_topic,
                         redact=reads.Redaction.of(_names(web_redact)))
+    shown.keep_current()
     served = console.Console(gate, shown, acts, clock)
     try:
         _serve(app.create_app(served), web_host, web_port)

@@ -22,7 +22,7 @@ from kdelay.view.display import preview as short
 from kdelay.view.display import retention_json
 from kdelay.view.pending import Original, Pending
 from kdelay.web.actions import Order, checked_lane
-from kdelay.web.console import Acting, Caller, console_of
+from kdelay.web.console import Acting, Caller, Console, console_of
 from kdelay.web.inputs import parse_bucket, parse_code, parse_filter, parse_page, parse_time
 from kdelay.web.problems import bad_input
 from kdelay.web.reads import Overview, Record
@@ -137,6 +137,12 @@ def overview(request: Request, _: Caller) -> dict[str, Any]:
     return overview_json(console_of(request).reads.overview())
 
 
+def _as_of(console: Console) -> dict[str, int | None]:
+    """``as_of_ms``: when the summary the counts come from was taken (absent: read now)."""
+    fresh = console.reads.freshness()
+    return {} if fresh is None else {"as_of_ms": fresh.as_of_ms}
+
+
 @router.get("/schedules")
 def schedules(request: Request, _: Caller, target: str | None = None, lane: str | None = None,
               due_from: str | None = None, due_to: str | None = None,
@@ -147,7 +153,7 @@ def schedules(request: Request, _: Caller, target: str | None = None, lane: str 
     console = console_of(request)
     found = console.reads.pending(chosen, skip=skip, limit=limit)
     topic = console.reads.requests_topic
-    return {"total": found.total, "skip": skip, "limit": limit,
+    return {"total": found.total, "skip": skip, "limit": limit, **_as_of(console),
             "items": [entry_json(e, o, topic) for e, o in found.rows]}
 
 
@@ -177,7 +183,7 @@ def timeline(request: Request, _: Caller, bucket: str = "1h", target: str | None
     bucket_ms = parse_bucket(bucket)
     chosen = parse_filter(target, lane, due_from, due_to)
     found = console_of(request).reads.timeline(bucket_ms, chosen)
-    return {"bucket_ms": found.bucket_ms, "total": found.total,
+    return {"bucket_ms": found.bucket_ms, "total": found.total, **_as_of(console_of(request)),
             "targets": {t: sorted(c.items()) for t, c in found.by_target.items()},
             "bursts": [{"bucket_ms": start, "second_ms": second, "count": count}
                        for start, (second, count) in sorted(found.bursts.items())]}

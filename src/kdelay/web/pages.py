@@ -37,7 +37,8 @@ def render(request: Request, who: Principal, template: str, status: int = 200,
     console = console_of(request)
     return TEMPLATES.TemplateResponse(request, template, {
         "who": who, "csrf": console.gate.csrf_token(who), "now_ms": console.clock.now_ms(),
-        "topic": console.reads.requests_topic, **context}, status_code=status)
+        "topic": console.reads.requests_topic, "freshness": console.reads.freshness(),
+        **context}, status_code=status)
 
 
 @router.get("/", response_class=HTMLResponse)

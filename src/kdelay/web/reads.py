@@ -6,6 +6,12 @@ due`` holds), catches it up with the changelog (incremental: only what was
 written since the last read), answers, and closes it. Reads take turns under
 one lock: the view's stores admit one reader. The figures are those of
 ``kdelay backlog`` and ``kdelay due``, from the same functions.
+
+At scale (:meth:`Reads.keep_current`, which ``kdelay web`` turns on), a
+background thread keeps the view synced and a compact
+:class:`~kdelay.web.summary.Summary` of it: the overview, the timeline and the
+pending list's counts and page (without an id prefix) come from that summary
+in well under a second, and say how current it is (:meth:`Reads.freshness`).
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ from kdelay.view.listing import (
 )
 from kdelay.view.lookup import Lookup, lookup
 from kdelay.view.members import Membership, membership
-from kdelay.view.pending import Originals, PendingView, headers_of
+from kdelay.view.pending import Originals, Pending, PendingView, headers_of
 from kdelay.view.retention import RetentionReport, check
+from kdelay.web.snapshots import INTERVAL_S, Freshness, Snapshots
 from kdelay.web.trace import Step, audit_steps, outcome_steps
 
 PREVIEW_BYTES = 4_096
@@ -201,6 +208,8 @@ class Reads:
     them into answers with a stable code.
     """
 
+    _snapshots: Snapshots | None = None
+
     def __init__(self, settings: Settings, view_dir: Path, clock: Clock, *,
                  audit_topic: str, redact: Redaction = Redaction()) -> None:
         self._settings = settings
@@ -209,6 +218,21 @@ class Reads:
         self._clock = clock
         self._audit_topic = audit_topic
         self._lock = threading.Lock()
+
+    def keep_current(self, interval_s: float = INTERVAL_S) -> Snapshots:
+        """Keep the view synced and summarised in a background thread from now on; the
+        overview, timeline and pending list then read the summary."""
+        if self._snapshots is None:
+            self._snapshots = Snapshots(
+                lambda now_ms: PendingView(self._settings, self._view_dir, now_ms),
+                lambda: Originals(self._settings), self._lock, self._clock,
+                interval_s=interval_s)
+            self._snapshots.start()
+        return self._snapshots
+
+    def freshness(self) -> Freshness | None:
+        """How current the summary the screens count from is (None: every read syncs)."""
+        return None if self._snapshots is None else self._snapshots.freshness
 
     @property
     def requests_topic(self) -> str:
@@ -237,18 +261,43 @@ class Reads:
         problem = self.kafka_error()
         if problem is not None:
             return Overview(self._clock.now_ms(), problem)
+        if self._snapshots is not None:
+            summary = self._snapshots.summary()
+            now_ms = self._clock.now_ms()
+            return Overview(now_ms, None, summary.backlog(now_ms, HOUR_MS), summary.lanes(),
+                            membership(self._settings))
         with self._opened() as (view, originals, now_ms):
             counted = backlog(view, now_ms, HOUR_MS, originals)
             lanes = by_lane(view, originals)
         return Overview(now_ms, None, counted, lanes, membership(self._settings))
 
     def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
-        """The pending entries ``chosen`` keeps: a page of them and the true total."""
+        """The pending entries ``chosen`` keeps: a page of them and the true total.
+
+        From the summary (when kept current and without an id prefix): the total
+        as of the summary, and the page's entries read from the view, less any
+        delivered or cancelled since (a page may then show fewer rows)."""
+        if self._snapshots is not None and chosen.id_prefix is None:
+            if skip < 0 or limit < 1:
+                raise ValueError(f"skip must be >= 0 and limit >= 1, got {skip} and {limit}")
+            total, keys = self._snapshots.summary().page(chosen, skip, limit)
+            with self._opened() as (view, originals, _):
+                shown: list[Pending] = []
+                for partition in sorted({index for index, _ in keys}):
+                    shown += view.pending(partition, [key for index, key in keys
+                                                      if index == partition])
+                shown.sort(key=lambda e: (e.due_ms, e.partition, e.offset))
+                read = originals.read(shown)
+            return Listing(total, [(e, read[(e.partition, e.offset)]) for e in shown],
+                           skip, limit)
         with self._opened() as (view, originals, _):
             return listing(view, originals, chosen, skip=skip, limit=limit)
 
     def timeline(self, bucket_ms: int, chosen: Filter | None = None) -> Timeline:
-        """Pending entries by due bucket and target."""
+        """Pending entries by due bucket and target (from the summary when kept current
+        and without an id prefix)."""
+        if self._snapshots is not None and (chosen is None or chosen.id_prefix is None):
+            return self._snapshots.summary().timeline(bucket_ms, chosen)
         with self._opened() as (view, originals, _):
             return timeline(view, originals, bucket_ms, chosen)
 

@@ -1,0 +1,132 @@
+"""The console's summary counts what the view's own functions count, from columns.
+
+Pure logic: entries are built as due keys and routes, as a partition's index
+holds them (in due order), and every figure is checked against a plain count
+of the same entries.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from kdelay.protocol import codec
+from kdelay.view.listing import BURST_MIN, Filter
+from kdelay.web.summary import Builder, Summary, decoded_keys, runs
+
+NOW = 1_800_000_000_000
+Entry = tuple[int, int, int, str, str | None]  # due, request partition, offset, target, lane
+
+
+def _entries(count: int, seed: int = 7) -> dict[int, list[Entry]]:
+    """``count`` entries over two index partitions, with a same-second burst."""
+    rng = random.Random(seed)
+    targets = [("orders", None), ("orders", "dev1"), ("mail", None), ("(expired)", None)]
+    found: dict[int, list[Entry]] = {0: [], 1: []}
+    for offset in range(count):
+        index = offset % 2
+        due = NOW + rng.randrange(-3_600_000, 2 * 86_400_000)
+        if offset % 5 == 0:
+            due = NOW + 7_200_500  # one second that holds a burst
+        target, lane = targets[rng.randrange(len(targets))]
+        partition = index if offset % 11 else 1 - index  # some forwarded to the other index
+        found[index].append((due, partition, offset, target, lane))
+    return {index: sorted(rows) for index, rows in found.items()}
+
+
+def _summary(entries: dict[int, list[Entry]], chunk: int = 97) -> Summary:
+    builder = Builder()
+    by_index = {}
+    for index, rows in entries.items():
+        chunks = [([codec.encode_due_key(d, p, o) for d, p, o, _, _ in rows[i:i + chunk]],
+                   [(t, lane) for _, _, _, t, lane in rows[i:i + chunk]])
+                  for i in range(0, len(rows), chunk)]
+        by_index[index] = builder.columns(chunks)
+    return Summary(NOW, builder.routes, by_index)
+
+
+def _all(entries: dict[int, list[Entry]]) -> list[Entry]:
+    return sorted(row for rows in entries.values() for row in rows)
+
+
+def test_the_columns_hold_every_key_in_due_order() -> None:
+    entries = _entries(1_000)
+    summary = _summary(entries)
+    for index, rows in entries.items():
+        assert decoded_keys(summary.by_index[index]) == [
+            codec.encode_due_key(d, p, o) for d, p, o, _, _ in rows]
+    assert summary.total == 1_000
+    assert summary.nbytes == 1_000 * 20
+
+
+def test_the_backlog_counts_as_a_plain_count_does() -> None:
+    entries = _entries(2_000)
+    rows = _all(entries)
+    found = _summary(entries).backlog(NOW, 3_600_000)
+    assert found.pending == len(rows)
+    assert found.overdue == sum(1 for d, *_ in rows if d <= NOW)
+    assert found.earliest_due_ms == rows[0][0]
+    assert found.latest_due_ms == rows[-1][0]
+    assert dict(found.buckets) == Counter(d // 3_600_000 * 3_600_000 for d, *_ in rows)
+    assert found.by_partition == dict(sorted(Counter(p for _, p, *_ in rows).items()))
+    assert found.by_target == dict(Counter(t for *_, t, _ in rows))
+
+
+def test_lanes_are_counted_with_none_named() -> None:
+    entries = _entries(500)
+    assert _summary(entries).lanes() == dict(
+        Counter(lane or "(none)" for *_, lane in _all(entries)))
+
+
+@pytest.mark.parametrize("chosen", [
+    Filter(), Filter(target="orders"), Filter(lane="dev1"),
+    Filter(target="mail", due_from_ms=NOW, due_to_ms=NOW + 86_400_000),
+    Filter(target="nobody")])
+def test_the_timeline_counts_each_target_by_bucket(chosen: Filter) -> None:
+    entries = _entries(3_000)
+    kept = [row for row in _all(entries) if chosen.passes(row[3], row[4])
+            and (chosen.due_from_ms is None or row[0] >= chosen.due_from_ms)
+            and (chosen.due_to_ms is None or row[0] <= chosen.due_to_ms)]
+    found = _summary(entries).timeline(60_000, chosen)
+    expected: dict[str, Counter[int]] = {}
+    for due, _, _, target, _ in kept:
+        expected.setdefault(target, Counter())[due // 60_000 * 60_000] += 1
+    assert found.total == len(kept)
+    assert found.by_target == {t: dict(sorted(c.items())) for t, c in sorted(expected.items())}
+    seconds = Counter(due // 1_000 * 1_000 for due, *_ in kept)
+    bursts = {s // 60_000 * 60_000: (s, n) for s, n in seconds.items() if n >= BURST_MIN}
+    assert found.bursts == bursts
+
+
+def test_a_page_is_the_filtered_entries_in_delivery_order_with_the_true_total() -> None:
+    entries = _entries(2_000)
+    chosen = Filter(target="orders", due_from_ms=NOW)
+    kept = [row for row in _all(entries) if row[3] == "orders" and row[0] >= NOW]
+    total, page = _summary(entries).page(chosen, skip=30, limit=25)
+    assert total == len(kept)
+    assert [key for _, key in page] == [codec.encode_due_key(d, p, o)
+                                        for d, p, o, _, _ in kept[30:55]]
+    held = {codec.encode_due_key(d, p, o): index
+            for index, rows in entries.items() for d, p, o, _, _ in rows}
+    assert all(held[key] == index for index, key in page)
+
+
+def test_an_id_prefix_is_not_counted_from_the_summary() -> None:
+    with pytest.raises(ValueError, match="id prefix"):
+        _summary(_entries(10)).page(Filter(id_prefix="order-"), 0, 10)
+
+
+def test_an_empty_summary_counts_nothing() -> None:
+    summary = _summary({0: [], 1: []})
+    assert summary.backlog(NOW, 60_000).pending == 0
+    assert summary.timeline(60_000).total == 0
+    assert summary.page(Filter(), 0, 10) == (0, [])
+
+
+def test_runs_count_equal_neighbours() -> None:
+    import numpy as np
+    values = np.array([1, 1, 2, 5, 5, 5], dtype=np.int64)
+    assert runs(values) == {1: 2, 2: 1, 5: 3}
+    assert runs(values[:0]) == {}
