@@ -31,7 +31,7 @@ TARGET_WARM_S = 5.0
 VALUE_POOL = 256
 
 
-def _load(settings: Settings, count: int, partitions: int, value_size: int) -> None:
+def load_pending(settings: Settings, count: int, partitions: int, value_size: int) -> None:
     """Produce ``count`` requests and their changelog puts, round-robin over partitions."""
     loader = Loader(settings.bootstrap_servers)
     pool = values(value_size)
@@ -74,7 +74,7 @@ def run_operator(topics: Topics, work_dir: Path, count: int, partitions: int,
     """Load ``count`` pending entries; time ``due --within 1m`` and ``backlog``, cold and warm."""
     settings = topics.deployment("operator", partitions, work_dir / "operator-state", batch_size)
     say(f"operator: {count:,} pending over {partitions} partitions")
-    _load(settings, count, partitions, value_size)
+    load_pending(settings, count, partitions, value_size)
     seconds: dict[str, float] = {}
     lines: dict[str, int] = {}
     commands = {"due": ("due", "--within", "1m"), "backlog": ("backlog",),

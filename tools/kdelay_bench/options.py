@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCENARIOS = ("pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity",
-             "operator", "spark", "transfer")
-OPT_IN = ("capacity", "spark", "transfer")
+             "operator", "spark", "transfer", "console")
+OPT_IN = ("capacity", "spark", "transfer", "console")
 GUARANTEES = ("at-least-once", "exactly-once")
 
 # name -> (full default, quick default)
@@ -30,6 +30,7 @@ SIZES: dict[str, tuple[float, float]] = {
     "operator_pending": (1_000_000, 100_000),
     "spark_requests": (1_000_000, 100_000),
     "transfer_pending": (1_000_000, 100_000),
+    "console_pending": (1_000_000, 100_000),
 }
 # With --long the operator scenario runs again at this size.
 OPERATOR_LONG_PENDING = 10_000_000
@@ -66,6 +67,7 @@ class BenchOptions:
     operator_pending: tuple[int, ...]
     spark_requests: int
     transfer_pending: int
+    console_pending: int
     json_path: Path | None
     markdown_path: Path | None
     work_dir: Path | None
@@ -96,8 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                    "KDELAY_BOOTSTRAP_SERVERS, else `tools/kafka start`)")
     p.add_argument("--scenarios", type=_names,
                    help=f"comma list of {','.join(SCENARIOS)} (the floor baseline runs "
-                   "with burst, the hop baseline with lateness; capacity, spark and transfer "
-                   "run only when named, or capacity with --long)")
+                   "with burst, the hop baseline with lateness; capacity, spark, transfer and "
+                   "console run only when named, or capacity with --long)")
     p.add_argument("--partitions", type=int, default=3, help="request partitions")
     p.add_argument("--ids", action="store_true",
                    help="every pre-produced request carries its own schedule id (on the id's "
@@ -181,6 +183,7 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
                           *((OPERATOR_LONG_PENDING,) if args.long else ())),
         spark_requests=int(_size(args, "spark_requests")),
         transfer_pending=int(_size(args, "transfer_pending")),
+        console_pending=int(_size(args, "console_pending")),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
         keep_topics=args.keep_topics, charts_dir=args.charts,
     )

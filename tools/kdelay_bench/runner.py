@@ -18,6 +18,7 @@ from pathlib import Path
 from kdelay_bench import chart
 from kdelay_bench.broker import Topics, bootstrap_servers, external_broker, left_running
 from kdelay_bench.capacity import run_capacity
+from kdelay_bench.console import run_console
 from kdelay_bench.footprint import run_footprint
 from kdelay_bench.lateness import Load, Suite
 from kdelay_bench.machine import finish, machine
@@ -99,6 +100,10 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
         results += _guarded("transfer", lambda: [run_transfer(
             setup.topics, setup.work_dir, options.transfer_pending, options.partitions,
             options.batch_size)])
+    if "console" in chosen:
+        results += _guarded("console", lambda: [run_console(
+            setup.topics, setup.work_dir, options.console_pending, options.partitions,
+            options.value_size, options.batch_size)])
 
 
 def _operator(options: BenchOptions, setup: Setup) -> list[Result]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kdelay.plumbing.settings import Settings
 from kdelay_bench.broker import Topics
-from kdelay_bench.operator_view import _load
+from kdelay_bench.operator_view import load_pending
 from kdelay_bench.progress import say
 from kdelay_bench.report import Result, per_record_us
 
@@ -72,7 +72,7 @@ def run_transfer(topics: Topics, work_dir: Path, count: int, partitions: int,
     destination = topics.deployment("transfer-dst", partitions, work_dir / "dst-state",
                                     batch_size)
     say(f"transfer: {count:,} pending 1 KB entries over {partitions} partitions")
-    _load(source, count, partitions, VALUE_SIZE)
+    load_pending(source, count, partitions, VALUE_SIZE)
     file = work_dir / "pending.jsonl"
     views = [Path(tempfile.mkdtemp(prefix="view-", dir=work_dir)) for _ in range(3)]
     backlog_s, backlog_mb, _, _ = _timed(source, views[2], "backlog", "--json")
