@@ -83,6 +83,19 @@ def open_pending(page: Any, url: str, schedule_id: str) -> None:
         time.sleep(0.3)
 
 
+def wait_for_counts_after(page: Any, url: str, since_ms: int) -> None:
+    """Wait until the console counts from a summary taken after ``since_ms`` (the screens
+    that count, overview and timeline, read a summary a background thread refreshes)."""
+    deadline = time.monotonic() + SEEN_S
+    while True:
+        page.goto(url + "/api/v1/timeline?bucket=1h")
+        as_of = json.loads(page.text_content("body") or "{}").get("as_of_ms")
+        if as_of is not None and as_of > since_ms:
+            return
+        assert time.monotonic() < deadline, f"no summary after {since_ms} (as of {as_of})"
+        time.sleep(0.5)
+
+
 def keys(reader: Receiver) -> list[bytes | None]:
     return [r.message.key() for r in reader.received]
 
@@ -262,6 +275,7 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
                 break
             assert time.monotonic() < deadline, page.text_content("#total")
             time.sleep(0.3)
+    wait_for_counts_after(page, stack.open.url, int(time.time() * 1000))
     page.goto(stack.open.url + "/timeline?bucket=1m")
     rows = page.eval_on_selector_all(
         "#timeline tr[data-start]",

@@ -183,10 +183,12 @@ class PendingView:
         self._progress = progress
         self._indexes: dict[int, PartitionIndex] = {}
         self._targets: Targets | None = None
+        self.replayed: dict[int, int] = {}
+        """The changelog records the sync on entering replayed, by partition."""
 
     def __enter__(self) -> PendingView:
         try:
-            self.sync()
+            self.replayed = self.sync()
         except BaseException:
             self.close()
             raise

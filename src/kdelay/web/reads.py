@@ -245,6 +245,8 @@ class Reads:
             now_ms = self._clock.now_ms()
             with PendingView(self._settings, self._view_dir, now_ms) as view, \
                     Originals(self._settings) as originals:
+                if self._snapshots is not None and any(view.replayed.values()):
+                    self._snapshots.changed()
                 yield view, originals, now_ms
 
     def kafka_error(self) -> str | None:

@@ -74,6 +74,9 @@ class Snapshots:
         self._error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The view was synced by a read of its own since the summary was built: the next
+        # refresh rebuilds even if its sync finds nothing new (the read replayed it).
+        self._dirty = False
 
     def start(self) -> None:
         """Start the background thread (once)."""
@@ -114,10 +117,11 @@ class Snapshots:
             try:
                 replayed = view.sync()
                 current = self._summary
-                if current is not None and not any(replayed.values()):
+                if current is not None and not any(replayed.values()) and not self._dirty:
                     self._summary = Summary(now_ms, current.routes, current.by_index)
                     return False
                 self._loading = 0
+                self._dirty = False
                 with self._originals() as originals:
                     self._summary = summarize(view, originals, now_ms, self._loaded)
                 return True
@@ -125,6 +129,11 @@ class Snapshots:
                 self._loading = None
                 view.close()
                 _give_back()
+
+    def changed(self) -> None:
+        """A read synced the view itself and replayed records: they are not in the summary
+        yet, and the next refresh must rebuild it (call with the lock held)."""
+        self._dirty = True
 
     def _loaded(self, done: int) -> None:
         self._loading = done

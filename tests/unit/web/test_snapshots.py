@@ -101,3 +101,18 @@ def test_a_failed_sync_keeps_the_last_summary() -> None:
             snapshots.refresh()
         assert view.closed
     assert snapshots.summary().total == 2
+
+
+def test_records_a_page_read_replayed_into_the_shared_view_are_counted_at_the_next_refresh(
+) -> None:
+    """A record or filtered-list page syncs the same copy itself: what it replayed is not
+    new to the next refresh's own sync, yet is not in the summary. The page says so
+    (``changed``), and the next refresh rebuilds."""
+    clock = ManualClock(5)
+    views = [_View(_keys(3), replay=3), _View(_keys(5), replay=0)]
+    snapshots = _snapshots(views, clock)
+    assert snapshots.refresh() is True
+    snapshots.changed()  # a page read replayed two more records into the copy
+    clock.advance(10)
+    assert snapshots.refresh() is True
+    assert snapshots.summary().total == 5
