@@ -106,7 +106,7 @@ def test_listing_spans_instances_and_drops_delivered_and_cancelled(
     assert rows["far-0"] | {"due_ms": 0} == {
         "due_ms": 0, "topic": deployment.requests, "partition": 0, "offset": far_0, "id": "far-0",
         "target": target, "lane": None, "key": "k0", "key_hex": "6b30", "value_bytes": 7,
-        "record_ms": rows["far-0"]["record_ms"], "original": "found"}
+        "record_ms": rows["far-0"]["record_ms"], "original": "found", "held_by": None}
     assert rows["far-0"]["due_ms"] == rows["far-0"]["record_ms"] + HOUR_MS
     assert ids("--within", "1m") == set()
     assert ids("--partition", "1") == {"far-1"}
