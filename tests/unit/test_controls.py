@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kdelay.engine.delivery import Controls
-from kdelay.engine.delivery._controls import TokenBucket
+from kdelay.engine.delivery._controls import SHELF_AT, TokenBucket
 from kdelay.protocol import codec
 from kdelay.protocol.controls import (
     Control,
@@ -203,3 +203,26 @@ def test_dropped_keys_do_not_block_a_release() -> None:
     controls.apply(ORDERS, Control(), 0)
     # key(1) was cancelled meanwhile: only key(2) is still held.
     assert controls.release(0, lambda k, s: k == key(2)) == [key(2)]
+
+
+def _value(target: str | None) -> bytes:
+    return codec.encode_index_value(codec.IndexValue(codec.Fingerprint(1, 2), "id-1", target))
+
+
+def test_a_shelf_holds_the_full_subjects_targets_and_their_lanes_topics() -> None:
+    controls = Controls()
+    controls.apply(ORDERS, PAUSED, 0)
+    controls.apply(GOLD, PAUSED, 0)
+    assert controls.shelf({"gold": "gold."}) is None, "nothing held back yet"
+    for due in range(SHELF_AT):
+        controls.hold(ORDERS, key(due))
+        controls.hold(GOLD, key(due, 1))
+    shelf = controls.shelf({"gold": "gold."})
+    assert shelf is not None
+    assert shelf(key(1), _value("orders"))
+    assert shelf(key(1), _value("gold.billing"))
+    assert not shelf(key(1), _value("billing"))
+    assert not shelf(key(1), _value(None))
+    assert shelf.subject_of(b"orders") == ORDERS
+    assert shelf.subject_of(b"gold.billing") == GOLD
+    assert shelf.subject_of(b"billing") is None

@@ -132,7 +132,7 @@ def run_once(count: int) -> dict[str, float]:
     def scan() -> int:
         cursor = None
         while True:
-            keys, values, gapless, seen = index.scan_raw(BASE_MS + count, BATCH, start=cursor)
+            keys, values, gapless, seen, _, _ = index.scan_raw(BASE_MS + count, BATCH, start=cursor)
             if not keys:
                 return count
             cursor = codec.key_after(keys[-1])

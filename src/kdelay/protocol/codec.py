@@ -485,6 +485,15 @@ def schedule_id_of(raw: bytes) -> str | None:
         raise ValueError(f"the schedule id in an index value is not UTF-8: {exc}") from exc
 
 
+def index_value_target(raw: bytes) -> bytes:
+    """The target of an encoded index value (:func:`encode_index_value`) as UTF-8
+    bytes, without decoding the rest; b"" when it names none (or is cut short)."""
+    size = _INDEX_HEAD.size
+    if len(raw) < size + _TARGET_HEAD.size or raw[size] != _WITH_TARGET:
+        return b""
+    return raw[size + _TARGET_HEAD.size + _TARGET_HEAD.unpack_from(raw, size)[1]:]
+
+
 def encode_id_state(state: IdState) -> bytes:
     """Encode ``b"P" + due key`` for a pending id, ``b"E" + end, time, key, fingerprint``
     for an ended one (``b"D" + u64 ms`` when an old marker knows only its delivery time).

@@ -136,6 +136,11 @@ class TargetPolicy:
             lane: {} for lane in (None, *self._lanes)}
         self._cached = 0
 
+    @property
+    def lanes(self) -> Lanes:
+        """The configured lanes and the prefix of the topics each owns."""
+        return self._lanes
+
     def refusal(self, target: str, lane: str | None = None) -> Rejection | None:
         """Return why a request of ``lane`` (None: no lane) may not go to ``target``, or None."""
         known = self._known.get(lane)

@@ -99,16 +99,24 @@ class Changes:
 
 
 def collect(items: Iterator[tuple[bytes, bytes]], skip: Container[bytes], limit: int,
-            keys: list[bytes], values: list[bytes]) -> tuple[int, bytes]:
+            keys: list[bytes], values: list[bytes],
+            shelved: Callable[[bytes, bytes], bool] | None = None,
+            ) -> tuple[int, bytes, bytes, bytes]:
     """Append the ``items`` not in ``skip`` to ``keys`` and ``values``, up to ``limit``.
 
     The loop of :meth:`~kdelay.state.index.PartitionIndex.scan_raw`, compiled
-    with the hot path. Returns how many keys were appended when the first key
-    in ``skip`` was passed over after them (-1: none was), and the first key
-    read (b"": none).
+    with the hot path. An item that ``shelved`` answers True for, given its key
+    and encoded value
+    (a target that a control holds back enough of) is passed over too, and
+    counts as a gap like a key in ``skip``. Returns how many keys were appended
+    when the first key was passed over after them (-1: none was), the first key
+    read (b"": none), and the first and the last key ``shelved`` passed over
+    (b"": none).
     """
     gap = -1
     first = b""
+    shelf_first = b""
+    shelf_last = b""
     for key, raw in items:
         if not first:
             first = key
@@ -116,11 +124,18 @@ def collect(items: Iterator[tuple[bytes, bytes]], skip: Container[bytes], limit:
             if keys and gap < 0:
                 gap = len(keys)
             continue
+        if shelved is not None and shelved(key, raw):
+            if keys and gap < 0:
+                gap = len(keys)
+            if not shelf_first:
+                shelf_first = key
+            shelf_last = key
+            continue
         keys.append(key)
         values.append(raw)
         if len(keys) >= limit:
             break
-    return gap, first
+    return gap, first, shelf_first, shelf_last
 
 
 def put_all(put: Callable[[bytes, bytes], None], entries: dict[bytes, bytes]) -> None:

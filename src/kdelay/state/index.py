@@ -35,7 +35,7 @@ import shutil
 import struct
 import time
 from collections import deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, cast
@@ -83,6 +83,8 @@ class Scan(NamedTuple):
     values: list[bytes]
     gapless: bool  # no key between the first and last read was skipped: they are all there
     puts_seen: int  # PartitionIndex.puts_applied when they were read
+    shelf_first: bytes = b""  # the first key passed over as shelved (b"": none)
+    shelf_last: bytes = b""  # the last one
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,13 +375,16 @@ class PartitionIndex:
         return tally
 
     def scan_raw(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
-                 start: bytes | None = None) -> Scan:
+                 start: bytes | None = None,
+                 shelved: Callable[[bytes, bytes], bool] | None = None) -> Scan:
         """Return the keys and encoded values :meth:`scan` would return, as two lists.
 
         For delivery's read-ahead, which holds entries as columns: nothing is
         decoded, and the caller passes the values back (``Changes.known``) when
         it deletes the entries, as a range when the scan was gapless
-        (``Changes.ranges``).
+        (``Changes.ranges``). Entries that ``shelved`` answers True for, given
+        key and encoded value, are passed over (see :func:`~kdelay.state.changes.collect`):
+        the scan says the first and last of them.
         """
         keys: list[bytes] = []
         values: list[bytes] = []
@@ -391,13 +396,13 @@ class PartitionIndex:
         options.set_iterate_upper_bound(upper)
         begin = start if start is not None else self._head
         # gap: how many keys were read when the first key was passed over after them
-        gap, first_live = collect(
+        gap, first_live, shelf_first, shelf_last = collect(
             cast(Iterator[tuple[bytes, bytes]], self._db.items(from_key=begin, read_opt=options)),
-            skip, limit, keys, values)
+            skip, limit, keys, values, shelved)
         if start is None:  # as in scan: start the next scan past the tombstones
             self._head = first_live or upper
         del options
-        return Scan(keys, values, gap < 0 or gap == len(keys), seen)
+        return Scan(keys, values, gap < 0 or gap == len(keys), seen, shelf_first, shelf_last)
 
     def scan(self, upper_ms: int, limit: int, skip: Container[bytes] = (),
              start: bytes | None = None) -> list[Entry]:

@@ -26,6 +26,7 @@ from confluent_kafka import (
 from kdelay.engine.commit._durability import Acknowledged, Transacted
 from kdelay.engine.commit._writer import ChangelogWriter
 from kdelay.engine.delivery import _delivery as delivery_module
+from kdelay.engine.delivery._controls import SHELF_AT
 from kdelay.engine.delivery._delivery import (
     IN_FLIGHT_WAIT_MS,
     MAX_RETRYING_BATCHES,
@@ -37,6 +38,7 @@ from kdelay.engine.delivery._delivery import (
 )
 from kdelay.engine.delivery._failures import TopicCheck, backoff_ms
 from kdelay.engine.delivery._flights import STALL_S
+from kdelay.engine.delivery._readahead import MAX_HELD_BATCHES
 from kdelay.engine.delivery._sealing import RANGE_DELETE_MIN, SEAL_EVERY_STEPS
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.clock import ManualClock
@@ -54,6 +56,7 @@ from kdelay.protocol.codec import (
     fingerprint_of,
     id_record_key,
 )
+from kdelay.protocol.controls import Control, Pause, Scope, Subject
 from kdelay.protocol.envelope import (
     DUE_MS,
     ERROR,
@@ -231,7 +234,7 @@ class World:
         message = Message(topic=REQUESTS, partition=partition, offset=offset, key=key,
                           value=value, headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, T0 - 1))
         self.reader.log[(partition, offset)] = message
-        return self.put(partition, offset, due, fingerprint_of(message), sid)
+        return self.put(partition, offset, due, fingerprint_of(message), sid, target)
 
     def put(self, partition: int, offset: int, due: int,
             fingerprint: Fingerprint = SOME_FINGERPRINT,
@@ -1836,3 +1839,77 @@ def test_a_failure_is_told_apart_by_its_topic_key_and_value_the_report_carries(
     assert watermarks(world)[0].covers(ok)
     world.at(T0 + 500)
     assert [s.origin for s in world.targets.sent[3:]] == [origin(0, 2), origin(0, 3)]
+
+
+# -- target controls -----------------------------------------------------------------
+
+
+def _paused(now: int) -> Control:
+    return Control(paused=Pause(now, "alice", "db maintenance"), changed_ms=now,
+                   changed_by="alice")
+
+
+def test_a_paused_target_with_a_long_backlog_does_not_hold_back_another_target(
+        world: World) -> None:
+    """More records of a paused target fall due in one partition than it may hold in
+    memory (MAX_HELD_BATCHES batches): past SHELF_AT they stay on the shelf, in the
+    index, and the other target's records behind them go out as before. On resume
+    every held one goes out once, oldest first."""
+    orders = Subject(Scope.TARGET, "orders")
+    world.delivery.controls.apply(orders, _paused(T0), T0)
+    count = MAX_HELD_BATCHES * CONFIG.batch_size + SHELF_AT
+    held = [world.request(0, offset, T0 + offset) for offset in range(count)]
+    for n in range(50):
+        world.request(0, count + n, T0 + count + n, target="billing")
+    for n in range(40):
+        world.step(T0 + 2 * count + n * 100)
+    assert [s.origin for s in world.targets.sent] == [origin(0, count + n) for n in range(50)]
+    assert world.pending() == held, "the paused target's records stay pending"
+    assert world.delivery.controls.holding(orders) < SHELF_AT + 2 * CONFIG.batch_size
+    assert world.delivery.held_back() == {orders: (count, T0)}, "in memory and shelved"
+    resumed = T0 + 2 * count + 5_000
+    world.delivery.controls.apply(orders, Control(), resumed)
+    for n in range(200):
+        world.step(resumed + n * 100)
+    out = [s.origin for s in world.targets.sent if s.topic == "orders"]
+    assert out == [origin(0, offset) for offset in range(count)], "each once, oldest first"
+    assert world.pending() == []
+
+
+def test_a_record_of_a_shelved_target_is_not_adopted_and_goes_out_after_the_pause(
+        world: World) -> None:
+    orders = Subject(Scope.TARGET, "orders")
+    world.delivery.controls.apply(orders, _paused(T0), T0)
+    for offset in range(SHELF_AT + 10):
+        world.request(0, offset, T0 + offset)
+    for n in range(20):
+        world.step(T0 + SHELF_AT + 100 + n)
+    assert world.delivery.controls.holding(orders) >= SHELF_AT
+    entry, message = _new_request(world, 0, 9_999, T0 + SHELF_AT + 500)
+    entry = Entry(entry.key, entry.value._replace(target="orders"))
+    world.reader.log[(0, 9_999)] = message  # in Kafka: a scan reads it back
+    holding = world.delivery.controls.holding(orders)
+    world.delivery.adopt(0, [entry], {entry.key: message})
+    _index(world, 0, [entry])
+    world.step(T0 + SHELF_AT + 600)
+    assert world.targets.sent == []
+    assert world.delivery.controls.holding(orders) == holding, "left in the index"
+    world.delivery.controls.apply(orders, Control(), T0 + SHELF_AT + 700)
+    for n in range(30):
+        world.step(T0 + SHELF_AT + 700 + n * 100)
+    assert len([s for s in world.targets.sent if s.topic == "orders"]) == SHELF_AT + 11
+    assert world.pending() == []
+
+
+def test_a_cancelled_shelved_record_is_counted_out_of_the_held_back_backlog(
+        world: World) -> None:
+    orders = Subject(Scope.TARGET, "orders")
+    world.delivery.controls.apply(orders, _paused(T0), T0)
+    count = SHELF_AT + 3 * CONFIG.batch_size
+    keys = [world.request(0, offset, T0 + offset) for offset in range(count)]
+    for n in range(30):
+        world.step(T0 + count + n)
+    assert world.delivery.held_back() == {orders: (count, T0)}
+    world.indexes[0].apply(Changes(deletes=[keys[-1]]))  # a cancel, as intake applies it
+    world.delivery.forget([keys[-1]])
+    assert world.delivery.held_back() == {orders: (count - 1, T0)}

@@ -721,13 +721,13 @@ def test_scan_raw_returns_the_columns_scan_does(index: PartitionIndex) -> None:
     entries = [entry(100 + i, offset=i) for i in range(6)]
     put(index, *entries)
     skip = {entries[1].key}
-    keys, values, gapless, seen = index.scan_raw(103, 3, skip=skip)
+    keys, values, gapless, seen, _, _ = index.scan_raw(103, 3, skip=skip)
     assert keys == [entries[0].key, entries[2].key, entries[3].key]
     assert [e.key for e in index.scan(103, 3, skip=skip)] == keys
     assert values == [encode_index_value(e.value) for e in (entries[0], entries[2], entries[3])]
     assert (gapless, seen) == (False, 1)  # entries[1] lies between the keys read
     assert index.scan_raw(103, 10, start=entries[3].key) == (
-        [entries[3].key], [encode_index_value(entries[3].value)], True, 1)
+        [entries[3].key], [encode_index_value(entries[3].value)], True, 1, b"", b"")
 
 
 def test_a_key_passed_over_outside_the_keys_read_leaves_the_scan_gapless(

@@ -16,18 +16,30 @@ records over a cap go out in due order.
 
 The rates are per instance: each instance applies the whole cap to what it
 serves (documented in docs/protocol.md).
+
+A subject holds at most about a batch of records back in memory: once it
+holds :data:`SHELF_AT` or more (paused for long, or far behind its cap), its
+further due records stay in the index, unread, on the :class:`Shelf` that the
+read-ahead passes over; they are read again once it holds fewer. So a paused
+target never fills a partition's read-ahead, and the other targets of that
+partition go out as before.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
+from kdelay.protocol import codec
 from kdelay.protocol.controls import Control, Scope, Subject
 
 BURST_S = 0.1
 """A bucket holds at most this many seconds' worth of tokens (and at least one)."""
+
+SHELF_AT: Final = 1_000
+"""A subject that holds this many records back or more has its further ones shelved."""
 
 
 class TokenBucket:
@@ -75,6 +87,88 @@ class _Gate:
     catching_up: bool = False
     held: list[bytes] = field(default_factory=list)
     """The due keys held back, a heap: the oldest first."""
+
+
+class Shelf:
+    """The due records a read-ahead scan leaves in the index: those whose target is
+    held back enough already, by its own control or its lane's.
+
+    Called with a key and its encoded index value, it answers from the target
+    the value names (:func:`~kdelay.protocol.codec.index_value_target`); a
+    lane's records are known by the prefix of the topics it owns (``lanes``:
+    lane to prefix), since a record of a lane only ever goes to those. A value
+    that names no target (written by an older version) is never shelved.
+
+    It also counts what it shelves, per target, into the :class:`Shelved`
+    given by :meth:`counting`, keys below that count's ``to`` aside (counted
+    by an earlier scan of the same stretch).
+    """
+
+    __slots__ = ("_count", "_lanes", "_prefixes", "_targets", "subjects")
+
+    def __init__(self, subjects: frozenset[Subject], lanes: Mapping[str, str]) -> None:
+        self.subjects = subjects
+        self._targets = frozenset(subject.name.encode() for subject in subjects
+                                  if subject.scope is Scope.TARGET)
+        self._prefixes = tuple(lanes[subject.name].encode() for subject in subjects
+                               if subject.scope is Scope.LANE and subject.name in lanes)
+        self._lanes = lanes
+        self._count: Shelved | None = None
+
+    def counting(self, count: Shelved) -> None:
+        """Count what the next scan shelves into ``count``."""
+        self._count = count
+
+    def __call__(self, key: bytes, raw: bytes) -> bool:
+        target = codec.index_value_target(raw)
+        if not self.holds(target):
+            return False
+        count = self._count
+        if count is not None and key >= count.to:
+            count.counts[target] = count.counts.get(target, 0) + 1
+            count.first.setdefault(target, key)
+        return True
+
+    def holds(self, target: bytes) -> bool:
+        """Whether records to ``target`` (UTF-8) are shelved."""
+        return bool(target) and (target in self._targets or target.startswith(self._prefixes))
+
+    def subject_of(self, target: bytes) -> Subject | None:
+        """The shelved subject records to ``target`` (UTF-8) fall under: the target's
+        own control first, else its lane's; None when they are not shelved."""
+        if target in self._targets:
+            return Subject(Scope.TARGET, target.decode())
+        for subject in self.subjects:
+            if subject.scope is Scope.LANE and target.startswith(self._prefix_of(subject)):
+                return subject
+        return None
+
+    def _prefix_of(self, subject: Subject) -> bytes:
+        return self._lanes.get(subject.name, "\0").encode()
+
+
+@dataclass(slots=True)
+class Shelved:
+    """What one partition's scans shelved: how many records per target and the first
+    (smallest key) of each, every one below ``to``."""
+
+    counts: dict[bytes, int] = field(default_factory=dict)
+    first: dict[bytes, bytes] = field(default_factory=dict)
+    to: bytes = b""
+
+    def passed(self, last: bytes) -> None:
+        """A scan shelved keys up to ``last``: they are counted."""
+        after = codec.key_after(last)
+        if after > self.to:
+            self.to = after
+
+    def forgot(self, key: bytes) -> None:
+        """A shelved record's entry left the index (a cancel): count it out, when the
+        count tells whose it was (one target shelved here); else it stays counted
+        until the records are read again."""
+        if key < self.to and len(self.counts) == 1:
+            [(target, count)] = self.counts.items()
+            self.counts[target] = max(0, count - 1)
 
 
 class Controls:
@@ -186,6 +280,13 @@ class Controls:
                     out.append(key)
                     room -= 1
         return out
+
+    def shelf(self, lanes: Mapping[str, str]) -> Shelf | None:
+        """The shelf of the subjects that hold :data:`SHELF_AT` records back or more
+        (``lanes``: each lane's topic prefix); None when there are none."""
+        full = frozenset(subject for subject, gate in self._gates.items()
+                         if len(gate.held) >= SHELF_AT)
+        return Shelf(full, lanes) if full else None
 
     def holding(self, subject: Subject) -> int:
         """Return how many keys ``subject`` holds back (dropped ones may still count)."""

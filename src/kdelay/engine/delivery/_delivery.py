@@ -180,7 +180,8 @@ class Delivery:
                                 config.backoff_ms, config.backoff_max_ms, config.retry_ms,
                                 MAX_RETRYING_BATCHES * config.batch_size)
         self._ahead = ReadAhead(reader, self._book, config.lookahead_ms, config.batch_size,
-                                Controls() if controls is None else controls)
+                                Controls() if controls is None else controls,
+                                policy.lanes.prefixes)
         self._marks = PartitionMarks()
         # The flights produced and not landed, in the order produced, and those
         # landed and sealed but not yet applied (exactly-once: until settle or abandon).
@@ -240,6 +241,7 @@ class Delivery:
             if at is not None and at >= run.sent:
                 run.take(at)
                 del self._ahead.held[key]
+        self._ahead.forgot(keys)
         self._book.forget(keys)
         self._marks.gone(keys)
 
@@ -278,6 +280,10 @@ class Delivery:
         taken = sorted(
             (entry for entry in entries if entry.key < bound and entry.key not in held
              and entry.key not in book and entry.key in originals), key=lambda e: e.key)
+        shelf = self._ahead.shelf
+        if shelf is not None:  # left in the index, found by a scan once not shelved
+            taken = [entry for entry in taken
+                     if not shelf.holds((entry.value.target or "").encode())]
         del taken[max(0, room):]
         if taken:
             self._ahead.adopt(partition, [e.key for e in taken],
@@ -535,15 +541,23 @@ class Delivery:
 
     def held_back(self) -> dict[Subject, tuple[int, int | None]]:
         """Return, per controlled subject, how many due records it holds back in this
-        instance and the oldest one's due time (None: none held)."""
+        instance and the oldest one's due time (None: none held): those in memory
+        and those its shelf leaves in the index (see ``Shelf``)."""
         found: dict[Subject, tuple[int, int | None]] = dict.fromkeys(
             self.controls.subjects, (0, None))
+
+        def add(subject: Subject, count: int, due: int) -> None:
+            total, oldest = found.get(subject, (0, None))
+            found[subject] = (total + count, due if oldest is None else min(oldest, due))
+
         for job in self._book.jobs_in(State.HELD):
-            if job.held_by is None:
-                continue
-            count, oldest = found.get(job.held_by, (0, None))
-            due = job.entry.due.due_ms
-            found[job.held_by] = (count + 1, due if oldest is None else min(oldest, due))
+            if job.held_by is not None:
+                add(job.held_by, 1, job.entry.due.due_ms)
+        shelf = self._ahead.shelf
+        for target, (count, first) in self._ahead.shelved().items():
+            subject = None if shelf is None else shelf.subject_of(target)
+            if subject is not None and count:
+                add(subject, count, codec.decode_due_key(first).due_ms)
         return found
 
     # -- sending ------------------------------------------------------------------

@@ -13,13 +13,13 @@ every partition, the run of every key it holds, and how far each index was read.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from confluent_kafka import KafkaError
 
 from kdelay.engine.delivery._book import Book, Job, Sink, State
-from kdelay.engine.delivery._controls import Controls
+from kdelay.engine.delivery._controls import Controls, Shelf, Shelved
 from kdelay.engine.delivery._flights import Flight
 from kdelay.engine.delivery._runs import Run
 from kdelay.protocol import codec
@@ -41,10 +41,14 @@ class ReadAhead:
     """
 
     def __init__(self, reader: Reading, book: Book, lookahead_ms: int,
-                 batch_size: int, controls: Controls | None = None) -> None:
+                 batch_size: int, controls: Controls | None = None,
+                 lanes: Mapping[str, str] | None = None) -> None:
         self._reader = reader
         self._book = book
         self.controls = Controls() if controls is None else controls
+        self._lanes: Mapping[str, str] = lanes or {}
+        # The records scans leave in the index for now (see Shelf), as of the last read.
+        self.shelf: Shelf | None = None
         self._lookahead_ms = lookahead_ms
         self.batch_size = batch_size
         self.runs: dict[int, list[Run]] = {}
@@ -91,6 +95,7 @@ class ReadAhead:
     def read(self, indexes: Mapping[int, PartitionIndex], now: int) -> None:
         """Scan each index whose window needs it, and fetch the originals of what it finds."""
         horizon = now + self._lookahead_ms
+        shelf = self._shelve()
         wanted: dict[int, Scan] = {}
         # A plain dict when the book is empty (a burst): its ``in`` runs in C.
         skip: Container[bytes] = (_Held(self.held, self._book.keys) if self._book.held_total()
@@ -101,16 +106,61 @@ class ReadAhead:
                 room = self.room(partition)
                 if room <= 0:
                     continue
-                scan = index.scan_raw(horizon, room, skip=skip, start=window.cursor)
+                if shelf is not None:
+                    shelf.counting(window.shelf)
+                scan = index.scan_raw(horizon, room, skip=skip, start=window.cursor,
+                                      shelved=shelf)
+                if scan.shelf_first:
+                    window.shelve(scan.shelf_first)
+                    window.shelf.passed(scan.shelf_last)
+                last = max(scan.keys[-1] if scan.keys else b"", scan.shelf_last)
+                if last:
+                    # Everything below the last key read is held, shelved or gone: the
+                    # next scan resumes right after it instead of walking the held keys.
+                    window.cursor = codec.key_after(last)
                 if scan.keys:
-                    # Everything below the last key read is held or gone: the next
-                    # scan resumes right after it instead of walking the held keys.
-                    window.cursor = codec.key_after(scan.keys[-1])
                     wanted[partition] = scan
                 window.covered = horizon
                 window.truncated = len(scan.keys) >= room
         if wanted:
             self._fetch(wanted)
+
+    def _shelve(self) -> Shelf | None:
+        """Update :attr:`shelf` from the controls; when a subject leaves it, every
+        window that shelved records goes back to the first of them."""
+        shelf = self.controls.shelf(self._lanes) if self.controls else None
+        was = self.shelf
+        if was is not None and (shelf is None or was.subjects - shelf.subjects):
+            for window in self.windows.values():
+                window.unshelve()
+        self.shelf = shelf
+        return shelf
+
+    def forgot(self, keys: list[bytes]) -> None:
+        """Entries left the index by other means (a cancel): count out shelved ones."""
+        held, book = self.held, self._book.keys
+        shelving = [window for window in self.windows.values() if window.shelved is not None]
+        if not shelving:
+            return
+        for key in keys:
+            if key in held or key in book:
+                continue
+            for window in shelving:
+                if window.shelved is not None and window.shelved <= key < window.shelf.to:
+                    window.shelf.forgot(key)
+                    break
+
+    def shelved(self) -> dict[bytes, tuple[int, bytes]]:
+        """Per target (UTF-8), how many due records scans left in the index for a
+        control, and the smallest key of them."""
+        found: dict[bytes, tuple[int, bytes]] = {}
+        for window in self.windows.values():
+            shelf = window.shelf
+            for target, count in shelf.counts.items():
+                first = shelf.first[target]
+                total, lowest = found.get(target, (0, first))
+                found[target] = (total + count, min(lowest, first))
+        return found
 
     def room(self, partition: int) -> int:
         """Return how many more entries of ``partition`` the read-ahead may take.
@@ -150,7 +200,7 @@ class ReadAhead:
                 for where, offset in zip(lies, fields[2::3], strict=True):
                     offsets.setdefault(where, []).append(offset)
         originals = self._reader.read(offsets)
-        for partition, (keys, values, gapless, puts_seen) in wanted.items():
+        for partition, (keys, values, gapless, puts_seen, _, _) in wanted.items():
             fields, one = decoded[partition]
             found_all = _found(fields, one, originals)
             cut = len(found_all)
@@ -285,6 +335,11 @@ class Window:
     """The last scan stopped at its limit: there may be more below ``covered``."""
     lowest_put: bytes | None = None
     """The smallest key put since the last scan, that delivery was not handed."""
+    shelved: bytes | None = None
+    """The smallest key a scan left in the index for a control (see Shelf): it and
+    keys above it are not all held, whatever the cursor says."""
+    shelf: Shelved = field(default_factory=Shelved)
+    """What scans shelved since :attr:`shelved` was set, counted per target."""
 
     def needs_scan(self, now: int, lookahead_ms: int) -> bool:
         """Whether the index must be read again at ``now``: nothing read yet, the last scan
@@ -305,16 +360,29 @@ class Window:
 
         After a complete scan that is everything due by ``covered``: what was put
         since is adopted, or noted as ``lowest_put``. After a scan cut short, or
-        a rewind, it is the cursor.
+        a rewind, it is the cursor. Never above a key left on the shelf.
         """
         if self.covered is not None and not self.truncated:
             bound: bytes | None = codec.due_upper_bound(self.covered)
         else:
             bound = self.cursor
-        lowest = self.lowest_put
-        if lowest is not None and (bound is None or lowest < bound):
-            bound = lowest
+        for lowest in (self.lowest_put, self.shelved):
+            if lowest is not None and (bound is None or lowest < bound):
+                bound = lowest
         return bound
+
+    def shelve(self, key: bytes) -> None:
+        """A scan left ``key`` in the index for a control (see Shelf)."""
+        if self.shelved is None or key < self.shelved:
+            self.shelved = key
+
+    def unshelve(self) -> None:
+        """The records left in the index may be read now: scan again from the first."""
+        if self.shelved is not None:
+            self.rewind(self.shelved)
+            self.shelved = None
+            self.covered = None
+            self.shelf = Shelved()
 
     def rewind(self, key: bytes) -> None:
         """Move the scan cursor back to ``key`` (an entry not held yet)."""
