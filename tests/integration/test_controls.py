@@ -184,3 +184,43 @@ def test_a_paused_lane_holds_its_targets_and_not_the_others(
     out.poll(0.5)
     assert len(_checked(out.on(lane_topic))) == 20
     assert out.on(settings.dlq_topic) == []
+
+
+def test_a_paused_target_with_a_long_backlog_never_holds_back_another(
+    deployment_factory: Make, running: Run, collector: Collect, topic_factory: TopicFactory,
+    bootstrap: str,
+) -> None:
+    """More paused records fall due in one partition than its read-ahead holds (20
+    batches of the default 1 000): past about a batch they stay shelved in the index,
+    and the other target's records due after them go out as before. On resume every
+    one goes out once, oldest first."""
+    deployment = deployment_factory(partitions=1)
+    settings = deployment.settings
+    orders, billing = topic_factory("orders", 1), topic_factory("billing", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    subject = Subject(Scope.TARGET, orders)
+    out = collector([orders, billing, settings.dlq_topic])
+    service = running(deployment, clock)
+    service.add()
+    controls.pause(settings, subject, "test", "orders-db maintenance", clock.now_ms())
+    _in_force(service, subject, paused=True)
+
+    backlog = 21 * settings.batch_size + 500
+    due = clock.now_ms() + 100
+    produce(bootstrap, settings.requests_topic,
+            _requests(orders, backlog, due, tag="o")
+            + _requests(billing, 50, due + backlog, tag="b"))
+    service.until(lambda: out.poll() >= 0 and len(out.on(billing)) == 50,
+                  advance_ms=STEP_MS * 10)
+    assert out.on(orders) == []
+    _checked(out.on(billing))
+
+    controls.resume(settings, subject, "test", clock.now_ms(), catch_up_per_s=None)
+    service.until(lambda: out.poll() >= 0 and len(out.on(orders)) >= backlog,
+                  advance_ms=STEP_MS * 10)
+    out.poll(0.5)
+    held = out.on(orders)
+    _checked(held)
+    assert len(held) == backlog
+    assert out.on(settings.dlq_topic) == []
+    assert _in_due_order(held), "held and shelved records go out oldest first"
