@@ -24,8 +24,10 @@ from kdelay.cli.options import (
     option,
     reported,
 )
+from kdelay.cli.view import DEFAULT_VIEW_DIR, ViewDir, operator_view
 from kdelay.plumbing.clock import SystemClock
 from kdelay.protocol.controls import Control, ControlError, Subject, parse_rate
+from kdelay.view.backlog import HeldBack, held_back
 
 Name = Annotated[str, typer.Argument(metavar="TARGET", help="The target topic (or lane, "
                                                             "with --lane).")]
@@ -71,7 +73,7 @@ def pause(ctx: typer.Context, name: Name, lane: Lane = False,
         subject = _subject(ctx, name, lane)
         control = controls.pause(connected(ctx), subject, _by(by), reason,
                                  SystemClock().now_ms())
-    typer.echo(f"{subject} paused: {_describe(control)}")
+    typer.echo(f"{subject}: {_describe(control)}")
 
 
 @common_options
@@ -86,7 +88,7 @@ def resume(ctx: typer.Context, name: Name, lane: Lane = False,
         subject = _subject(ctx, name, lane)
         control = controls.resume(connected(ctx), subject, _by(by), SystemClock().now_ms(),
                                   rate)
-    typer.echo(f"{subject} resumed: {_describe(control)}")
+    typer.echo(f"{subject}: {_describe(control)}")
 
 
 @common_options
@@ -108,26 +110,40 @@ def limit(ctx: typer.Context, name: Name,
 
 @common_options
 def list_command(ctx: typer.Context, as_json: Annotated[bool, typer.Option(
-        "--json", envvar=envvar("json"), help="Print JSON.")] = False) -> None:
-    """List every control in force: paused since, by whom and why, the caps."""
+        "--json", envvar=envvar("json"), help="Print JSON.")] = False,
+        backlog: Annotated[bool, typer.Option(
+            "--backlog/--no-backlog", envvar=envvar("backlog"),
+            help="Count what each control holds back (syncs the operator view, as "
+                 "`kdelay due` does).")] = True,
+        view_dir: ViewDir = DEFAULT_VIEW_DIR) -> None:
+    """List every control in force: paused since, by whom and why, the caps, and the
+    due records each holds back."""
     with _reported():
         found = controls.read_controls(connected(ctx))
+    held: dict[Subject, HeldBack] = {}
+    if backlog and found:
+        with operator_view(ctx, view_dir) as (_, view, originals, now_ms):
+            held = held_back(view, originals, now_ms, found)
+    ordered = sorted(found.items(), key=lambda item: str(item[0]))
+    rows = [_row(subject, control, held.get(subject)) for subject, control in ordered]
     if as_json:
-        typer.echo(orjson.dumps([_row(subject, control) for subject, control
-                                 in sorted(found.items(), key=lambda i: str(i[0]))]).decode())
+        typer.echo(orjson.dumps(rows).decode())
         return
-    table = Table("scope", "name", "paused since", "by", "reason", "cap /s", "catch-up /s")
-    for subject, control in sorted(found.items(), key=lambda item: str(item[0])):
-        row = _row(subject, control)
+    table = Table("scope", "name", "paused since", "by", "reason", "cap /s", "catch-up /s",
+                  *(("held back", "oldest held due") if backlog else ()))
+    for row in rows:
         table.add_row(*(str(row[c]) if row[c] is not None else "" for c in (
             "scope", "name", "paused_since", "paused_by", "reason", "rate_per_s",
-            "catch_up_per_s")))
+            "catch_up_per_s", *(("held_back", "oldest_held_due") if backlog else ()))))
     Console().print(table if found else "no target controls in force")
 
 
-def _row(subject: Subject, control: Control) -> dict[str, object]:
+def _row(subject: Subject, control: Control, held: HeldBack | None) -> dict[str, object]:
     paused = control.paused
+    oldest = None if held is None else held.oldest_due_ms
     return {"scope": subject.scope.value, "name": subject.name,
+            "held_back": None if held is None else held.count,
+            "oldest_held_due": None if oldest is None else _when(oldest),
             "paused_since": None if paused is None else _when(paused.since_ms),
             "paused_by": None if paused is None else paused.by,
             "reason": None if paused is None else paused.reason,

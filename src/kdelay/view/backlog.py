@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kdelay.protocol import codec
+from kdelay.protocol.controls import Scope, Subject
 from kdelay.view.pending import (
     Original,
     Originals,
@@ -180,6 +181,47 @@ def _lane_backlog(view: PendingView, originals: Originals, now_ms: int, bucket_m
                    min(dues, default=None), max(dues, default=None), bucket_ms,
                    sorted(buckets.items()), dict(sorted(by_partition.items())),
                    dict(by_target.most_common()), lane)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBack:
+    """What a control holds back: the pending entries due by now whose target it
+    controls (or whose request names the lane it controls), and the oldest due time."""
+
+    count: int = 0
+    oldest_due_ms: int | None = None
+
+    def add(self, due_ms: int) -> HeldBack:
+        """This, with one more entry due at ``due_ms``."""
+        oldest = self.oldest_due_ms
+        return HeldBack(self.count + 1, due_ms if oldest is None else min(oldest, due_ms))
+
+
+def held_back(view: PendingView, originals: Originals, now_ms: int,
+              subjects: Iterable[Subject]) -> dict[Subject, HeldBack]:
+    """Count, per controlled subject, the pending entries due by ``now_ms`` that it
+    holds back: a paused target's whole due backlog, a capped one's queue.
+
+    Reads the originals of the due entries only (their routes are cached in the
+    view, as ``backlog --by target`` caches them). A record to a target under
+    both a target and a lane control counts under both.
+    """
+    wanted = set(subjects)
+    found = dict.fromkeys(wanted, HeldBack())
+    if not wanted:
+        return found
+    upper = codec.due_upper_bound(now_ms)
+    for number, partition in enumerate(view.partitions, start=1):
+        view.report("counting held-back entries (partitions)", number, len(view.partitions))
+        keys = view.keys(partition)
+        keys = keys[:bisect.bisect_left(keys, upper)]
+        for key, (target, lane) in zip(keys, routes(view, originals, partition, keys),
+                                       strict=True):
+            for subject in (Subject(Scope.TARGET, target),
+                            None if lane is None else Subject(Scope.LANE, lane)):
+                if subject in wanted:
+                    found[subject] = found[subject].add(codec.decode_due_key(key).due_ms)
+    return found
 
 
 def routes(view: PendingView, originals: Originals, partition: int,
