@@ -137,6 +137,7 @@ class Stack:
     open: WebProcess
     users: WebProcess
     view_dir: Path
+    service: KdelayProcess
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         service.wait_ready()
         opened.wait_ready()
         guarded.wait_ready({"Authorization": "Bearer " + OPERATOR[1]})
-        yield Stack(deployment, target, audit, opened, guarded, root / "view-cli")
+        yield Stack(deployment, target, audit, opened, guarded, root / "view-cli", service)
     finally:
         for process in (opened, guarded):
             process.kill()

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from kdelay import recurring
+from kdelay import controls, recurring
 from kdelay.client import DelayProducer
 from kdelay.plumbing.settings import Settings
+from kdelay.protocol.controls import Control, Scope, Subject
 from tests.browser.conftest import OPERATOR, VIEWER, Stack, cli_env
 from tests.e2e.conftest import Receiver, run_cli
 
@@ -418,3 +419,63 @@ def test_a_recurring_series_shows_its_next_fire_times_and_is_ended_with_a_reason
     page.click(f"{row} button")
     page.wait_for_selector("#series-done")
     assert page.text_content("#series-outcome") == "cancelled"
+
+
+def test_an_operator_pauses_a_target_sees_what_it_holds_back_and_resumes_it(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        admin: AdminClient, shots: Path) -> None:
+    """Paused from the controls screen with a reason, a target's due records stay pending:
+    the screen counts them as held back. Resumed from its row with a catch-up rate, they
+    arrive. A viewer sees the screen and no form."""
+    paused = f"{stack.target}-paused"
+    admin.create_topics([NewTopic(paused, num_partitions=1, replication_factor=1)])[
+        paused].result(timeout=30)
+    reader = Receiver(stack.deployment.bootstrap, admin, [paused])
+    page = page_of()
+    row = f"#controls tr[data-name='{paused}']"
+    try:
+        page.goto(stack.open.url + "/controls")
+        page.fill("#pause-form input[name=name]", paused)
+        page.fill("#pause-form input[name=reason]", "its consumers are down, INC-7")
+        page.click("#pause-form button")
+        page.wait_for_selector("#control-changed")
+        assert page.text_content("#control-state") == "paused"
+        assert page.get_attribute(row, "data-paused") == "yes"
+        assert "its consumers are down, INC-7" in page.text_content(row)
+        page.goto(stack.open.url + "/api/v1/controls")
+        listed = json.loads(page.text_content("body") or "{}")["items"]
+        assert [item["paused_by"] for item in listed if item["name"] == paused] == ["local"]
+        deadline = time.monotonic() + SEEN_S
+        while f"target {paused} paused by local" not in stack.service.log():
+            assert time.monotonic() < deadline, "the service did not apply the pause"
+            time.sleep(0.2)
+        since_ms = int(time.time() * 1000)
+        for number in range(3):
+            producer.send(paused, f"held {number}", key=f"held-{number}",
+                          due=since_ms - 1_000, id=f"held-{number}")
+        deadline = time.monotonic() + SEEN_S
+        while True:  # until a summary after the sends counts them
+            page.goto(stack.open.url + "/controls")
+            if (page.text_content(f"{row} td.held") or "").strip() == "3":
+                break
+            assert time.monotonic() < deadline, page.text_content("#controls")
+            time.sleep(0.5)
+        assert keys(reader) == [], "nothing delivered while paused"
+        page.screenshot(path=shots / "controls.png", full_page=True)
+        viewer = page_of(VIEWER)
+        viewer.goto(stack.users.url + "/controls")
+        assert viewer.query_selector("#pause-form") is None
+        assert paused in (viewer.text_content("#controls") or "")
+        page.fill(f"{row} form.resume input[name=rate]", "100/s")
+        page.fill(f"{row} form.resume input[name=reason]", "consumers are back")
+        page.click(f"{row} form.resume button")
+        page.wait_for_selector("#control-changed")
+        assert page.text_content("#control-state") == "delivering, catch-up 100.0/s"
+        reader.until(lambda: sorted(k for k in keys(reader) if k) == [
+            b"held-0", b"held-1", b"held-2"], "the held records, after the resume")
+    finally:
+        reader.close()
+        admin.delete_topics([paused])[paused].result(timeout=30)
+        d = stack.deployment  # no control left behind for the topic gone
+        controls.write_control(Settings(bootstrap_servers=d.bootstrap),
+                               Subject(Scope.TARGET, paused), Control())

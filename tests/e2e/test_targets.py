@@ -99,6 +99,8 @@ def test_pause_list_resume_and_limit_through_the_commands(
         1000.0, "bob", None)
     said = target(deployment, view, "limit", orders, "--off")
     assert said.strip() == f"target {orders}: delivering, catch-up 50/s"
+    target(deployment, view, "resume", orders)  # no catch-up rate: nothing left in force
+    assert target(deployment, view, "list", "--json") == []
 
 
 @pytest.mark.kafka

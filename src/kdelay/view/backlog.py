@@ -191,10 +191,11 @@ class HeldBack:
     count: int = 0
     oldest_due_ms: int | None = None
 
-    def add(self, due_ms: int) -> HeldBack:
-        """This, with one more entry due at ``due_ms``."""
+    def merged(self, count: int, oldest_due_ms: int) -> HeldBack:
+        """This, with ``count`` more entries, the oldest due at ``oldest_due_ms``."""
         oldest = self.oldest_due_ms
-        return HeldBack(self.count + 1, due_ms if oldest is None else min(oldest, due_ms))
+        return HeldBack(self.count + count,
+                        oldest_due_ms if oldest is None else min(oldest, oldest_due_ms))
 
 
 def held_back(view: PendingView, originals: Originals, now_ms: int,
@@ -220,7 +221,7 @@ def held_back(view: PendingView, originals: Originals, now_ms: int,
             for subject in (Subject(Scope.TARGET, target),
                             None if lane is None else Subject(Scope.LANE, lane)):
                 if subject in wanted:
-                    found[subject] = found[subject].add(codec.decode_due_key(key).due_ms)
+                    found[subject] = found[subject].merged(1, codec.decode_due_key(key).due_ms)
     return found
 
 

@@ -25,12 +25,13 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from kdelay import recurring
+from kdelay import controls, recurring
 from kdelay.client import DelayProducer, RequestRefused, Ticket
 from kdelay.outcomes import NoOutcome
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client
+from kdelay.protocol.controls import Control, Subject, parse_rate
 from kdelay.protocol.envelope import LANE_NAME
 from kdelay.protocol.forward import id_partition
 from kdelay.view.deadletters import request_headers
@@ -189,6 +190,21 @@ class Actions:
         now_ms = self._clock.now_ms()
         ticket = self._requests.reschedule(schedule_id, due=now_ms, lane=lane)
         return self._settle("deliver-now", who, ticket, reason, now_ms)
+
+    def control(self, who: Principal, action: str, subject: Subject, reason: str,
+                rate: str | None) -> Control:
+        """Pause ``subject`` (``reason`` kept in the control record), resume it (``rate``:
+        the catch-up rate, none: unbounded) or cap it (``rate``, none: lift the cap),
+        through the controls topic as ``kdelay target`` writes it; by the caller.
+        ``ControlError`` (``bad-control``) for a bad rate, ``ControlsUnavailable`` when
+        the record is not acknowledged."""
+        per_s = parse_rate(rate) if rate and rate.strip() else None
+        now_ms = self._clock.now_ms()
+        if action == "pause":
+            return controls.pause(self._settings, subject, who.name, reason, now_ms)
+        if action == "resume":
+            return controls.resume(self._settings, subject, who.name, now_ms, per_s)
+        return controls.limit(self._settings, subject, who.name, now_ms, per_s)
 
     def resend(self, who: Principal, letter: Message, reason: str) -> Done:
         """Send the dead letter ``letter`` again to the requests topic, as the request it

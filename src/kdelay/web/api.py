@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from kdelay.protocol.durations import parse_duration_ms
+from kdelay.view.backlog import HeldBack
 from kdelay.view.deadletters import DeadLetter
 from kdelay.view.display import preview as short
 from kdelay.view.display import retention_json
@@ -25,7 +26,7 @@ from kdelay.web.actions import Order, checked_lane
 from kdelay.web.console import Acting, Caller, Console, console_of
 from kdelay.web.inputs import parse_bucket, parse_code, parse_filter, parse_page, parse_time
 from kdelay.web.problems import bad_input
-from kdelay.web.reads import Overview, Record
+from kdelay.web.reads import ControlRow, Overview, Record
 
 router = APIRouter(tags=["console"])
 
@@ -218,6 +219,44 @@ def resend(request: Request, who: Acting, partition: int, offset: int,
     """Send a dead letter again to the requests topic, as the request it carries; with
     an id, answers ``scheduled`` or ``duplicate``."""
     return asdict(console_of(request).resend(who, partition, offset, body.reason))
+
+
+class ControlBody(BaseModel):
+    """A change of a target's (or, with ``lane``, a lane's) control: why, and the rate
+    (``500/s``, ``30000/m``): a resume's catch-up rate, a limit's cap (absent: lift it)."""
+
+    reason: str = Field(max_length=500)
+    rate: str | None = Field(default=None, max_length=32)
+    lane: bool = False
+
+
+def control_json(row: ControlRow) -> dict[str, Any]:
+    """One control in force: its subject, who paused it and why, the rates, and the due
+    records it holds back (counted from the console's view)."""
+    control, paused = row.control, row.control.paused
+    return {"scope": row.subject.scope.value, "name": row.subject.name,
+            "paused_since_ms": None if paused is None else paused.since_ms,
+            "paused_by": None if paused is None else paused.by,
+            "reason": None if paused is None else paused.reason,
+            "rate_per_s": control.rate_per_s, "catch_up_per_s": control.catch_up_per_s,
+            "changed_ms": control.changed_ms, "changed_by": control.changed_by,
+            "held_back": row.held.count, "oldest_held_due_ms": row.held.oldest_due_ms}
+
+
+@router.get("/controls")
+def target_controls(request: Request, _: Caller) -> dict[str, Any]:
+    """Every target control in force, with what each holds back."""
+    return {"items": [control_json(row) for row in console_of(request).reads.controls()]}
+
+
+@router.post("/controls/{name}/{action}")
+def change_control(request: Request, who: Acting, name: str, action: str,
+                   body: ControlBody) -> dict[str, Any]:
+    """Pause, resume or limit (``action``) the target ``name`` (a lane with ``lane``);
+    answers the control now in force."""
+    subject, control = console_of(request).control(who, action, name, body.lane, body.reason,
+                                                   body.rate)
+    return control_json(ControlRow(subject, control, HeldBack()))
 
 
 @router.post("/schedules")

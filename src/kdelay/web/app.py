@@ -23,9 +23,11 @@ from starlette.exceptions import HTTPException
 
 from kdelay import __version__
 from kdelay.client import DeliveryError, RequestRefused
+from kdelay.controls import ControlsUnavailable
 from kdelay.outcomes import NoOutcome
 from kdelay.plumbing.connection import ConnectionFailure
 from kdelay.plumbing.topics import LayoutError
+from kdelay.protocol.controls import ControlError
 from kdelay.state.changelog import RestoreError
 from kdelay.view.lookup import NotARequest
 from kdelay.view.pending import ViewBusy
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 _HTTP_CODES = {404: "not-found", 405: "method-not-allowed"}
 KNOWN: tuple[type[Exception], ...] = (
     NotARequest, RequestRefused, LayoutError, NoOutcome, ConnectionFailure, ViewBusy,
-    RestoreError, DeliveryError, KafkaException)
+    RestoreError, DeliveryError, KafkaException, ControlError, ControlsUnavailable)
 """Failures of the layers below that answer with their own code, not ``internal``."""
 
 
@@ -66,11 +68,11 @@ def problem_of(exc: Exception) -> Problem:
         return exc
     if isinstance(exc, NotARequest):
         return Problem(400, exc.code, str(exc))
-    if isinstance(exc, RequestRefused):
+    if isinstance(exc, (RequestRefused, ControlError)):
         return Problem(400, exc.code, str(exc))
     if isinstance(exc, (LayoutError, NoOutcome)):
         return Problem(503, exc.code, str(exc))
-    if isinstance(exc, (ConnectionFailure, ViewBusy)):
+    if isinstance(exc, (ConnectionFailure, ViewBusy, ControlsUnavailable)):
         return Problem(503, exc.code, str(exc))
     if isinstance(exc, RestoreError):
         return Problem(503, "restore-failed", str(exc))

@@ -15,7 +15,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from kdelay import controls
 from kdelay.plumbing.clock import Clock
+from kdelay.protocol.controls import Control, Subject
 from kdelay.view import deadletters
 from kdelay.view.listing import Filter
 from kdelay.web.access import Gate, Principal
@@ -25,6 +27,7 @@ from kdelay.web.problems import Problem, bad_input
 from kdelay.web.reads import Reads
 
 ACTIONS = ("cancel", "reschedule", "deliver-now")
+CONTROL_ACTIONS = ("pause", "resume", "limit")
 BULK_ACTIONS = ("cancel", "reschedule")
 MAX_BULK = 1_000
 
@@ -92,6 +95,24 @@ class Console:
             raise Problem(409, "not-resendable", "this dead letter does not carry its request "
                           "(its original was gone): there is nothing to send again")
         return self.actions.resend(who, letter, reason)
+
+    def control(self, who: Principal, action: str, name: str, lane: bool,
+                reason: str | None, rate: str | None = None) -> tuple[Subject, Control]:
+        """Pause, resume or cap (``action``) the target ``name`` (a lane with ``lane``),
+        as ``kdelay target`` does; return the subject and the control now in force.
+
+        Every change needs a reason (a pause keeps it in its record). ``rate`` is the
+        catch-up rate of a resume, the cap of a limit (none: lift it), as ``500/s``
+        or ``30000/m``. Raises :class:`~kdelay.web.problems.Problem`: 400
+        ``invalid-action``, ``reason-required``, ``bad-control`` (no name, one of
+        kdelay's own topics, a bad rate); 503 ``controls-unavailable``.
+        """
+        if action not in CONTROL_ACTIONS:
+            raise bad_input("invalid-action",
+                            f"a control action is one of {', '.join(CONTROL_ACTIONS)}")
+        reason = checked_reason(reason)
+        subject = controls.subject_of(name.strip(), lane, self.reads.settings)
+        return subject, self.actions.control(who, action, subject, reason, rate)
 
     def schedule(self, who: Principal, order: Order, reason: str | None) -> Done:
         """Check the id and the reason, then schedule ``order`` (see

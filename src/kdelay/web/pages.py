@@ -131,6 +131,27 @@ def resend(request: Request, who: Acting, partition: Annotated[int, Form()],
     return _dead_letters_page(request, who, None, done=done)
 
 
+@router.get("/controls", response_class=HTMLResponse)
+def target_controls(request: Request, who: Caller) -> HTMLResponse:
+    """Target controls: the pauses and caps in force, what each holds back; change them."""
+    return _controls_page(request, who)
+
+
+def _controls_page(request: Request, who: Principal, **extra: Any) -> HTMLResponse:
+    found = console_of(request).reads.controls()
+    return render(request, who, "controls.html", rows=found, **extra)
+
+
+@router.post("/controls/{action}", response_class=HTMLResponse)
+def change_control(request: Request, who: Acting, action: str, name: Text,
+                   reason: OptionalText = None, rate: OptionalText = None,
+                   scope: OptionalText = None) -> HTMLResponse:
+    """Pause, resume or limit a target (or a lane: ``scope``); shows the control now."""
+    subject, control = console_of(request).control(who, action, name, scope == "lane",
+                                                   reason, rate)
+    return _controls_page(request, who, changed=subject, control=control)
+
+
 def _record_page(request: Request, who: Principal, reference: str,
                  done: Done | None = None, lane: str | None = None) -> HTMLResponse:
     console = console_of(request)

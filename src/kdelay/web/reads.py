@@ -26,14 +26,15 @@ from typing import Any
 import orjson
 from confluent_kafka import Message
 
-from kdelay import recurring
+from kdelay import controls, recurring
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.connection import ConnectionFailure, check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
+from kdelay.protocol.controls import Control, Subject
 from kdelay.tasks import TASKS_TOPIC
 from kdelay.view import deadletters
-from kdelay.view.backlog import Backlog, backlog
+from kdelay.view.backlog import Backlog, HeldBack, backlog, held_back
 from kdelay.view.deadletters import DeadLetter
 from kdelay.view.display import utc
 from kdelay.view.listing import (
@@ -55,6 +56,15 @@ from kdelay.web.trace import Step, audit_steps, outcome_steps
 PREVIEW_BYTES = 4_096
 HOUR_MS = 3_600_000
 DEAD_LETTERS_PER_PARTITION = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRow:
+    """A target control in force and what it holds back (see :meth:`Reads.controls`)."""
+
+    subject: Subject
+    control: Control
+    held: HeldBack
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +245,11 @@ class Reads:
         return None if self._snapshots is None else self._snapshots.freshness
 
     @property
+    def settings(self) -> Settings:
+        """The deployment's settings (for the controls' names; never rendered)."""
+        return self._settings
+
+    @property
     def requests_topic(self) -> str:
         """The requests topic, which coordinates name."""
         return self._settings.requests_topic
@@ -336,6 +351,22 @@ class Reads:
                 rows.extend(row for _, original in found.rows
                             if (row := _series_row(original.record, topic, now_ms)) is not None)
         return SeriesList(sorted(rows, key=lambda row: row.upcoming[0]), pending)
+
+    def controls(self) -> list[ControlRow]:
+        """Every target control in force (read from the controls topic, as ``kdelay target
+        list`` reads it), with the due records each holds back: from the summary when
+        kept current, else from the view. ``ControlsUnavailable`` when the topic cannot
+        be read."""
+        found = controls.read_controls(self._settings)
+        if not found:
+            return []
+        if self._snapshots is not None:
+            held = self._snapshots.summary().held_back(self._clock.now_ms(), found)
+        else:
+            with self._opened() as (view, originals, now_ms):
+                held = held_back(view, originals, now_ms, found)
+        return [ControlRow(subject, control, held.get(subject, HeldBack()))
+                for subject, control in sorted(found.items(), key=lambda item: str(item[0]))]
 
     def is_pending(self, schedule_id: str, lane: str | None = None) -> bool:
         """Whether the view holds a pending entry for ``schedule_id`` in ``lane`` (None:

@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kdelay.protocol import codec
-from kdelay.view.backlog import Backlog, routes
+from kdelay.protocol.controls import Scope, Subject
+from kdelay.view.backlog import Backlog, HeldBack, routes
 from kdelay.view.listing import BURST_MIN, Filter, Timeline
 from kdelay.view.pending import Originals, PendingView
 
@@ -160,6 +161,27 @@ class Summary:
         return Backlog(now_ms, self.total, overdue, earliest, latest, bucket_ms,
                        sorted(buckets.items()), dict(sorted(by_partition.items())),
                        dict(by_target.most_common()))
+
+    def held_back(self, now_ms: int, subjects: Iterable[Subject]) -> dict[Subject, HeldBack]:
+        """What :func:`kdelay.view.backlog.held_back` counts, from the columns: per
+        controlled subject, the entries due by ``now_ms`` of its target (or lane)."""
+        wanted = set(subjects)
+        found = dict.fromkeys(wanted, HeldBack())
+        for columns in self.by_index.values():
+            due_count = int(np.searchsorted(columns.due_ms, now_ms, side="right"))
+            if not due_count:
+                continue
+            numbers, firsts, sizes = np.unique(columns.route[:due_count], return_index=True,
+                                               return_counts=True)
+            for number, first, size in zip(numbers.tolist(), firsts.tolist(), sizes.tolist(),
+                                           strict=True):
+                target, lane = self.routes[number]
+                oldest = int(columns.due_ms[first])  # due order: the first is the oldest
+                for subject in (Subject(Scope.TARGET, target),
+                                None if lane is None else Subject(Scope.LANE, lane)):
+                    if subject in wanted:
+                        found[subject] = found[subject].merged(size, oldest)
+        return found
 
     def lanes(self) -> dict[str, int]:
         """Every pending entry counted by its request's lane (``(none)`` for no lane)."""

@@ -14,7 +14,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from kdelay.plumbing.clock import ManualClock
-from kdelay.view.backlog import Backlog
+from kdelay.plumbing.settings import Settings
+from kdelay.protocol.controls import Control, Pause, Scope, Subject, parse_rate
+from kdelay.view.backlog import Backlog, HeldBack
 from kdelay.view.deadletters import DeadLetter, decode
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
@@ -24,7 +26,15 @@ from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
 from kdelay.web.actions import Actions, Done, Order
 from kdelay.web.app import create_app
 from kdelay.web.console import Console
-from kdelay.web.reads import Overview, Preview, Reads, Record, SeriesList, SeriesRow
+from kdelay.web.reads import (
+    ControlRow,
+    Overview,
+    Preview,
+    Reads,
+    Record,
+    SeriesList,
+    SeriesRow,
+)
 
 NOW_MS = 1_795_000_000_000
 SECRETS = {"olga": "operator-secret-1", "vera": "viewer-secret-2"}
@@ -48,6 +58,16 @@ class FakeReads(Reads):
     @property
     def requests_topic(self) -> str:
         return "kdelay.requests"
+
+    @property
+    def settings(self) -> Settings:
+        return Settings()
+
+    def controls(self) -> list[ControlRow]:
+        paused = Control(paused=Pause(NOW_MS - 60_000, "olga", "orders-db down"),
+                         changed_ms=NOW_MS - 60_000, changed_by="olga")
+        return [ControlRow(Subject(Scope.TARGET, "orders"), paused,
+                           HeldBack(12, NOW_MS - 30_000))]
 
     def overview(self) -> Overview:
         if self.fail_with is not None:
@@ -108,6 +128,18 @@ class FakeActions(Actions):
     def __init__(self) -> None:
         self.done: list[Done] = []
         self.orders: list[Order] = []
+        self.controls: list[tuple[str, str, Subject, str, str | None]] = []
+
+    def control(self, who: Principal, action: str, subject: Subject, reason: str,
+                rate: str | None) -> Control:
+        per_s = parse_rate(rate) if rate and rate.strip() else None
+        self.controls.append((who.name, action, subject, reason, rate))
+        if action == "pause":
+            return Control(paused=Pause(NOW_MS, who.name, reason), changed_ms=NOW_MS,
+                           changed_by=who.name)
+        if action == "resume":
+            return Control(catch_up_per_s=per_s, changed_ms=NOW_MS, changed_by=who.name)
+        return Control(rate_per_s=per_s, changed_ms=NOW_MS, changed_by=who.name)
 
     def _answer(self, action: str, who: Principal, schedule_id: str, reason: str,
                 outcome: str, due_ms: int | None = None, lane: str | None = None) -> Done:

@@ -13,6 +13,8 @@ from collections import Counter
 import pytest
 
 from kdelay.protocol import codec
+from kdelay.protocol.controls import Scope, Subject
+from kdelay.view.backlog import HeldBack
 from kdelay.view.listing import BURST_MIN, Filter
 from kdelay.web.summary import Builder, Summary, decoded_keys, runs
 
@@ -130,3 +132,14 @@ def test_runs_count_equal_neighbours() -> None:
     values = np.array([1, 1, 2, 5, 5, 5], dtype=np.int64)
     assert runs(values) == {1: 2, 2: 1, 5: 3}
     assert runs(values[:0]) == {}
+
+
+def test_held_back_counts_the_due_entries_of_each_controlled_target_and_lane() -> None:
+    entries = _entries(2_000)
+    orders, dev1 = Subject(Scope.TARGET, "orders"), Subject(Scope.LANE, "dev1")
+    held = _summary(entries).held_back(NOW, [orders, dev1, Subject(Scope.TARGET, "none")])
+    due = [row for row in _all(entries) if row[0] <= NOW]
+    for subject, mine in ((orders, [r for r in due if r[3] == "orders"]),
+                          (dev1, [r for r in due if r[4] == "dev1"])):
+        assert held[subject] == HeldBack(len(mine), min(r[0] for r in mine))
+    assert held[Subject(Scope.TARGET, "none")] == HeldBack()
