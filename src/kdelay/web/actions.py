@@ -195,7 +195,8 @@ class Actions:
                 rate: str | None) -> Control:
         """Pause ``subject`` (``reason`` kept in the control record), resume it (``rate``:
         the catch-up rate, none: unbounded) or cap it (``rate``, none: lift the cap),
-        through the controls topic as ``kdelay target`` writes it; by the caller.
+        through the controls topic as ``kdelay target pause`` (``resume``, ``limit``)
+        writes it; by the caller.
         ``ControlError`` (``bad-control``) for a bad rate, ``ControlsUnavailable`` when
         the record is not acknowledged."""
         per_s = parse_rate(rate) if rate and rate.strip() else None

@@ -99,7 +99,8 @@ class Console:
     def control(self, who: Principal, action: str, name: str, lane: bool,
                 reason: str | None, rate: str | None = None) -> tuple[Subject, Control]:
         """Pause, resume or cap (``action``) the target ``name`` (a lane with ``lane``),
-        as ``kdelay target`` does; return the subject and the control now in force.
+        as ``kdelay target pause`` (``resume``, ``limit``) does; return the subject and
+        the control now in force.
 
         Every change needs a reason (a pause keeps it in its record). ``rate`` is the
         catch-up rate of a resume, the cap of a limit (none: lift it), as ``500/s``

@@ -353,10 +353,10 @@ class Reads:
         return SeriesList(sorted(rows, key=lambda row: row.upcoming[0]), pending)
 
     def controls(self) -> list[ControlRow]:
-        """Every target control in force (read from the controls topic, as ``kdelay target
-        list`` reads it), with the due records each holds back: from the summary when
-        kept current, else from the view. ``ControlsUnavailable`` when the topic cannot
-        be read."""
+        """Every target control in force (read from the controls topic, as
+        ``kdelay target list`` reads it), with the due records each holds back: from
+        the summary when kept current, else from the view. ``ControlsUnavailable``
+        when the topic cannot be read."""
         found = controls.read_controls(self._settings)
         if not found:
             return []
