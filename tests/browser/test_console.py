@@ -304,6 +304,8 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
     checked = run_cli(cli_env(stack), "retention", "check", "--json")
     assert checked.returncode in (0, 3), checked.stderr
     assert int(page.text_content("#at-risk") or "") == json.loads(checked.stdout)["at_risk"]
+    named = [r["offset"] for r in json.loads(checked.stdout)["at_risk_records"]]
+    assert len(page.query_selector_all("#at-risk-records tr[data-why]")) == len(named)
     page.screenshot(path=shots / "retention.png", full_page=True)
     page.goto(stack.open.url + "/pending?id_prefix=load-&limit=5")
     assert page.text_content("#total").startswith("12 matches")

@@ -155,6 +155,8 @@ def test_retention_check_reports_expired_and_late_originals(
     partition = report["partitions"][0]
     assert (partition["log_start_offset"], partition["expired"], report["expired"]) == (3, 2, 2)
     assert (report["at_risk"], partition["headroom_ms"]) == (2, 0)
+    assert [(r["partition"], r["offset"], r["why"]) for r in report["at_risk_records"]] == [
+        (0, 1, "expired"), (0, 2, "expired")]
     assert run_cli(deployment.env(KDELAY_VIEW_DIR=str(view)), "retention", "check"
                    ).returncode == 3
     shown = cli(deployment, view, "show", "r0")
@@ -166,6 +168,8 @@ def test_retention_check_reports_expired_and_late_originals(
     assert lowered.returncode == 0, lowered.stderr
     late = cli(deployment, view, "retention", "check")
     assert (late["retention_ms"], late["at_risk"]) == (HOUR_MS, 3)
+    assert [r["why"] for r in late["at_risk_records"]] == ["expired", "expired", "retention"]
+    assert late["at_risk_records"][2]["expires_ms"] < late["at_risk_records"][2]["due_ms"]
     assert late["partitions"][0]["headroom_ms"] < late["partitions"][0]["due_in_ms"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 
 import orjson
 from confluent_kafka import Message
@@ -303,6 +304,7 @@ def retention_json(report: RetentionReport) -> str:
         "recommended_retention_ms": report.recommended_retention_ms,
         "problems": report.problems,
         "partitions": [_partition_json(p) for p in report.partitions],
+        "at_risk_records": [asdict(record) for record in report.listed],
     }).decode()
 
 
@@ -346,7 +348,16 @@ def retention_tables(report: RetentionReport) -> RenderableType:
                       _signed(p.due_in_ms), str(p.at_risk), str(p.expired))
     verdict = Text("\n".join(f"AT RISK: {line}" for line in report.problems)
                    or "ok: every pending original outlives its due time")
-    return Group(head, table, verdict)
+    if not report.listed:
+        return Group(head, table, verdict)
+    risky = Table(title=f"the first {len(report.listed)} at-risk records by due time "
+                        "(kdelay show TOPIC/PARTITION/OFFSET for one)", title_justify="left")
+    for name in ("record", "due time", "record time", "retention may delete it", "why"):
+        risky.add_column(name, no_wrap=True)
+    for r in report.listed:
+        risky.add_row(f"{report.topic}/{r.partition}/{r.offset}", utc_short(r.due_ms),
+                      utc_short(r.record_ms), utc_short(r.expires_ms), r.why)
+    return Group(head, table, risky, verdict)
 
 
 def _headroom(p: PartitionRetention) -> str:

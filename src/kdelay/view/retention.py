@@ -40,6 +40,25 @@ from kdelay.view.pending import QUIET, Columns, PendingView
 
 HOUR_MS = 3_600_000
 RISK_EXIT = 3
+AT_RISK_LISTED = 100
+"""How many at-risk records a report names one by one (the soonest due first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AtRisk:
+    """One pending record whose original may be (or is) deleted before it is due.
+
+    ``why`` is ``expired`` (below the log start offset: already gone),
+    ``retention`` (due after its record time + ``retention.ms``: ``expires_ms``)
+    or ``size`` (``retention.bytes`` may delete any record at any time).
+    """
+
+    partition: int
+    offset: int
+    due_ms: int
+    record_ms: int
+    expires_ms: int | None
+    why: str
 
 
 @dataclass(slots=True)
@@ -73,6 +92,8 @@ class RetentionReport:
     recommended_retention_ms: int
     partitions: list[PartitionRetention] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    listed: list[AtRisk] = field(default_factory=list)
+    """The first :data:`AT_RISK_LISTED` at-risk records by due time."""
 
     @property
     def at_risk(self) -> int:
@@ -124,12 +145,13 @@ def recommend(longest_delay_ms: int | None, settings: Settings) -> int:
 
 
 def count(figures: PartitionRetention, columns: Columns, retention_ms: int | None,
-          size_limited: bool) -> int | None:
+          size_limited: bool, listed: list[AtRisk] | None = None) -> int | None:
     """Count one partition's pending entries into ``figures``; return its longest delay.
 
     An entry is expired below the log start offset, and at risk when expired,
     due after its record time + ``retention_ms``, or whenever the partition
-    is ``size_limited``.
+    is ``size_limited``. With ``listed``, the partition's first
+    :data:`AT_RISK_LISTED` at-risk entries by due time are added to it.
     """
     dues, offsets, stamps = columns
     low = figures.log_start_offset
@@ -145,11 +167,33 @@ def count(figures: PartitionRetention, columns: Columns, retention_ms: int | Non
         figures.at_risk = sum(1 for due_ms, record_ms, offset in zip(dues, stamps, offsets,
                                                                       strict=True)
                               if offset < low or due_ms > record_ms + retention_ms)
+    if listed is not None and figures.at_risk:
+        listed += _at_risk(figures.partition, columns, low, retention_ms, size_limited)
     oldest = offsets.index(min(offsets))
     figures.oldest_pending_offset = offsets[oldest]
     figures.oldest_record_ms = stamps[oldest]
     figures.oldest_due_ms = dues[oldest]
     return max(due_ms - record_ms for due_ms, record_ms in zip(dues, stamps, strict=True))
+
+
+def _at_risk(partition: int, columns: Columns, low: int, retention_ms: int | None,
+             size_limited: bool) -> list[AtRisk]:
+    """The first :data:`AT_RISK_LISTED` at-risk entries of one partition, by due time."""
+    found: list[AtRisk] = []
+    for due_ms, offset, record_ms in sorted(zip(*columns, strict=True)):
+        expires = None if retention_ms is None else record_ms + retention_ms
+        if offset < low:
+            why = "expired"
+        elif expires is not None and due_ms > expires:
+            why = "retention"
+        elif size_limited:
+            why = "size"
+        else:
+            continue
+        found.append(AtRisk(partition, offset, due_ms, record_ms, expires, why))
+        if len(found) >= AT_RISK_LISTED:
+            break
+    return found
 
 
 def _headroom(figures: PartitionRetention, retention_ms: int | None, now_ms: int) -> None:
@@ -187,8 +231,9 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
     starts = log_starts(settings, sorted(by_origin))
     figures = {p: PartitionRetention(p, starts[p]) for p in by_origin}
     delays: list[int] = []
+    listed: list[AtRisk] = []
     for partition, columns in by_origin.items():
-        delay = count(figures[partition], columns, retention_ms, size_limited)
+        delay = count(figures[partition], columns, retention_ms, size_limited, listed)
         delays += [] if delay is None else [delay]
     longest = max(delays, default=None)
     for counted in figures.values():
@@ -199,6 +244,8 @@ def check(settings: Settings, view: PendingView, now_ms: int) -> RetentionReport
         _unlimited(_int(config, "local.retention.ms")), longest,
         recommend(longest, settings), sorted(figures.values(), key=lambda f: f.partition))
     report.problems = problems(report, config)
+    report.listed = sorted(listed, key=lambda r: (r.due_ms, r.partition, r.offset))[
+        :AT_RISK_LISTED]
     return report
 
 

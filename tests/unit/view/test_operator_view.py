@@ -12,7 +12,7 @@ from kdelay.view.backlog import Backlog, bucket_counts
 from kdelay.view.display import backlog_json, backlog_tables, preview, relative, span, utc
 from kdelay.view.lookup import NotARequest, parse_reference
 from kdelay.view.pending import Columns, decode_route, encode_route
-from kdelay.view.retention import PartitionRetention, count, recommend
+from kdelay.view.retention import AT_RISK_LISTED, AtRisk, PartitionRetention, count, recommend
 
 HOUR = 3_600_000
 
@@ -39,6 +39,21 @@ def test_an_entry_is_at_risk_when_expired_due_after_retention_or_size_limited() 
     limited = PartitionRetention(0, log_start_offset=0)
     count(limited, entries, retention_ms=None, size_limited=True)
     assert (limited.at_risk, limited.expired) == (3, 0)
+
+
+def test_the_at_risk_entries_are_named_soonest_due_first_with_why() -> None:
+    entries = columns((6, 0, 3 * HOUR), (4, 0, HOUR), (7, 0, HOUR))
+    listed: list[AtRisk] = []
+    count(PartitionRetention(2, log_start_offset=5), entries, retention_ms=2 * HOUR,
+          size_limited=False, listed=listed)
+    assert listed == [AtRisk(2, 4, HOUR, 0, 2 * HOUR, "expired"),
+                      AtRisk(2, 6, 3 * HOUR, 0, 2 * HOUR, "retention")]
+    many = columns(*((offset, 0, 3 * HOUR + offset) for offset in range(AT_RISK_LISTED + 5)))
+    listed = []
+    count(PartitionRetention(0, log_start_offset=0), many, retention_ms=None,
+          size_limited=True, listed=listed)
+    assert [r.offset for r in listed] == list(range(AT_RISK_LISTED))
+    assert {r.why for r in listed} == {"size"}
 
 
 def test_unlimited_retention_puts_nothing_at_risk_by_time() -> None:
