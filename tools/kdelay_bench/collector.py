@@ -39,6 +39,7 @@ from kdelay.protocol import envelope
 from kdelay_bench.broker import wait_for_topic
 from kdelay_bench.cputime import Usage, read_process
 from kdelay_bench.load import WARMUP
+from kdelay_bench.peer import ORIGINAL_KEY
 from kdelay_bench.stats import summary
 
 RAW_HEADER = struct.Struct("<Q")
@@ -67,7 +68,8 @@ class Tally:
         self.count += 1
         self.first_s = self.first_s or received_s
         self.last_s = received_s
-        origin = headers.get(envelope.ORIGIN) or b""
+        # The peer marks what it delivers with the schedule's id, where kdelay has its origin.
+        origin = headers.get(envelope.ORIGIN) or headers.get(ORIGINAL_KEY) or b""
         self.origins.add(origin.encode() if isinstance(origin, str) else origin)
         self.early += stamp < due
         partition = int(message.partition() or 0)

@@ -8,10 +8,11 @@ sizes), ``--quick`` (the whole run in well under five minutes on two cores) or
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-SCENARIOS = ("pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity",
+SCENARIOS = ("floor", "pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity",
              "operator", "spark", "transfer", "console")
 OPT_IN = ("capacity", "spark", "transfer", "console")
 GUARANTEES = ("at-least-once", "exactly-once")
@@ -74,6 +75,7 @@ class BenchOptions:
     keep_topics: bool
     ids: bool = False
     charts_dir: Path | None = None
+    peer: Path | None = None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -97,8 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-servers", help="broker to use (default: "
                    "KDELAY_BOOTSTRAP_SERVERS, else `tools/kafka start`)")
     p.add_argument("--scenarios", type=_names,
-                   help=f"comma list of {','.join(SCENARIOS)} (the floor baseline runs "
-                   "with burst, the hop baseline with lateness; capacity, spark, transfer and "
+                   help=f"comma list of {','.join(SCENARIOS)} (the pipe-tombstone baseline "
+                   "runs with burst, the hop baseline with lateness; capacity, spark, transfer and "
                    "console run only when named, or capacity with --long)")
     p.add_argument("--partitions", type=int, default=3, help="request partitions")
     p.add_argument("--ids", action="store_true",
@@ -132,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", type=Path, help="write the tables here instead of stderr")
     p.add_argument("--charts", type=Path, help="draw the run's SVG charts into this directory "
                    "(with --json; e.g. docs/assets/benchmarks)")
+    p.add_argument("--peer", type=Path, help="a second scheduler's binary (etf1's "
+                   "kafka-message-scheduler, built by tools/peer build): burst, intake and "
+                   "lateness run against it too, and the report puts the two side by side")
     p.add_argument("--work-dir", type=Path, help="state directories (default: a temp dir)")
     p.add_argument("--keep-topics", action="store_true", help="do not delete bench topics")
     return p
@@ -152,6 +157,16 @@ def _size(args: argparse.Namespace, name: str) -> float:
         return given
     full, quick = SIZES[name]
     return quick if args.quick else full
+
+
+def _peer(path: Path | None) -> Path | None:
+    """Return the peer binary's absolute path; exit with a message if it cannot run."""
+    if path is None:
+        return None
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise SystemExit(f"tools/bench: --peer {path} is not an executable file "
+                         "(tools/peer build prints the path of one)")
+    return path.resolve()
 
 
 def parse_options(argv: list[str] | None = None) -> BenchOptions:
@@ -185,5 +200,5 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         transfer_pending=int(_size(args, "transfer_pending")),
         console_pending=int(_size(args, "console_pending")),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
-        keep_topics=args.keep_topics, charts_dir=args.charts,
+        keep_topics=args.keep_topics, charts_dir=args.charts, peer=_peer(args.peer),
     )

@@ -84,7 +84,7 @@ def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total:
     With ``tombstones`` (a compacted topic) each record also gets a tombstone
     keyed like a due key: the Kafka work of one kdelay delivery (read the
     original, produce it, produce its changelog tombstone) with no kdelay code
-    around it. That run is reported as scenario ``floor``.
+    around it. That run is reported as scenario ``pipe-tombstone``.
 
     The clock starts when the first batch has been forwarded and stops when the
     last produce is acknowledged, so group joins and connection set-up are not
@@ -113,7 +113,7 @@ def run_pipe(bootstrap: str, requests: str, partitions: int, target: str, total:
         cpu_s, loop_s = own_cpu_s() - cpu_start, time.thread_time() - loop_start
     finally:
         consumer.close()
-    scenario = "pipe" if tombstones is None else "floor"
+    scenario = "pipe" if tombstones is None else "pipe-tombstone"
     rate = round((total - first) / elapsed)
     cpu_us = per_record_us(cpu_s, total - first)
     result = Result(scenario, {"records": total, "seconds": round(elapsed, 3),

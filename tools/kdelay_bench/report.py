@@ -168,11 +168,56 @@ def headlines(results: list[Result]) -> list[str]:
     return lines
 
 
+RATES = ("records_per_s", "requests_per_s", "achieved_rate_per_s")
+
+
+def _rate(result: Result) -> float | None:
+    """The rate a row reports, whichever its scenario calls it."""
+    return next((v for v in (_number(result.figures.get(k)) for k in RATES) if v is not None),
+                None)
+
+
+def _side(result: Result | None) -> tuple[float | None, float | None, float | None]:
+    """A row's (rate, service CPU µs per record, RSS MB); Nones for a missing row."""
+    if result is None or result.skipped:
+        return None, None, None
+    return (_rate(result), _number(result.figures.get("service_cpu_us_per_record")),
+            _number(result.figures.get("rss_mb")))
+
+
+def side_by_side(results: list[Result]) -> list[str]:
+    """Return the table of kdelay beside the peer: one line per peer row, against the
+    kdelay row it names in ``versus`` (the first of that scenario): rate, CPU µs per
+    record and RSS of each process, and kdelay's over the peer's. Empty without a
+    peer row."""
+    lines = ["| scenario | kdelay rate/s | kdelay CPU µs/record | kdelay RSS MB "
+             "| peer rate/s | peer CPU µs/record | peer RSS MB "
+             "| rate kdelay/peer | CPU kdelay/peer | RSS kdelay/peer |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for theirs in results:
+        versus = theirs.figures.get("versus")
+        if not isinstance(versus, str):
+            continue
+        ours = next((r for r in results if r.scenario == versus), None)
+        a, b = _side(ours), _side(theirs)
+        if theirs.skipped:
+            lines.append(f"| {versus} | " + " | ".join(["n/a"] * 9) + " |")
+            continue
+        cells = [_cell(a[0], ",.0f"), _cell(a[1], ",.1f"), _cell(a[2], ",.0f"),
+                 _cell(b[0], ",.0f"), _cell(b[1], ",.1f"), _cell(b[2], ",.0f"),
+                 *(_cell(ratio_to(x, y), ".2f", "x") for x, y in zip(a, b, strict=True))]
+        lines.append(f"| {versus} | " + " | ".join(cells) + " |")
+    return lines if len(lines) > 2 else []
+
+
 def markdown(results: list[Result]) -> str:
-    """Return three markdown tables: every rate beside its CPU per record, the figures
-    per scenario, then the targets."""
-    lines = headlines(results)
-    lines = ([*lines, ""] if len(lines) > 2 else []) + ["| scenario | figures |", "|---|---|"]
+    """Return the markdown tables: kdelay beside the peer (when a peer ran), every
+    rate beside its CPU per record, the figures per scenario, then the targets."""
+    versus, rates = side_by_side(results), headlines(results)
+    lines = [*versus, ""] if versus else []
+    if len(rates) > 2:
+        lines += [*rates, ""]
+    lines += ["| scenario | figures |", "|---|---|"]
     for r in results:
         shown = (f"skipped: {r.skipped}" if r.skipped else
                  ", ".join(f"{k}={_show(v)}" for k, v in r.figures.items()))

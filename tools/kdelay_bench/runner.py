@@ -15,10 +15,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from kdelay_bench import chart
+from kdelay_bench import chart, served
 from kdelay_bench.broker import Topics, bootstrap_servers, external_broker, left_running
 from kdelay_bench.capacity import run_capacity
 from kdelay_bench.console import run_console
+from kdelay_bench.floor import relate as relate_to_floor
+from kdelay_bench.floor import run_floor
 from kdelay_bench.footprint import run_footprint
 from kdelay_bench.lateness import Load, Suite
 from kdelay_bench.machine import finish, machine
@@ -29,7 +31,7 @@ from kdelay_bench.report import Result, markdown, relate_to_pipe, write_json
 from kdelay_bench.restore import run_restore
 from kdelay_bench.spark_jobs import run_spark
 from kdelay_bench.steady import Plan, hop_p99, run_hop, run_suite
-from kdelay_bench.throughput import Setup, burst, pipe_and_intake
+from kdelay_bench.throughput import Setup, pipe_and_intake
 from kdelay_bench.transfer import run_transfer
 
 
@@ -55,12 +57,17 @@ def _suite(setup: Setup, guarantee: str, load: Load, plan: Plan) -> Suite:
         return Suite(guarantee, plan.runs, {}, skipped=f"{type(exc).__name__}: {exc}")
 
 
+def _load(options: BenchOptions) -> Load:
+    """The steady load of the lateness scenario."""
+    return Load(options.lateness_rate, options.lateness_seconds,
+                options.lateness_warmup_seconds, options.lateness_delay_ms,
+                options.lateness_drain_seconds)
+
+
 def _lateness(options: BenchOptions, setup: Setup) -> list[Result]:
     """The hop baseline and every guarantee's suite. With a fresh broker per suite the
     hop runs last, so that no suite waits for it after its broker restart."""
-    load = Load(options.lateness_rate, options.lateness_seconds,
-                options.lateness_warmup_seconds, options.lateness_delay_ms,
-                options.lateness_drain_seconds)
+    load = _load(options)
     plan = Plan(options.lateness_runs,
                 options.fresh_broker_wait if options.fresh_broker else None)
     hop = [] if options.fresh_broker else _guarded("hop", lambda: run_hop(setup, load))
@@ -73,15 +80,23 @@ def _lateness(options: BenchOptions, setup: Setup) -> list[Result]:
 def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> None:
     """Run every chosen scenario, appending to ``results`` as they finish."""
     chosen = set(options.scenarios)
+    if "floor" in chosen:
+        results += _guarded("floor", lambda: [run_floor(setup, options.burst_records)])
     if chosen & {"pipe", "intake", "burst"}:
         results += _guarded("pipe", lambda: pipe_and_intake(
             setup, options.intake_records, options.pipe_repeats, "intake" in chosen,
             run_floor="burst" in chosen))
     if "burst" in chosen:
-        results += _guarded("burst", lambda: burst(setup, options.burst_records,
-                                                   _pipe(results)))
+        results += _guarded("burst", lambda: served.burst(setup, options.burst_records,
+                                                          _pipe(results)))
+    peer = options.peer
+    if peer is not None:
+        _peer_scenarios(options, setup, peer, results)
     if "lateness" in chosen:
         results += _lateness(options, setup)
+        if peer is not None:
+            results += _guarded("peer-lateness", lambda: served.peer_steady(
+                setup, peer, _load(options)))
     if "footprint" in chosen:
         results += _guarded("footprint", lambda: run_footprint(
             setup.work_dir, options.footprint_entries, options.footprint_values))
@@ -104,6 +119,18 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
         results += _guarded("console", lambda: [run_console(
             setup.topics, setup.work_dir, options.console_pending, options.partitions,
             options.value_size, options.batch_size)])
+
+
+def _peer_scenarios(options: BenchOptions, setup: Setup, peer: Path,
+                    results: list[Result]) -> None:
+    """The burst and intake scenarios against the peer (and ``kdelay run``'s intake
+    beside it), as chosen."""
+    if "burst" in options.scenarios:
+        results += _guarded("peer-burst", lambda: served.peer_burst(
+            setup, peer, options.burst_records))
+    if "intake" in options.scenarios:
+        results += _guarded("peer-intake", lambda: served.intake_pair(
+            setup, peer, options.intake_records))
 
 
 def _operator(options: BenchOptions, setup: Setup) -> list[Result]:
@@ -154,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work_dir, ignore_errors=True)
     finish(record)
     relate_to_pipe(results)
+    relate_to_floor(results)
     _write(options, results)
     hint = left_running(options.bootstrap_servers, bootstrap)
     if hint is not None:

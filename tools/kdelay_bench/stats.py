@@ -33,3 +33,15 @@ def rss_bytes() -> int:
 def dir_bytes(path: Path) -> int:
     """Return the total size of the files under ``path``."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def process_memory(pid: int) -> tuple[int, int]:
+    """Return process ``pid``'s resident set now and at its peak (``VmRSS``, ``VmHWM``)
+    in bytes; zeros when it has gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    sizes = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines
+             if line.startswith(("VmRSS:", "VmHWM:"))}
+    return sizes.get("VmRSS", 0), sizes.get("VmHWM", 0)

@@ -14,12 +14,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kafka_broker import free_port
 
 from kdelay.plumbing.settings import Settings
+from kdelay.protocol.envelope import Headers
 from kdelay_bench import broker_metrics, phases
 from kdelay_bench.broker import broker_pid, restart_broker, wait_group_stable
 from kdelay_bench.collector import CollectorProcess
@@ -60,8 +62,16 @@ class Driven:
     cpu: dict[str, Figure]
 
 
+Headering = Callable[[str, int, bytes, bool], Headers]
+
+
+def kdelay_headers(target: str, due_ms: int, _key: bytes, warmup: bool) -> Headers:
+    """The headers of a steady request to kdelay (its envelope)."""
+    return request_headers(target, due_ms, warmup=warmup)
+
+
 def _steady(loader: Loader, topic: str, target: str, count: int, rate: int,
-            delay_ms: int, *, warmup: bool) -> float:
+            delay_ms: int, *, warmup: bool, headers: Headering = kdelay_headers) -> float:
     """Produce ``count`` requests to ``topic`` at ``rate``/s, each due ``delay_ms`` after
     its send; return the seconds it took (longer than ``count / rate`` if the bench fell
     behind)."""
@@ -72,19 +82,22 @@ def _steady(loader: Loader, topic: str, target: str, count: int, rate: int,
         wanted = min(count, int((time.monotonic() - start) * rate) + 1)
         while sent < wanted:
             due = time.time_ns() // 1_000_000 + delay_ms
-            loader.produce(topic, f"l{sent}".encode(), pool[sent % len(pool)],
-                           request_headers(target, due, warmup=warmup))
+            key = f"l{sent}".encode()
+            loader.produce(topic, key, pool[sent % len(pool)],
+                           headers(target, due, key, warmup))
             sent += 1
         loader.poll(0.001)
     return time.monotonic() - start
 
 
 def drive(setup: Setup, topic: str, target: str, load: Load, *, delay_ms: int,
-          producer: Config, pids: dict[str, int | None]) -> Driven:
+          producer: Config, pids: dict[str, int | None],
+          headers: Headering = kdelay_headers) -> Driven:
     """Produce ``load`` to ``topic`` (records for ``target``, due ``delay_ms`` after their
     send) while a collector reads ``target``. ``producer`` overrides the
     :class:`~kdelay_bench.load.Loader`'s client settings; ``pids`` names the other
-    processes whose CPU is measured."""
+    processes whose CPU is measured; ``headers`` makes a request's headers (the peer's
+    protocol differs from kdelay's)."""
     collector = CollectorProcess(setup.topics.bootstrap, target, load.total,
                                  timeout_s=load.seconds + load.warmup_seconds
                                  + delay_ms / 1000 + load.drain_seconds,
@@ -94,9 +107,9 @@ def drive(setup: Setup, topic: str, target: str, load: Load, *, delay_ms: int,
         meter = CpuMeter({"producer": os.getpid(), **pids})
         started = time.monotonic()
         _steady(loader, topic, target, int(load.rate * load.warmup_seconds), load.rate,
-                delay_ms, warmup=True)
+                delay_ms, warmup=True, headers=headers)
         took = _steady(loader, topic, target, int(load.rate * load.seconds), load.rate,
-                       delay_ms, warmup=False)
+                       delay_ms, warmup=False, headers=headers)
         loader.finish()
         seen = collector.result()
     finally:

@@ -1,14 +1,16 @@
-"""Scenarios ``pipe``, ``intake`` and ``burst``: kdelay's rates against the plain pipe.
+"""Scenarios ``pipe`` and ``intake``: kdelay's rates against the plain pipe.
 
 ``pipe`` and ``intake`` read the same pre-produced requests (due in an hour,
-so intake only indexes them). ``burst`` pre-produces N requests all due at one
-instant, lets the service index them, moves its manual clock to the read-ahead
-window and then to the due instant, from where the clock runs on with the wall
-clock (so target timestamps say when the service produced each record), and
-times the delivery of all N as seen by a target consumer in another process.
-It also counts, from what that consumer read, how many records came within 1 s
-and 5 s of the due instant: by the target timestamp (the service's clock) and
-by the receive time (wall time since the jump).
+so intake only indexes them). :func:`pending_then_due` (the capacity
+scenario's) pre-produces N requests all due at one instant, lets an
+in-process service index them, moves its manual clock to the read-ahead
+window and then to the due instant, from where the clock runs on with the
+wall clock (so target timestamps say when the service produced each record),
+and times the delivery of all N as seen by a target consumer in another
+process. It also counts, from what that consumer read, how many records came
+within 1 s and 5 s of the due instant: by the target timestamp (the
+service's clock) and by the receive time (wall time since the jump). The
+``burst`` scenario runs through ``kdelay run`` (:mod:`kdelay_bench.served`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from kdelay_bench.inproc import FollowingClock, InProcess
 from kdelay_bench.load import produce_requests
 from kdelay_bench.pipe import run_pipe
 from kdelay_bench.progress import say
-from kdelay_bench.report import Figure, Result, as_int, ratio_to
+from kdelay_bench.report import Figure, Result, ratio_to
 from kdelay_bench.stats import rss_bytes
 
 HOUR_MS = 3_600_000
@@ -73,7 +75,7 @@ def ratio(rate: float, baseline: Result | None) -> float | None:
 
 def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
                     run_floor: bool = False) -> list[Result]:
-    """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``floor`` (the pipe
+    """Run ``pipe`` (the median of ``repeats`` runs) and, if asked, ``pipe-tombstone`` (the pipe
     plus a changelog tombstone per record) and ``intake`` (and its ``intake-phases``
     row) over the same ``total`` requests."""
     settings = setup.deployment("intake")
@@ -87,7 +89,7 @@ def pipe_and_intake(setup: Setup, total: int, repeats: int, run_intake: bool,
     pipe = median_run(runs)
     results = [pipe]
     if run_floor:
-        say("floor: consume -> produce + tombstone, the Kafka work of a delivery")
+        say("pipe-tombstone: consume -> produce + tombstone, the Kafka work of a delivery")
         changelog = setup.topics.create("floor-tombstones", setup.partitions,
                                         {"cleanup.policy": "compact"})
         floor = run_pipe(setup.topics.bootstrap, settings.requests_topic, setup.partitions,
@@ -226,35 +228,3 @@ def pending_then_due(setup: Setup, role: str, total: int, due_count: int) -> Due
     return DueRun(intake_rate, deliver_s, acked_s, seen, rss_after_intake, rss_bytes(),
                   within(received_s, stamp_ms, start), deliver_cpu, intake_cpu,
                   deliver_phases)
-
-
-def burst(setup: Setup, total: int, pipe: Result | None) -> list[Result]:
-    """Deliver ``total`` requests due at one instant; time it, count early ones. Return
-    the ``burst`` row and the ``burst-phases`` row: the loop's CPU per record by phase
-    while it delivered."""
-    run = pending_then_due(setup, "burst", total, total)
-    rate = total / run.deliver_s if run.deliver_s else 0.0
-    received = as_int(run.seen.get("count")) or 0
-    duplicates = as_int(run.seen.get("duplicates")) or 0
-    result = Result("burst", {
-        "records": total, "seconds": run.deliver_s and round(run.deliver_s, 3),
-        "records_per_s": round(rate), "ratio_to_pipe": ratio(rate, pipe),
-        "acked_seconds": round(run.acked_s, 3), "received": received,
-        "lost": total - (received - duplicates), "early": as_int(run.seen.get("early")),
-        "duplicates": duplicates, **run.within, **run.deliver_cpu,
-        "cpu_ratio_to_pipe": cpu_ratio(run.deliver_cpu, pipe),
-        "intake_per_s": round(run.intake_per_s), "rss_mb": round(run.rss_after / MB)})
-    result.headline("burst delivery (service)", round(rate),
-                    run.deliver_cpu["service_cpu_us_per_record"], result.figures["ratio_to_pipe"])
-    result.headline("burst: its intake (service)", round(run.intake_per_s),
-                    run.intake_cpu["service_cpu_us_per_record"])
-    measured = result.figures["ratio_to_pipe"]
-    result.check("burst >= 0.7x pipe", measured,
-                 None if measured is None else float(measured) >= 0.7)
-    cpu = result.figures["cpu_ratio_to_pipe"]
-    result.check(f"burst service CPU per record <= {BURST_CPU_TO_PIPE}x pipe's", cpu,
-                 None if cpu is None else float(cpu) <= BURST_CPU_TO_PIPE)
-    result.check("0 early", result.figures["early"], result.figures["early"] == 0)
-    result.check("0 lost", result.figures["lost"], result.figures["lost"] == 0)
-    return [result, Result("burst-phases", run.deliver_phases)]
-
