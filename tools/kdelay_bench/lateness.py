@@ -107,6 +107,7 @@ class Run:
     cpu: dict[str, Figure]
     phases: phases.Phases | str
     broker: dict[str, Figure] = field(default_factory=dict)
+    rss_mb: int | None = None
 
     def figures(self) -> dict[str, Figure]:
         """Return the run's lateness figures (the warm-up left out)."""
@@ -123,6 +124,8 @@ class Run:
         measured = int(self.load.rate * self.load.seconds)
         out["achieved_rate_per_s"] = round(measured / self.took_s) if self.took_s else None
         out["service_cpu_us_per_record"] = self.service_cpu_us(count)
+        if self.rss_mb is not None:
+            out["rss_mb"] = self.rss_mb  # the service's peak resident set so far
         return out
 
     def service_cpu_us(self, received: int) -> float | None:

@@ -185,15 +185,23 @@ def _side(result: Result | None) -> tuple[float | None, float | None, float | No
             _number(result.figures.get("rss_mb")))
 
 
+def _p99s(ours: Result | None, theirs: Result) -> str:
+    """The end-to-end p99 of both rows ("kdelay / peer"), empty when neither has one."""
+    pair = [None if r is None or r.skipped else _number(r.figures.get("p99_ms"))
+            for r in (ours, theirs)]
+    return "" if pair == [None, None] else " / ".join(_cell(v, ",.1f") for v in pair)
+
+
 def side_by_side(results: list[Result]) -> list[str]:
     """Return the table of kdelay beside the peer: one line per peer row, against the
     kdelay row it names in ``versus`` (the first of that scenario): rate, CPU µs per
-    record and RSS of each process, and kdelay's over the peer's. Empty without a
-    peer row."""
+    record and RSS of each process, kdelay's over the peer's, and for a steady load
+    (rows with ``p99_ms``) the end-to-end lateness p99 of each. Empty without a peer
+    row."""
     lines = ["| scenario | kdelay rate/s | kdelay CPU µs/record | kdelay RSS MB "
              "| peer rate/s | peer CPU µs/record | peer RSS MB "
-             "| rate kdelay/peer | CPU kdelay/peer | RSS kdelay/peer |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| rate kdelay/peer | CPU kdelay/peer | RSS kdelay/peer | p99 ms kdelay / peer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for theirs in results:
         versus = theirs.figures.get("versus")
         if not isinstance(versus, str):
@@ -201,11 +209,12 @@ def side_by_side(results: list[Result]) -> list[str]:
         ours = next((r for r in results if r.scenario == versus), None)
         a, b = _side(ours), _side(theirs)
         if theirs.skipped:
-            lines.append(f"| {versus} | " + " | ".join(["n/a"] * 9) + " |")
+            lines.append(f"| {versus} | " + " | ".join(["n/a"] * 10) + " |")
             continue
         cells = [_cell(a[0], ",.0f"), _cell(a[1], ",.1f"), _cell(a[2], ",.0f"),
                  _cell(b[0], ",.0f"), _cell(b[1], ",.1f"), _cell(b[2], ",.0f"),
-                 *(_cell(ratio_to(x, y), ".2f", "x") for x, y in zip(a, b, strict=True))]
+                 *(_cell(ratio_to(x, y), ".2f", "x") for x, y in zip(a, b, strict=True)),
+                 _p99s(ours, theirs)]
         lines.append(f"| {versus} | " + " | ".join(cells) + " |")
     return lines if len(lines) > 2 else []
 

@@ -135,9 +135,9 @@ def peer_steady(setup: Setup, binary: Path, load: Load) -> list[Result]:
         _, peak = process_memory(started.pid)
     finally:
         started.stop()
-    run = Run(1, load, driven.seen, driven.took_s, driven.cpu, "peer: no phase metric")
-    result = Result("peer-lateness", {**run.figures(), "rss_mb": round(peak / MB),
-                                      "versus": "lateness"})
+    run = Run(1, load, driven.seen, driven.took_s, driven.cpu, "peer: no phase metric",
+              rss_mb=round(peak / MB))
+    result = Result("peer-lateness", {**run.figures(), "versus": "lateness"})
     result.headline("lateness (peer: intake and delivery)", result.figures[
         "achieved_rate_per_s"], result.figures["service_cpu_us_per_record"])
     return [result, Result("peer-lateness-cpu", driven.cpu)]

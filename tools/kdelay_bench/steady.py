@@ -30,6 +30,7 @@ from kdelay_bench.lateness import Load, Run, Suite, percentiles
 from kdelay_bench.load import Loader, request_headers, values
 from kdelay_bench.progress import say
 from kdelay_bench.report import Figure, Result, as_int
+from kdelay_bench.stats import process_memory
 from kdelay_bench.throughput import Setup
 
 START_TIMEOUT_S = 60.0
@@ -82,7 +83,7 @@ def _steady(loader: Loader, topic: str, target: str, count: int, rate: int,
         wanted = min(count, int((time.monotonic() - start) * rate) + 1)
         while sent < wanted:
             due = time.time_ns() // 1_000_000 + delay_ms
-            key = f"l{sent}".encode()
+            key = f"{'w' if warmup else 'l'}{sent}".encode()  # ids unique over a run
             loader.produce(topic, key, pool[sent % len(pool)],
                            headers(target, due, key, warmup))
             sent += 1
@@ -243,7 +244,8 @@ def _runs(setup: Setup, settings: Settings, suite: Suite, load: Load, targets: l
         broker_after = reader.read()
         suite.runs.append(Run(number, run_load, driven.seen, driven.took_s, driven.cpu,
                               _phase_delta(after, before),
-                              broker_metrics.between(broker_after, broker_before)))
+                              broker_metrics.between(broker_after, broker_before),
+                              round(process_memory(proc.pid)[1] / (1 << 20))))
         before, broker_before = after, broker_after
 
 

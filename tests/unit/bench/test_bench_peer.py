@@ -12,6 +12,7 @@ import pytest
 from kdelay_bench import peer
 from kdelay_bench.contender import burst_figures, burst_lead_s, scheduled
 from kdelay_bench.floor import floor_result, relate
+from kdelay_bench.lateness import Load, Run
 from kdelay_bench.options import SCENARIOS, parse_options
 from kdelay_bench.report import Result, markdown, side_by_side
 from kdelay_bench.served import burst_checks
@@ -138,16 +139,16 @@ def test_the_side_by_side_table_puts_each_peer_row_beside_its_kdelay_row() -> No
     lines = side_by_side(_pair())
     assert len(lines) == 4
     assert lines[2] == ("| burst | 200,000 | 4.0 | 100 | 40,000 | 16.0 | 600 "
-                        "| 5.00x | 0.25x | 0.17x |")
+                        "| 5.00x | 0.25x | 0.17x |  |")
     assert lines[3].startswith("| intake-run | 120,000 | 5.0 | 80 | 60,000 |")
 
 
 def test_a_missing_kdelay_row_leaves_its_cells_empty_and_no_peer_no_table() -> None:
     lonely = Result("peer-lateness", {"achieved_rate_per_s": 5_000,
-                                      "service_cpu_us_per_record": 30.0,
+                                      "service_cpu_us_per_record": 30.0, "p99_ms": 73.3,
                                       "versus": "lateness"})
     assert side_by_side([lonely])[2] == ("| lateness | n/a | n/a | n/a | 5,000 | 30.0 | n/a "
-                                         "| n/a | n/a | n/a |")
+                                         "| n/a | n/a | n/a | n/a / 73.3 |")
     assert side_by_side([Result("burst", {"records_per_s": 1})]) == []
 
 
@@ -156,6 +157,13 @@ def test_the_report_leads_with_the_side_by_side_table() -> None:
     assert text.startswith("| scenario | kdelay rate/s |")
     assert "| burst | figures |" not in text
     assert markdown([Result("pipe", {"records_per_s": 1})]).startswith("| scenario | figures |")
+
+
+def test_a_steady_run_reports_the_service_peak_rss_when_measured() -> None:
+    seen: dict[str, object] = {"count": 100, "duplicates": 0, "early": 0}
+    load = Load(rate=10, seconds=10, warmup_seconds=0, delay_ms=500, drain_seconds=5)
+    assert Run(1, load, seen, 10.0, {}, "note", rss_mb=42).figures()["rss_mb"] == 42
+    assert "rss_mb" not in Run(1, load, seen, 10.0, {}, "note").figures()
 
 
 def _executable(path: Path) -> Path:
