@@ -111,8 +111,10 @@ def read_raw(path: Path) -> tuple[array[float], array[float]]:
 
 
 def collect(bootstrap: str, topic: str, expect: int, timeout_s: float, ready: IO[str],
-            *, raw: bool = False) -> tuple[Tally, Usage]:
-    """Consume ``topic`` from the start until ``expect`` records or ``timeout_s``; return
+            *, raw: bool = False, idle_s: float | None = None) -> tuple[Tally, Usage]:
+    """Consume ``topic`` from the start until ``expect`` records or ``timeout_s``, or,
+    with ``idle_s``, until that long has passed since the last record (once one came):
+    a service that lost records would otherwise hold the run to its deadline. Return
     what was seen and this process's CPU usage from "ready" to the end."""
     partitions = wait_for_topic(bootstrap, topic)
     consumer = Consumer({
@@ -125,12 +127,17 @@ def collect(bootstrap: str, topic: str, expect: int, timeout_s: float, ready: IO
     start = read_process(os.getpid())
     print("ready", file=ready, flush=True)
     try:
+        quiet_since = time.monotonic()
         while tally.count < expect and time.monotonic() < deadline:
             batch = take(consumer, 10_000, 0.05)
             received = time.time()
             for message in batch:
                 if message.error() is None:
                     tally.add(message, received)
+            if batch:
+                quiet_since = time.monotonic()
+            elif idle_s is not None and tally.count and time.monotonic() - quiet_since > idle_s:
+                break
     finally:
         end = read_process(os.getpid())
         consumer.close()
@@ -147,9 +154,10 @@ def main() -> None:
     p.add_argument("--timeout", type=float, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--raw", type=Path)
+    p.add_argument("--idle", type=float, help="stop this many seconds after the last record")
     args = p.parse_args()
     tally, usage = collect(args.bootstrap, args.topic, args.expect, args.timeout, sys.stdout,
-                           raw=args.raw is not None)
+                           raw=args.raw is not None, idle_s=args.idle)
     if args.raw is not None:
         tally.write_raw(args.raw)
     args.out.write_bytes(orjson.dumps({**tally.as_json(), "cpu_s": usage.cpu_s,
@@ -160,13 +168,14 @@ class CollectorProcess:
     """Starts a collector process and returns its summary."""
 
     def __init__(self, bootstrap: str, topic: str, expect: int, timeout_s: float,
-                 out: Path, *, raw: Path | None = None) -> None:
+                 out: Path, *, raw: Path | None = None, idle_s: float | None = None) -> None:
         self._out = out
         self._timeout_s = timeout_s
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "kdelay_bench.collector", "--bootstrap", bootstrap,
              "--topic", topic, "--expect", str(expect), "--timeout", str(timeout_s),
-             "--out", str(out), *(("--raw", str(raw)) if raw else ())],
+             "--out", str(out), *(("--raw", str(raw)) if raw else ()),
+             *(("--idle", str(idle_s)) if idle_s is not None else ())],
             stdout=subprocess.PIPE, text=True)
         stdout = self._proc.stdout
         line = stdout.readline() if stdout is not None else ""

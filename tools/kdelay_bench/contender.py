@@ -42,6 +42,8 @@ from kdelay_bench.throughput import MB, Setup, within
 START_TIMEOUT_S = 60.0
 SCHEDULED = "kdelay_intake_records_total"
 POLL_S = 0.05
+# A burst whose records stopped coming this long ago is over: what is missing is lost.
+IDLE_S = 120.0
 
 
 class Contender(Protocol):
@@ -295,7 +297,7 @@ def run_burst(setup: Setup, side: Side, target: str, total: int,
     raw = out.with_suffix(".raw")
     collector = CollectorProcess(setup.topics.bootstrap, target, total,
                                  timeout_s=burst_lead_s(total) + 300 + total / 500,
-                                 out=out, raw=raw)
+                                 out=out, raw=raw, idle_s=IDLE_S)
     joined: Joined | None = None
     try:
         joined = join(setup, side)
@@ -331,15 +333,17 @@ def _phases(port: int | None) -> phases.Phases | str | None:
 
 def burst_figures(seen: dict[str, object], total: int, due_s: float,
                   counted: dict[str, int]) -> dict[str, Figure]:
-    """Return a burst's rate (records over the seconds from the due instant to the last
-    one received), what was lost, early or duplicated, and the ``within`` counts."""
+    """Return a burst's rate (distinct records received over the seconds from the due
+    instant to the last one), what was lost, early or duplicated, and the ``within``
+    counts."""
     last = seen.get("last_s")
     seconds = float(last) - due_s if isinstance(last, int | float) else None
     received = as_int(seen.get("count")) or 0
     duplicates = as_int(seen.get("duplicates")) or 0
     early = as_int(seen.get("early"))
     return {"records": total, "seconds": seconds and round(seconds, 3),
-            "records_per_s": round(total / seconds) if seconds and seconds > 0 else None,
+            "records_per_s": round((received - duplicates) / seconds)
+            if seconds and seconds > 0 else None,
             "received": received, "lost": total - (received - duplicates),
             "early": early,
             "duplicates": duplicates, **counted}

@@ -91,6 +91,8 @@ def test_a_burst_rate_runs_from_the_due_instant_to_the_last_record() -> None:
     assert figures["records_per_s"] == 200
     assert (figures["lost"], figures["early"], figures["duplicates"]) == (0, 0, 2)
     assert burst_figures({"count": 0}, 10, 100.0, {})["records_per_s"] is None
+    short = burst_figures({"count": 900, "last_s": 110.0}, 1_000, 100.0, {})
+    assert (short["records_per_s"], short["lost"]) == (90, 100)  # the rate of what came
 
 
 def test_the_burst_is_checked_against_issue_47() -> None:
