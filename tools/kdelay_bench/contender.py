@@ -287,16 +287,18 @@ class Burst:
     phases: dict[str, Figure]
 
 
-def run_burst(setup: Setup, side: Side, target: str, total: int,
-              port: int | None = None) -> Burst:
-    """Write ``total`` records due at one whole second, let ``side`` take them in, and
-    time their delivery. ``port`` is kdelay's metrics port, for the loop's phases."""
-    due_ms = -(-int((time.time() + burst_lead_s(total)) * 1000) // 1000) * 1000
+def run_burst(setup: Setup, side: Side, target: str, total: int, port: int | None = None,
+              lead_s: float | None = None) -> Burst:
+    """Write ``total`` records due at one whole second ``lead_s`` ahead (default
+    :func:`burst_lead_s`), let ``side`` take them in, and time their delivery.
+    ``port`` is kdelay's metrics port, for the loop's phases."""
+    lead_s = burst_lead_s(total) if lead_s is None else lead_s
+    due_ms = -(-int((time.time() + lead_s) * 1000) // 1000) * 1000
     side.produce(total, lambda _: due_ms)
     out = setup.work_dir / f"{side.name}-burst-{time.monotonic_ns()}.json"
     raw = out.with_suffix(".raw")
     collector = CollectorProcess(setup.topics.bootstrap, target, total,
-                                 timeout_s=burst_lead_s(total) + 300 + total / 500,
+                                 timeout_s=lead_s + 300 + total / 500,
                                  out=out, raw=raw, idle_s=IDLE_S)
     joined: Joined | None = None
     try:
@@ -316,8 +318,9 @@ def run_burst(setup: Setup, side: Side, target: str, total: int,
         if joined is not None:
             joined.contender.stop()
     received, stamps = read_raw(raw)
-    figures = burst_figures(seen, total, due_s, within(received, stamps, due_s))
-    figures.update({"indexed_before_due": ahead > 0,
+    figures = burst_figures(seen, total, due_s, within(received, stamps, due_s),
+                            ready_s=due_s - min(ahead, 0.0))
+    figures.update({"indexed_before_due": ahead > 0, "taken_in_ahead_s": round(ahead, 1),
                     "service_cpu_us_per_record": per_record_us(_cpu_s(after, before), total),
                     "rss_mb": round(peak / MB)})
     by_phase: dict[str, Figure] = {}
@@ -332,10 +335,12 @@ def _phases(port: int | None) -> phases.Phases | str | None:
 
 
 def burst_figures(seen: dict[str, object], total: int, due_s: float,
-                  counted: dict[str, int]) -> dict[str, Figure]:
+                  counted: dict[str, int], ready_s: float | None = None) -> dict[str, Figure]:
     """Return a burst's rate (distinct records received over the seconds from the due
     instant to the last one), what was lost, early or duplicated, and the ``within``
-    counts."""
+    counts. When the service had taken the records in only at ``ready_s``, after the
+    due instant, the drain from then is added (``..._after_intake``): the rate from
+    the due instant then holds the intake's lag too."""
     last = seen.get("last_s")
     seconds = float(last) - due_s if isinstance(last, int | float) else None
     received = as_int(seen.get("count")) or 0
@@ -346,4 +351,15 @@ def burst_figures(seen: dict[str, object], total: int, due_s: float,
             if seconds and seconds > 0 else None,
             "received": received, "lost": total - (received - duplicates),
             "early": early,
-            "duplicates": duplicates, **counted}
+            "duplicates": duplicates, **counted, **_after_intake(
+                last, received - duplicates, due_s, ready_s)}
+
+
+def _after_intake(last: object, distinct: int, due_s: float,
+                  ready_s: float | None) -> dict[str, Figure]:
+    """The drain's seconds and rate from ``ready_s``, if that is after the due instant."""
+    if ready_s is None or ready_s <= due_s or not isinstance(last, int | float):
+        return {}
+    seconds = float(last) - ready_s
+    return {"drain_s_after_intake": round(seconds, 3),
+            "records_per_s_after_intake": round(distinct / seconds) if seconds > 0 else None}

@@ -76,6 +76,7 @@ class BenchOptions:
     ids: bool = False
     charts_dir: Path | None = None
     peer: Path | None = None
+    burst_lead_s: float | None = None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -137,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", type=Path, help="a second scheduler's binary (etf1's "
                    "kafka-message-scheduler, built by tools/peer build): burst, intake and "
                    "lateness run against it too, and the report puts the two side by side")
+    p.add_argument("--burst-lead-s", type=float, help="seconds from the start of the "
+                   "burst's write to its due instant (default: 15 + records/50k + "
+                   "records/20k); both schedulers must take the records in meanwhile")
     p.add_argument("--work-dir", type=Path, help="state directories (default: a temp dir)")
     p.add_argument("--keep-topics", action="store_true", help="do not delete bench topics")
     return p
@@ -201,4 +205,5 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         console_pending=int(_size(args, "console_pending")),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
         keep_topics=args.keep_topics, charts_dir=args.charts, peer=_peer(args.peer),
+        burst_lead_s=args.burst_lead_s,
     )

@@ -87,8 +87,8 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
             setup, options.intake_records, options.pipe_repeats, "intake" in chosen,
             run_floor="burst" in chosen))
     if "burst" in chosen:
-        results += _guarded("burst", lambda: served.burst(setup, options.burst_records,
-                                                          _pipe(results)))
+        results += _guarded("burst", lambda: served.burst(
+            setup, options.burst_records, _pipe(results), options.burst_lead_s))
     peer = options.peer
     if peer is not None:
         _peer_scenarios(options, setup, peer, results)
@@ -127,7 +127,7 @@ def _peer_scenarios(options: BenchOptions, setup: Setup, peer: Path,
     beside it), as chosen."""
     if "burst" in options.scenarios:
         results += _guarded("peer-burst", lambda: served.peer_burst(
-            setup, peer, options.burst_records))
+            setup, peer, options.burst_records, options.burst_lead_s))
     if "intake" in options.scenarios:
         results += _guarded("peer-intake", lambda: served.intake_pair(
             setup, peer, options.intake_records))

@@ -30,12 +30,13 @@ BURST_WITHIN_5S = 0.9
 BURST_CPU_US = 5.0
 
 
-def burst(setup: Setup, total: int, pipe: Result | None) -> list[Result]:
+def burst(setup: Setup, total: int, pipe: Result | None,
+          lead_s: float | None = None) -> list[Result]:
     """Deliver ``total`` requests due at one instant through ``kdelay run``; return the
     ``burst`` row (rate, counts within 1 s and 5 s, CPU per record, the targets) and the
     ``burst-phases`` row (the loop's time per record by phase over the drain)."""
     side, target = contender.kdelay_side(setup, "burst")
-    run = contender.run_burst(setup, side, target, total, side.metrics_port)
+    run = contender.run_burst(setup, side, target, total, side.metrics_port, lead_s)
     result = Result("burst", {**run.figures, "service": "kdelay run"})
     rate = run.figures.get("records_per_s")
     result.figures.update({
@@ -84,10 +85,11 @@ def burst_checks(result: Result, total: int) -> None:
                  figures.get("indexed_before_due") is True)
 
 
-def peer_burst(setup: Setup, binary: Path, total: int) -> list[Result]:
+def peer_burst(setup: Setup, binary: Path, total: int,
+               lead_s: float | None = None) -> list[Result]:
     """The burst through the peer: the ``peer-burst`` row, beside ``burst``."""
     side, target = contender.peer_side(setup, "peer-burst", binary)
-    run = contender.run_burst(setup, side, target, total)
+    run = contender.run_burst(setup, side, target, total, lead_s=lead_s)
     result = Result("peer-burst", {**run.figures, "versus": "burst",
                                    "intake_per_s": run.intake.get("requests_per_s")})
     result.headline("burst delivery (peer)", run.figures.get("records_per_s"),

@@ -95,6 +95,19 @@ def test_a_burst_rate_runs_from_the_due_instant_to_the_last_record() -> None:
     assert (short["records_per_s"], short["lost"]) == (90, 100)  # the rate of what came
 
 
+def test_a_burst_taken_in_after_its_due_instant_also_shows_the_drain_after() -> None:
+    seen: dict[str, object] = {"count": 1_000, "last_s": 150.0}
+    late = burst_figures(seen, 1_000, 100.0, {}, ready_s=140.0)
+    assert late["records_per_s"] == 20  # from the due instant: the intake's lag included
+    assert (late["drain_s_after_intake"], late["records_per_s_after_intake"]) == (10.0, 100)
+    assert "drain_s_after_intake" not in burst_figures(seen, 1_000, 100.0, {}, ready_s=99.0)
+
+
+def test_the_burst_lead_is_an_option() -> None:
+    assert parse_options([]).burst_lead_s is None
+    assert parse_options(["--burst-lead-s", "200"]).burst_lead_s == 200.0
+
+
 def test_the_burst_is_checked_against_issue_47() -> None:
     result = Result("burst", {"records_per_s": 250_000, "within_5s_by_receive": 899,
                               "service_cpu_us_per_record": 4.0, "early": 0, "lost": 0,
