@@ -202,8 +202,12 @@ def _go_env(work: Path) -> dict[str, str]:
 
 def _from_proxy(work: Path, env: dict[str, str]) -> Path:
     """Download the module at :data:`COMMIT` from the proxy; return a writable copy."""
-    answer = orjson.loads(_run(["go", "mod", "download", "-json", f"{MODULE}@{COMMIT}"],
-                               cwd=work, env=env))
+    done = subprocess.run(["go", "mod", "download", "-json", f"{MODULE}@{COMMIT}"],
+                          cwd=work, env=env, capture_output=True, text=True, check=False)
+    try:  # on failure too, the error is in the JSON on stdout
+        answer = orjson.loads(done.stdout)
+    except orjson.JSONDecodeError:
+        answer = {"Error": done.stderr.strip()[-400:] or f"rc={done.returncode}"}
     if "Error" in answer or "Dir" not in answer:
         raise PeerError(f"module proxy: {answer.get('Error', 'no source directory')}")
     source = work / "src"
