@@ -320,8 +320,10 @@ def run_burst(setup: Setup, side: Side, target: str, total: int, port: int | Non
     received, stamps = read_raw(raw)
     figures = burst_figures(seen, total, due_s, within(received, stamps, due_s),
                             ready_s=due_s - min(ahead, 0.0))
+    delivered = total - (as_int(figures["lost"]) or 0)  # CPU per record that came
     figures.update({"indexed_before_due": ahead > 0, "taken_in_ahead_s": round(ahead, 1),
-                    "service_cpu_us_per_record": per_record_us(_cpu_s(after, before), total),
+                    "service_cpu_us_per_record": per_record_us(_cpu_s(after, before),
+                                                               delivered),
                     "rss_mb": round(peak / MB)})
     by_phase: dict[str, Figure] = {}
     if isinstance(phases_after, dict):
