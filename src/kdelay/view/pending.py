@@ -342,6 +342,17 @@ class PendingView:
                     return pending_of(state.pending_key, raw)
         return None
 
+    def ended_id(self, schedule_id: str, lane: str | None = None) -> codec.IdState | None:
+        """How the schedule that held ``schedule_id`` in ``lane`` ended (delivered,
+        cancelled, dead-lettered: the changelog's ended-id record, kept for the id
+        window), or None while it is pending, or when the view knows no end of it."""
+        key = idkeys.id_key(schedule_id, lane)
+        for index in self._indexes.values():
+            state = index.id_state(key)
+            if state is not None and state.ended_ms is not None:
+                return state
+        return None
+
     def find(self, partition: int, offset: int) -> Pending | None:
         """The pending entry of the request at ``partition``/``offset``, or None.
 
@@ -458,6 +469,16 @@ class Originals:
     def read_raw(self, partition: int, offset: int) -> Message | Missing | None:
         """Whatever record lies at ``partition``/``offset`` (None: not read in time)."""
         return self._reader.read({partition: [offset]})[partition].get(offset)
+
+    def records(self, places: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Message]:
+        """The request records at ``places`` (``(partition, offset)``), in one sorted read;
+        a place whose record is gone, or was not read in time, is absent."""
+        wanted: dict[int, list[int]] = {}
+        for partition, offset in sorted(set(places)):
+            wanted.setdefault(partition, []).append(offset)
+        found = self._reader.read(wanted) if wanted else {}
+        return {(partition, offset): record for partition, by_offset in found.items()
+                for offset, record in by_offset.items() if isinstance(record, Message)}
 
     def read(self, entries: Sequence[Pending]) -> dict[tuple[int, int], Original]:
         """Return ``(partition, offset) -> Original`` for ``entries``.

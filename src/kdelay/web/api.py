@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from kdelay.protocol.durations import parse_duration_ms
+from kdelay.view import deliveries as deliveries_view
 from kdelay.view.backlog import HeldBack
 from kdelay.view.deadletters import DeadLetter
 from kdelay.view.display import preview as short
@@ -24,7 +25,15 @@ from kdelay.view.display import retention_json
 from kdelay.view.pending import Original, Pending
 from kdelay.web.actions import Order, checked_lane
 from kdelay.web.console import Acting, Caller, Console, console_of
-from kdelay.web.inputs import parse_bucket, parse_code, parse_filter, parse_page, parse_time
+from kdelay.web.inputs import (
+    parse_bucket,
+    parse_code,
+    parse_filter,
+    parse_page,
+    parse_target,
+    parse_time,
+    parse_window,
+)
 from kdelay.web.problems import bad_input
 from kdelay.web.reads import ControlRow, Overview, Record
 
@@ -211,6 +220,33 @@ def dead_letters(request: Request, _: Caller, code: str | None = None) -> dict[s
     chosen = parse_code(code)
     found = console_of(request).reads.dead_letters(code=chosen)
     return {"items": [dead_letter_json(letter) for letter in found]}
+
+
+@router.get("/deliveries")
+def deliveries(request: Request, _: Caller, target: str | None = None,
+               limit: int = 100) -> dict[str, Any]:
+    """The newest deliveries (read from the targets' newest records: the last 200 of each
+    target partition), newest first, at most ``limit``; to ``target`` only, when given.
+    Each has its target offset, due and delivery times, lateness, and the schedule id
+    and lane its request carries (null once the request is gone, or without an id)."""
+    limit = parse_page(0, limit)[1]
+    found = console_of(request).reads.deliveries(parse_target(target), limit=limit)
+    return {"items": [{**asdict(d), "lateness_ms": d.lateness_ms} for d in found.deliveries],
+            "capped": sorted(found.capped)}
+
+
+@router.get("/lateness")
+def lateness(request: Request, _: Caller, window: str = "1h",
+             target: str | None = None) -> dict[str, Any]:
+    """Lateness (delivery minus due time, ms) per target over the deliveries of the last
+    ``window`` (``15m``, ``1h``, ``1d``): count, early (must be 0), p50, p95, p99, max,
+    and the histogram's bins (``edges_ms``: each bin's lower bound). ``capped`` names
+    targets whose window held more records than were read."""
+    found = console_of(request).reads.lateness(parse_window(window), parse_target(target))
+    return {"now_ms": found.now_ms, "since_ms": found.since_ms,
+            "edges_ms": list(deliveries_view.EDGES_MS),
+            "targets": [asdict(row) for row in found.rows], "read": found.targets,
+            "capped": sorted(found.capped)}
 
 
 @router.post("/dead-letters/{partition}/{offset}/resend")

@@ -2,7 +2,8 @@
 
 Each parser turns text from a query string, a form or a JSON body into a
 value, or raises :class:`~kdelay.web.problems.Problem` 400 with a stable code
-(``invalid-time``, ``invalid-filter``, ``invalid-bucket``, ``invalid-page``)
+(``invalid-time``, ``invalid-filter``, ``invalid-bucket``, ``invalid-page``,
+``invalid-window``, ``invalid-target``)
 and a sentence. The API and the pages share them, so both refuse the same
 input with the same code.
 """
@@ -13,6 +14,7 @@ import datetime as dt
 import re
 
 from kdelay.protocol import envelope
+from kdelay.protocol.durations import parse_duration_ms
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.view.listing import Filter
 from kdelay.web.problems import Problem, bad_input
@@ -20,6 +22,7 @@ from kdelay.web.problems import Problem, bad_input
 BUCKETS = {"1m": 60_000, "1h": 3_600_000, "1d": 86_400_000}
 MAX_LIMIT = 1_000
 MAX_SKIP = 1_000_000
+MAX_WINDOW_MS = 7 * 86_400_000
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
 
@@ -100,3 +103,26 @@ def parse_code(code: str | None) -> str | None:
         raise bad_input("invalid-code", f"{code[:70]!r} is not a DLQ code (see "
                         "docs/reference/errors.md)")
     return code.strip()
+
+
+def parse_window(text: str) -> int:
+    """A recent window's length in ms (``15m``, ``1h``, ``1d``, or ms), 1 s to 7 days;
+    400 ``invalid-window`` otherwise."""
+    try:
+        window_ms = parse_duration_ms(text.strip())
+    except ValueError:
+        window_ms = -1
+    if not 1_000 <= window_ms <= MAX_WINDOW_MS:
+        raise bad_input("invalid-window", f"{text[:40]!r} is no window: give 1s to 7d, "
+                        "such as 15m, 1h or 1d")
+    return window_ms
+
+
+def parse_target(target: str | None) -> str | None:
+    """A target to read (None or empty: every target the screens know); 400
+    ``invalid-target`` when it is no topic name."""
+    if target is None or not target.strip():
+        return None
+    if not _TOPIC.fullmatch(target.strip()):
+        raise bad_input("invalid-target", "a topic name is 1 to 249 of A-Z a-z 0-9 . _ -")
+    return target.strip()

@@ -16,12 +16,21 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from kdelay.protocol.envelope import ErrorCode
+from kdelay.view.deliveries import EDGES_MS
 from kdelay.view.display import preview, relative, span, utc
 from kdelay.view.listing import BURST_MIN
 from kdelay.web.access import Principal
 from kdelay.web.actions import Done, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
-from kdelay.web.inputs import BUCKETS, parse_bucket, parse_code, parse_filter, parse_page
+from kdelay.web.inputs import (
+    BUCKETS,
+    parse_bucket,
+    parse_code,
+    parse_filter,
+    parse_page,
+    parse_target,
+    parse_window,
+)
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.filters.update(utc=utc, span=span, short=preview)
@@ -150,6 +159,25 @@ def change_control(request: Request, who: Acting, action: str, name: Text,
     subject, control = console_of(request).control(who, action, name, scope == "lane",
                                                    reason, rate)
     return _controls_page(request, who, changed=subject, control=control)
+
+
+@router.get("/deliveries", response_class=HTMLResponse)
+def deliveries(request: Request, who: Caller, target: str | None = None) -> HTMLResponse:
+    """History: the newest deliveries, by target, with id, due and delivery times,
+    lateness and target offset."""
+    chosen = parse_target(target)
+    found = console_of(request).reads.deliveries(chosen)
+    return render(request, who, "deliveries.html", found=found, target=chosen or "")
+
+
+@router.get("/lateness", response_class=HTMLResponse)
+def lateness(request: Request, who: Caller, window: str = "1h",
+             target: str | None = None) -> HTMLResponse:
+    """Lateness: per target, percentiles and a histogram over a recent window."""
+    chosen = parse_target(target)
+    found = console_of(request).reads.lateness(parse_window(window), chosen)
+    return render(request, who, "lateness.html", report=found, window=window,
+                  target=chosen or "", edges=EDGES_MS)
 
 
 def _record_page(request: Request, who: Principal, reference: str,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,14 @@ from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.connection import ConnectionFailure, check_connection
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
+from kdelay.protocol import codec, envelope
 from kdelay.protocol.controls import Control, Subject
 from kdelay.tasks import TASKS_TOPIC
-from kdelay.view import deadletters
+from kdelay.view import deadletters, deliveries, tails
 from kdelay.view.backlog import Backlog, HeldBack, backlog, held_back
 from kdelay.view.deadletters import DeadLetter
-from kdelay.view.display import utc
+from kdelay.view.deliveries import Lateness, Latest
+from kdelay.view.display import span, utc
 from kdelay.view.listing import (
     Filter,
     Listing,
@@ -56,6 +58,12 @@ from kdelay.web.trace import Step, audit_steps, outcome_steps
 PREVIEW_BYTES = 4_096
 HOUR_MS = 3_600_000
 DEAD_LETTERS_PER_PARTITION = 100
+REQUESTS_SEEN = 200
+"""How many of each requests partition's newest records name the targets the delivery
+screens read, besides the targets of pending entries."""
+HISTORY_LIMIT = 100
+LATENESS_PER_PARTITION = 2_000
+RUNS_SHOWN = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +208,34 @@ class SeriesRow:
     until_ms: int | None
     target: str
     upcoming: list[int]
+    runs: list[SeriesRun] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesRun:
+    """One delivered occurrence of a series: its number, when it was due and delivered,
+    and where it lies on the worker's topic."""
+
+    n: int
+    due_ms: int
+    delivered_ms: int
+    lateness_ms: int
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class LatenessReport:
+    """The lateness screen: per target, over the deliveries read since ``since_ms``
+    (``capped``: targets where the read's bound left older deliveries of the window
+    unread, so the figures cover less than the window)."""
+
+    now_ms: int
+    since_ms: int
+    rows: list[Lateness]
+    capped: set[str]
+    targets: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +375,51 @@ class Reads:
         """The DLQ record at ``partition``/``offset``, None when there is none."""
         return deadletters.at(self._settings, partition, offset)
 
+    def delivery_targets(self) -> list[str]:
+        """The targets the delivery screens read: those of pending entries, those the
+        newest requests name (the last :data:`REQUESTS_SEEN` of each requests partition),
+        and the worker topics (series and tasks) when they exist."""
+        found: set[str] = {recurring.SERIES_TOPIC, TASKS_TOPIC}
+        if self._snapshots is not None:
+            counted = self._snapshots.summary().backlog(self._clock.now_ms(), HOUR_MS)
+        else:
+            with self._opened() as (view, originals, now_ms):
+                counted = backlog(view, now_ms, HOUR_MS, originals)
+        found.update(counted.by_target or {})
+        newest = tails.newest(self._settings.client_config(), [self.requests_topic],
+                              per_partition=REQUESTS_SEEN, purpose="targets")
+        for message in newest.messages:
+            target = deliveries.header(message, envelope.TARGET)
+            if target:
+                found.add(target)
+        return sorted(found)
+
+    def deliveries(self, target: str | None = None, *,
+                   limit: int = HISTORY_LIMIT) -> Latest:
+        """The newest ``limit`` deliveries (to ``target`` only, when given), newest first,
+        each with the schedule id and lane its request carries."""
+        targets = [target] if target else self.delivery_targets()
+        found = deliveries.latest(self._settings.client_config(), self.requests_topic,
+                                  targets)
+        shown = found.deliveries[:limit]
+        with Originals(self._settings) as originals:
+            requests = originals.records(
+                place for d in shown if (place := d.request(self.requests_topic)) is not None)
+        return Latest(deliveries.named(shown, self.requests_topic, requests), found.capped)
+
+    def lateness(self, window_ms: int, target: str | None = None, *,
+                 per_partition: int = LATENESS_PER_PARTITION) -> LatenessReport:
+        """Lateness per target over the deliveries of the last ``window_ms`` (to ``target``
+        only, when given), from at most ``per_partition`` records of each target
+        partition."""
+        now_ms = self._clock.now_ms()
+        since_ms = now_ms - window_ms
+        targets = [target] if target else self.delivery_targets()
+        found = deliveries.latest(self._settings.client_config(), self.requests_topic,
+                                  targets, since_ms=since_ms, per_partition=per_partition)
+        rows = deliveries.lateness(d for d in found.deliveries if d.delivered_ms >= since_ms)
+        return LatenessReport(now_ms, since_ms, rows, found.capped, targets)
+
     def series(self, *, limit: int = SERIES_LIMIT) -> SeriesList:
         """The recurring series with a pending occurrence (on the series topic or the tasks
         topic, the worker's defaults), the first ``limit`` of each topic in due order."""
@@ -350,6 +431,8 @@ class Reads:
                 pending += found.total
                 rows.extend(row for _, original in found.rows
                             if (row := _series_row(original.record, topic, now_ms)) is not None)
+        runs = self._series_runs()
+        rows = [replace(row, runs=runs.get(row.schedule_id, [])) for row in rows]
         return SeriesList(sorted(rows, key=lambda row: row.upcoming[0]), pending)
 
     def controls(self) -> list[ControlRow]:
@@ -368,6 +451,28 @@ class Reads:
         return [ControlRow(subject, control, held.get(subject, HeldBack()))
                 for subject, control in sorted(found.items(), key=lambda item: str(item[0]))]
 
+    def _series_runs(self) -> dict[str, list[SeriesRun]]:
+        """Each series' recent runs: its occurrences among the newest deliveries to the
+        worker topics, newest first, at most :data:`RUNS_SHOWN` a series."""
+        newest = tails.newest(self._settings.client_config(), [recurring.SERIES_TOPIC,
+                                                               TASKS_TOPIC],
+                              per_partition=deliveries.PER_PARTITION, purpose="series-runs")
+        runs: dict[str, list[SeriesRun]] = {}
+        for message in newest.messages:
+            delivery = deliveries.decode(message, self.requests_topic)
+            try:
+                series = recurring.series_of(message.headers())
+            except recurring.SeriesError:
+                continue
+            if delivery is None or series is None:
+                continue
+            runs.setdefault(series.schedule_id, []).append(SeriesRun(
+                series.n, delivery.due_ms, delivery.delivered_ms, delivery.lateness_ms,
+                delivery.target, delivery.partition, delivery.offset))
+        return {schedule_id: sorted(found, key=lambda run: (run.n, run.delivered_ms),
+                                    reverse=True)[:RUNS_SHOWN]
+                for schedule_id, found in runs.items()}
+
     def is_pending(self, schedule_id: str, lane: str | None = None) -> bool:
         """Whether the view holds a pending entry for ``schedule_id`` in ``lane`` (None:
         of no lane)."""
@@ -383,6 +488,7 @@ class Reads:
         with self._opened() as (view, originals, now_ms):
             found = lookup(view, originals, reference, self._settings.requests_topic, now_ms,
                            lanes)
+            ended = _ended(view, originals, found, reference, lanes)
         record = None if found.original is None else found.original.record
         headers = [] if record is None else [
             (name, self._redact.header(
@@ -391,7 +497,52 @@ class Reads:
         value = None if record is None else record.value()
         payload = preview(value, self._redact) if value is not None and show_payload else None
         return Record(found, now_ms, headers, payload, value is not None and not show_payload,
-                      self._expires_ms(found), self._trace(found, reference, lane))
+                      self._expires_ms(found), self._trace(found, reference, lane, ended))
+
+    def _end_steps(self, ended: Ended) -> list[Step]:
+        """The steps of an ended schedule: its request, and how it ended: delivered (the
+        target record: partition, offset, lateness), dead-lettered (the DLQ record's
+        code), or cancelled."""
+        state = ended.state
+        at_ms = state.ended_ms or 0
+        if state.first_key is None:  # an old marker: it knows only a delivery time
+            return [Step(at_ms, "delivered", "the service marked the id delivered")]
+        due_ms, partition, offset = codec.decode_due_key(state.first_key)
+        origin = envelope.origin_of(self.requests_topic, partition, offset)
+        record_ms = state.fingerprint.timestamp_ms if state.fingerprint else at_ms
+        steps = [Step(record_ms, "requested", f"written at {origin}, due at {utc(due_ms)}")]
+        if state.end is codec.End.CANCELLED:
+            return [*steps, Step(at_ms, "cancelled", "no longer pending: the cancel's "
+                                 "request and who sent it are in the outcome and audit steps")]
+        if state.end is codec.End.DEAD_LETTERED:
+            return [*steps, self._dead_letter_step(origin, record_ms, at_ms)]
+        target = None if ended.request is None else deliveries.header(ended.request,
+                                                                      envelope.TARGET)
+        if target is None:
+            return [*steps, Step(at_ms, "delivered", "settled by the service; its request "
+                                 "is gone (retention), so its target is not known")]
+        found = deliveries.find(self._settings.client_config(), self.requests_topic, target,
+                                origin, due_ms)
+        if found is None:
+            return [*steps, Step(at_ms, "delivered", f"settled by the service; its record "
+                                 f"was not found on {target} from its due time on")]
+        return [*steps, Step(found.delivered_ms, "delivered",
+                             f"to {found.target}/{found.partition}/{found.offset} "
+                             f"(target offset {found.offset}), "
+                             f"{span(found.lateness_ms)} after its due time")]
+
+    def _dead_letter_step(self, origin: str, since_ms: int, at_ms: int) -> Step:
+        """The dead-lettered step of the request at ``origin``: the DLQ record's code."""
+        wanted = origin.encode()
+        message = tails.search(
+            self._settings.client_config(), self._settings.dlq_topic, since_ms,
+            lambda m: deliveries.header(m, envelope.ORIGIN) in (origin, wanted),
+            purpose="dlq-search")
+        if message is None:
+            return Step(at_ms, "dead-lettered", "its DLQ record was not found")
+        letter = deadletters.decode(message)
+        return Step(letter.at_ms, "dead-lettered",
+                    f"{letter.code}: {letter.detail} (DLQ {letter.partition}/{letter.offset})")
 
     def _expires_ms(self, found: Lookup) -> int | None:
         if found.pending is None:
@@ -400,10 +551,15 @@ class Reads:
                                        self._settings.requests_topic, timeout=10.0)
         return None if retention is None else found.pending.record_ms + retention
 
-    def _trace(self, found: Lookup, reference: str, lane: str | None) -> list[Step]:
+    def _trace(self, found: Lookup, reference: str, lane: str | None,
+               ended: Ended | None = None) -> list[Step]:
         """The request and scheduled steps from the view, then the outcomes and the audit
-        of the id in its lane (the pending entry's; else ``lane``)."""
+        of the id in its lane (the pending entry's; else ``lane``), and how an ended
+        schedule ended (``ended``)."""
         steps: list[Step] = []
+        if ended is not None:
+            lane = ended.lane
+            steps += self._end_steps(ended)
         if found.pending is not None and found.coordinates is not None:
             where = "{}/{}/{}".format(self._settings.requests_topic, *found.coordinates)
             steps.append(Step(found.pending.record_ms, "requested", f"written at {where}"))
@@ -418,6 +574,35 @@ class Reads:
             steps += outcome_steps(self._settings, schedule_id, lane)
             steps += audit_steps(self._settings, self._audit_topic, schedule_id, lane)
         return sorted(steps, key=lambda step: step.at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How the schedule an id reference names ended, from the view's ended-id record:
+    its lane, the state, and the request record (None: gone, or not read)."""
+
+    lane: str | None
+    state: codec.IdState
+    request: Message | None
+
+
+def _ended(view: PendingView, originals: Originals, found: Lookup, reference: str,
+           lanes: list[str | None]) -> Ended | None:
+    """The end of the schedule of the id ``reference`` (in the first of ``lanes`` that
+    knows one), when nothing is pending under it; None otherwise."""
+    if found.pending is not None or found.coordinates is not None:
+        return None
+    for lane in lanes:
+        state = view.ended_id(reference, lane)
+        if state is None:
+            continue
+        request = None
+        if state.first_key is not None:
+            _, partition, offset = codec.decode_due_key(state.first_key)
+            read = originals.read_raw(partition, offset)
+            request = read if isinstance(read, Message) else None
+        return Ended(lane, state, request)
+    return None
 
 
 def _series_row(record: Message | None, topic: str, now_ms: int) -> SeriesRow | None:

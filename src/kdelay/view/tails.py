@@ -1,0 +1,145 @@
+"""Bounded reads of the newest records of topics, for screens that show the latest of something.
+
+:func:`newest` reads, from every partition of some topics, the records written
+since a time (found with the broker's time index) but never more than the last
+``per_partition`` of each: a bounded read, whatever the topics' size, that
+says where its cap cut the time window short (:attr:`Tail.capped`).
+:func:`search` reads one topic from a time on, a bounded number of records a
+partition, for the first record a predicate accepts.
+
+Both read by assignment with a group-less, read-committed reader (no group
+joined, no offset stored), stop at each partition's end as it was when the
+read began (or at its end-of-partition event: under transactions the last
+offsets are commit markers no reader sees), and give up after ``timeout_s``.
+An absent topic gives no records; other Kafka errors raise KafkaException.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from kdelay.plumbing.clients import reader_config, take, watermarks
+
+TIMEOUT_S = 5.0
+Config = Mapping[str, str | int | bool]
+Place = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The records read, and the partitions (topic, partition) where the cap cut the
+    window: older records of the window were left unread there."""
+
+    messages: list[Message]
+    capped: set[Place] = field(default_factory=set)
+
+
+def _reader(config: Config, purpose: str) -> Consumer:
+    return Consumer(reader_config(config, f"kdelay-{purpose}-{uuid.uuid4().hex}"))
+
+
+def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
+    """The partitions of ``topic``, none when it does not exist (or cannot be described)."""
+    found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        return []
+    return sorted(found.partitions)
+
+
+def _time_offsets(consumer: Consumer, places: Sequence[Place], since_ms: int,
+                  timeout_s: float) -> dict[Place, int]:
+    """The first offset of each place whose record time is ``since_ms`` or later (-1: none)."""
+    if not places:
+        return {}
+    asked = [TopicPartition(topic, partition, since_ms) for topic, partition in places]
+    answered = consumer.offsets_for_times(asked, timeout=timeout_s)
+    return {(tp.topic, tp.partition): tp.offset for tp in answered}
+
+
+def newest(config: Config, topics: Sequence[str], *, per_partition: int,
+           since_ms: int | None = None, timeout_s: float = TIMEOUT_S,
+           purpose: str = "tail") -> Tail:
+    """The records of ``topics`` written at ``since_ms`` or later (None: any time), at
+    most the last ``per_partition`` of each partition, in no particular order."""
+    consumer = _reader(config, purpose)
+    try:
+        ends: dict[Place, int] = {}
+        starts: dict[Place, int] = {}
+        for topic in topics:
+            for partition in _partitions(consumer, topic, timeout_s):
+                low, high = watermarks(consumer, TopicPartition(topic, partition), timeout_s)
+                if high > low:
+                    ends[(topic, partition)] = high
+                    starts[(topic, partition)] = max(low, high - per_partition)
+        capped: set[Place] = set()
+        if since_ms is not None:
+            for place, offset in _time_offsets(consumer, list(starts), since_ms,
+                                               timeout_s).items():
+                first = ends[place] if offset < 0 else offset
+                if first < starts[place]:
+                    capped.add(place)
+                starts[place] = max(starts[place], first)
+        wanted = {place: start for place, start in starts.items() if start < ends[place]}
+        return Tail(read_ranges(consumer, wanted, ends, timeout_s), capped)
+    finally:
+        consumer.close()
+
+
+def search(config: Config, topic: str, since_ms: int, accept: Callable[[Message], bool], *,
+           partitions: Sequence[int] | None = None, scan: int = 10_000,
+           timeout_s: float = TIMEOUT_S, purpose: str = "search") -> Message | None:
+    """The first record of ``topic`` (of ``partitions`` only, when given) written at
+    ``since_ms`` or later that ``accept`` takes, reading at most ``scan`` records a
+    partition from there; None when there is none among them."""
+    consumer = _reader(config, purpose)
+    try:
+        existing = _partitions(consumer, topic, timeout_s)
+        places = [(topic, p) for p in existing if partitions is None or p in partitions]
+        starts: dict[Place, int] = {}
+        ends: dict[Place, int] = {}
+        for place, offset in _time_offsets(consumer, places, since_ms, timeout_s).items():
+            _, high = watermarks(consumer, TopicPartition(*place), timeout_s)
+            if 0 <= offset < high:
+                starts[place], ends[place] = offset, min(high, offset + scan)
+        found = read_ranges(consumer, starts, ends, timeout_s, accept)
+        return found[0] if found else None
+    finally:
+        consumer.close()
+
+
+def read_ranges(consumer: Consumer, starts: Mapping[Place, int], ends: Mapping[Place, int],
+                timeout_s: float,
+                accept: Callable[[Message], bool] | None = None) -> list[Message]:
+    """The records of each place from ``starts`` up to ``ends`` (exclusive); with
+    ``accept``, only the first record it takes (the read stops there)."""
+    if not starts:
+        return []
+    consumer.assign([TopicPartition(topic, partition, offset)
+                     for (topic, partition), offset in starts.items()])
+    open_places = set(starts)
+    deadline = time.monotonic() + timeout_s
+    got: list[Message] = []
+    while open_places and (left := deadline - time.monotonic()) > 0:
+        for message in take(consumer, 500, min(left, 0.5), 0.05):
+            place = (message.topic() or "", message.partition() or 0)
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                open_places.discard(place)
+                continue
+            offset = message.offset() or 0
+            if offset + 1 >= ends.get(place, 0):
+                open_places.discard(place)
+            if offset >= ends.get(place, 0):
+                continue
+            if accept is None:
+                got.append(message)
+            elif accept(message):
+                return [message]
+    return got
