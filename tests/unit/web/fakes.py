@@ -18,6 +18,7 @@ from kdelay.plumbing.settings import Settings
 from kdelay.protocol.controls import Control, Pause, Scope, Subject, parse_rate
 from kdelay.view.backlog import Backlog, HeldBack
 from kdelay.view.deadletters import DeadLetter, decode
+from kdelay.view.deliveries import Delivery, Latest, lateness
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
 from kdelay.view.members import Member, Membership
@@ -28,12 +29,14 @@ from kdelay.web.app import create_app
 from kdelay.web.console import Console
 from kdelay.web.reads import (
     ControlRow,
+    LatenessReport,
     Overview,
     Preview,
     Reads,
     Record,
     SeriesList,
     SeriesRow,
+    SeriesRun,
 )
 
 NOW_MS = 1_795_000_000_000
@@ -49,6 +52,8 @@ class FakeReads(Reads):
         self.lane_ids: set[tuple[str, str]] = set()
         self.payload_shown: list[bool] = []
         self.lanes_asked: list[str | None] = []
+        self.targets_asked: list[str | None] = []
+        self.windows_asked: list[int] = []
         self.fail_with: Exception | None = None
         self.letters: dict[tuple[int, int], Message] = {
             (0, 3): dead_letter(0, 3, "undeliverable", schedule_id="order-9"),
@@ -103,8 +108,22 @@ class FakeReads(Reads):
 
     def series(self, *, limit: int = 200) -> SeriesList:
         hourly = [NOW_MS + n * 3_600_000 for n in range(1, 6)]
+        runs = [SeriesRun(2, NOW_MS - 3_600_000, NOW_MS - 3_599_880, 120, "kdelay.series", 0, 8),
+                SeriesRun(1, NOW_MS - 7_200_000, NOW_MS - 7_199_950, 50, "kdelay.series", 0, 3)]
         return SeriesList([SeriesRow("daily-report", "every 1h", 3, None, None, "reports",
-                                     hourly)], 1)
+                                     hourly, runs)], 1)
+
+    def deliveries(self, target: str | None = None, *, limit: int = 100) -> Latest:
+        self.targets_asked.append(target)
+        shown = [d for d in DELIVERIES if target is None or d.target == target]
+        return Latest(shown[:limit], {"orders"} if target is None else set())
+
+    def lateness(self, window_ms: int, target: str | None = None, *,
+                 per_partition: int = 2_000) -> LatenessReport:
+        self.windows_asked.append(window_ms)
+        chosen = [d for d in DELIVERIES if target is None or d.target == target]
+        return LatenessReport(NOW_MS, NOW_MS - window_ms, lateness(chosen), set(),
+                              ["mail", "orders"] if target is None else [target])
 
     def dead_letters(self, *, code: str | None = None,
                      per_partition: int = 100) -> list[DeadLetter]:
@@ -176,6 +195,13 @@ class FakeActions(Actions):
         for schedule_id, lane in ids:
             self._answer(f"bulk-{action}", who, schedule_id, reason, outcome, due_ms, lane)
         return {outcome: len(ids)}
+
+
+DELIVERIES = [
+    Delivery("orders", 1, 17, NOW_MS - 1_000, NOW_MS - 1_180, "kdelay.requests/0/5", "order-7"),
+    Delivery("mail", 0, 4, NOW_MS - 2_000, NOW_MS - 2_020, "kdelay.requests/1/9"),
+]
+"""What the fake reads deliver: one with an id (180 ms late), one without (20 ms)."""
 
 
 def dead_letter(partition: int, offset: int, code: str, *,
