@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from kdelay.client import DelayProducer
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol.controls import Control, Scope, Subject
 from tests.browser.conftest import OPERATOR, VIEWER, Stack, cli_env
-from tests.e2e.conftest import Receiver, run_cli
+from tests.e2e.conftest import Receiver, kdelay_command, run_cli
 
 pytestmark = [pytest.mark.kafka, pytest.mark.browser]
 SEEN_S = 60.0
@@ -40,11 +42,15 @@ ACTIONS = [("cancel", {}), ("reschedule", {"due": "2030-01-01T00:00:00Z"}), ("de
 @pytest.fixture(scope="module")
 def producer(stack: Stack) -> Iterator[DelayProducer]:
     """The client library on the stack's deployment, as any producer uses it."""
-    d = stack.deployment
-    settings = Settings(bootstrap_servers=d.bootstrap, requests_topic=d.requests,
-                        changelog_topic=d.changelog, dlq_topic=d.dlq, outcomes_topic=d.outcomes)
-    with DelayProducer(settings) as made:
+    with DelayProducer(_settings(stack)) as made:
         yield made
+
+
+def _settings(stack: Stack) -> Settings:
+    """The client settings of the stack's deployment."""
+    d = stack.deployment
+    return Settings(bootstrap_servers=d.bootstrap, requests_topic=d.requests,
+                    changelog_topic=d.changelog, dlq_topic=d.dlq, outcomes_topic=d.outcomes)
 
 
 @pytest.fixture
@@ -333,6 +339,15 @@ def test_a_dead_letter_is_sent_again_once_its_target_exists(
         time.sleep(0.5)
     assert "late-1" in page.text_content(row)
     page.screenshot(path=shots / "dead-letters.png", full_page=True)
+    while True:  # the trace ends at the dead letter, with its code
+        page.goto(stack.open.url + "/record?ref=late-1")
+        if "undeliverable" in (page.text_content("#trace") or ""):
+            break
+        assert time.monotonic() < deadline, page.text_content("#trace")
+        time.sleep(0.5)
+    steps = page.eval_on_selector_all("#trace td.step", "cells => cells.map(c => c.textContent)")
+    assert "dead-lettered" in steps
+    page.goto(stack.open.url + "/dead-letters?code=undeliverable")
     admin.create_topics([NewTopic(late, num_partitions=1, replication_factor=1)])[late].result(
         timeout=30)
     reader = Receiver(stack.deployment.bootstrap, admin, [late])
@@ -481,3 +496,111 @@ def test_an_operator_pauses_a_target_sees_what_it_holds_back_and_resumes_it(
         d = stack.deployment  # no control left behind for the topic gone
         controls.write_control(Settings(bootstrap_servers=d.bootstrap),
                                Subject(Scope.TARGET, paused), Control())
+
+
+def _due_of(message: Any) -> int:
+    """The ``kdelay-due-ms`` of a delivered record."""
+    raw = dict(message.headers() or [])["kdelay-due-ms"]
+    return int(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def _api(page: Any, url: str) -> Any:
+    page.goto(url)
+    return json.loads(page.text_content("body") or "{}")
+
+
+def test_deliveries_and_lateness_show_what_the_target_received(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        received: Receiver, shots: Path) -> None:
+    """Three records due now: the history lists each with its id, target offset and
+    lateness as the target holds them; the lateness screen sums up exactly the target's
+    deliveries of its window, none early; the trace of one ends at its target record."""
+    now_ms = int(time.time() * 1000)
+    names = [f"deliv-{n}" for n in range(3)]
+    for n, name in enumerate(names):
+        producer.send(stack.target, f"d{n}", key=name, due=now_ms + 200 * n, id=name)
+    received.until(lambda: all(n.encode() in keys(received) for n in names), "deliv-*")
+    held = {r.message.key(): r.message for r in received.received}
+    page = page_of()
+    page.goto(f"{stack.open.url}/deliveries?target={stack.target}")
+    for name in names:
+        message = held[name.encode()]
+        due = _due_of(message)
+        row = page.query_selector(f"#deliveries tr[data-id='{name}']")
+        assert row is not None, page.text_content("#deliveries")
+        assert row.get_attribute("data-offset") == str(message.offset())
+        assert row.get_attribute("data-lateness-ms") == str(message.timestamp()[1] - due)
+    page.screenshot(path=shots / "deliveries.png", full_page=True)
+
+    found = _api(page, f"{stack.open.url}/api/v1/lateness?window=15m&target={stack.target}")
+    delivered = [r.message for r in received.received
+                 if r.message.timestamp()[1] >= found["since_ms"]
+                 and "kdelay-origin" in dict(r.message.headers() or [])]
+    late = sorted(m.timestamp()[1] - _due_of(m) for m in delivered)
+    (row,) = found["targets"]
+    assert (row["target"], row["count"], row["early"], row["max_ms"]) == (
+        stack.target, len(late), 0, late[-1])
+    page.goto(f"{stack.open.url}/lateness?window=15m")
+    shown = page.query_selector(f"#lateness tr[data-target='{stack.target}']")
+    assert shown is not None
+    assert shown.get_attribute("data-early") == "0"
+    page.screenshot(path=shots / "lateness.png", full_page=True)
+
+    first = held[names[0].encode()]
+    where = f"{stack.target}/{first.partition()}/{first.offset()}"
+    deadline = time.monotonic() + SEEN_S
+    while True:  # until the view holds the id's end (the service seals it soon after)
+        page.goto(f"{stack.open.url}/record?ref={names[0]}")
+        if where in (page.text_content("#trace") or ""):
+            break
+        assert time.monotonic() < deadline, page.text_content("#trace")
+        time.sleep(0.5)
+    steps = page.eval_on_selector_all("#trace td.step", "cells => cells.map(c => c.textContent)")
+    assert "delivered" in steps
+    assert "scheduled" in steps
+    page.screenshot(path=shots / "record-delivered.png", full_page=True)
+
+
+def test_a_series_page_shows_the_series_recent_runs(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any],
+        shots: Path) -> None:
+    """A series every 2 s driven by a real ``kdelay worker``: the series page lists its
+    runs, newest first, each delivered at or after its due time."""
+    suffix = uuid.uuid4().hex[:8]
+    env = {**cli_env(stack), "KDELAY_WORKER_GROUP_ID": f"web-worker-{suffix}"}
+    made = run_cli(env, "worker", "--create-topics")
+    assert made.returncode == 0, made.stderr
+    log_path = stack.view_dir.parent / f"worker-{suffix}.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen([*kdelay_command(), "worker"], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT)
+    series_id = f"ticks-{suffix}"
+    try:
+        now_ms = int(time.time() * 1000)
+        recurring.start(producer, stack.target, "tick", recurring.every("2s", now_ms),
+                        schedule_id=series_id, now_ms=now_ms)
+        page = page_of()
+        runs = f"#series tr[data-id='{series_id}'] ul.runs li[data-n]"
+        deadline = time.monotonic() + 2 * SEEN_S
+        while True:  # until the worker has run the series twice
+            page.goto(stack.open.url + "/series")
+            if len(page.query_selector_all(runs)) >= 2:
+                break
+            assert worker.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, page.text_content("#series")
+            time.sleep(0.5)
+        numbers = page.eval_on_selector_all(runs, "items => items.map(i => +i.dataset.n)")
+        lateness = page.eval_on_selector_all(
+            runs, "items => items.map(i => +i.dataset.latenessMs)")
+        assert numbers == sorted(numbers, reverse=True)
+        assert numbers[-1] >= 1
+        assert all(ms >= 0 for ms in lateness), lateness
+        page.screenshot(path=shots / "series-runs.png", full_page=True)
+        found = _api(page, stack.open.url + "/api/v1/series")
+        (row,) = [item for item in found["items"] if item["schedule_id"] == series_id]
+        assert [run["n"] for run in row["runs"]][:len(numbers)] == numbers[:len(row["runs"])]
+    finally:
+        recurring.cancel(_settings(stack), producer, series_id, int(time.time() * 1000))
+        worker.kill()
+        worker.wait(timeout=30)

@@ -87,13 +87,17 @@ def test_the_console_shows_what_the_targets_received(
 
     origin = f"{deployment.requests}/0/3"
     topic, partition, offset, lateness_ms = received[origin]
-    trace = reads.record("ord-3", show_payload=False).trace
+    shown_record = reads.record("ord-3", show_payload=False)
+    assert shown_record.found.status.startswith("delivered at"), shown_record.found.status
+    trace = shown_record.trace
     delivered = [step for step in trace if step.what == "delivered"]
     assert len(delivered) == 1, trace
     assert f"{topic}/{partition}/{offset}" in delivered[0].detail
     assert delivered[0].at_ms - (start + 1_000 + 37 * 3) == lateness_ms
     assert {"requested", "scheduled"} <= {step.what for step in trace}, trace
 
-    cancelled = reads.record("ord-kept-back", show_payload=False).trace
+    ended = reads.record("ord-kept-back", show_payload=False)
+    assert ended.found.status.startswith("cancelled at"), ended.found.status
+    cancelled = ended.trace
     assert "cancelled" in [step.what for step in cancelled], cancelled
     assert "delivered" not in [step.what for step in cancelled]

@@ -489,6 +489,10 @@ class Reads:
             found = lookup(view, originals, reference, self._settings.requests_topic, now_ms,
                            lanes)
             ended = _ended(view, originals, found, reference, lanes)
+        if ended is not None and ended.state.ended_ms is not None:
+            found = replace(found, status=f"{ended.state.end.word} at "
+                            f"{utc(ended.state.ended_ms)}, as the service recorded the id's "
+                            "end (the trace says more)")
         record = None if found.original is None else found.original.record
         headers = [] if record is None else [
             (name, self._redact.header(
