@@ -138,9 +138,11 @@ def _labels(metrics: object) -> dict[str, tuple[str, ...]]:
     found: dict[str, tuple[str, ...]] = {}
     groups = [metrics, *(value for value in vars(metrics).values() if hasattr(value, "__dict__")
                          and not isinstance(value, Counter | Gauge | Histogram))]
+    from kdelay.engine.metrics import BatchHistogram
+
     for group in groups:
         for value in vars(group).values():
-            if isinstance(value, Counter | Gauge | Histogram):
+            if isinstance(value, Counter | Gauge | Histogram | BatchHistogram):
                 found[value._name] = tuple(value._labelnames)  # no public getter
     return found
 

@@ -172,59 +172,74 @@ def _last_ms_within(bound_s: float) -> float:
 
 
 class BatchHistogram:
-    """A histogram without labels that takes a batch of observations at a time.
+    """A histogram that takes a batch of observations at a time, with optional labels.
 
     ``prometheus_client``'s ``Histogram.observe`` takes a lock and walks the
     buckets in Python for every value (about 1.3 µs here). Delivery observes
     the lateness of every record it produces, and intake the delay of every
     request it takes in, so each hands over a step's figures in one call
-    instead; they are exposed exactly as a ``Histogram`` of the same name
-    would expose them.
+    instead; they are exposed exactly as a ``Histogram`` of the same name and
+    labels would expose them. ``labelnames`` name the labels every batch gives
+    values for (none by default); a label set is exposed once observed.
     """
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
-                 registry: CollectorRegistry) -> None:
+                 registry: CollectorRegistry, labelnames: tuple[str, ...] = ()) -> None:
         self._name = name
         self._documentation = documentation
+        self._labelnames = labelnames
         self._bounds = [*buckets, float("inf")]
         self._bounds_ms = [_last_ms_within(bound) for bound in self._bounds]
-        self._counts = [0] * len(self._bounds)
-        self._sum = 0.0
+        # Per label set: the count of each bucket (not cumulative), then the sum.
+        self._series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
         self._lock = threading.Lock()
         registry.register(self)
 
-    def observe_ms(self, values_ms: list[int]) -> None:
-        """Observe every value of ``values_ms``, given in milliseconds, in seconds."""
+    def observe_ms(self, values_ms: list[int], *labels: str) -> None:
+        """Observe every value of ``values_ms``, given in milliseconds, in seconds, under
+        ``labels`` (one value per label name, in order)."""
         if not values_ms:
             return
+        if len(labels) != len(self._labelnames):
+            raise ValueError(f"{self._name} takes labels {self._labelnames}, got {labels}")
         ordered = sorted(values_ms)
         # The values a bucket holds are a run of the sorted ones: a step's thousand
         # values cost one sort and a bisection per bound, not a Python step each.
         below = [bisect.bisect_right(ordered, bound) for bound in self._bounds_ms]
         with self._lock:
-            counts, taken = self._counts, 0
+            series = self._series.get(labels)
+            if series is None:
+                series = self._series[labels] = ([0] * len(self._bounds), [0.0])
+            counts, total = series
+            taken = 0
             for slot, held in enumerate(below):
                 counts[slot] += held - taken
                 taken = held
-            self._sum += sum(values_ms) / 1000
+            total[0] += sum(values_ms) / 1000
 
     def describe(self) -> Iterator[Metric]:
         """The metric's name and type, for the registry's clash check."""
-        yield HistogramMetricFamily(self._name, self._documentation)
+        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        """The cumulative buckets, count and sum, as a ``Histogram`` exposes them."""
+        """The cumulative buckets, count and sum of each label set, as a ``Histogram``
+        exposes them (one without labels shows zeros before its first observation)."""
         with self._lock:
-            counts = list(self._counts)
-            total = self._sum
-        cumulative: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip(self._bounds, counts, strict=True):
-            running += count
-            label = floatToGoString(bound)  # type: ignore[no-untyped-call]
-            cumulative.append((label, running))
-        yield HistogramMetricFamily(self._name, self._documentation, buckets=cumulative,
-                                    sum_value=total)
+            taken = {labels: (list(counts), total[0])
+                     for labels, (counts, total) in self._series.items()}
+        if not self._labelnames and not taken:
+            taken[()] = ([0] * len(self._bounds), 0.0)
+        family = HistogramMetricFamily(self._name, self._documentation,
+                                       labels=self._labelnames)
+        for labels, (counts, total) in sorted(taken.items()):
+            cumulative: list[tuple[str, float]] = []
+            running = 0
+            for bound, count in zip(self._bounds, counts, strict=True):
+                running += count
+                label = floatToGoString(bound)  # type: ignore[no-untyped-call]
+                cumulative.append((label, running))
+            family.add_metric(list(labels), cumulative, total)
+        yield family
 
 
 class IntakeMetrics:
@@ -282,8 +297,8 @@ class DeliveryMetrics:
         self.retries = Counter("kdelay_delivery_retries", "Failed produce attempts retried",
                                registry=r)
         self.lateness = BatchHistogram("kdelay_lateness_seconds",
-                                       "Produce time minus due time, by the service clock",
-                                       LATENESS_BUCKETS, r)
+                                       "Produce time minus due time, by the service clock, "
+                                       "by target topic", LATENESS_BUCKETS, r, ("target",))
 
 
 class StateMetrics:
@@ -368,8 +383,9 @@ class DeliveryCounts:
     by_lane: dict[str, int] = field(default_factory=dict)
     dead_lettered: dict[str, int] = field(default_factory=dict)
 
-    def flush(self, metrics: Metrics, lateness_ms: list[int]) -> None:
-        """Add the counts, and observe the lateness of each record produced, at once."""
+    def flush(self, metrics: Metrics, lateness_ms: dict[str, list[int]]) -> None:
+        """Add the counts, and observe the lateness of each record produced (by target),
+        at once."""
         counted = metrics.delivery
         if self.delivered:
             counted.delivered.inc(self.delivered)
@@ -377,7 +393,8 @@ class DeliveryCounts:
             counted.lane_delivered.labels(lane=lane).inc(count)
         for reason, count in self.dead_lettered.items():
             metrics.dead_lettered.labels(reason=reason).inc(count)
-        counted.lateness.observe_ms(lateness_ms)
+        for target, values in lateness_ms.items():
+            counted.lateness.observe_ms(values, target)
 
 
 class PhaseTimer:

@@ -360,7 +360,20 @@ def test_a_late_tick_stamps_the_record_with_the_current_time(world: World) -> No
     assert sent.header(DUE_MS) == [str(T0 + 100).encode()]
     world.targets.report()
     world.settle()  # metrics are handed over once per settle, not per record
-    assert world.sample("kdelay_lateness_seconds_sum") == pytest.approx(0.6)
+    assert world.sample("kdelay_lateness_seconds_sum", target="orders") == pytest.approx(0.6)
+
+
+def test_lateness_is_observed_per_target(world: World) -> None:
+    world.request(0, 1, T0 + 100, target="orders")
+    world.request(0, 2, T0 + 300, target="mail")
+    world.request(0, 3, T0 + 400, target="orders")
+    world.at(T0 + 1_000)
+    world.targets.report()
+    world.settle()
+    assert world.sample("kdelay_lateness_seconds_count", target="orders") == 2
+    assert world.sample("kdelay_lateness_seconds_sum", target="orders") == pytest.approx(1.5)
+    assert world.sample("kdelay_lateness_seconds_count", target="mail") == 1
+    assert world.sample("kdelay_lateness_seconds_bucket", target="mail", le="1.0") == 1
 
 
 def test_a_past_due_entry_goes_out_on_the_first_tick(world: World) -> None:

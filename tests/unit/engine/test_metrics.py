@@ -44,6 +44,26 @@ def test_batch_matches_histogram_observed_one_by_one(values_ms: list[int]) -> No
     assert our_sum == pytest.approx(their_sum)
 
 
+def test_each_label_set_matches_a_labelled_histogram() -> None:
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram(NAME, HELP, LATENESS_BUCKETS, ours, ("target",))
+    reference = Histogram(NAME, HELP, ["target"], buckets=LATENESS_BUCKETS, registry=theirs)
+    for target, values_ms in (("orders", [0, 5, 1_000]), ("mail", [70_000]),
+                              ("orders", [3])):
+        batch.observe_ms(values_ms, target)
+        for value in values_ms:
+            reference.labels(target=target).observe(value / 1000)
+    assert sorted(_lines(ours)) == sorted(_lines(theirs))
+    with pytest.raises(ValueError, match="takes labels"):
+        batch.observe_ms([1])
+
+
+def _lines(registry: CollectorRegistry) -> list[str]:
+    """Bucket and count lines (sums are summed in another order: not bit-equal)."""
+    return [line for line in generate_latest(registry).decode().splitlines()
+            if line.startswith(NAME) and "_created" not in line and "_sum" not in line]
+
+
 def test_the_name_is_registered() -> None:
     registry = CollectorRegistry(auto_describe=True)
     BatchHistogram(NAME, HELP, LATENESS_BUCKETS, registry)

@@ -130,8 +130,9 @@ class Tally:
         self._metrics = metrics
         self.counts = DeliveryCounts()
 
-    def flush(self, lateness_ms: list[int]) -> None:
-        """Hand the counts gathered since the last call, and ``lateness_ms``, to Prometheus."""
+    def flush(self, lateness_ms: dict[str, list[int]]) -> None:
+        """Hand the counts gathered since the last call, and ``lateness_ms`` (by target), to
+        Prometheus."""
         counts, self.counts = self.counts, DeliveryCounts()
         counts.flush(self._metrics, lateness_ms)
 
@@ -403,6 +404,7 @@ class Delivery:
                     return
         finally:
             self._flights = [f for f in self._flights if f.end > f.start or f.run is None]
+            self._sender.gather(routes)
         if self._book.held_total() > taken:  # entries the slices handed the book
             self._cut = not self._dispatch_jobs(channel, limit, now, since)
         else:
@@ -660,7 +662,7 @@ class Delivery:
 
     def _flush_metrics(self) -> None:
         """Hand the per-record counts gathered since the last call to Prometheus at once."""
-        lateness, self._sender.lateness_ms = self._sender.lateness_ms, []
+        lateness, self._sender.lateness_ms = self._sender.lateness_ms, {}
         self._tally.flush(lateness)
 
     # -- failures -------------------------------------------------------------------

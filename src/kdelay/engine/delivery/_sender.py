@@ -13,7 +13,7 @@ or to the DLQ with a stable reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message
@@ -63,13 +63,15 @@ class Holder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Route:
-    """Where records with one set of routing headers go, or why they cannot."""
+    """Where records with one set of routing headers go, or why they cannot; and the
+    lateness of the records the dispatch produced on it (see :meth:`Sender.gather`)."""
 
     target: str
     partition: int
     lane: str | None
     failure: tuple[ErrorCode, str] | None = None
     missing: KafkaError | None = None
+    lateness: list[int] = field(default_factory=list)
 
 
 RouteKey = tuple[envelope.HeaderValue, envelope.HeaderValue, envelope.HeaderValue]
@@ -80,8 +82,9 @@ class Sender:
 
     ``withheld`` is the live set of keys a planned cancel holds back;
     ``holder`` takes an entry that needs care out of its run. The
-    lateness of every record produced is gathered in :attr:`lateness_ms`,
-    which delivery takes at each settle.
+    lateness of every record produced is gathered by target in
+    :attr:`lateness_ms` (on each route while a dispatch runs, see
+    :meth:`gather`), which delivery takes at each settle.
     """
 
     def __init__(self, requests_topic: str, dlq_topic: str, targets: Producing,
@@ -99,7 +102,7 @@ class Sender:
         self._outage = outage
         self._controls = controls
         self._origin = f"{requests_topic}/"
-        self.lateness_ms: list[int] = []
+        self.lateness_ms: dict[str, list[int]] = {}
 
     def slice(self, run: Run, start: int, end: int, now: int, flight: Flight,
               routes: Routes) -> bool:
@@ -114,7 +117,7 @@ class Sender:
         # Not "flight.producer or ...": a producer with an empty queue is falsy (len 0).
         producer = self._producer if flight.producer is None else flight.producer
         produce, report = producer.produce, flight.report
-        withheld, lateness, lanes = self._withheld, self.lateness_ms, flight.lanes
+        withheld, lanes = self._withheld, flight.lanes
         controls = self._controls
         controlled = bool(controls)  # once a slice: no call per record when nothing is
         prefix = self._origin
@@ -201,7 +204,7 @@ class Sender:
                     at += 1
                     continue
                 produced += 1
-                lateness.append(now - due_ms)
+                route.lateness.append(now - due_ms)
                 if route.lane is not None:
                     lanes[route.lane] = lanes.get(route.lane, 0) + 1
                 at += 1
@@ -212,6 +215,14 @@ class Sender:
         if at > start:
             run.sent = flight.end = at
         return at >= end
+
+    def gather(self, routes: Routes) -> None:
+        """Move the lateness a dispatch's ``routes`` gathered into :attr:`lateness_ms`, by
+        target: once a dispatch, not once a record."""
+        for route in routes.values():
+            if route.lateness:
+                self.lateness_ms.setdefault(route.target, []).extend(route.lateness)
+                route.lateness.clear()
 
     def _route(self, target: envelope.HeaderValue, partition: envelope.HeaderValue,
                lane: envelope.HeaderValue) -> _Route:
@@ -306,7 +317,7 @@ class Sender:
             headers,
         )
         flight.produced += 1
-        self.lateness_ms.append(now - due.due_ms)
+        self.lateness_ms.setdefault(routing.target, []).append(now - due.due_ms)
         if routing.lane is not None:
             flight.lanes[routing.lane] = flight.lanes.get(routing.lane, 0) + 1
 
