@@ -544,6 +544,10 @@ def test_deliveries_and_lateness_show_what_the_target_received(
     shown = page.query_selector(f"#lateness tr[data-target='{stack.target}']")
     assert shown is not None
     assert shown.get_attribute("data-early") == "0"
+    hours = page.eval_on_selector_all(
+        f"#lateness-hours tr[data-target='{stack.target}']",
+        "rows => rows.map(r => +r.dataset.count)")
+    assert sum(hours) == int(shown.get_attribute("data-count") or 0)
     page.screenshot(path=shots / "lateness.png", full_page=True)
 
     first = held[names[0].encode()]

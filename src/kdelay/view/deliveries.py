@@ -155,10 +155,14 @@ def header(record: Message, name: str) -> str | None:
     return None
 
 
+HOUR_MS = 3_600_000
+
+
 @dataclass(frozen=True, slots=True)
 class Lateness:
-    """The lateness of one target's deliveries: how many, how many early (must be 0),
-    percentiles (nearest rank, ms), and the count in each bin of :data:`EDGES_MS`."""
+    """The lateness of one target's deliveries (in one hour, from ``hour_ms``, when
+    summed per hour): how many, how many early (must be 0), percentiles (nearest rank,
+    ms), and the count in each bin of :data:`EDGES_MS`."""
 
     target: str
     count: int
@@ -168,6 +172,7 @@ class Lateness:
     p99_ms: int
     max_ms: int
     bins: list[int]
+    hour_ms: int | None = None
 
 
 def percentile(ordered: Sequence[int], q: float) -> int:
@@ -187,23 +192,27 @@ def bin_of(lateness_ms: int) -> int:
     return at
 
 
-def lateness(deliveries: Iterable[Delivery]) -> list[Lateness]:
-    """Each target's :class:`Lateness` over ``deliveries``, by target name."""
-    by_target: dict[str, list[int]] = {}
+def lateness(deliveries: Iterable[Delivery], *, by_hour: bool = False) -> list[Lateness]:
+    """Each target's :class:`Lateness` over ``deliveries``, by target name; with
+    ``by_hour``, one per target and hour of delivery (UTC), newest hour first."""
+    groups: dict[tuple[str, int | None], list[int]] = {}
     for delivery in deliveries:
-        by_target.setdefault(delivery.target, []).append(delivery.lateness_ms)
-    found = []
-    for target, values in sorted(by_target.items()):
-        values.sort()
-        bins = [0] * len(EDGES_MS)
-        early = 0
-        for value in values:
-            at = bin_of(value)
-            if at < 0:
-                early += 1
-            else:
-                bins[at] += 1
-        found.append(Lateness(target, len(values), early, percentile(values, 50),
-                              percentile(values, 95), percentile(values, 99), values[-1],
-                              bins))
-    return found
+        hour = delivery.delivered_ms // HOUR_MS * HOUR_MS if by_hour else None
+        groups.setdefault((delivery.target, hour), []).append(delivery.lateness_ms)
+    ordered = sorted(groups.items(), key=lambda item: (-(item[0][1] or 0), item[0][0]))
+    return [_summed(target, values, hour) for (target, hour), values in ordered]
+
+
+def _summed(target: str, values: list[int], hour_ms: int | None) -> Lateness:
+    """The :class:`Lateness` of ``values`` (not empty), sorted here."""
+    values.sort()
+    bins = [0] * len(EDGES_MS)
+    early = 0
+    for value in values:
+        at = bin_of(value)
+        if at < 0:
+            early += 1
+        else:
+            bins[at] += 1
+    return Lateness(target, len(values), early, percentile(values, 50), percentile(values, 95),
+                    percentile(values, 99), values[-1], bins, hour_ms)

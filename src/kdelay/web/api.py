@@ -240,12 +240,14 @@ def lateness(request: Request, _: Caller, window: str = "1h",
              target: str | None = None) -> dict[str, Any]:
     """Lateness (delivery minus due time, ms) per target over the deliveries of the last
     ``window`` (``15m``, ``1h``, ``1d``): count, early (must be 0), p50, p95, p99, max,
-    and the histogram's bins (``edges_ms``: each bin's lower bound). ``capped`` names
+    and the histogram's bins (``edges_ms``: each bin's lower bound); ``hours`` the same
+    per target and hour of delivery (``hour_ms``, UTC), newest first. ``capped`` names
     targets whose window held more records than were read."""
     found = console_of(request).reads.lateness(parse_window(window), parse_target(target))
     return {"now_ms": found.now_ms, "since_ms": found.since_ms,
             "edges_ms": list(deliveries_view.EDGES_MS),
-            "targets": [asdict(row) for row in found.rows], "read": found.targets,
+            "targets": [asdict(row) for row in found.rows],
+            "hours": [asdict(row) for row in found.hours], "read": found.targets,
             "capped": sorted(found.capped)}
 
 

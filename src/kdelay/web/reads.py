@@ -236,6 +236,7 @@ class LatenessReport:
     rows: list[Lateness]
     capped: set[str]
     targets: list[str]
+    hours: list[Lateness] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,8 +418,9 @@ class Reads:
         targets = [target] if target else self.delivery_targets()
         found = deliveries.latest(self._settings.client_config(), self.requests_topic,
                                   targets, since_ms=since_ms, per_partition=per_partition)
-        rows = deliveries.lateness(d for d in found.deliveries if d.delivered_ms >= since_ms)
-        return LatenessReport(now_ms, since_ms, rows, found.capped, targets)
+        shown = [d for d in found.deliveries if d.delivered_ms >= since_ms]
+        return LatenessReport(now_ms, since_ms, deliveries.lateness(shown), found.capped,
+                              targets, deliveries.lateness(shown, by_hour=True))
 
     def series(self, *, limit: int = SERIES_LIMIT) -> SeriesList:
         """The recurring series with a pending occurrence (on the series topic or the tasks

@@ -75,3 +75,14 @@ def test_lateness_is_summed_per_target_with_early_ones_counted() -> None:
         5, 0, 20, 3_000, 3_000)
     assert orders.bins[EDGES_MS.index(10)] == 2
     assert sum(orders.bins) == 5
+
+
+def test_lateness_by_hour_sums_each_target_and_hour_newest_first() -> None:
+    hour = 3_600_000
+    deliveries = [Delivery("orders", 0, n, at + 10 * n, at, f"{REQUESTS}/0/{n}")
+                  for n, at in enumerate([5 * hour, 5 * hour + 1, 6 * hour + 7])]
+    deliveries.append(Delivery("mail", 0, 9, 6 * hour + 50, 6 * hour, f"{REQUESTS}/0/9"))
+    rows = lateness(deliveries, by_hour=True)
+    assert [(r.hour_ms, r.target, r.count, r.max_ms) for r in rows] == [
+        (6 * hour, "mail", 1, 50), (6 * hour, "orders", 1, 20), (5 * hour, "orders", 2, 10)]
+    assert all(r.hour_ms is None for r in lateness(deliveries))

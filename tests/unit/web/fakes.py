@@ -123,7 +123,8 @@ class FakeReads(Reads):
         self.windows_asked.append(window_ms)
         chosen = [d for d in DELIVERIES if target is None or d.target == target]
         return LatenessReport(NOW_MS, NOW_MS - window_ms, lateness(chosen), set(),
-                              ["mail", "orders"] if target is None else [target])
+                              ["mail", "orders"] if target is None else [target],
+                              lateness(chosen, by_hour=True))
 
     def dead_letters(self, *, code: str | None = None,
                      per_partition: int = 100) -> list[DeadLetter]:

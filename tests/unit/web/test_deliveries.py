@@ -33,6 +33,8 @@ def test_the_api_sums_lateness_per_target_over_the_window_asked() -> None:
         180, 180, 0)
     assert found["edges_ms"][0] == 0
     assert len(rows["mail"]["bins"]) == len(found["edges_ms"])
+    hours = {(row["target"], row["hour_ms"]) for row in found["hours"]}
+    assert hours == {("orders", 1_794_999_600_000), ("mail", 1_794_999_600_000)}
 
 
 def test_bad_windows_targets_and_limits_answer_400_with_a_code() -> None:
@@ -73,6 +75,7 @@ def test_the_pages_show_deliveries_lateness_and_series_runs() -> None:
     assert "/record?ref=order-7" in history
     late = web.get("/lateness", params={"window": "1h"}).text
     assert 'data-target="orders" data-count="1" data-early="0"' in late
+    assert 'data-hour-ms="1794999600000" data-target="mail" data-count="1"' in late
     runs = web.get("/series").text
     assert 'data-n="2" data-lateness-ms="120"' in runs
     series = web.get("/api/v1/series").json()["items"][0]
