@@ -112,6 +112,24 @@ def search(config: Config, topic: str, since_ms: int, accept: Callable[[Message]
         consumer.close()
 
 
+def one(config: Config, topic: str, partition: int, offset: int, *,
+        timeout_s: float = TIMEOUT_S, purpose: str = "record") -> Message | None:
+    """The record of ``topic`` at ``partition``/``offset``, None when there is none (out
+    of range, deleted by retention, no such partition or topic)."""
+    consumer = _reader(config, purpose)
+    try:
+        if partition not in _partitions(consumer, topic, timeout_s):
+            return None
+        low, high = watermarks(consumer, TopicPartition(topic, partition), timeout_s)
+        if not low <= offset < high:
+            return None
+        found = read_ranges(consumer, {(topic, partition): offset},
+                            {(topic, partition): offset + 1}, timeout_s)
+    finally:
+        consumer.close()
+    return next((message for message in found if message.offset() == offset), None)
+
+
 def read_ranges(consumer: Consumer, starts: Mapping[Place, int], ends: Mapping[Place, int],
                 timeout_s: float,
                 accept: Callable[[Message], bool] | None = None) -> list[Message]:
