@@ -112,6 +112,23 @@ def search(config: Config, topic: str, since_ms: int, accept: Callable[[Message]
         consumer.close()
 
 
+def last_of(config: Config, topic: str, partition: int, depth: int, *,
+            timeout_s: float = TIMEOUT_S, purpose: str = "tail") -> list[Message]:
+    """The last ``depth`` records of one partition of ``topic``, in offset order; none
+    when the topic or the partition does not exist."""
+    consumer = _reader(config, purpose)
+    try:
+        if partition not in _partitions(consumer, topic, timeout_s):
+            return []
+        place = (topic, partition)
+        low, high = watermarks(consumer, TopicPartition(topic, partition), timeout_s)
+        if high <= low:
+            return []
+        return read_ranges(consumer, {place: max(low, high - depth)}, {place: high}, timeout_s)
+    finally:
+        consumer.close()
+
+
 def one(config: Config, topic: str, partition: int, offset: int, *,
         timeout_s: float = TIMEOUT_S, purpose: str = "record") -> Message | None:
     """The record of ``topic`` at ``partition``/``offset``, None when there is none (out

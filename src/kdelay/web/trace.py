@@ -7,22 +7,23 @@ topics' size. Older steps than that window are not shown (the page says how
 far back it looked). The pending entry and its original (request and
 scheduled steps) come from the operator's view, in :mod:`kdelay.web.reads`.
 
-Deliveries are not in either topic: a delivered schedule shows the service's
-outcome for its id only (``scheduled``), not the target offset or lateness.
+Deliveries are in neither topic: how an ended schedule ended (its target
+record, its dead letter) is read by :class:`~kdelay.web.reads.Reads` from the
+view's ended-id record and the target or DLQ (:mod:`kdelay.view.deliveries`).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 
-from kdelay.plumbing.clients import reader_config, take, watermarks
+from kdelay.plumbing.clients import reader_config
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol.forward import id_partition
 from kdelay.protocol.idkeys import decode_answer, outcome_key
+from kdelay.view import tails
 from kdelay.web.actions import decode_done
 
 DEPTH = 5_000
@@ -46,43 +47,22 @@ def keyed(settings: Settings, topic: str, key: str, *, depth: int = DEPTH,
     its lane, as the service places outcomes).
 
     An absent topic gives no records. Raises KafkaException for other Kafka
-    errors; stops at the partition's end as it was when the read began, or
-    after ``timeout_s``.
+    errors; stops at the partition's end as it was when the read began (or at
+    its end-of-partition event: see :mod:`kdelay.view.tails`), or after ``timeout_s``.
     """
-    consumer = Consumer(reader_config(settings.client_config(), f"kdelay-web-{uuid.uuid4().hex}",
-                                      **{"enable.partition.eof": False}))
+    config = settings.client_config()
+    consumer = Consumer(reader_config(config, f"kdelay-web-{uuid.uuid4().hex}"))
     try:
         found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             return []
-        place = TopicPartition(topic, id_partition(key, len(found.partitions)))
-        low, high = watermarks(consumer, place, timeout_s)
-        if high <= low:
-            return []
-        consumer.assign([TopicPartition(topic, place.partition, max(low, high - depth))])
-        wanted = key.encode() if record_key is None else record_key
-        return _read_to(consumer, wanted, high, timeout_s)
+        partition = id_partition(key, len(found.partitions))
     finally:
         consumer.close()
-
-
-def _read_to(consumer: Consumer, key: bytes, high: int, timeout_s: float) -> list[bytes]:
-    """The values keyed ``key`` up to offset ``high`` of the assigned partition."""
-    values: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        messages = take(consumer, 1_000, min(left, 0.5))
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(error)
-            if message.key() == key and message.value() is not None:
-                values.append(message.value() or b"")
-            if (message.offset() or 0) >= high - 1:
-                return values
-    return values
+    wanted = key.encode() if record_key is None else record_key
+    return [message.value() or b"" for message in tails.last_of(
+        config, topic, partition, depth, timeout_s=timeout_s, purpose="web-trace")
+            if message.key() == wanted and message.value() is not None]
 
 
 def outcome_steps(settings: Settings, schedule_id: str, lane: str | None = None) -> list[Step]:
