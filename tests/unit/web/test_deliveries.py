@@ -80,3 +80,9 @@ def test_the_pages_show_deliveries_lateness_and_series_runs() -> None:
     assert 'data-n="2" data-lateness-ms="120"' in runs
     series = web.get("/api/v1/series").json()["items"][0]
     assert [run["n"] for run in series["runs"]] == [2, 1]
+
+
+def test_the_schema_names_the_delivery_endpoints() -> None:
+    app, _, _ = console_app(Policy())
+    paths = client(app).get("/api/v1/openapi.json").json()["paths"]
+    assert {"/api/v1/deliveries", "/api/v1/lateness"} <= set(paths)
