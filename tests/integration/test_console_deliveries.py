@@ -1,10 +1,11 @@
 """The console's deliveries, lateness and trace ends, against what the targets received.
 
-A service delivers requests with ids to two targets on a manual clock, and
-one schedule is cancelled. The console's reads must then list exactly the
+A service delivers requests with ids to two targets on a manual clock; one
+schedule is cancelled and one rescheduled. The console's reads must then list exactly the
 records the targets hold (target, partition, offset, id, lateness), sum them
 up per target as they are, and trace a delivered id to its target record
-and a cancelled one to its cancel: all read from the broker, under both
+(a rescheduled one: late against its new due time) and a cancelled one to
+its cancel: all read from the broker, under both
 guarantees (under exactly-once the targets end with commit markers no reader
 sees, which the bounded reads must not wait on).
 """
@@ -49,11 +50,14 @@ def test_the_console_shows_what_the_targets_received(
     records = [_request(orders if n % 4 else mail, start + 1_000 + 37 * n, f"ord-{n}")
                for n in range(COUNT)]
     records.append(_request(orders, start + 3_600_000, "ord-kept-back"))
+    records.append(_request(orders, start + 3_600_000, "ord-moved"))
     produce(bootstrap, deployment.requests, records)
+    moved_due = start + 2_000
     produce(bootstrap, deployment.requests, [
-        {"partition": 0, "headers": [(envelope.CANCEL, b"ord-kept-back")]}])
+        {"partition": 0, "headers": [(envelope.CANCEL, b"ord-kept-back")]},
+        {"partition": 0, "headers": envelope.reschedule_headers("ord-moved", due_ms=moved_due)}])
     targets = collector([orders, mail])
-    group.until(lambda: targets.poll() >= COUNT, advance_ms=150)
+    group.until(lambda: targets.poll() >= COUNT + 1, advance_ms=150)
     group.until(lambda: clock.now_ms() >= start + 20_000, advance_ms=500)  # seals
     group.close()
 
@@ -64,6 +68,7 @@ def test_the_console_shows_what_the_targets_received(
         received[origin] = (message.topic(), message.partition(), message.offset(),
                             message.timestamp()[1] - due)
     ids = {f"{deployment.requests}/0/{n}": f"ord-{n}" for n in range(COUNT)}
+    ids[f"{deployment.requests}/0/{COUNT + 1}"] = "ord-moved"
 
     reads = Reads(deployment.settings, tmp_path / "console", clock, audit_topic="no-audit")
     shown = reads.deliveries()
@@ -95,6 +100,14 @@ def test_the_console_shows_what_the_targets_received(
     assert f"{topic}/{partition}/{offset}" in delivered[0].detail
     assert delivered[0].at_ms - (start + 1_000 + 37 * 3) == lateness_ms
     assert {"requested", "scheduled"} <= {step.what for step in trace}, trace
+
+    moved = reads.record("ord-moved", show_payload=False).trace
+    assert [step.what for step in moved if step.what in ("scheduled", "rescheduled",
+                                                          "delivered")] == [
+        "scheduled", "rescheduled", "delivered"], moved
+    _, _, moved_offset, moved_late = received[f"{deployment.requests}/0/{COUNT + 1}"]
+    assert moved[-1].at_ms - moved_due == moved_late, "late against the new due time"
+    assert f"(target offset {moved_offset})" in moved[-1].detail
 
     ended = reads.record("ord-kept-back", show_payload=False)
     assert ended.found.status.startswith("cancelled at"), ended.found.status
