@@ -94,11 +94,13 @@ def latest(settings: Settings, *, per_partition: int = 100, code: str | None = N
     Raises KafkaException for other Kafka errors; stops at each partition's end
     as it was when the read began, or after ``timeout_s`` (see :mod:`kdelay.view.tails`).
     """
-    read = tails.newest(settings.client_config(), [settings.dlq_topic],
+    def chosen(message: Message) -> DeadLetter | None:
+        letter = decode(message)
+        return letter if code is None or letter.code == code else None
+
+    read = tails.newest(settings.client_config(), [settings.dlq_topic], chosen,
                         per_partition=per_partition, timeout_s=timeout_s, purpose="dlq")
-    chosen = [letter for letter in map(decode, read.messages)
-              if code is None or letter.code == code]
-    return sorted(chosen, key=lambda d: (d.at_ms, d.partition, d.offset), reverse=True)
+    return sorted(read.items, key=lambda d: (d.at_ms, d.partition, d.offset), reverse=True)
 
 
 def at(settings: Settings, partition: int, offset: int, *,

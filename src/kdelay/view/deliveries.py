@@ -34,6 +34,10 @@ from kdelay.view.tails import Config
 
 PER_PARTITION = 200
 """How many of each target partition's newest records the screens read at most."""
+BUDGET = 50_000
+"""How many target records a screen reads at most in all, whatever the targets'
+partitions (each partition gets its share, see :func:`kdelay.view.tails.newest`): a
+delivery kept costs a small object, its record's payload is dropped as it is read."""
 SCAN = 10_000
 """How many records of each target partition :func:`find` reads at most from the due time."""
 EDGES_MS = (0, 10, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000)
@@ -101,12 +105,14 @@ class Latest:
 
 def latest(config: Config, requests_topic: str, targets: Sequence[str], *,
            since_ms: int | None = None, per_partition: int = PER_PARTITION,
-           timeout_s: float = tails.TIMEOUT_S) -> Latest:
+           budget: int = BUDGET, timeout_s: float = tails.TIMEOUT_S) -> Latest:
     """The deliveries among the newest records of ``targets`` (since ``since_ms`` when
-    given; at most ``per_partition`` records of each partition), newest first."""
-    read = tails.newest(config, targets, per_partition=per_partition, since_ms=since_ms,
+    given; at most ``per_partition`` records of each partition and about ``budget`` in
+    all: see :func:`kdelay.view.tails.newest`), newest first."""
+    read = tails.newest(config, targets, lambda message: decode(message, requests_topic),
+                        per_partition=per_partition, budget=budget, since_ms=since_ms,
                         timeout_s=timeout_s, purpose="deliveries")
-    found = [d for m in read.messages if (d := decode(m, requests_topic)) is not None]
+    found = read.items
     found.sort(key=lambda d: (d.delivered_ms, d.target, d.partition, d.offset), reverse=True)
     return Latest(found, {topic for topic, _ in read.capped})
 

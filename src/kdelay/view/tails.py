@@ -20,27 +20,35 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
 
 TIMEOUT_S = 5.0
+MIN_PER_PARTITION = 20
+"""The fewest records a partition is read for when a budget is shared by many."""
+QUEUE_KIB = 16_384
+"""What a reader prefetches at most (librdkafka's default is 64 MiB)."""
 Config = Mapping[str, str | int | bool]
 Place = tuple[str, int]
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Tail:
-    """The records read, and the partitions (topic, partition) where the cap cut the
-    window: older records of the window were left unread there."""
+@dataclass(frozen=True)
+class Tail(Generic[T]):
+    """What was kept of the records read (each converted as it arrived), and the
+    partitions (topic, partition) where the bound cut the window: older records of
+    the window were left unread there."""
 
-    messages: list[Message]
+    items: list[T]
     capped: set[Place] = field(default_factory=set)
 
 
 def _reader(config: Config, purpose: str) -> Consumer:
-    return Consumer(reader_config(config, f"kdelay-{purpose}-{uuid.uuid4().hex}"))
+    return Consumer(reader_config(config, f"kdelay-{purpose}-{uuid.uuid4().hex}",
+                                  **{"queued.max.messages.kbytes": QUEUE_KIB}))
 
 
 def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
@@ -61,21 +69,28 @@ def _time_offsets(consumer: Consumer, places: Sequence[Place], since_ms: int,
     return {(tp.topic, tp.partition): tp.offset for tp in answered}
 
 
-def newest(config: Config, topics: Sequence[str], *, per_partition: int,
-           since_ms: int | None = None, timeout_s: float = TIMEOUT_S,
-           purpose: str = "tail") -> Tail:
-    """The records of ``topics`` written at ``since_ms`` or later (None: any time), at
-    most the last ``per_partition`` of each partition, in no particular order."""
+def newest(config: Config, topics: Sequence[str], convert: Callable[[Message], T | None], *,
+           per_partition: int, budget: int | None = None, since_ms: int | None = None,
+           timeout_s: float = TIMEOUT_S, purpose: str = "tail") -> Tail[T]:
+    """What ``convert`` makes of the records of ``topics`` written at ``since_ms`` or
+    later (None: any time), at most the last ``per_partition`` of each partition, and
+    at most about ``budget`` in all (shared evenly, never under
+    :data:`MIN_PER_PARTITION` a partition); None from ``convert`` drops a record. Each
+    record is converted as it arrives, so only what is kept stays in memory. In no
+    particular order."""
     consumer = _reader(config, purpose)
     try:
+        places = [(topic, partition) for topic in topics
+                  for partition in _partitions(consumer, topic, timeout_s)]
+        if budget is not None and places:
+            per_partition = min(per_partition, max(MIN_PER_PARTITION, budget // len(places)))
         ends: dict[Place, int] = {}
         starts: dict[Place, int] = {}
-        for topic in topics:
-            for partition in _partitions(consumer, topic, timeout_s):
-                low, high = watermarks(consumer, TopicPartition(topic, partition), timeout_s)
-                if high > low:
-                    ends[(topic, partition)] = high
-                    starts[(topic, partition)] = max(low, high - per_partition)
+        for place in places:
+            low, high = watermarks(consumer, TopicPartition(*place), timeout_s)
+            if high > low:
+                ends[place] = high
+                starts[place] = max(low, high - per_partition)
         capped: set[Place] = set()
         if since_ms is not None:
             for place, offset in _time_offsets(consumer, list(starts), since_ms,
@@ -85,7 +100,16 @@ def newest(config: Config, topics: Sequence[str], *, per_partition: int,
                     capped.add(place)
                 starts[place] = max(starts[place], first)
         wanted = {place: start for place, start in starts.items() if start < ends[place]}
-        return Tail(read_ranges(consumer, wanted, ends, timeout_s), capped)
+        kept: list[T] = []
+
+        def keep(message: Message) -> bool:
+            item = convert(message)
+            if item is not None:
+                kept.append(item)
+            return False
+
+        _scan(consumer, wanted, ends, timeout_s, keep)
+        return Tail(kept, capped)
     finally:
         consumer.close()
 
@@ -152,13 +176,32 @@ def read_ranges(consumer: Consumer, starts: Mapping[Place, int], ends: Mapping[P
                 accept: Callable[[Message], bool] | None = None) -> list[Message]:
     """The records of each place from ``starts`` up to ``ends`` (exclusive); with
     ``accept``, only the first record it takes (the read stops there)."""
+    got: list[Message] = []
+
+    def visit(message: Message) -> bool:
+        if accept is None:
+            got.append(message)
+            return False
+        if accept(message):
+            got.append(message)
+            return True
+        return False
+
+    _scan(consumer, starts, ends, timeout_s, visit)
+    return got
+
+
+def _scan(consumer: Consumer, starts: Mapping[Place, int], ends: Mapping[Place, int],
+          timeout_s: float, visit: Callable[[Message], bool]) -> None:
+    """Hand ``visit`` each record of each place from ``starts`` up to ``ends``
+    (exclusive), until it answers True, every place is read (or at its end-of-partition
+    event), or ``timeout_s`` has passed. Raises KafkaException for a failed fetch."""
     if not starts:
-        return []
+        return
     consumer.assign([TopicPartition(topic, partition, offset)
                      for (topic, partition), offset in starts.items()])
     open_places = set(starts)
     deadline = time.monotonic() + timeout_s
-    got: list[Message] = []
     while open_places and (left := deadline - time.monotonic()) > 0:
         for message in take(consumer, 500, min(left, 0.5), 0.05):
             place = (message.topic() or "", message.partition() or 0)
@@ -171,10 +214,5 @@ def read_ranges(consumer: Consumer, starts: Mapping[Place, int], ends: Mapping[P
             offset = message.offset() or 0
             if offset + 1 >= ends.get(place, 0):
                 open_places.discard(place)
-            if offset >= ends.get(place, 0):
-                continue
-            if accept is None:
-                got.append(message)
-            elif accept(message):
-                return [message]
-    return got
+            if offset < ends.get(place, 0) and visit(message):
+                return

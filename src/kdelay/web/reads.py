@@ -376,6 +376,19 @@ class Reads:
         """The DLQ record at ``partition``/``offset``, None when there is none."""
         return deadletters.at(self._settings, partition, offset)
 
+    def _series_run(self, message: Message) -> tuple[str, SeriesRun] | None:
+        """The series id and run a worker topic's record is, None for any other record."""
+        delivery = deliveries.decode(message, self.requests_topic)
+        try:
+            series = recurring.series_of(message.headers())
+        except recurring.SeriesError:
+            return None
+        if delivery is None or series is None:
+            return None
+        return series.schedule_id, SeriesRun(
+            series.n, delivery.due_ms, delivery.delivered_ms, delivery.lateness_ms,
+            delivery.target, delivery.partition, delivery.offset)
+
     def delivery_targets(self) -> list[str]:
         """The targets the delivery screens read: those of pending entries, those the
         newest requests name (the last :data:`REQUESTS_SEEN` of each requests partition),
@@ -387,12 +400,11 @@ class Reads:
             with self._opened() as (view, originals, now_ms):
                 counted = backlog(view, now_ms, HOUR_MS, originals)
         found.update(counted.by_target or {})
-        newest = tails.newest(self._settings.client_config(), [self.requests_topic],
-                              per_partition=REQUESTS_SEEN, purpose="targets")
-        for message in newest.messages:
-            target = deliveries.header(message, envelope.TARGET)
-            if target:
-                found.add(target)
+        named = tails.newest(self._settings.client_config(), [self.requests_topic],
+                             lambda message: deliveries.header(message, envelope.TARGET),
+                             per_partition=REQUESTS_SEEN, budget=10 * REQUESTS_SEEN,
+                             purpose="targets")
+        found.update(target for target in named.items if target)
         return sorted(found)
 
     def deliveries(self, target: str | None = None, *,
@@ -456,21 +468,13 @@ class Reads:
     def _series_runs(self) -> dict[str, list[SeriesRun]]:
         """Each series' recent runs: its occurrences among the newest deliveries to the
         worker topics, newest first, at most :data:`RUNS_SHOWN` a series."""
-        newest = tails.newest(self._settings.client_config(), [recurring.SERIES_TOPIC,
-                                                               TASKS_TOPIC],
-                              per_partition=deliveries.PER_PARTITION, purpose="series-runs")
+        read = tails.newest(self._settings.client_config(),
+                            [recurring.SERIES_TOPIC, TASKS_TOPIC], self._series_run,
+                            per_partition=deliveries.PER_PARTITION, budget=deliveries.BUDGET,
+                            purpose="series-runs")
         runs: dict[str, list[SeriesRun]] = {}
-        for message in newest.messages:
-            delivery = deliveries.decode(message, self.requests_topic)
-            try:
-                series = recurring.series_of(message.headers())
-            except recurring.SeriesError:
-                continue
-            if delivery is None or series is None:
-                continue
-            runs.setdefault(series.schedule_id, []).append(SeriesRun(
-                series.n, delivery.due_ms, delivery.delivered_ms, delivery.lateness_ms,
-                delivery.target, delivery.partition, delivery.offset))
+        for schedule_id, run in read.items:
+            runs.setdefault(schedule_id, []).append(run)
         return {schedule_id: sorted(found, key=lambda run: (run.n, run.delivered_ms),
                                     reverse=True)[:RUNS_SHOWN]
                 for schedule_id, found in runs.items()}
