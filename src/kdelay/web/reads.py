@@ -38,7 +38,7 @@ from kdelay.view import deadletters, deliveries, tails
 from kdelay.view.backlog import Backlog, HeldBack, backlog, held_back
 from kdelay.view.deadletters import DeadLetter
 from kdelay.view.deliveries import Lateness, Latest
-from kdelay.view.display import span, utc
+from kdelay.view.display import utc
 from kdelay.view.listing import (
     Filter,
     Listing,
@@ -53,7 +53,7 @@ from kdelay.view.members import Membership, membership
 from kdelay.view.pending import Originals, Pending, PendingView, headers_of
 from kdelay.view.retention import RetentionReport, check
 from kdelay.web.snapshots import INTERVAL_S, Freshness, Snapshots
-from kdelay.web.trace import Step, audit_steps, outcome_steps
+from kdelay.web.trace import Ended, Step, audit_steps, end_steps, outcome_steps
 
 PREVIEW_BYTES = 4_096
 HOUR_MS = 3_600_000
@@ -509,51 +509,6 @@ class Reads:
         return Record(found, now_ms, headers, payload, value is not None and not show_payload,
                       self._expires_ms(found), self._trace(found, reference, lane, ended))
 
-    def _end_steps(self, ended: Ended) -> list[Step]:
-        """The steps of an ended schedule: its request, and how it ended: delivered (the
-        target record: partition, offset, lateness), dead-lettered (the DLQ record's
-        code), or cancelled."""
-        state = ended.state
-        at_ms = state.ended_ms or 0
-        if state.first_key is None:  # an old marker: it knows only a delivery time
-            return [Step(at_ms, "delivered", "the service marked the id delivered")]
-        due_ms, partition, offset = codec.decode_due_key(state.first_key)
-        origin = envelope.origin_of(self.requests_topic, partition, offset)
-        record_ms = state.fingerprint.timestamp_ms if state.fingerprint else at_ms
-        steps = [Step(record_ms, "requested", f"written at {origin}, due at {utc(due_ms)}")]
-        if state.end is codec.End.CANCELLED:
-            return [*steps, Step(at_ms, "cancelled", "no longer pending: the cancel's "
-                                 "request and who sent it are in the outcome and audit steps")]
-        if state.end is codec.End.DEAD_LETTERED:
-            return [*steps, self._dead_letter_step(origin, record_ms, at_ms)]
-        target = None if ended.request is None else deliveries.header(ended.request,
-                                                                      envelope.TARGET)
-        if target is None:
-            return [*steps, Step(at_ms, "delivered", "settled by the service; its request "
-                                 "is gone (retention), so its target is not known")]
-        found = deliveries.find(self._settings.client_config(), self.requests_topic, target,
-                                origin, due_ms)
-        if found is None:
-            return [*steps, Step(at_ms, "delivered", f"settled by the service; its record "
-                                 f"was not found on {target} from its due time on")]
-        return [*steps, Step(found.delivered_ms, "delivered",
-                             f"to {found.target}/{found.partition}/{found.offset} "
-                             f"(target offset {found.offset}), "
-                             f"{span(found.lateness_ms)} after its due time")]
-
-    def _dead_letter_step(self, origin: str, since_ms: int, at_ms: int) -> Step:
-        """The dead-lettered step of the request at ``origin``: the DLQ record's code."""
-        wanted = origin.encode()
-        message = tails.search(
-            self._settings.client_config(), self._settings.dlq_topic, since_ms,
-            lambda m: deliveries.header(m, envelope.ORIGIN) in (origin, wanted),
-            purpose="dlq-search")
-        if message is None:
-            return Step(at_ms, "dead-lettered", "its DLQ record was not found")
-        letter = deadletters.decode(message)
-        return Step(letter.at_ms, "dead-lettered",
-                    f"{letter.code}: {letter.detail} (DLQ {letter.partition}/{letter.offset})")
-
     def _expires_ms(self, found: Lookup) -> int | None:
         if found.pending is None:
             return None
@@ -569,7 +524,7 @@ class Reads:
         steps: list[Step] = []
         if ended is not None:
             lane = ended.lane
-            steps += self._end_steps(ended)
+            steps += end_steps(self._settings, ended)
         if found.pending is not None and found.coordinates is not None:
             where = "{}/{}/{}".format(self._settings.requests_topic, *found.coordinates)
             steps.append(Step(found.pending.record_ms, "requested", f"written at {where}"))
@@ -584,16 +539,6 @@ class Reads:
             steps += outcome_steps(self._settings, schedule_id, lane)
             steps += audit_steps(self._settings, self._audit_topic, schedule_id, lane)
         return sorted(steps, key=lambda step: step.at_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """How the schedule an id reference names ended, from the view's ended-id record:
-    its lane, the state, and the request record (None: gone, or not read)."""
-
-    lane: str | None
-    state: codec.IdState
-    request: Message | None
 
 
 def _ended(view: PendingView, originals: Originals, found: Lookup, reference: str,

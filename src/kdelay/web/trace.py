@@ -17,13 +17,16 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 
 from kdelay.plumbing.clients import reader_config
 from kdelay.plumbing.settings import Settings
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.codec import End, IdState
 from kdelay.protocol.forward import id_partition
 from kdelay.protocol.idkeys import decode_answer, outcome_key
-from kdelay.view import tails
+from kdelay.view import deadletters, deliveries, tails
+from kdelay.view.display import span, utc
 from kdelay.web.actions import decode_done
 
 DEPTH = 5_000
@@ -101,3 +104,60 @@ def audit_steps(settings: Settings, audit_topic: str, schedule_id: str,
         steps.append(Step(done.at_ms, f"console {done.action}",
                           f"by {done.who} ({done.role}): {done.reason!r} -> {outcome}"))
     return steps
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How the schedule an id reference names ended, from the view's ended-id record:
+    its lane, the state, and the request record (None: gone, or not read)."""
+
+    lane: str | None
+    state: IdState
+    request: Message | None
+
+
+def end_steps(settings: Settings, ended: Ended) -> list[Step]:
+    """The steps of an ended schedule: its request, and how it ended: delivered (the
+    target record: partition, offset, lateness), dead-lettered (the DLQ record's code),
+    or cancelled. The target record is looked for from the due time on (a delivery is
+    never earlier), the dead letter from the request's time on, each within the bounds
+    of :func:`kdelay.view.tails.search`."""
+    state = ended.state
+    at_ms = state.ended_ms or 0
+    if state.first_key is None:  # an old marker: it knows only a delivery time
+        return [Step(at_ms, "delivered", "the service marked the id delivered")]
+    due_ms, partition, offset = codec.decode_due_key(state.first_key)
+    origin = envelope.origin_of(settings.requests_topic, partition, offset)
+    record_ms = state.fingerprint.timestamp_ms if state.fingerprint else at_ms
+    steps = [Step(record_ms, "requested", f"written at {origin}, due at {utc(due_ms)}")]
+    if state.end is End.CANCELLED:
+        return [*steps, Step(at_ms, "cancelled", "no longer pending: the cancel's request "
+                             "and who sent it are in the outcome and audit steps")]
+    if state.end is End.DEAD_LETTERED:
+        return [*steps, _dead_letter_step(settings, origin, record_ms, at_ms)]
+    target = None if ended.request is None else deliveries.header(ended.request,
+                                                                  envelope.TARGET)
+    if target is None:
+        return [*steps, Step(at_ms, "delivered", "settled by the service; its request is "
+                             "gone (retention), so its target is not known")]
+    found = deliveries.find(settings.client_config(), settings.requests_topic, target,
+                            origin, due_ms)
+    if found is None:
+        return [*steps, Step(at_ms, "delivered", f"settled by the service; its record was "
+                             f"not found on {target} from its due time on")]
+    return [*steps, Step(found.delivered_ms, "delivered",
+                         f"to {found.target}/{found.partition}/{found.offset} "
+                         f"(target offset {found.offset}), "
+                         f"{span(found.lateness_ms)} after its due time")]
+
+
+def _dead_letter_step(settings: Settings, origin: str, since_ms: int, at_ms: int) -> Step:
+    """The dead-lettered step of the request at ``origin``: the DLQ record's code."""
+    message = tails.search(settings.client_config(), settings.dlq_topic, since_ms,
+                           lambda m: deliveries.header(m, envelope.ORIGIN) == origin,
+                           purpose="dlq-search")
+    if message is None:
+        return Step(at_ms, "dead-lettered", "its DLQ record was not found")
+    letter = deadletters.decode(message)
+    return Step(letter.at_ms, "dead-lettered",
+                f"{letter.code}: {letter.detail} (DLQ {letter.partition}/{letter.offset})")
