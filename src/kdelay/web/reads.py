@@ -52,12 +52,15 @@ from kdelay.view.lookup import Lookup, lookup
 from kdelay.view.members import Membership, membership
 from kdelay.view.pending import Originals, Pending, PendingView, headers_of
 from kdelay.view.retention import RetentionReport, check
+from kdelay.web.problems import Problem
 from kdelay.web.snapshots import INTERVAL_S, Freshness, Snapshots
 from kdelay.web.trace import Ended, Step, audit_steps, end_steps, outcome_steps
 
 PREVIEW_BYTES = 4_096
 HOUR_MS = 3_600_000
 DEAD_LETTERS_PER_PARTITION = 100
+LOADING = "view-loading"
+"""The code of the summary's answer before its first read (see :mod:`kdelay.web.snapshots`)."""
 REQUESTS_SEEN = 200
 """How many of each requests partition's newest records name the targets the delivery
 screens read, besides the targets of pending entries."""
@@ -393,19 +396,27 @@ class Reads:
         """The targets the delivery screens read: those of pending entries, those the
         newest requests name (the last :data:`REQUESTS_SEEN` of each requests partition),
         and the worker topics (series and tasks) when they exist."""
-        found: set[str] = {recurring.SERIES_TOPIC, TASKS_TOPIC}
-        if self._snapshots is not None:
-            counted = self._snapshots.summary().backlog(self._clock.now_ms(), HOUR_MS)
-        else:
-            with self._opened() as (view, originals, now_ms):
-                counted = backlog(view, now_ms, HOUR_MS, originals)
-        found.update(counted.by_target or {})
+        found: set[str] = {recurring.SERIES_TOPIC, TASKS_TOPIC, *self._pending_targets()}
         named = tails.newest(self._settings.client_config(), [self.requests_topic],
                              lambda message: deliveries.header(message, envelope.TARGET),
                              per_partition=REQUESTS_SEEN, budget=10 * REQUESTS_SEEN,
                              purpose="targets")
         found.update(target for target in named.items if target)
         return sorted(found)
+
+    def _pending_targets(self) -> set[str]:
+        """The targets of pending entries; none while the summary is first being read
+        (the delivery screens need no view: the newest requests name targets too)."""
+        if self._snapshots is None:
+            with self._opened() as (view, originals, now_ms):
+                return set(backlog(view, now_ms, HOUR_MS, originals).by_target or {})
+        try:
+            summary = self._snapshots.summary()
+        except Problem as exc:
+            if exc.code != LOADING:
+                raise
+            return set()
+        return set(summary.backlog(self._clock.now_ms(), HOUR_MS).by_target or {})
 
     def deliveries(self, target: str | None = None, *,
                    limit: int = HISTORY_LIMIT) -> Latest:

@@ -6,8 +6,17 @@ The reads are stand-ins (``fakes.py``); what they read from the broker is in
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from kdelay.plumbing.clock import ManualClock
+from kdelay.plumbing.settings import Settings
+from kdelay.view import tails
 from kdelay.web.access import Policy
-from tests.unit.web.fakes import basic, client, console_app, users_policy
+from kdelay.web.problems import Problem
+from kdelay.web.reads import Reads
+from tests.unit.web.fakes import NOW_MS, basic, client, console_app, users_policy
 
 
 def test_the_api_lists_deliveries_with_target_offset_id_and_lateness() -> None:
@@ -86,3 +95,18 @@ def test_the_schema_names_the_delivery_endpoints() -> None:
     app, _, _ = console_app(Policy())
     paths = client(app).get("/api/v1/openapi.json").json()["paths"]
     assert {"/api/v1/deliveries", "/api/v1/lateness"} <= set(paths)
+
+
+def test_the_delivery_screens_need_no_summary_while_it_is_first_read(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Before the first summary the pending targets are unknown: the newest requests
+    still name targets, and the screens answer instead of 503 ``view-loading``."""
+
+    class Loading:
+        def summary(self) -> None:
+            raise Problem(503, "view-loading", "still reading")
+
+    reads = Reads(Settings(), tmp_path, ManualClock(NOW_MS), audit_topic="audit")
+    reads._snapshots = Loading()  # type: ignore[assignment]
+    monkeypatch.setattr(tails, "newest", lambda *_, **__: tails.Tail(["orders", None]))
+    assert reads.delivery_targets() == ["kdelay.series", "kdelay.tasks", "orders"]
