@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,8 @@ from kdelay.state.changelog import RestoreError
 from kdelay.state.homes import MoveError
 from kdelay.state.statedir import IndexLocked
 from kdelay.view.export import ExportError
+
+log = logging.getLogger("kdelay.cli")
 
 _DEFAULTS = Settings()
 _COMMON_PANEL = "Common options"
@@ -294,6 +297,9 @@ def reported(*, value_errors: bool = True) -> Iterator[None]:
     except MoveError as exc:
         fail("move-failed", str(exc), KAFKA_ERROR_EXIT)
     except KafkaException as exc:
+        # Where it escaped from: a service ends on a KafkaException only through a gap in
+        # its own handling, which the traceback (at DEBUG, not to scare) points at.
+        log.debug("a Kafka call raised %s", kafka_message(exc), exc_info=True)
         fail("kafka", kafka_message(exc), KAFKA_ERROR_EXIT)
     except ValueError as exc:
         if not value_errors:

@@ -1926,3 +1926,59 @@ def test_a_cancelled_shelved_record_is_counted_out_of_the_held_back_backlog(
     world.indexes[0].apply(Changes(deletes=[keys[-1]]))  # a cancel, as intake applies it
     world.delivery.forget([keys[-1]])
     assert world.delivery.held_back() == {orders: (count - 1, T0)}
+
+# -- a target producer renewed after a fatal error -----------------------------------------
+
+
+def test_flights_taken_back_go_out_again_whatever_their_producer_reported(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target producer failed for good and was replaced: every flight in the air is
+    taken back, even a record whose success was reported, and goes out again on the new
+    producer. Trusting the old one's reports (or its empty queue) could seal an entry it
+    never wrote: lost. A duplicate is what at-least-once allows."""
+    monkeypatch.setattr(delivery_module, "FEW", 1)
+    first = world.request(0, 1, T0)
+    second = world.request(0, 2, T0)
+    world.at(T0)
+    world.at(T0 + int(STALL_S * 1000) + 1)
+    world.settle()  # stalled: the flight is detached, its entries are jobs in flight
+    third = world.request(0, 3, T0 + 6_000)
+    world.at(T0 + 6_000)  # on the reporting producer, while the bulk lane is stalled
+    assert [s.origin for s in world.targets.sent] == [origin(0, 1), origin(0, 2)]
+    assert [s.origin for s in world.each.sent] == [origin(0, 3)]
+    world.targets.report(these=world.targets.sent[:1])  # the first one's success, silently
+    world.targets.unreported.clear()  # the old producer is dropped, never polled again
+    world.each.unreported.clear()
+
+    assert world.delivery.take_back() == 3
+    for key in (first, second, third):
+        assert world.delivery.in_flight(key), "too late to cancel: it may have been written"
+        assert not world.delivery.withhold(key)
+    world.settle()
+    assert world.pending() == [first, second, third], "nothing taken back counts as delivered"
+
+    world.step(T0 + 6_001)
+    again = [s.origin for s in (*world.targets.sent[2:], *world.each.sent[1:])]
+    assert sorted(again, key=repr) == [origin(0, 1), origin(0, 2), origin(0, 3)]
+    world.each.report()
+    world.settle()
+    assert world.pending() == []
+    assert world.sample("kdelay_dead_lettered_total", code="undeliverable") == 0
+
+
+def test_taking_back_spends_no_attempt_and_dead_letters_nothing(tmp_path: Path) -> None:
+    """A record taken back was not refused: its attempts stay as they were, so even with
+    ``--delivery-attempts 1`` it goes out again instead of to the DLQ."""
+    world = World(tmp_path, DeliveryConfig(REQUESTS, CHANGELOG, DLQ, attempts=1))
+    try:
+        key = world.request(0, 1, T0)
+        world.at(T0)
+        world.targets.unreported.clear()
+        assert world.delivery.take_back() == 1
+        world.step(T0 + 1)
+        assert [s.topic for s in world.targets.sent] == ["orders", "orders"]
+        assert [s.topic for s in world.internal.sent if s.topic == DLQ] == []
+        assert world.pending() == []
+        assert key, "the request was put"
+    finally:
+        world.close()

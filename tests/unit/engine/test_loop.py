@@ -76,6 +76,9 @@ class FakeProducer:
         self.name = name
         self.wire = wire
         self.hold = False
+        # A fatal error: raised by the next poll or flush (as confluent-kafka raises it,
+        # instead of calling error_cb), the records held dropped without a report.
+        self.fatal: KafkaError | None = None
         # librdkafka's out queue (len) counts its log, error and statistics events too.
         self.events_waiting = 0
         self._queued: list[tuple[str, int, bytes | None, bytes | None, Report | None]] = []
@@ -92,11 +95,18 @@ class FakeProducer:
         self.sent.append((topic, key, value))
 
     def poll(self, timeout: float = -1) -> int:
+        self._raise_fatal()
         return 0 if self.hold else self._report()
 
     def flush(self, timeout: float = -1) -> int:
+        self._raise_fatal()
         self._report()
         return 0
+
+    def _raise_fatal(self) -> None:
+        if self.fatal is not None:
+            self._queued.clear()
+            raise KafkaException(self.fatal)
 
     def __len__(self) -> int:
         return len(self._queued) + self.events_waiting
@@ -1022,3 +1032,47 @@ def test_a_stop_while_a_restore_waits_for_kafka_ends_the_service_with_a_code(
         assert callbacks.drain_errors() == [raised.value]
     finally:
         loop.service.close()
+
+
+# -- at-least-once: a target producer that failed for good -------------------------------------
+
+
+OUT_OF_SEQUENCE = KafkaError(KafkaError._INCONSISTENT, "Unable to reconstruct MessageSet",
+                             fatal=True)
+
+
+def test_a_target_producer_that_failed_for_good_is_renewed_and_its_records_go_out_again(
+        alo: Loop, caplog: pytest.LogCaptureFixture) -> None:
+    """A target refusing writes longer than the produce timeout can leave the idempotent
+    target producer out of sequence for good; confluent-kafka raises that from its
+    ``poll``. The service renews both target producers instead of ending, and the record
+    the old one held goes out again on the new one: the old one's empty queue, its
+    reports lost, is not taken for a landing."""
+    alo.step()
+    old = alo.clients.producers["targets"]
+    old.hold = True
+    key = alo.request(T0, key=b"a")
+    alo.step()
+    assert ("produce", "targets", "orders", b"a") in alo.wire.events
+    old.fatal = OUT_OF_SEQUENCE
+    with caplog.at_level(logging.INFO, logger="kdelay.engine.commit"):
+        events = alo.step() + alo.step()
+    assert alo.clients.producers["targets"] is not old, "a fresh producer was built"
+    assert ("ack", "targets", "orders", b"a", True) in events, "delivered by the fresh one"
+    assert alo.pending() == [], "and only then out of the index"
+    assert key
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "fresh target producers" in warnings[0].getMessage()
+
+
+def test_renewals_in_a_row_are_said_once(alo: Loop, caplog: pytest.LogCaptureFixture) -> None:
+    alo.step()
+    with caplog.at_level(logging.INFO, logger="kdelay.engine.commit"):
+        for _ in range(3):
+            alo.clients.producers["targets-each"].fatal = OUT_OF_SEQUENCE
+            alo.step()
+    renewed = [r for r in caplog.records if "renewed" in r.getMessage()
+               or "fresh target producers" in r.getMessage()]
+    assert [r.levelno for r in renewed] == [logging.WARNING, logging.INFO, logging.INFO]
+

@@ -52,7 +52,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from kdelay.engine.commit._durability import Acknowledged, Transacted
 from kdelay.engine.commit._takeover import owned, positioned
-from kdelay.engine.commit._transactional import Renewable
+from kdelay.engine.commit._transactional import Renewable, Renewing
 from kdelay.engine.commit._writer import GAPLESS, ChangelogWriter, Failure, Receipts
 from kdelay.engine.delivery import Delivery, Durability
 from kdelay.engine.intake import Plan
@@ -83,6 +83,8 @@ MAX_UNACKED_RECORDS: Final = 20_000
 # At-least-once: how often a partition's deliveries are sealed (a watermark, index
 # deletes) while fewer than a batch landed. Exactly-once seals with each transaction.
 SEAL_EVERY_S: Final = 0.05
+# At-least-once: the renewals of the target producers are said at most once per this long.
+RENEWAL_LOG_EVERY_S: Final = 300.0
 
 ProducerFactory = Callable[..., Transacting]
 """Builds a producer: ``(client_name, **librdkafka_overrides)``."""
@@ -182,22 +184,48 @@ def _report_lost(failures: list[Failure]) -> None:
                   "their origin in the requests topic", len(lost), topic, lost[0].error.str())
 
 
+class Renewals:
+    """Says that the target producers were renewed: a warning the first time, and at
+    most once per :data:`RENEWAL_LOG_EVERY_S` after (with how many renewals since)."""
+
+    def __init__(self) -> None:
+        self._since = 0
+        self._logged = float("-inf")
+
+    def renewed(self, error: KafkaError, again: int, now_s: float) -> None:
+        """The target producers were renewed after ``error`` at monotonic ``now_s``;
+        ``again`` entries go out again."""
+        self._since += 1
+        if now_s < self._logged + RENEWAL_LOG_EVERY_S:
+            log.info("target producers renewed again (%s); %d deliveries go out again",
+                     error.str(), again)
+            return
+        log.warning("a target producer failed for good (%s; a target refused writes for "
+                    "longer than --delivery-timeout-ms?): fresh target producers replace "
+                    "both, and the %d deliveries in the air go out again (perhaps twice); "
+                    "%d renewal(s) since the last such line", error.str(), again, self._since)
+        self._logged, self._since = now_s, 0
+
+
 class AtLeastOnce:
     """Every record is durable on its own acknowledgement; offsets are auto-committed."""
 
     auto_commit = True
 
-    def __init__(self, settings: Settings, targets: Producing, internal: Producing,
+    def __init__(self, settings: Settings, targets: Renewing, internal: Producing,
                  writer: ChangelogWriter, clock: Clock, metrics: Metrics,
-                 stopping: Callable[[], bool], each: Producing | None = None) -> None:
+                 stopping: Callable[[], bool], each: Renewing | None = None) -> None:
         """``targets`` is the bulk lane (failures reported only), ``each`` the producer
-        that reports every record, for while the bulk lane is stalled."""
+        that reports every record, for while the bulk lane is stalled; both are
+        renewed together when one fails for good (:meth:`_renew_failed`)."""
         self.targets = targets
         self.internal = internal
         self.writer = writer
         # Not "each or targets": a producer with a length and an empty queue may be falsy.
         self._each = targets if each is None else each
-        self.durability: Durability = Acknowledged(writer, targets, self._each)
+        self.durability: Durability = Acknowledged(writer, targets, self._each,
+                                                   failed=self._target_failed)
+        self._renewals = Renewals()
         self._requests_topic = settings.requests_topic
         self._drain_s = settings.delivery_timeout_ms / 1000 + 5
         self._clock = clock
@@ -290,13 +318,31 @@ class AtLeastOnce:
         consumer.store_offsets(offsets=[TopicPartition(self._requests_topic, partition, offset)])
 
     def settle(self, delivery: Delivery, indexes: Mapping[int, PartitionIndex]) -> None:
-        """Produce what intake adopted and came due, then apply the reports that arrived."""
+        """Produce what intake adopted and came due, then apply the reports that arrived
+        (after renewing a target producer that failed for good)."""
         delivery.tick(indexes)
         self.targets.poll(0)
         self._each.poll(0)
         self.internal.poll(0)
         self.writer.serve()
+        self._renew_failed(delivery)
         delivery.settle(indexes, delivery.seal(indexes, SEAL_EVERY_S))
+
+    def _target_failed(self) -> bool:
+        """Whether a target producer failed for good and awaits its renewal."""
+        return self.targets.failed is not None or self._each.failed is not None
+
+    def _renew_failed(self, delivery: Delivery) -> None:
+        """Replace both target producers if one failed for good, and take every flight in
+        the air back: its entries go out again on the new ones, whatever the old ones
+        reported (at-least-once: perhaps twice, never lost)."""
+        error = self.targets.failed or self._each.failed
+        if error is None:
+            return
+        self.targets.renew()
+        if self._each is not self.targets:
+            self._each.renew()
+        self._renewals.renewed(error, delivery.take_back(), self._clock.monotonic())
 
     def claim(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
         """Nothing: no transaction holds this group's offsets."""
@@ -307,6 +353,7 @@ class AtLeastOnce:
         deadline = self._clock.monotonic() + self._drain_s
         for producer in (self.targets, self._each, *self._internals()):
             flush_until(producer, deadline, self._clock.monotonic)
+        self._renew_failed(delivery)
         delivery.settle(indexes, delivery.seal(indexes))
         try:
             consumer.commit(asynchronous=False)
@@ -645,8 +692,9 @@ def for_settings(settings: Settings, producers: ProducerFactory, transactional_i
     lane: dict[str, str | int | bool] = {
         "enable.idempotence": True, "linger.ms": 2, "partitioner": s.partitioner,
         "message.timeout.ms": s.delivery_timeout_ms}
-    targets = producers("targets", **lane, **{"delivery.report.only.error": True})
-    each = producers("targets-each", **lane)
+    targets = Renewing(lambda: producers("targets", **lane,
+                                         **{"delivery.report.only.error": True}))
+    each = Renewing(lambda: producers("targets-each", **lane))
     internal = producers("internal", **{
         "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 0})
     writer = ChangelogWriter(producers("changelog", **GAPLESS), s.changelog_topic, metrics,

@@ -9,7 +9,7 @@ goes out on, when it has landed, and where a seal's records are written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kdelay.engine.commit._writer import ChangelogWriter
 from kdelay.engine.delivery import STALL_S, Channel, Flight
@@ -72,11 +72,15 @@ class Acknowledged(Transacted):
     producers are empty again.
     """
 
-    def __init__(self, writer: ChangelogWriter, bulk: Producing, each: Producing) -> None:
+    def __init__(self, writer: ChangelogWriter, bulk: Producing, each: Producing,
+                 failed: Callable[[], bool] = lambda: False) -> None:
+        """``failed`` tells whether a target producer failed for good and awaits its
+        renewal: no flight lands meanwhile (see :meth:`landed`)."""
         super().__init__(writer, each)
         self._bulk = Channel(bulk, bulk=True)
         self._each = self._channel
         self._stalled = False
+        self._failed = failed
 
     def channel(self, airborne: Sequence[Flight], now_s: float, few: bool) -> Channel | None:
         """The bulk lane when nothing is in the air on it; else the reporting producer
@@ -103,8 +107,12 @@ class Acknowledged(Transacted):
 
     def landed(self, flight: Flight) -> bool:
         """Whether every record of ``flight`` has reported (on the bulk lane: whether the
-        bulk producer holds no record any more, failures' reports served)."""
-        if flight.dead_letters > 0:
+        bulk producer holds no record any more, failures' reports served).
+
+        Never while a target producer failed for good: what it reported, or no longer
+        holds, is not trusted; its renewal takes every flight back
+        (:meth:`~kdelay.engine.delivery.Delivery.take_back`)."""
+        if flight.dead_letters > 0 or self._failed():
             return False
         if flight.bulk:
             return len(self._bulk.producer) == 0

@@ -75,6 +75,10 @@ class Job:
     indexed: bool = True
     """False while intake's plan for the entry awaits its acknowledgements: the
     entry may go out, but leaves the index only after it is in it."""
+    doubtful: bool = False
+    """True once a produce of it may have been written without its report ever being
+    served (its producer failed for good, see :meth:`Delivery.take_back`): it goes
+    out again, and is too late to cancel, as if still in flight."""
 
     @property
     def key(self) -> bytes:
@@ -142,9 +146,10 @@ class Book:
         return self._flying
 
     def in_flight(self, key: bytes) -> bool:
-        """Return whether a produce for ``key`` awaits its report."""
+        """Return whether a produce for ``key`` awaits its report (or may have been
+        written, see :attr:`Job.doubtful`)."""
         job = self._jobs.get(key)
-        return job is not None and job.state is State.IN_FLIGHT
+        return job is not None and (job.state is State.IN_FLIGHT or job.doubtful)
 
     def jobs_in(self, state: State) -> list[Job]:
         """Return every job in ``state`` (a walk over all jobs: for rare events)."""
@@ -261,6 +266,5 @@ class Book:
         """Drop the jobs of keys that left the index by other means; in-flight ones stay."""
         for key in keys:
             self._withheld.discard(key)
-            job = self._jobs.get(key)
-            if job is not None and job.state is not State.IN_FLIGHT:
+            if key in self._jobs and not self.in_flight(key):
                 self.drop(key)

@@ -526,6 +526,34 @@ class Delivery:
                 self._failed(key, sink, reason, now)
         self._retries.flush()
 
+    def take_back(self) -> int:
+        """Take back every flight in the air, whatever its reports say: the producer they
+        went out on failed for good and was replaced (at-least-once, see
+        :class:`~kdelay.engine.commit._transactional.Renewing`). Return how many entries
+        go out again.
+
+        None of their entries counts as delivered, not even one whose success was
+        reported: each becomes a job of the book, ready to be sent again at once on
+        the new producer (at-least-once: perhaps twice, never lost). None counts as
+        failed either (no attempt is spent, nothing is dead-lettered for it): whether
+        it was written is unknown, not refused. Each stays too late to cancel
+        (:attr:`~kdelay.engine.delivery._book.Job.doubtful`): the old producer may
+        have written it. Flights landed and sealed are not in the air: they stay
+        delivered.
+        """
+        flights, self._flights = self._flights, []
+        again = 0
+        for flight in flights:
+            if flight.run is not None:
+                self._unrun(flight)
+            for job, _ in flight.jobs:
+                if job.state is State.IN_FLIGHT:
+                    job.doubtful = True
+                    self._book.move(job, State.READY)
+                    again += 1
+        self._cut = False
+        return again
+
     # -- controls ---------------------------------------------------------------
 
     def _let_go(self, now: int) -> None:
@@ -623,15 +651,20 @@ class Delivery:
     def _detach(self, flight: Flight) -> None:
         """Turn a stalled flight's entries into jobs of the book, in flight with it, so
         that its run goes on; they are settled one by one once the flight lands."""
+        self._unrun(flight)
+        self._stalls.detached(len(flight.jobs), self._clock.monotonic())
+
+    def _unrun(self, flight: Flight) -> None:
+        """Move a run flight's entries out of its run into the book, as jobs in flight
+        with it; the run goes on past them."""
         run = flight.run
-        assert run is not None  # noqa: S101 - the caller checks
+        assert run is not None  # noqa: S101 - the callers check
         for at in list(run.live(flight.start, flight.end)):
             job = self._ahead.take_out(run, at)
             self._book.move(job, State.IN_FLIGHT)
             flight.jobs.append((job, Sink.TARGET))
         run.landed = max(run.landed, flight.end)
         flight.run = None
-        self._stalls.detached(len(flight.jobs), self._clock.monotonic())
 
     def _seal(self, partition: int, jobs: list[tuple[Job, Sink]], now: int) -> Seal | None:
         """Write the seal of what is done in ``partition``; return it to apply (None:
