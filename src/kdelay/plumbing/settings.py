@@ -82,7 +82,8 @@ class Settings:
     ``instance_id`` overrides the static group member id (``group.instance.id``)
     that :mod:`kdelay.plumbing.identity` otherwise derives from the host name and the
     state dir. ``session_timeout_ms`` bounds how long the partitions of an
-    instance that died for good stay unserved. ``partitioner`` places keyed
+    instance that died for good stay unserved (6 s: the least a broker accepts by
+    default, ``group.min.session.timeout.ms``). ``partitioner`` places keyed
     records that carry no target partition; librdkafka's ``murmur2_random`` is
     what a Java producer's default partitioner does. ``allowed_targets``
     restricts the topics requests may target to these names and patterns (see
@@ -126,7 +127,7 @@ class Settings:
     batch_size: int = 1_000
     transactional_id: str | None = None
     instance_id: str | None = None
-    session_timeout_ms: int = 10_000
+    session_timeout_ms: int = 6_000
     partitioner: str = "murmur2_random"
     allowed_targets: tuple[str, ...] = ()
     lanes: Lanes = field(default_factory=Lanes)
