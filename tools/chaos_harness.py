@@ -61,21 +61,18 @@ import argparse
 import itertools
 import json
 import os
-import random
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-import crash_harness
+import harness
 import kafka_cluster
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -84,14 +81,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ConfigEntry,
     ConfigResource,
 )
+from harness import Arrivals, Instance, Load, Mix
 
 from kdelay.plumbing.clients import produce
 from kdelay.protocol import envelope
 from kdelay.protocol.idkeys import decode_answer
 
-ROOT = Path(__file__).resolve().parent.parent
-KAFKA = ROOT / "tools" / "kafka"
-KDELAY = ROOT / ".venv" / "bin" / "kdelay"
+KAFKA = harness.ROOT / "tools" / "kafka"
+KDELAY = harness.KDELAY
 # A duplicate under at-least-once is explained by an event within this long after
 # its first copy (the batch in flight when a broker went away).
 IN_FLIGHT_WINDOW_MS = 10_000
@@ -340,83 +337,6 @@ class Deployment:
         return done.stdout
 
 
-class Load(threading.Thread):
-    """Writes requests at a steady rate until stopped, a share with ids, some of those
-    followed by a cancel or a reschedule; remembers what each must become."""
-
-    def __init__(self, deployment: Deployment, options: Options, seed: int) -> None:
-        super().__init__(daemon=True)
-        self._producer = Producer({"bootstrap.servers": deployment.bootstrap,
-                                   "enable.idempotence": True, "linger.ms": 5,
-                                   "message.timeout.ms": 0})
-        self._topic = deployment.requests
-        self._target = deployment.target
-        self._options = options
-        self._rng = random.Random(seed)
-        self._halt = threading.Event()
-        self.due: dict[str, int] = {}
-        self.sent: dict[str, int] = {}
-        self.cancelled: set[str] = set()
-        self.rescheduled: dict[str, int] = {}
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        sent = 0
-        started = time.monotonic()
-        while not self._halt.is_set():
-            self._send(f"r{sent}")
-            sent += 1
-            ahead = sent / self._options.rate - (time.monotonic() - started)
-            if ahead > 0:
-                self._halt.wait(ahead)
-            self._producer.poll(0)
-
-    def _send(self, rid: str) -> None:
-        now = time.time_ns() // 1_000_000
-        kind = self._rng.random()
-        if kind < 0.2:
-            due = now - self._rng.randint(0, 5_000)
-        elif kind < 0.6:
-            due = now + self._rng.randint(1, 999)
-        else:
-            due = now + self._rng.randint(1_000, 5_000)
-        self.due[rid] = due
-        self.sent[rid] = now
-        headers: list[tuple[str, str | bytes | None]] = [
-            (envelope.TARGET, self._target.encode()), (envelope.DUE_MS, str(due).encode())]
-        pick = self._rng.random()
-        sid = f"id-{rid}"
-        with_id = pick < self._options.ids
-        if with_id:
-            headers.append((envelope.SCHEDULE_ID, sid.encode()))
-        self._produce(rid, rid.encode(), headers, now)
-        if not with_id or due < now + 1_500:
-            return
-        if pick < self._options.cancels:
-            self.cancelled.add(rid)
-            self._produce(f"{rid}/cancel", b"", envelope.cancel_headers(sid), now)
-        elif pick < self._options.cancels + self._options.reschedules:
-            self.rescheduled[rid] = due + 2_000
-            self._produce(f"{rid}/reschedule", b"",
-                          envelope.reschedule_headers(sid, due_ms=due + 2_000), now)
-
-    def _produce(self, key: str, value: bytes, headers: list[tuple[str, str | bytes | None]],
-                 now: int) -> None:
-        def report(error: KafkaError | None, _: Message) -> None:
-            if error is not None:
-                self.errors.append(error.str())
-
-        produce(self._producer, self._topic, key=key.encode(), value=value,
-                headers=headers, timestamp=now, on_delivery=report)
-
-    def stop(self) -> None:
-        """Stop writing and wait until every request written is acknowledged."""
-        self._halt.set()
-        self.join()
-        while self._producer.flush(5) > 0:
-            log("waiting for the cluster to acknowledge the load")
-
-
 class Run:
     """One guarantee's deployment, load and ``kdelay run`` through a scenario."""
 
@@ -425,20 +345,20 @@ class Run:
         self.deployment = Deployment(guarantee, options.bootstrap, suffix,
                                      options.workdir / guarantee, options.partitions)
         self.created = self.deployment.create()
-        self.load = Load(self.deployment, options, options.seed + index)
-        shim = crash_harness.Options(options.bootstrap, workdir=self.deployment.workdir)
-        self.instance = crash_harness.Instance(shim, self.deployment.env())
-        self.log_path = self.deployment.workdir / "run-1.log"
-        self.extra: list[crash_harness.Instance] = []
+        self.load = Load(options.bootstrap, self.deployment.requests, self.deployment.target,
+                         Mix(options.rate, options.ids, options.cancels, options.reschedules),
+                         options.seed + index)
+        self.instance = Instance(self.deployment.workdir, self.deployment.env())
+        self.log_path = self.instance.log_path(1)
+        self.extra: list[Instance] = []
         self.extra_exits: list[int] = []
 
     def add_instance(self) -> None:
         """Start one more ``kdelay run`` in the deployment's group (a state dir of its own)."""
         workdir = self.deployment.workdir / f"extra-{len(self.extra) + 1}"
         workdir.mkdir(parents=True, exist_ok=True)
-        shim = crash_harness.Options(self.deployment.bootstrap, workdir=workdir)
-        instance = crash_harness.Instance(shim, {**self.deployment.env(),
-                                                 "KDELAY_STATE_DIR": str(workdir / "state")})
+        instance = Instance(workdir, {**self.deployment.env(),
+                                      "KDELAY_STATE_DIR": str(workdir / "state")})
         instance.start()
         self.extra.append(instance)
 
@@ -492,7 +412,7 @@ class Run:
         """Block until the instance has its partitions (so the load's lateness is
         not its start-up)."""
         deadline = time.monotonic() + timeout_s
-        while not crash_harness.ASSIGNED_AT.search(self.log_path.read_text(errors="replace")):
+        while not harness.ASSIGNED_AT.search(self.log_path.read_text(errors="replace")):
             if time.monotonic() > deadline or not self.instance.alive():
                 raise RuntimeError(f"kdelay run was not assigned its partitions; see "
                                    f"{self.log_path}")
@@ -664,7 +584,7 @@ def percentile(values: list[int], share: float) -> int:
 def outcomes_of(bootstrap: str, topic: str) -> dict[str, set[str]]:
     """Every outcome the outcomes topic holds, by schedule id."""
     found: dict[str, set[str]] = defaultdict(set)
-    reader = crash_harness.TopicReader(bootstrap, topic)
+    reader = harness.TopicReader(bootstrap, topic)
     try:
         for message in reader.drain():
             if message.value():
@@ -681,15 +601,15 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
     env = deployment.env()
     # Every request whose id was not cancelled must arrive; wait for those first.
     must = {rid for rid in load.due if rid not in load.cancelled}
-    delivered = crash_harness.read_all(options.bootstrap, deployment.target, must,
-                                       options.drain_timeout_s)
+    delivered = harness.read_all(options.bootstrap, deployment.target, must,
+                                 options.drain_timeout_s)
     time.sleep(2.0)  # the outcomes of the last cancels
     answers = outcomes_of(options.bootstrap, env["KDELAY_OUTCOMES_TOPIC"])
     exits = (0 if each.instance.alive() else 1) + sum(code != 0 for code in each.extra_exits)
     code = each.instance.terminate()
     if code != 0:
         log(f"{deployment.guarantee}: the instance exited {code}; see {each.log_path}")
-    dead = crash_harness.read_all(options.bootstrap, env["KDELAY_DLQ_TOPIC"], set(), 0.0)
+    dead = harness.read_all(options.bootstrap, env["KDELAY_DLQ_TOPIC"], set(), 0.0)
     due = dict(load.due)
     cancelled_for_good = set()
     for rid in load.cancelled:
@@ -699,24 +619,14 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
     for rid, new_due in load.rescheduled.items():
         if "rescheduled" in answers.get(f"id-{rid}", set()):
             due[rid] = new_due
-    first: dict[str, int] = {}
-    counts: Counter[str] = Counter()
-    by_partition: dict[str, list[int]] = defaultdict(list)
-    for message in delivered:
-        rid = (message.key() or b"").decode()
-        stamp = message.timestamp()[1]
-        counts[rid] += 1
-        first[rid] = min(first.get(rid, stamp), stamp)
-        origin = dict(message.headers() or []).get(envelope.ORIGIN)
-        source = origin.decode(errors="replace") if isinstance(origin, bytes) else "?"
-        by_partition[source.rsplit("/", 1)[0]].append(stamp)
-    early = [rid for rid, stamp in first.items() if stamp < due.get(rid, 0)]
-    lost = [rid for rid in due if rid not in counts and rid not in cancelled_for_good]
+    arrivals = Arrivals.of(delivered)
+    counts, first = arrivals.counts, arrivals.first
+    early = arrivals.early(due)
+    lost = arrivals.lost(due, cancelled_for_good)
     cancelled_delivered = [rid for rid in cancelled_for_good if rid in counts]
-    duplicated = [rid for rid, n in counts.items() if n > 1]
-    windows = replay_windows(cluster.events_ms, stamps_ms(LOST_AT, each.log_path))
-    unexplained = [rid for rid in duplicated
-                   if not any(start <= first[rid] <= end for start, end in windows)]
+    duplicated = arrivals.duplicated()
+    unexplained = arrivals.unexplained(
+        replay_windows(cluster.events_ms, stamps_ms(LOST_AT, each.log_path)))
     for name, rids in (("lost", lost), ("early", early), ("cancelled yet delivered",
                                                          cancelled_delivered),
                        ("unexplained duplicates", unexplained)):
@@ -731,15 +641,14 @@ def judge(each: Run, cluster: Cluster, options: Options, seconds: float) -> Repo
         len(load.cancelled), len(load.rescheduled), len(counts), len(lost), len(early),
         len(cancelled_delivered), len(duplicated), len(unexplained), len(dead), exits,
         len(LOG_LINE.findall(text)), percentile(lateness, 0.5), percentile(lateness, 0.99),
-        max(lateness, default=0), longest_stall(by_partition), round(seconds, 1))
+        max(lateness, default=0), longest_stall(arrivals.by_partition), round(seconds, 1))
 
 
 def stamps_ms(pattern: re.Pattern[str], path: Path) -> list[int]:
     """The times (ms) of the log lines of ``path`` that ``pattern`` finds (its group 1 is
     logging's local ``asctime``)."""
-    found = pattern.findall(path.read_text(errors="replace"))
-    return [int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").astimezone().timestamp()
-                * 1000) for stamp in found]
+    return [harness.logged_ms(stamp)
+            for stamp in pattern.findall(path.read_text(errors="replace"))]
 
 
 def replay_windows(events_ms: list[int], lost_ms: list[int]) -> list[tuple[int, int]]:

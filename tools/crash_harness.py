@@ -14,7 +14,7 @@ pending, and the target topic is read back with
 a ``read_committed`` consumer:
 
 - lost: a request never delivered (nor dead-lettered);
-- early: a delivered record whose timestamp (the delivery time) precedes its due time;
+- early: a request whose first copy's timestamp (the delivery time) precedes its due time;
 - duplicates: a request delivered more than once. Under ``exactly-once`` there
   must be none; under ``at-least-once`` every duplicate's first copy must have
   been delivered shortly before a kill (it was in the batch in flight).
@@ -28,45 +28,30 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 
+import harness
 import kafka_broker
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from harness import Arrivals, Instance, Load, Mix, read_all
 
 from kdelay.controls import write_control
-from kdelay.plumbing.clients import produce
 from kdelay.plumbing.settings import Settings
-from kdelay.protocol import envelope
 from kdelay.protocol.controls import Control, Pause, Scope, Subject
 
-ROOT = Path(__file__).resolve().parent.parent
-KAFKA = ROOT / "tools" / "kafka"
+KAFKA = harness.ROOT / "tools" / "kafka"
 IN_FLIGHT_WINDOW_MS = 5_000
-ASSIGNED_AT = re.compile(r"^(\S+ \S+) (?:\[\S+\] )?INFO kdelay\.engine\.service: assigned \[\d",
-                         re.MULTILINE)
 
 
 @dataclass
@@ -131,177 +116,11 @@ def log(message: str) -> None:
     print(f"crash: {message}", file=sys.stderr, flush=True)
 
 
-class Load(threading.Thread):
-    """Writes requests at a steady rate until stopped; remembers every due time."""
-
-    def __init__(self, bootstrap: str, topic: str, target: str, rate: int, seed: int,
-                 ids: float = 0.0) -> None:
-        super().__init__(daemon=True)
-        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                                   "linger.ms": 5, "message.timeout.ms": 0})
-        self._topic = topic
-        self._target = target
-        self._rate = rate
-        self._ids = ids
-        self._rng = random.Random(seed)
-        self._halt = threading.Event()
-        self.due: dict[str, int] = {}
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        sent = 0
-        started = time.monotonic()
-        while not self._halt.is_set():
-            self._send(f"r{sent}")
-            sent += 1
-            ahead = sent / self._rate - (time.monotonic() - started)
-            if ahead > 0:
-                self._halt.wait(ahead)
-            self._producer.poll(0)
-
-    def _send(self, rid: str) -> None:
-        now = int(time.time() * 1000)
-        kind = self._rng.random()
-        if kind < 0.2:
-            due = now - self._rng.randint(0, 5_000)
-        elif kind < 0.6:
-            due = now + self._rng.randint(1, 999)
-        else:
-            due = now + self._rng.randint(1_000, 5_000)
-        self.due[rid] = due
-        headers: list[tuple[str, str | bytes | None]] = [
-            ("kdelay-target", self._target.encode()), ("kdelay-due-ms", str(due).encode())]
-        if self._rng.random() < self._ids:
-            headers.append(("kdelay-id", f"id-{rid}".encode()))
-
-        def report(error: KafkaError | None, _: Message) -> None:
-            if error is not None:
-                self.errors.append(error.str())
-
-        produce(self._producer, self._topic, key=rid.encode(), value=rid.encode(),
-                headers=headers, timestamp=now, on_delivery=report)
-
-    def stop(self) -> None:
-        """Stop writing and wait until every request written is acknowledged."""
-        self._halt.set()
-        self.join()
-        while self._producer.flush(5) > 0:
-            log("waiting for the broker to acknowledge the load")
-
-
-class Instance:
-    """``kdelay run`` as a subprocess, started again after every kill."""
-
-    def __init__(self, options: Options, env: dict[str, str]) -> None:
-        self._options = options
-        self._env = env
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._runs = 0
-        self.started_ms: list[int] = []
-
-    def serving_times_s(self) -> list[float]:
-        """Seconds from each restart to its first partition assignment, for restarts that got one.
-
-        Read from the ``assigned [...]`` line each run logs (its timestamp is the
-        wall clock, like the recorded start).
-        """
-        times = []
-        for run, started in enumerate(self.started_ms[1:], start=2):
-            text = (self._options.workdir / f"run-{run}.log").read_text(errors="replace")
-            found = ASSIGNED_AT.search(text)
-            if found:
-                # logging's asctime is local time: astimezone() reads it so.
-                stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").astimezone()
-                stamp_ms = int(stamp.timestamp() * 1000)
-                times.append((stamp_ms - started) / 1000)
-        return times
-
-    def show_last_run(self, lines: int = 60) -> None:
-        """Print the last run's log lines (the run that delivered after the last kill)."""
-        path = self._options.workdir / f"run-{self._runs}.log"
-        tail = path.read_text(errors="replace").splitlines()[-lines:]
-        log(f"the last {len(tail)} lines of {path}:\n" + "\n".join(tail))
-
-    @property
-    def state_dir(self) -> Path:
-        return Path(self._env["KDELAY_STATE_DIR"])
-
-    def start(self) -> None:
-        self._runs += 1
-        self.started_ms.append(time.time_ns() // 1_000_000)
-        with (self._options.workdir / f"run-{self._runs}.log").open("wb") as out:
-            self._proc = subprocess.Popen(
-                [str(ROOT / ".venv" / "bin" / "kdelay"), "run", "--log-level", "INFO"],
-                env=self._env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGKILL)
-            self._proc.wait()
-
-    def terminate(self) -> int:
-        if self._proc is None:
-            return 0
-        self._proc.send_signal(signal.SIGTERM)
-        return self._proc.wait(timeout=60)
-
-
 def create_topics(admin: AdminClient, names: dict[str, tuple[int, dict[str, str]]]) -> None:
     """Create topics, each ``name -> (partitions, config)``."""
     futures = admin.create_topics([NewTopic(n, p, 1, config=c) for n, (p, c) in names.items()])
     for future in futures.values():
         future.result(timeout=30)
-
-
-class TopicReader:
-    """Reads a whole topic with read_committed, from the beginning, up to its current end."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": f"crash-{uuid.uuid4()}",
-            "enable.auto.commit": False, "isolation.level": "read_committed",
-            "enable.partition.eof": True})
-        metadata = self._consumer.list_topics(topic, timeout=30)
-        self._partitions = sorted(metadata.topics[topic].partitions)
-        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
-                               for p in self._partitions])
-        self.messages: list[Message] = []
-
-    def drain(self, timeout_s: float = 60.0) -> list[Message]:
-        """Read until every partition reports its end; return everything read so far."""
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(at_end) < len(self._partitions) and time.monotonic() < deadline:
-            for message in self._consumer.consume(10_000, timeout=0.5):
-                error = message.error()
-                if error is None:
-                    self.messages.append(message)
-                    at_end.discard(int(message.partition() or 0))
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(int(message.partition() or 0))
-        return self.messages
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-def read_all(bootstrap: str, topic: str, keys: set[str], timeout_s: float) -> list[Message]:
-    """Read ``topic`` until every key in ``keys`` has arrived or ``timeout_s`` passes."""
-    reader = TopicReader(bootstrap, topic)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            found = {(m.key() or b"").decode() for m in reader.drain()}
-            missing = len(keys - found)
-            if not missing or time.monotonic() > deadline:
-                return reader.messages
-            log(f"{missing} requests not delivered yet")
-            time.sleep(1.0)
-    finally:
-        reader.close()
 
 
 def kill_broker(broker_env: Mapping[str, str] | None) -> bool:
@@ -347,9 +166,10 @@ def run(options: Options) -> Report:
            "KDELAY_STATE_DIR": str(options.workdir / "state"),
            "KDELAY_GUARANTEE": options.guarantee}
     started = time.monotonic()
-    load = Load(options.bootstrap, requests, target, options.rate, options.seed, options.ids)
+    load = Load(options.bootstrap, requests, target, Mix(options.rate, options.ids),
+                options.seed)
     load.start()
-    instance = Instance(options, env)
+    instance = Instance(options.workdir, env)
     instance.start()
     kill_times: list[int] = []
     state_losses = 0
@@ -420,27 +240,18 @@ class ControlChanger:
 
 def _copy(message: Message) -> str:
     """Where a delivered copy is, and the request it was made from (its origin header)."""
-    origin = dict(message.headers() or []).get(envelope.ORIGIN)
-    source = origin.decode(errors="replace") if isinstance(origin, bytes) else "?"
-    return f"{message.partition()}/{message.offset()} from {source}"
+    return f"{message.partition()}/{message.offset()} from {harness.origin_of(message)}"
 
 
 def judge(options: Options, due: dict[str, int], delivered: list[Message],
           dead: list[Message], kill_times: list[int], losses: tuple[int, int],
           seconds: float) -> Report:
-    """Compare what was requested with what arrived."""
-    first: dict[str, int] = {}
-    counts: Counter[str] = Counter()
-    early = 0
-    for message in delivered:
-        rid = (message.key() or b"").decode()
-        stamp = message.timestamp()[1]
-        counts[rid] += 1
-        first[rid] = min(first.get(rid, stamp), stamp)
-        early += stamp < due.get(rid, 0)
-    duplicated = [rid for rid, n in counts.items() if n > 1]
-    unexplained = [rid for rid in duplicated
-                   if not any(0 <= kill - first[rid] <= IN_FLIGHT_WINDOW_MS for kill in kill_times)]
+    """Compare what was requested with what arrived: a duplicate is explained when its
+    first copy went out at most ``IN_FLIGHT_WINDOW_MS`` before a kill (it was in flight)."""
+    arrivals = Arrivals.of(delivered)
+    duplicated = arrivals.duplicated()
+    unexplained = arrivals.unexplained([(kill - IN_FLIGHT_WINDOW_MS, kill) for kill in kill_times])
+    first = arrivals.first
     for rid in unexplained[:10]:
         copies = sorted((m for m in delivered if (m.key() or b"").decode() == rid),
                         key=lambda m: m.timestamp()[1])
@@ -448,12 +259,12 @@ def judge(options: Options, due: dict[str, int], delivered: list[Message],
         log(f"duplicate not explained by a kill: {rid} due {due.get(rid)} delivered at "
             f"{[m.timestamp()[1] for m in copies]} ({', '.join(map(_copy, copies))}); "
             f"next kill {min(after) if after else None} ms after the first")
-    lost = [rid for rid in due if rid not in counts]
+    lost = arrivals.lost(due)
     if lost:
         log(f"lost: {lost[:10]}")
     return Report(options.guarantee, options.kills, losses[1], losses[0], len(due),
-                  len(counts), len(lost), len(duplicated), len(unexplained), early, len(dead),
-                  round(seconds, 1))
+                  len(arrivals.counts), len(lost), len(duplicated), len(unexplained),
+                  len(arrivals.early(due)), len(dead), round(seconds, 1))
 
 
 def main() -> int:
