@@ -93,5 +93,5 @@ class KafkaClients:
         config = self._settings.client_config(name, **overrides)
         config["error_cb"] = self._errors.callback(
             name, watch=watch, renewable="transactional.id" in overrides)
-        config["logger"] = self._errors.quiet(config["logger"])
+        config["logger"] = self._errors.quiet(config["logger"], name)
         return config

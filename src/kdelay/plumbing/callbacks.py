@@ -115,6 +115,7 @@ class ClientErrors:
         self._monotonic = monotonic
         self._session_lost_s: float | None = None
         self._said_loading = False
+        self._rare_lines: dict[str, dict[object, float]] = {}
 
     def loading_first_said(self) -> bool:
         """Return True the first time a client says the coordinators are loading, False
@@ -179,28 +180,33 @@ class ClientErrors:
         lost = self._session_lost_s
         return lost is not None and self._monotonic() - lost < OWN_FENCE_WINDOW_S
 
-    def quiet(self, logger: Any) -> Any:
+    def quiet(self, logger: Any, client: str = "") -> Any:
         """Wrap a client's ``logger`` so that it drops connection failures while Kafka is away.
 
         librdkafka logs every failed connection attempt of every client, about
         one line a second each (facility ``FAIL``); during an outage that is
         thousands of lines saying the same thing. The wrapper drops them while
         Kafka is unreachable, and passes at most one a minute otherwise (a
-        client polled rarely serves the lines of a whole outage at once).
+        client polled rarely serves the lines of a whole outage at once). The
+        clients named ``client`` share that minute: a client replaced by a new
+        one (a renewed producer, a consumer rejoining) does not say it again.
         """
-        return _QuietLogger(logger, self)
+        rare = self._rare_lines.setdefault(client, {}) if client else {}
+        return _QuietLogger(logger, self, rare)
 
 
 class _QuietLogger:
     """A librdkafka ``logger`` that drops ``FAIL`` lines while :class:`ClientErrors` says
     Kafka is unreachable, and passes every other line to the logger it wraps."""
 
-    def __init__(self, logger: Any, errors: ClientErrors,
+    def __init__(self, logger: Any, errors: ClientErrors, next_s: dict[object, float],
                  monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``next_s`` holds, per facility of :data:`RARE_FACILITIES`, when its next line
+        may pass (shared by the clients of one name)."""
         self._logger = logger
         self._errors = errors
         self._monotonic = monotonic
-        self._next_s: dict[object, float] = {}
+        self._next_s = next_s
 
     def log(self, level: int, message: str, *args: object) -> None:
         """Pass the line on, unless it is a connection failure during an outage, a

@@ -59,6 +59,17 @@ def test_connection_failures_are_dropped_during_an_outage_and_rare_otherwise() -
     assert lines.lines == [("FAIL", "c", "refused"), ("SESSTMOUT", "c", "other lines pass")]
 
 
+def test_a_client_replaced_by_another_of_its_name_does_not_say_its_failure_again() -> None:
+    """A renewed target producer connects to the same broker that is down: the line its
+    predecessor passed within the minute stands for it too; another client still says its own."""
+    errors = ClientErrors()
+    lines = Lines()
+    errors.quiet(lines, "targets").log(40, "%s [%s] %s", "FAIL", "targets", "refused")
+    errors.quiet(lines, "targets").log(40, "%s [%s] %s", "FAIL", "targets", "refused, new one")
+    errors.quiet(lines, "internal").log(40, "%s [%s] %s", "FAIL", "internal", "refused")
+    assert lines.lines == [("FAIL", "targets", "refused"), ("FAIL", "internal", "refused")]
+
+
 def test_a_renewable_client_latches_only_a_fence() -> None:
     errors = ClientErrors()
     on_error = errors.callback("transactions", renewable=True)
