@@ -202,7 +202,8 @@ class World:
     """A Delivery wired to fakes, a manual clock and real indexes of three partitions."""
 
     def __init__(self, tmp_path: Path, config: DeliveryConfig = CONFIG, *,
-                 transactional: bool = False, release: Release = by_service_clock) -> None:
+                 transactional: bool = False, release: Release = by_service_clock,
+                 failed: Callable[[], bool] = lambda: False) -> None:
         self.clock = ManualClock(T0)
         # At-least-once: the bulk lane reports failures only; the other producer
         # (for while the bulk lane is stalled) reports every record.
@@ -214,7 +215,7 @@ class World:
         self.writer = ChangelogWriter(self.internal, CHANGELOG, self.metrics)
         self.indexes = {p: PartitionIndex(tmp_path / f"p{p}", p) for p in (0, 1, 2)}
         durability = (Transacted(self.writer, self.targets) if transactional
-                      else Acknowledged(self.writer, self.targets, self.each))
+                      else Acknowledged(self.writer, self.targets, self.each, failed))
         self.outage = False
         self.delivery = Delivery(config, self.targets, self.internal, self.reader,
                                  self.clock, self.metrics, durability, release,
@@ -1980,5 +1981,22 @@ def test_taking_back_spends_no_attempt_and_dead_letters_nothing(tmp_path: Path) 
         assert [s.topic for s in world.internal.sent if s.topic == DLQ] == []
         assert world.pending() == []
         assert key, "the request was put"
+    finally:
+        world.close()
+
+
+def test_no_flight_lands_while_a_target_producer_awaits_its_renewal(tmp_path: Path) -> None:
+    """Between a target producer's fatal error and its renewal, its empty queue (the
+    records purged, their reports never served) must not read as landed."""
+    failed = [False]
+    world = World(tmp_path, failed=lambda: failed[0])
+    try:
+        key = world.request(0, 1, T0)
+        world.at(T0)
+        failed[0] = True
+        world.targets.unreported.clear()  # purged: len 0, no report
+        world.settle()
+        assert world.pending() == [key], "not sealed as delivered"
+        assert world.delivery.in_flight(key)
     finally:
         world.close()
