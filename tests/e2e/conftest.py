@@ -43,9 +43,10 @@ from tests.conftest import _unavailable, produce_all
 READY = re.compile(r"assigned \[\d")
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 60.0
-# A dead instance's partitions are served again after one session timeout (10 s by
-# default) plus the rebalance and the restore: 10-12.5 s measured alone, 15.3 s once in
-# a loaded CI run. The bound catches a failover that waits for anything longer
+# A dead instance's partitions are served again after one session timeout (6 s by
+# default; 10 s until session 47) plus the rebalance and the restore: 6.1-6.8 s measured
+# alone on a three-broker cluster (10-12.5 s with 10 s, 15.3 s once in a loaded CI
+# run). The bound catches a failover that waits for anything longer
 # (librdkafka's default session timeout, 45 s; a dead transaction's timeout, 300 s;
 # the poll interval) without failing on a slow minute of the machine; the measured
 # figure is printed, and its timing belongs to tools/bench.
