@@ -12,6 +12,7 @@ record written is in force, and ``kdelay target list`` shows it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -31,6 +32,8 @@ from kdelay.protocol.controls import (
 )
 
 TIMEOUT_S = 10.0
+POLL_S = 0.1
+"""How long one poll of the controls topic waits for records."""
 
 
 class ControlsUnavailable(KdelayError):
@@ -101,26 +104,31 @@ def read_controls(settings: Settings, timeout_s: float = TIMEOUT_S) -> dict[Subj
 
 def _read(consumer: Consumer, topic: str, partitions: list[int],
           timeout_s: float) -> dict[Subject, Control]:
+    """Read ``partitions`` of ``topic`` from the beginning to the end they had when asked.
+
+    The end is reached when the consumer's position passes it, so offsets that
+    compaction removed at the end do not keep it waiting. Reads in short polls:
+    a topic of a few records is read in one broker round trip, not in
+    ``timeout_s`` (``consume`` waits for its whole batch or its timeout).
+    """
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
             for p in partitions}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     found: dict[Subject, Control] = {}
     left = {p for p, end in ends.items() if end > 0}
+    deadline = time.monotonic() + timeout_s
     while left:
-        messages = consumer.consume(500, timeout_s)
-        if not messages:
-            raise ControlsUnavailable(
-                    f"the controls topic {topic} was not read in time")
-        for message in messages:
+        if time.monotonic() > deadline:
+            raise ControlsUnavailable(f"the controls topic {topic} was not read in time")
+        for message in consumer.consume(500, POLL_S):
             if message.error() is not None:
                 continue
-            partition, offset = message.partition() or 0, message.offset() or 0
-            if offset + 1 >= ends[partition]:
-                left.discard(partition)
             try:
                 found[decode_subject(message.key())] = decode_control(message.value())
             except ControlError:
                 continue
+        positions = consumer.position([TopicPartition(topic, p) for p in left])
+        left -= {tp.partition for tp in positions if tp.offset >= ends[tp.partition]}
     return {subject: control for subject, control in found.items() if not control.empty}
 
 
