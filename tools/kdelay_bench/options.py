@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-SCENARIOS = ("floor", "pipe", "intake", "burst", "lateness", "footprint", "restore", "capacity",
-             "operator", "spark", "transfer", "console")
+SCENARIOS = ("floor", "pipe", "intake", "burst", "lateness", "catchup", "footprint", "restore",
+             "capacity", "operator", "spark", "transfer", "console")
 OPT_IN = ("capacity", "spark", "transfer", "console")
 GUARANTEES = ("at-least-once", "exactly-once")
 
@@ -32,6 +32,7 @@ SIZES: dict[str, tuple[float, float]] = {
     "spark_requests": (1_000_000, 100_000),
     "transfer_pending": (1_000_000, 100_000),
     "console_pending": (1_000_000, 100_000),
+    "catchup_records": (20_000, 5_000),
 }
 # With --long the operator scenario runs again at this size.
 OPERATOR_LONG_PENDING = 10_000_000
@@ -77,6 +78,8 @@ class BenchOptions:
     charts_dir: Path | None = None
     peer: Path | None = None
     burst_lead_s: float | None = None
+    catchup_records: int = 20_000
+    catchup_rate: int = 2_000
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -141,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--burst-lead-s", type=float, help="seconds from the start of the "
                    "burst's write to its due instant (default: 15 + records/50k + "
                    "records/20k); both schedulers must take the records in meanwhile")
+    p.add_argument("--catchup-rate", type=int, default=2_000, help="the catchup scenario's "
+                   "catch-up rate, records a second (default 2000)")
     p.add_argument("--work-dir", type=Path, help="state directories (default: a temp dir)")
     p.add_argument("--keep-topics", action="store_true", help="do not delete bench topics")
     return p
@@ -206,4 +211,5 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
         keep_topics=args.keep_topics, charts_dir=args.charts, peer=_peer(args.peer),
         burst_lead_s=args.burst_lead_s,
+        catchup_records=int(_size(args, "catchup_records")), catchup_rate=args.catchup_rate,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from kdelay_bench import chart, served
 from kdelay_bench.broker import Topics, bootstrap_servers, external_broker, left_running
 from kdelay_bench.capacity import run_capacity
+from kdelay_bench.catchup import run_catchup
 from kdelay_bench.console import run_console
 from kdelay_bench.floor import relate as relate_to_floor
 from kdelay_bench.floor import run_floor
@@ -97,6 +98,9 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
         if peer is not None:
             results += _guarded("peer-lateness", lambda: served.peer_steady(
                 setup, peer, _load(options)))
+    if "catchup" in chosen:
+        results += _guarded("catchup", lambda: [run_catchup(
+            setup, options.catchup_records, options.catchup_rate)])
     if "footprint" in chosen:
         results += _guarded("footprint", lambda: run_footprint(
             setup.work_dir, options.footprint_entries, options.footprint_values))
