@@ -111,6 +111,9 @@ class Plan:
 
 
 _SCHEDULED: Final = (Outcome.SCHEDULED, "")
+_SCHEDULED_KIND: Final = Outcome.SCHEDULED
+_REJECTED: Final = Outcome.REJECTED
+_FORWARDED: Final = Outcome.FORWARDED
 # Message's methods, looked up once: compiled, a call through the method itself
 # skips the lookup by name (about a quarter of each of the five calls a request).
 _OFFSET: Final = Message.offset
@@ -402,7 +405,15 @@ class Planner:
         """Index a valid request, its id by its id key (:func:`idkeys.id_key`: unique within
         its lane); ``timestamp`` is as :func:`fingerprint_of` reads it."""
         sid, lane = schedule.schedule_id, schedule.lane
-        if sid is not None and lane is not None:
+        if sid is None:  # most requests: no id to look up, nowhere else to go
+            key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
+            if not self._pending_before(key, message):
+                crc = codec.framed_crc(_KEY(message), _VALUE(message))
+                self._put(plan, key, None, codec.encode_index_fields(
+                    timestamp, crc, None, schedule.target), message, offset >= self._fresh_from)
+            plan.outcomes.append(_SCHEDULED)
+            return
+        if lane is not None:
             sid = idkeys.id_key(sid, lane)
         fingerprint = codec.fingerprint(_KEY(message), _VALUE(message), timestamp)
         home = None if sid is None else self._elsewhere(plan, sid)
@@ -440,19 +451,23 @@ class Planner:
         if not (pending or self._pending_before(key, message)):
             if sid is not None:
                 plan.changes.ids[sid] = IdState(key, None)
-            raw = codec.encode_index_value(value)
-            plan.changes.puts.append(Entry(key, value, raw))
-            if fresh:
-                plan.changes.absent.add(key)
-            if message is not None:
-                plan.originals[key] = message
-            plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw,
-                                                None)))
+            self._put(plan, key, value, codec.encode_index_value(value), message, fresh)
         if sid is None:
             plan.outcomes.append(_SCHEDULED)
         else:
             plan.outcomes.append((Outcome.SCHEDULED, idkeys.shown_id(sid)))
             self._answer(plan, Outcome.SCHEDULED, sid, key)
+
+    def _put(self, plan: Plan, key: bytes, value: IndexValue | None, raw: bytes,
+             message: Message | None, fresh: bool) -> None:
+        """Put the entry ``key`` (``raw``: its value encoded; ``value`` decoded, if at hand),
+        with its changelog record; ``fresh`` and ``message`` as for :meth:`_index`."""
+        plan.changes.puts.append(Entry(key, value, raw))
+        if fresh:
+            plan.changes.absent.add(key)
+        if message is not None:
+            plan.originals[key] = message
+        plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
 
     def _pending_before(self, key: bytes, message: Message | None) -> bool:
         """Whether a request read again (below ``rereads_below``) is pending in the index,
@@ -613,14 +628,23 @@ CONFLICTS_LOGGED: Final = 5
 
 
 def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> None:
-    """Count a batch's outcomes (one metric update per kind) and log the notable ones."""
+    """Count a batch's outcomes (one metric update per kind) and log the notable ones.
+
+    The requests scheduled without an id, most of a batch as a rule, share one
+    tuple (``_SCHEDULED``): they are counted in one C call and skipped below.
+    """
     kinds: Counter[Outcome] = Counter()
     reasons: Counter[str] = Counter()
-    for outcome, detail in outcomes:
+    plain = outcomes.count(_SCHEDULED)
+    if plain:
+        kinds[_SCHEDULED_KIND] = plain
+    for outcome, detail in outcomes if plain < len(outcomes) else []:
+        if outcome is _SCHEDULED_KIND and not detail:
+            continue  # counted above
         kinds[outcome] += 1
-        if outcome is Outcome.REJECTED:
+        if outcome is _REJECTED:
             reasons[detail.split(":", 1)[0]] += 1
-        elif outcome is not Outcome.SCHEDULED and outcome is not Outcome.FORWARDED:
+        elif outcome is not _SCHEDULED_KIND and outcome is not _FORWARDED:
             log.info("request %s: %s", outcome, detail)
     for outcome, count in kinds.items():
         metrics.intake.records.labels(outcome=str(outcome)).inc(count)

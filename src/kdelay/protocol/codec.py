@@ -369,25 +369,31 @@ def encode_index_value(v: IndexValue) -> bytes:
     longer than 65 535 bytes next to a target, or a field out of range.
     """
     timestamp_ms, crc = v.fingerprint
+    return encode_index_fields(timestamp_ms, crc, v.schedule_id, v.target)
+
+
+def encode_index_fields(timestamp_ms: int, crc: int, sid: str | None,
+                        target: str | None) -> bytes:
+    """:func:`encode_index_value` of the value with these fields, built from them: intake
+    encodes each request's value so, without the tuples of an :class:`IndexValue`."""
     try:
         head = _pack_index_head(timestamp_ms, crc)
     except struct.error:  # the checks run only to name the bad field
         _check_range("fingerprint timestamp_ms", timestamp_ms, _I64_MIN, _I64_MAX)
         _check_range("fingerprint crc", crc, 0, _U32_MAX)
         raise
-    sid = v.schedule_id
     if sid is not None and not sid:
         raise ValueError("a schedule id must not be empty")
-    if sid is None and v.target is not None:  # most requests: a deployment has few targets
-        return head + (_NO_ID_TAILS.get(v.target) or _no_id_tail(v.target))
+    if sid is None and target is not None:  # most requests: a deployment has few targets
+        return head + (_NO_ID_TAILS.get(target) or _no_id_tail(target))
     raw_id = b"" if sid is None else sid.encode("utf-8", "surrogateescape")  # encode_id_key
-    if v.target is None and raw_id[:1] != LANE_BYTE:
+    if target is None and raw_id[:1] != LANE_BYTE:
         return head + raw_id
     if len(raw_id) > 0xFFFF:
         raise ValueError(f"a schedule id next to a target has at most 65535 bytes, "
                          f"got {len(raw_id)}")
-    target = b"" if v.target is None else v.target.encode()  # empty: a lane's id, no target
-    return head + _TARGET_HEAD.pack(_WITH_TARGET, len(raw_id)) + raw_id + target
+    named = b"" if target is None else target.encode()  # empty: a lane's id, no target
+    return head + _TARGET_HEAD.pack(_WITH_TARGET, len(raw_id)) + raw_id + named
 
 
 def _no_id_tail(target: str) -> bytes:

@@ -20,18 +20,30 @@ class Entry:
 
     Treated as immutable. A class of its own rather than a dataclass: intake
     makes one per request, and a dataclass's generated ``__init__`` runs
-    interpreted even here; :attr:`due` is decoded from the key when first asked
-    (of intake's entries, only those delivery may adopt are). Entries are equal
+    interpreted even here; :attr:`due` is decoded from the key, and :attr:`value`
+    from ``raw`` when the entry was made without it, when first asked (of
+    intake's entries, only those delivery may adopt are). Entries are equal
     when key and value are.
     """
 
-    def __init__(self, key: bytes, value: IndexValue, raw: bytes = b"") -> None:
+    def __init__(self, key: bytes, value: IndexValue | None, raw: bytes = b"") -> None:
         """``raw`` is the value as encoded, when the caller already has it (saves
-        encoding twice)."""
+        encoding twice); ``value`` may then be None, decoded from ``raw`` if asked.
+        ValueError when both are missing."""
+        if value is None and not raw:
+            raise ValueError("an entry needs its value, decoded or encoded")
         self.key = key
-        self.value = value
+        self._value = value
         self.raw = raw
         self._due: codec.DueKey | None = None
+
+    @property
+    def value(self) -> IndexValue:
+        """The index value: the request's fingerprint, id and target."""
+        value = self._value
+        if value is None:
+            value = self._value = codec.decode_index_value(self.raw)
+        return value
 
     @property
     def due(self) -> codec.DueKey:

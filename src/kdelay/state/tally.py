@@ -210,13 +210,19 @@ def change_of(new: dict[bytes, bytes], deletes: list[bytes], known: dict[bytes, 
     looked_up = [key for key in new if key not in absent] if absent else [*new]
     keys = [*looked_up, *(key for key in deletes if key not in known)]
     present: dict[bytes, bytes] = {}
-    for key, value in zip(keys, values_of(keys), strict=True):
-        if value is not None:
-            present[key] = value
+    if keys:
+        for key, value in zip(keys, values_of(keys), strict=True):
+            if value is not None:
+                present[key] = value
     present.update(known)
-    added = [key for key in new if key not in present]
-    added_values = [new[key] for key in added]
+    if present:
+        added = [key for key in new if key not in present]
+        added_values = [new[key] for key in added]
+    else:  # intake's usual batch: every put new, nothing deleted
+        added, added_values = [*new], [*new.values()]
     change.count_all(added, added_values, 1)
+    if not deletes:
+        return change
     present.update(zip(added, added_values, strict=True))
     removed = [key for key in dict.fromkeys(deletes) if key in present]
     change.count_all(removed, [present.pop(key) for key in removed], -1)

@@ -27,6 +27,7 @@ from kdelay.protocol.codec import (
     encode_due_key,
     encode_expiry_key,
     encode_id_state,
+    encode_index_fields,
     encode_index_value,
     encode_offset,
     encode_watermark,
@@ -160,6 +161,14 @@ def test_index_value_round_trips(fp: Fingerprint, schedule_id: str | None,
                                  target: str | None) -> None:
     value = IndexValue(fp, schedule_id, target)
     assert decode_index_value(encode_index_value(value)) == value
+
+
+@given(fingerprints, st.none() | utf8_ids, st.none() | utf8_ids)
+def test_index_fields_encode_as_their_value(fp: Fingerprint, schedule_id: str | None,
+                                            target: str | None) -> None:
+    value = IndexValue(fp, schedule_id, target)
+    assert encode_index_fields(fp.timestamp_ms, fp.crc, schedule_id, target) == (
+        encode_index_value(value))
 
 
 def test_index_value_layout() -> None:

@@ -798,3 +798,13 @@ def test_the_sweep_backlog_is_counted_again_on_open(tmp_path: Path) -> None:
         assert again.sweep_backlog == 7
     finally:
         again.close()
+
+
+def test_an_entry_made_from_its_encoded_value_decodes_it_when_asked() -> None:
+    value = IndexValue(Fingerprint(1_000, 7), None, "orders")
+    key = encode_due_key(5_000, 0, 1)
+    lazy = Entry(key, None, encode_index_value(value))
+    assert lazy.value == value
+    assert lazy == Entry(key, value)
+    with pytest.raises(ValueError, match="needs its value"):
+        Entry(key, None)
