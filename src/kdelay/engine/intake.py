@@ -94,7 +94,10 @@ class Plan:
     partition: int
     first: int | None = None
     changes: Changes = field(default_factory=Changes)
-    changelog: list[Record] = field(default_factory=list)
+    # The changelog records mirroring ``changes``, in order: keys and values (None: a
+    # tombstone) side by side, no record object a request.
+    log_keys: list[bytes] = field(default_factory=list)
+    log_values: list[bytes | None] = field(default_factory=list)
     dead_letters: list[Record] = field(default_factory=list)
     # Forward records to the partitions of ids that live elsewhere (requests topic),
     # and the offset of the first request forwarded.
@@ -108,6 +111,18 @@ class Plan:
     # The request records behind ``changes.puts``, so delivery can take the
     # ones due soon without reading them back from Kafka.
     originals: dict[bytes, Message] = field(default_factory=dict)
+    log_topic: str = field(default="", compare=False)  # the changelog, for :attr:`changelog`
+
+    def log(self, key: bytes, value: bytes | None) -> None:
+        """Add a changelog record (``value`` None: a tombstone) after those planned."""
+        self.log_keys.append(key)
+        self.log_values.append(value)
+
+    @property
+    def changelog(self) -> list[Record]:
+        """The changelog records of the plan, in order, as records to ``log_topic``."""
+        return [Record(self.log_topic, self.partition, key, value)
+                for key, value in zip(self.log_keys, self.log_values, strict=True)]
 
 
 _SCHEDULED: Final = (Outcome.SCHEDULED, "")
@@ -254,7 +269,7 @@ class Planner:
              ages: list[int] | None = None) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order; append the
         age at ``now_ms`` of each record with a timestamp to ``ages``, if given."""
-        plan = Plan(partition)
+        plan = Plan(partition, log_topic=self._changelog)
         self._prune(plan)
         limits, refusal, open_targets = self._limits, self._policy.refusal, self._open
         offset = None
@@ -313,8 +328,7 @@ class Planner:
             plan.changes.expired.append(expiry_key)
             if sid and sid not in plan.changes.ids and sid not in self._unapplied:
                 plan.changes.ids[sid] = None
-                plan.changelog.append(Record(self._changelog, plan.partition,
-                                             codec.id_record_key(sid), None))
+                plan.log(codec.id_record_key(sid), None)
 
     def _now(self, fallback: int | None) -> int:
         """The service clock's time; without one, ``fallback`` (a record's timestamp) or 0."""
@@ -467,7 +481,7 @@ class Planner:
             plan.changes.absent.add(key)
         if message is not None:
             plan.originals[key] = message
-        plan.changelog.append(_new(Record, (self._changelog, plan.partition, key, raw, None)))
+        plan.log(key, raw)
 
     def _pending_before(self, key: bytes, message: Message | None) -> bool:
         """Whether a request read again (below ``rereads_below``) is pending in the index,
@@ -557,9 +571,7 @@ class Planner:
         self._take_out(plan, key)
         state = codec.ended(End.CANCELLED, self._now(timestamp), key, fingerprint)
         plan.changes.ids[schedule_id] = state
-        plan.changelog.append(Record(self._changelog, plan.partition,
-                                     codec.id_record_key(schedule_id),
-                                     codec.encode_id_state(state)))
+        plan.log(codec.id_record_key(schedule_id), codec.encode_id_state(state))
 
     def _reschedule(self, plan: Plan, message: Message, request: Reschedule,
                     offset: int) -> None:
@@ -605,7 +617,7 @@ class Planner:
         plan.changes.puts.append(Entry(new, value, raw))
         if original is not None:
             plan.originals[new] = original
-        plan.changelog.append(Record(self._changelog, plan.partition, new, raw))
+        plan.log(new, raw)
         plan.changes.ids[sid] = IdState(new, None)
         plan.outcomes.append((Outcome.RESCHEDULED, shown))
         self._answer(plan, Outcome.RESCHEDULED, sid, where, new)
@@ -615,7 +627,7 @@ class Planner:
         changelog tombstone; return its original if the plan had it."""
         plan.changes.puts = [e for e in plan.changes.puts if e.key != key]
         plan.changes.deletes.append(key)
-        plan.changelog.append(Record(self._changelog, plan.partition, key, None))
+        plan.log(key, None)
         return plan.originals.pop(key, None)
 
     def _value(self, plan: Plan, key: bytes, sid: str) -> IndexValue:

@@ -23,7 +23,6 @@ any point re-reads the request and re-derives the same index keys.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -476,7 +475,9 @@ class Service:
     def _plan(self, messages: list[Message]) -> list[Plan]:
         if not messages:  # most steps at a steady rate: nothing to time or group
             return []
-        by_partition: dict[int, list[Message]] = defaultdict(list)
+        by_partition: dict[int, list[Message]] = {}
+        run: list[Message] = []  # the list of ``current``: a batch comes in runs of a partition
+        current = -1
         for message in messages:
             error = _ERROR(message)
             if error is not None:
@@ -486,7 +487,10 @@ class Service:
                     raise self._fatal(error, "intake")
                 log.warning("requests consumer: %s", error.str())
                 continue
-            by_partition[_PARTITION(message) or 0].append(message)
+            partition = _PARTITION(message) or 0
+            if partition != current:
+                current, run = partition, by_partition.setdefault(partition, [])
+            run.append(message)
         now = self._clock.now_ms()
         delays: list[int] = []  # each planner reads a timestamp once and notes its age
         plans = [self._owned.planners[p].plan(p, ms, now, delays) for p, ms in by_partition.items()
@@ -504,7 +508,7 @@ class Service:
         writer = checkpoint.writer
         acks = writer.acks()
         for plan in plans:
-            writer.puts(plan.partition, plan.changelog, acks)
+            writer.puts(plan.partition, plan.log_keys, plan.log_values, acks)
             for record in plan.dead_letters:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
                         headers=record.headers, on_delivery=acks.dead_letter())

@@ -8,7 +8,6 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from kdelay.engine.commit._writer import ChangelogWriter
-from kdelay.engine.intake import Record
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.clients import Report
 from kdelay.protocol import codec
@@ -73,10 +72,6 @@ def writer_with(producer: Producer, observe: Callable[[Message], None] | None = 
     return ChangelogWriter(producer, CHANGELOG, metrics, observe, gapless=gapless), metrics
 
 
-def put(key: bytes, value: bytes | None) -> Record:
-    return Record(CHANGELOG, None, key, value)
-
-
 def errors(metrics: Metrics) -> float:
     return metrics.registry.get_sample_value("kdelay_changelog_errors_total") or 0.0
 
@@ -120,7 +115,7 @@ def test_puts_confirm_nothing_and_the_marker_confirms_them_all() -> None:
     seen: list[Message] = []
     writer, _ = writer_with(producer, seen.append)
     acks = writer.acks()
-    writer.puts(3, [put(K1, b"value"), put(K2, None)], acks)
+    writer.puts(3, [K1, K2], [b"value", None], acks)
     producer.report([10, 11])
     assert writer.position(3) is None
     writer.mark_consumed(3, 42, acks)
@@ -136,7 +131,7 @@ def test_a_failed_record_is_collected_counted_and_confirms_nothing() -> None:
     producer = Producer()
     writer, metrics = writer_with(producer)
     acks = writer.acks()
-    writer.puts(0, [put(K1, b"v")], acks)
+    writer.puts(0, [K1], [b"v"], acks)
     tombstone(writer, 0, K2)
     writer.mark_consumed(0, 7, acks)
     producer.report([1, 2, 3], KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
@@ -163,7 +158,7 @@ def test_a_put_waits_out_a_full_queue_and_counts_once() -> None:
     producer = Producer(full=2)
     writer, _ = writer_with(producer)
     acks = writer.acks()
-    writer.puts(2, [put(K1, b"v"), put(K2, b"w")], acks)
+    writer.puts(2, [K1, K2], [b"v", b"w"], acks)
     assert producer.polls >= 1  # served reports to make room
     assert [(p, k, v) for _, p, k, v, _ in producer.queued] == [(2, K1, b"v"), (2, K2, b"w")]
     assert acks.waiting == 1
@@ -174,7 +169,7 @@ def test_a_steps_acks_count_its_records_until_each_is_reported() -> None:
     producer = Producer()
     writer, _ = writer_with(producer)
     acks = writer.acks()
-    writer.puts(0, [put(K1, b"v")], acks)
+    writer.puts(0, [K1], [b"v"], acks)
     tombstone(writer, 0, K2)
     on_dead_letter = acks.dead_letter()
     writer.mark_consumed(0, 7, acks)
@@ -198,8 +193,8 @@ def test_only_the_last_put_of_a_plan_asks_for_a_report() -> None:
     producer = Producer()
     writer, _ = writer_with(producer)
     acks = writer.acks()
-    writer.puts(1, [put(K1, b"v"), put(K2, None), put(K1, b"w")], acks)
-    writer.puts(1, [], acks)
+    writer.puts(1, [K1, K2, K1], [b"v", None, b"w"], acks)
+    writer.puts(1, [], [], acks)
     assert [callback is None for *_, callback in producer.queued] == [True, True, False]
     assert acks.waiting == 1
     producer.report([4, 5, 6])
@@ -219,7 +214,7 @@ def test_a_fatal_error_of_the_gapless_producer_is_a_failed_write_logged_once(
     writer.serve()
     producer.refuse = KafkaError(KafkaError._FATAL, "Local: Fatal error")
     acks = writer.acks()
-    writer.puts(0, [put(K1, b"v"), put(K2, b"w"), put(K1, b"x")], acks)
+    writer.puts(0, [K1, K2, K1], [b"v", b"w", b"x"], acks)
     tombstone(writer, 0, K2)
     failures = writer.take_failures()
     assert [(f.key, f.error.code()) for f in failures] == [
@@ -236,7 +231,7 @@ def test_a_transactional_writers_errors_are_raised_as_before() -> None:
     writer, _ = writer_with(producer, gapless=False)
     producer.refuse = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
     with pytest.raises(KafkaException):
-        writer.puts(0, [put(K1, b"v"), put(K2, b"w")], writer.acks())
+        writer.puts(0, [K1, K2], [b"v", b"w"], writer.acks())
     producer.refuse = None
     producer.fatal = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
     with pytest.raises(KafkaException):
@@ -251,5 +246,5 @@ def test_other_errors_of_produce_and_poll_are_raised() -> None:
         writer.serve()
     producer.refuse = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large")
     with pytest.raises(KafkaException):
-        writer.puts(0, [put(K1, b"v"), put(K2, b"w")], writer.acks())
+        writer.puts(0, [K1, K2], [b"v", b"w"], writer.acks())
     assert not writer.has_failures()

@@ -33,9 +33,8 @@ indexes once its count is zero, while later steps go on (see
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -46,20 +45,6 @@ from kdelay.protocol import codec
 from kdelay.protocol.codec import IdRecord, Watermark
 
 log = logging.getLogger("kdelay.engine.commit")  # the wing, not its private module
-
-
-class Keyed(Protocol):
-    """A record to write to the changelog: an intake plan's put or tombstone."""
-
-    @property
-    def key(self) -> bytes | None:
-        """The record's key (an index key, or an id's)."""
-        ...
-
-    @property
-    def value(self) -> bytes | None:
-        """The record's value; None for a tombstone."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,22 +186,24 @@ class ChangelogWriter:
         """The producer the changelog is written with (served by the checkpoint's polls)."""
         return self._producer
 
-    def puts(self, partition: int, records: Sequence[Keyed], acks: Receipts) -> None:
-        """Write a plan's intake records (puts; a cancel's tombstone has the value None).
+    def puts(self, partition: int, keys: list[bytes], values: list[bytes | None],
+             acks: Receipts) -> None:
+        """Write a plan's intake records, ``keys[i]`` with ``values[i]`` (puts; a cancel's
+        tombstone has the value None).
 
         Only the last asks for a report: on the gapless producer its
         acknowledgement proves the others (see the module's text).
         """
-        if not records:
+        last = len(keys) - 1
+        if last < 0:
             return
         write = self._write
-        for record in records[:-1]:
-            if not write(partition, record.key, record.value, None):
+        for at in range(last):
+            if not write(partition, keys[at], values[at], None):
                 acks.waiting += 1  # never reported: the step stays undurable
                 return
-        last = records[-1]
         acks.waiting += 1
-        write(partition, last.key, last.value, acks.on_changelog)
+        write(partition, keys[last], values[last], acks.on_changelog)
 
     def seal(self, partition: int, mark: Watermark | None, tombstones: Iterable[bytes],
              ended: Iterable[IdRecord]) -> None:
