@@ -302,7 +302,11 @@ class Delivery:
         window = self._ahead.window(partition)
         bound = None if window.covered is None else codec.due_upper_bound(window.covered)
         lowest: bytes | None = None
-        for entry in self._ahead.indexed(entries):
+        rest = self._ahead.indexed(entries)
+        if not self._book.keys:  # no job to tell: only the lowest key inside the window counts
+            lowest = min((e.key for e in rest if bound is None or e.key < bound), default=None)
+            rest = []
+        for entry in rest:
             job = self._book.get(entry.key)
             if job is not None:
                 job.indexed = True

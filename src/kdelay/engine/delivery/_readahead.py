@@ -235,6 +235,8 @@ class ReadAhead:
 
     def indexed(self, entries: list[Entry]) -> list[Entry]:
         """Learn that ``entries`` are in the index now; return those not held in a run."""
+        if not self.held:  # intake's entries due beyond the window: none is
+            return entries
         runs: dict[int, tuple[Run, list[int]]] = {}
         rest: list[Entry] = []
         for entry in entries:
