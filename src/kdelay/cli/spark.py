@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
@@ -49,7 +49,7 @@ OutputDir = Annotated[Path | None, option(
 
 
 @contextmanager
-def _spark_job() -> Iterator[None]:
+def spark_job() -> Iterator[None]:
     """Report a missing spark extra, unavailable jars and failed Spark jobs as one line."""
     try:
         from pyspark.errors import PySparkException
@@ -71,7 +71,7 @@ def _spark_job() -> Iterator[None]:
         fail("spark", str(exc).strip().splitlines()[0], KAFKA_ERROR_EXIT)
 
 
-def _spark_options(master: str, conf: list[str] | None, cache_dir: Path | None) -> Any:
+def spark_options(master: str, conf: list[str] | None, cache_dir: Path | None) -> Any:
     """The session options of a Spark command (a ``kdelay.spark.session.SparkOptions``)."""
     from kdelay.spark.session import SparkOptions, parse_conf
 
@@ -107,6 +107,15 @@ def audit(
     expect: Annotated[Guarantee, option(
         "expect", "With exactly-once, a request delivered more than once fails the audit.",
         shown="at-least-once")] = Guarantee.AT_LEAST_ONCE,
+    ids_from: Annotated[str | None, option(
+        "ids-from", "A table of schedule ids (Parquet, CSV or JSON; a path or a glob): "
+        "answer per row whether its schedule was delivered, is pending, was rejected or "
+        "is lost; with --output, the rows with their answers go to DIR/ids.parquet.",
+        metavar="TABLE")] = None,
+    id_column: Annotated[str, option(
+        "id-column", "The column of --ids-from that holds the ids.", shown="id")] = "id",
+    ids_format: Annotated[str | None, option(
+        "ids-format", "parquet, csv or json; from TABLE's extension when not given.")] = None,
     json: JsonFlag = False,
     output: OutputDir = None,
     master: SparkMaster = "local[*]",
@@ -116,9 +125,10 @@ def audit(
     """Reconcile every schedule request with its deliveries, DLQ record or pending entry.
 
     Exit status 4 when a request is lost or delivered early (or, with
-    --expect exactly-once, delivered more than once); 0 when clean.
+    --expect exactly-once, delivered more than once); 0 when clean. With
+    --ids-from, exit status 4 when a row's schedule is lost, unknown or came early.
     """
-    with reported(), _spark_job():
+    with reported(), spark_job():
         from kdelay.spark.audit import AuditWindow
         from kdelay.spark.jobs import run_audit
         from kdelay.spark.tables import audit_tables
@@ -129,11 +139,30 @@ def audit(
             until_ms=parse_due(until) if until is not None else None,
             targets=tuple(targets) if targets else None, lane=lane)
         settings = connected(ctx)
+        if ids_from is not None:
+            _audit_ids(settings, window, ids_from, id_column, ids_format, json, output,
+                       spark_options(master, conf, cache_dir))
         with Console(stderr=True).status("auditing with Spark"):
-            report = run_audit(settings, _spark_options(master, conf, cache_dir), window, output)
+            report = run_audit(settings, spark_options(master, conf, cache_dir), window, output)
     _show(report.to_json() if json else None, audit_tables(report))
     clean = report.clean(exactly_once=expect is Guarantee.EXACTLY_ONCE)
     raise typer.Exit(0 if clean else AUDIT_FAILED_EXIT)
+
+
+def _audit_ids(settings: Any, window: Any, path: str, column: str, given_format: str | None,
+               json: bool, output: Path | None, options: Any) -> NoReturn:
+    """``audit --ids-from``: answer the table's rows, print the counts, exit 0 or 4."""
+    from kdelay.spark.reconciliation import TableError, run_reconcile
+    from kdelay.spark.tables import ids_tables
+
+    with Console(stderr=True).status("auditing the table's ids with Spark"):
+        try:
+            report = run_reconcile(settings, options, window, path, column, given_format,
+                                   output)
+        except TableError as exc:
+            failed(exc)
+    _show(report.to_json() if json else None, ids_tables(report))
+    raise typer.Exit(0 if report.clean() else AUDIT_FAILED_EXIT)
 
 
 @common_options
@@ -150,7 +179,7 @@ def forecast(
     cache_dir: CacheDir = None,
 ) -> None:
     """Forecast the pending backlog: due curve and peaks, targets, retention per partition."""
-    with reported(), _spark_job():
+    with reported(), spark_job():
         from kdelay.spark.forecast import ForecastWindow
         from kdelay.spark.jobs import run_forecast
         from kdelay.spark.tables import forecast_tables
@@ -160,6 +189,6 @@ def forecast(
                                 bucket_ms=parse_duration_ms(bucket))
         settings = connected(ctx)
         with Console(stderr=True).status("forecasting with Spark"):
-            report = run_forecast(settings, _spark_options(master, conf, cache_dir), window,
+            report = run_forecast(settings, spark_options(master, conf, cache_dir), window,
                                   output)
     _show(report.to_json() if json else None, forecast_tables(report))
