@@ -15,6 +15,7 @@ from kdelay.spark.audit import (
     Lateness,
 )
 from kdelay.spark.forecast import ForecastReport
+from kdelay.spark.reconciliation import REJECTED, VERDICTS, IdsReport
 
 
 def audit_tables(report: AuditReport) -> Stack:
@@ -71,3 +72,15 @@ def forecast_tables(report: ForecastReport) -> Stack:
 
 def _utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ids_tables(report: IdsReport) -> Table:
+    """The rows of an ``--ids-from`` table by verdict, the rejected ones by reason."""
+    verdicts = Table("verdict", "rows", title=f"audit of {report.rows} table rows by id")
+    for verdict in VERDICTS:
+        verdicts.add_row(verdict, str(report.counts.get(verdict, 0)))
+        if verdict == REJECTED:
+            for reason, count in report.reasons.items():
+                verdicts.add_row(f"  {reason}", str(count))
+    verdicts.add_row("early deliveries", str(report.early))
+    return verdicts
