@@ -1,4 +1,5 @@
-"""Cluster-wide data pipelines on Spark: the delivery audit and the backlog forecast.
+"""Cluster-wide data pipelines on Spark: the delivery audit (also by a table of ids), the
+backlog forecast, and pending schedules to Parquet and back.
 
 Everything under this package needs the ``spark`` extra (PySpark, matplotlib);
 the rest of kdelay never imports it. The jobs read Kafka through Spark's own

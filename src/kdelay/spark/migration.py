@@ -324,14 +324,16 @@ def import_export(spark: SparkSession, settings: Settings, directory: Path,
     if not partitions:
         raise MigrationError("bad-export-file", f"no requests topic {settings.requests_topic} "
                              "to import into; create it with kdelay topics create")
-    observed = Observation("kdelay-import")
-    rows = table.observe(observed, F.count(F.lit(1)).alias("sent"),
-                         F.count_if(F.col("id").isNull()).alias("derived"))
-    writer = request_frame(rows, manifest, partitions).write.format("kafka")
+    # Counted apart from the write: the Kafka sink's command reports no observed
+    # metrics, and a count over the id column alone reads little of the files.
+    counts = table.agg(F.count(F.lit(1)).alias("rows"),
+                       F.count_if(F.col("id").isNull()).alias("derived")).first()
+    writer = request_frame(table, manifest, partitions).write.format("kafka")
     for key, value in sink_options(settings).items():
         writer = writer.option(key, value)
     writer.save()
-    return ImportSummary(int(observed.get["sent"]), int(observed.get["derived"]))
+    return ImportSummary(int(counts["rows"]) if counts else 0,
+                         int(counts["derived"]) if counts else 0)
 
 
 def sink_options(settings: Settings) -> Mapping[str, str]:
