@@ -12,6 +12,8 @@ must give back the same schedules with the same ids and due times.
 from __future__ import annotations
 
 import json
+import random
+import string
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -208,3 +210,24 @@ def test_an_unfinished_export_is_not_imported(tmp_path: Path) -> None:
         {"format": migration.FORMAT, "version": 99}))
     result = CliRunner().invoke(app, ["import", str(tmp_path / "cut")])
     assert "error[export-version-unknown]" in result.output
+
+
+JAVA_MURMUR2 = {"21": -973932308, "foobar": -790332482, "abc": 479470107,
+                "a-little-bit-long-string": -985981536,
+                "a-little-bit-longer-string": -1486304829,
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971}
+"""Kafka's own murmur2 test vectors (the Java client's ``Utils.murmur2``)."""
+
+
+def test_ids_are_placed_by_the_java_clients_murmur2_in_spark_sql(spark: SparkSession) -> None:
+    rnd = random.Random(48)
+    alphabet = string.printable + "éü€😀"
+    ids = [*JAVA_MURMUR2, "", "a", "ab", "abcd", "é€😀", *(
+        "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 40))) for _ in range(500))]
+    frame = spark.createDataFrame([(sid,) for sid in ids], "sid string")
+    for partitions in (1, 3, 64, 2**31 - 1):
+        placed = migration.id_partition(frame, "sid", partitions, "p").collect()
+        assert [row["p"] for row in placed] == [
+            forward.id_partition(sid, partitions) for sid in ids], partitions
+        for row in placed[:len(JAVA_MURMUR2)]:
+            assert row["p"] == (JAVA_MURMUR2[row["sid"]] & 0x7FFFFFFF) % partitions
