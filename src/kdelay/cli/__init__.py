@@ -10,7 +10,7 @@ variables and error reporting are defined), and calls a library function.
 - :mod:`~kdelay.cli.retention`: ``retention check``, ``retention set``
 - :mod:`~kdelay.cli.worker`: ``worker``
 - :mod:`~kdelay.cli.spark`: ``audit``, ``forecast`` (the spark extra)
-- :mod:`~kdelay.cli.transfer`: ``export``, ``import``
+- :mod:`~kdelay.cli.transfer`: ``export``, ``import`` (JSON lines, or Parquet through Spark)
 - :mod:`~kdelay.cli.targets`: ``target pause``, ``resume``, ``limit``, ``list``
 - :mod:`~kdelay.cli.web`: ``web`` (the web extra)
 
