@@ -116,8 +116,11 @@ def list_command(ctx: typer.Context, as_json: Annotated[bool, typer.Option(
             help="Count what each control holds back (syncs the operator view, as "
                  "`kdelay due` does).")] = True,
         view_dir: ViewDir = DEFAULT_VIEW_DIR) -> None:
-    """List every control in force: paused since, by whom and why, the caps, and the
-    due records each holds back."""
+    """List the controls in force: paused since, by whom, why, caps, what each holds back.
+
+    The held-back count is of the pending records due by now of the control's
+    target (or lane), from the operator view.
+    """
     with _reported():
         found = controls.read_controls(connected(ctx))
     held: dict[Subject, HeldBack] = {}
