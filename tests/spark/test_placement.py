@@ -67,20 +67,29 @@ def test_spark_places_ids_as_the_protocol_does(spark: SparkSession) -> None:
     assert spark_partitions(spark, ids) == expected
 
 
-def test_spark_places_ids_as_the_java_client_does(spark: SparkSession, tmp_path: Path) -> None:
-    ids = sample_ids(500)
+def java_partitions(ids: list[str], counts: tuple[int, ...], work_dir: Path) -> list[list[int]]:
+    """Each id's partition under each of ``counts`` as the Java client computes it.
+
+    Runs ``java`` on a small program (:data:`JAVA`) with the kafka-clients jar
+    of Spark's Kafka connector; ids must not hold line breaks.
+    """
     kafka = next(j for j in connector_jars(cache_dir()) if j.name.startswith("kafka-clients-"))
     # Utils logs through SLF4J, whose API PySpark ships.
     slf4j = next((Path(pyspark.__file__).parent / "jars").glob("slf4j-api-*.jar"))
-    source = tmp_path / "Placement.java"
+    source = work_dir / "Placement.java"
     source.write_text(JAVA, encoding="utf-8")
-    command = ["java", "-cp", f"{kafka}:{slf4j}", str(source), *map(str, PARTITIONS)]
+    command = ["java", "-cp", f"{kafka}:{slf4j}", str(source), *map(str, counts)]
     done = subprocess.run(command, input="\n".join(ids) + "\n", capture_output=True, text=True,
                           encoding="utf-8", timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    java = [[int(p) for p in line.split()] for line in done.stdout.splitlines()]
-    assert len(java) == len(ids)
-    assert spark_partitions(spark, ids) == java
+    found = [[int(p) for p in line.split()] for line in done.stdout.splitlines()]
+    assert len(found) == len(ids)
+    return found
+
+
+def test_spark_places_ids_as_the_java_client_does(spark: SparkSession, tmp_path: Path) -> None:
+    ids = sample_ids(500)
+    assert spark_partitions(spark, ids) == java_partitions(ids, PARTITIONS, tmp_path)
 
 
 def test_a_null_id_has_no_partition(spark: SparkSession) -> None:

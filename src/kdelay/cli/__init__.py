@@ -9,7 +9,7 @@ variables and error reporting are defined), and calls a library function.
 - :mod:`~kdelay.cli.view`: ``due``, ``backlog``, ``show``, ``tail``, ``stats``
 - :mod:`~kdelay.cli.retention`: ``retention check``, ``retention set``
 - :mod:`~kdelay.cli.worker`: ``worker``
-- :mod:`~kdelay.cli.spark`: ``audit``, ``forecast`` (the spark extra)
+- :mod:`~kdelay.cli.spark`: ``audit``, ``forecast``, ``schedule-table`` (the spark extra)
 - :mod:`~kdelay.cli.transfer`: ``export``, ``import`` (JSON lines, or Parquet through Spark)
 - :mod:`~kdelay.cli.targets`: ``target pause``, ``resume``, ``limit``, ``list``
 - :mod:`~kdelay.cli.web`: ``web`` (the web extra)
@@ -80,6 +80,7 @@ app.command("reschedule")(requests.reschedule)
 app.command("restore")(service.restore)
 app.command("audit")(spark.audit)
 app.command("forecast")(spark.forecast)
+app.command("schedule-table")(spark.schedule_table)
 app.command("tail")(view.tail)
 app.add_typer(retention_app, name="retention")
 app.command("due")(view.due_command)

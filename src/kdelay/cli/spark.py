@@ -1,4 +1,4 @@
-"""The Spark jobs: ``kdelay audit`` and ``kdelay forecast``.
+"""The Spark jobs: ``kdelay audit``, ``kdelay forecast`` and ``kdelay schedule-table``.
 
 They need the ``spark`` extra; :mod:`kdelay.spark` is imported only inside
 them, so the rest of the command line works without PySpark.
@@ -33,6 +33,7 @@ from kdelay.protocol.durations import parse_duration_ms
 
 SPARK_MODULES = frozenset({"pyspark", "py4j", "matplotlib", "pandas", "pyarrow"})
 AUDIT_FAILED_EXIT = 4
+REJECTED_EXIT = 4
 
 SparkMaster = Annotated[str, option(
     "master", "Spark master URL: local[*], spark://HOST:7077, yarn, k8s://...",
@@ -54,6 +55,7 @@ def spark_job() -> Iterator[None]:
     try:
         from pyspark.errors import PySparkException
 
+        from kdelay.spark.campaign import CampaignError
         from kdelay.spark.jars import JarsError
     except ModuleNotFoundError as exc:
         fail("spark-missing", f"the Spark jobs need the spark extra ({exc.name} is not "
@@ -65,7 +67,7 @@ def spark_job() -> Iterator[None]:
             raise
         fail("spark-missing", f"the Spark jobs need the spark extra ({exc.name} is not "
              "installed): pip install 'kdelay[spark]'", USER_ERROR_EXIT)
-    except JarsError as exc:
+    except (JarsError, CampaignError) as exc:
         failed(exc)
     except PySparkException as exc:
         fail("spark", str(exc).strip().splitlines()[0], KAFKA_ERROR_EXIT)
@@ -192,3 +194,103 @@ def forecast(
             report = run_forecast(settings, spark_options(master, conf, cache_dir), window,
                                   output)
     _show(report.to_json() if json else None, forecast_tables(report))
+
+
+def _header_columns(pairs: list[str] | None) -> dict[str, str]:
+    """``NAME=COLUMN`` options as a mapping; ValueError for one without ``=``."""
+    found: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, column = pair.partition("=")
+        if not sep or not name or not column:
+            raise ValueError(f"--header {pair!r} is not NAME=COLUMN")
+        found[name] = column
+    return found
+
+
+def _column(name: str, help: str) -> Any:
+    return option(name, help, metavar="COLUMN")
+
+
+@common_options
+def schedule_table(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(
+        metavar="TABLE", help="A Parquet, CSV or JSON table: a file, a directory or a glob, "
+        "local or any URI Spark reads.", show_default=False)],
+    table_format: Annotated[str | None, typer.Option(
+        "--format", envvar=envvar("table-format"), show_default=False,
+        help="parquet, csv or json; from the path's extension when not given.")] = None,
+    target: Annotated[str | None, option(
+        "target", "The target topic of every row (else --target-column).")] = None,
+    target_column: Annotated[str | None, _column(
+        "target-column", "The column naming each row's target topic (default: target).")]
+    = None,
+    due_column: Annotated[str | None, _column(
+        "due-column", "The due time's column: a timestamp, epoch ms or ISO-8601 with a zone "
+        "(default: due).")] = None,
+    delay_column: Annotated[str | None, _column(
+        "delay-column", "The delay's column instead: ms, or such as 90s, 2h.")] = None,
+    id_column: Annotated[str | None, _column(
+        "id-column", "The schedule id's column (default: id, when the table has one).")]
+    = None,
+    id_from: Annotated[str | None, option(
+        "id-from", "Derive each id from these columns (comma-separated; default: every "
+        "column when there is no id column).", metavar="COLUMN,...")] = None,
+    id_prefix: Annotated[str, option(
+        "id-prefix", "Put this before every derived id.")] = "",
+    key_column: Annotated[str | None, _column("key-column", "The record key's column.")]
+    = None,
+    value_column: Annotated[str | None, _column(
+        "value-column", "The record value's column (default: the whole row as JSON).")]
+    = None,
+    header: Annotated[list[str] | None, typer.Option(
+        "--header", envvar=envvar("header"), show_default=False, metavar="NAME=COLUMN",
+        help="A header NAME carrying the column's text (repeatable).")] = None,
+    lane: Annotated[str | None, option("lane", "The lane of every row (kdelay-lane).")]
+    = None,
+    lane_column: Annotated[str | None, _column("lane-column", "The column naming each "
+                                               "row's lane.")] = None,
+    past_tolerance: Annotated[str, option(
+        "past-tolerance", "Reject (bad-time) a due time further than this before the job "
+        "started.", shown="10m")] = "10m",
+    rejects: Annotated[str, option(
+        "rejects", "Directory for the rejected rows (overwritten every run).",
+        shown="kdelay-rejects", metavar="DIR")] = "kdelay-rejects",
+    rejects_format: Annotated[str, option(
+        "rejects-format", "parquet or json.", shown="parquet")] = "parquet",
+    dry_run: Annotated[bool, option(
+        "dry-run", "Validate and count every row, write the rejects, send nothing.")] = False,
+    json: JsonFlag = False,
+    master: SparkMaster = "local[*]",
+    conf: SparkConf = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Schedule one request per row of a table, each on its id's partition.
+
+    A re-run schedules nothing twice: every row has an id, and kdelay answers
+    a second request with the same id as a duplicate. Rows that cannot become
+    a valid request go to --rejects with a protocol error code. Exit status 4
+    when any row was rejected; 0 when every row was sent (or, with --dry-run,
+    would be).
+    """
+    with reported(), _spark_job():
+        from kdelay.spark.campaign import Columns, Rejects, Table, deployment_rules
+        from kdelay.spark.jobs import run_schedule_table
+        from kdelay.spark.tables import campaign_table
+
+        columns = Columns(
+            target=target, target_column=target_column, due=due_column, delay=delay_column,
+            id_column=id_column,
+            id_from=tuple(c.strip() for c in id_from.split(",") if c.strip()) if id_from else (),
+            id_prefix=id_prefix, key=key_column, value=value_column,
+            headers=_header_columns(header), lane=lane, lane_column=lane_column)
+        where = Rejects(rejects, rejects_format)
+        tolerance = parse_duration_ms(past_tolerance)
+        settings = connected(ctx)
+        rules = deployment_rules(settings, SystemClock().now_ms(), tolerance)
+        with Console(stderr=True).status("scheduling with Spark") as status:
+            report = run_schedule_table(
+                settings, _spark_options(master, conf, cache_dir), Table(table, table_format),
+                columns, rules, where, dry_run=dry_run, show=status.update)
+    _show(report.to_json() if json else None, campaign_table(report))
+    raise typer.Exit(REJECTED_EXIT if report.rejected else 0)

@@ -1,4 +1,4 @@
-"""The two jobs end to end, as the CLI runs them: session, job, outputs.
+"""The jobs end to end, as the CLI runs them: session, job, outputs.
 
 ``--output DIR`` writes, for the audit, ``requests.parquet`` (one row per
 request) with ``lateness.png`` (per target) and ``outcomes.png`` (per hour);
@@ -10,6 +10,7 @@ per-request rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
 from pathlib import Path
 
@@ -17,9 +18,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kdelay.plumbing.settings import Settings
-from kdelay.spark import audit, charts, forecast
+from kdelay.spark import audit, campaign, charts, forecast
 from kdelay.spark.audit import AuditReport, AuditWindow
+from kdelay.spark.campaign import CampaignReport, Columns, Rejects, Rules, Table
 from kdelay.spark.forecast import ForecastReport, ForecastWindow
+from kdelay.spark.progress import JobProgress
 from kdelay.spark.session import SparkOptions, spark_session
 
 LATENESS_EDGES = (-60_000, -1_000, 0, 10, 50, 100, 250, 500, 1_000, 5_000, 30_000, 60_000,
@@ -97,3 +100,18 @@ def write_forecast(report: ForecastReport, cube: DataFrame, output: Path) -> Non
     charts.bars(output / "retention.png", "retention needed per partition (hours)",
                 [str(n.partition) for n in needs], [n.needed_ms / 3.6e6 for n in needs], limit)
 
+
+
+def run_schedule_table(settings: Settings, options: SparkOptions, table: Table,
+                       columns: Columns, rules: Rules, rejects: Rejects, *,
+                       dry_run: bool = False,
+                       show: Callable[[str], None] = lambda _: None) -> CampaignReport:
+    """Schedule every valid row of ``table`` (see :func:`kdelay.spark.campaign.schedule`),
+    telling ``show`` the job's progress.
+
+    Raises :class:`~kdelay.spark.campaign.CampaignError` for a table or mapping
+    the job cannot use, and as :func:`run_audit` does.
+    """
+    with spark_session(options) as spark, JobProgress(spark, show) as progress:
+        return campaign.schedule(spark, settings, table, columns, rules, rejects,
+                                 dry_run=dry_run, phase=progress.phase)

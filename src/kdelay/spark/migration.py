@@ -55,7 +55,7 @@ from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
 from kdelay.spark import source
 from kdelay.spark.audit import pending_frame
-from kdelay.spark.progress import Report, StageProgress
+from kdelay.spark.progress import JobProgress, Report
 from kdelay.spark.session import SparkOptions, spark_session
 from kdelay.spark.source import header
 
@@ -351,8 +351,8 @@ def run_export(settings: Settings, options: SparkOptions, output: Path, now_ms: 
                report: Report, *, values: bool = True,
                cluster_id: str | None = None) -> Manifest:
     """:func:`export_pending` in a session on ``options.master``, progress to ``report``."""
-    with spark_session(options) as spark, StageProgress(spark.sparkContext, report,
-                                                        "exporting"):
+    with spark_session(options) as spark, JobProgress(spark, report) as progress:
+        progress.phase("exporting")
         return export_pending(spark, settings, output, now_ms, values=values,
                               cluster_id=cluster_id)
 
@@ -360,7 +360,7 @@ def run_export(settings: Settings, options: SparkOptions, output: Path, now_ms: 
 def run_import(settings: Settings, options: SparkOptions, directory: Path, manifest: Manifest,
                report: Report, *, allow_no_values: bool = False) -> ImportSummary:
     """:func:`import_export` in a session on ``options.master``, progress to ``report``."""
-    with spark_session(options) as spark, StageProgress(spark.sparkContext, report,
-                                                        "importing"):
+    with spark_session(options) as spark, JobProgress(spark, report) as progress:
+        progress.phase("importing")
         return import_export(spark, settings, directory, manifest,
                              allow_no_values=allow_no_values)

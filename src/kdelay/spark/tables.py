@@ -1,4 +1,5 @@
-"""Rich tables of the jobs' reports, as ``kdelay audit`` and ``kdelay forecast`` print them."""
+"""Rich tables of the jobs' reports, as ``kdelay audit``, ``forecast`` and ``schedule-table``
+print them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kdelay.spark.audit import (
     AuditReport,
     Lateness,
 )
+from kdelay.spark.campaign import CampaignReport
 from kdelay.spark.forecast import ForecastReport
 from kdelay.spark.reconciliation import REJECTED, VERDICTS, IdsReport
 
@@ -84,3 +86,16 @@ def ids_tables(report: IdsReport) -> Table:
                 verdicts.add_row(f"  {reason}", str(count))
     verdicts.add_row("early deliveries", str(report.early))
     return verdicts
+
+
+def campaign_table(report: CampaignReport) -> Table:
+    """Rows read, requests sent (or, in a dry run, that would be) and rejects by reason."""
+    verb = "would send" if report.dry_run else "sent"
+    table = Table("rows", "count", title=f"schedule-table to {report.requests_topic} "
+                  f"({report.partitions} partitions){' (dry run)' if report.dry_run else ''}")
+    table.add_row("read", str(report.rows))
+    table.add_row(verb, str(report.sent))
+    table.add_row("rejected", str(sum(report.rejected.values())))
+    for reason, count in report.rejected.items():
+        table.add_row(f"  {reason}", str(count))
+    return table
