@@ -1,4 +1,4 @@
-"""``kdelay audit`` and ``kdelay forecast`` on a Spark standalone cluster, not ``local``.
+"""``kdelay audit``, ``forecast`` and ``schedule-table`` on a Spark standalone cluster.
 
 One master and one worker, both from the installed PySpark (``spark-class``),
 run on loopback for this module. The CLI runs the two jobs with
@@ -7,7 +7,9 @@ two at once: most of each run is starting a driver and an executor); their JSON
 must equal what the same jobs compute in local mode, and the worker must have
 run an executor for each (in standalone mode no task runs in the driver, so the
 Kafka source ran there, with the connector's jars shipped through
-``spark.jars``). Both daemons are stopped at the end, whatever happened.
+``spark.jars``). ``schedule-table`` then writes a table's requests through the
+Kafka sink from the worker's executor, each on its id's partition. Both
+daemons are stopped at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import orjson
 import pyspark
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka_broker import free_ports  # tools/, on pytest's pythonpath
 from pyspark.sql import SparkSession
 
@@ -37,6 +39,7 @@ from kdelay.spark.forecast import ForecastWindow, forecast
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import Deployment, deploy, kdelay_command
 from tests.spark.conftest import cache_dir
+from tests.spark.test_placement import java_partitions
 
 __all__ = ["deploy"]
 pytestmark = pytest.mark.kafka
@@ -251,3 +254,54 @@ def _check_executors_ran_on_the_worker(cluster: Cluster) -> None:
             break
         time.sleep(0.5)
     assert apps <= ran
+
+
+def test_schedule_table_on_a_standalone_cluster_writes_from_an_executor(
+        cluster: Cluster, spark: SparkSession, deploy: Callable[..., Deployment],
+        topic_factory: TopicFactory, tmp_path: Path) -> None:
+    deployment = deploy(partitions=3)
+    target = topic_factory("cluster-campaign")
+    due = time.time_ns() // 1_000_000 + HOUR_MS
+    ids = [f"cluster-{due}-{i}" for i in range(40)]
+    table = tmp_path / "campaign.parquet"
+    spark.createDataFrame([(sid, due, f"hello {sid}") for sid in ids],
+                          "id string, due bigint, message string").write.parquet(str(table))
+    before = {app["id"] for app in cluster.status("master")["completedapps"]}
+
+    [run] = _cli_at_once(deployment, cluster, tmp_path, (
+        "schedule-table", str(table), "--target", target, "--value-column", "message",
+        "--rejects", str(tmp_path / "rejects")))
+    assert run.returncode == 0, run.stderr
+    assert orjson.loads(run.stdout)["sent"] == len(ids)
+    placed = _placed_ids(deployment)
+    assert sorted(placed) == sorted(ids)
+    java = java_partitions(list(placed), (deployment.partitions,), tmp_path)
+    assert list(placed.values()) == [p[0] for p in java]
+    apps = {app["id"] for app in cluster.status("master")["completedapps"]} - before
+    assert len(apps) == 1
+    deadline = time.monotonic() + 30
+    while not apps <= {e["appid"] for e in cluster.status("worker")["finishedexecutors"]}:
+        assert time.monotonic() < deadline, "no executor of schedule-table on the worker"
+        time.sleep(0.5)
+
+
+def _placed_ids(deployment: Deployment) -> dict[str, int]:
+    """Every request's id and the partition it was written to."""
+    consumer = Consumer({"bootstrap.servers": deployment.bootstrap, "group.id": "cluster-read",
+                         "enable.auto.commit": False})
+    ends = [consumer.get_watermark_offsets(TopicPartition(deployment.requests, p), timeout=30)[1]
+            for p in range(deployment.partitions)]
+    consumer.assign([TopicPartition(deployment.requests, p, OFFSET_BEGINNING)
+                     for p in range(deployment.partitions)])
+    placed: dict[str, int] = {}
+    deadline = time.monotonic() + 60
+    try:
+        while sum(ends) > 0 and len(placed) < sum(ends):
+            assert time.monotonic() < deadline, f"read {len(placed)} of {sum(ends)} requests"
+            for message in consumer.consume(1_000, timeout=0.2):
+                found = dict(message.headers() or []).get(envelope.SCHEDULE_ID)
+                assert isinstance(found, bytes)
+                placed[found.decode()] = int(message.partition() or 0)
+        return placed
+    finally:
+        consumer.close()
