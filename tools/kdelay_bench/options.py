@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCENARIOS = ("floor", "pipe", "intake", "burst", "lateness", "catchup", "footprint", "restore",
-             "capacity", "operator", "spark", "transfer", "console")
-OPT_IN = ("capacity", "spark", "transfer", "console")
+             "capacity", "operator", "spark", "transfer", "console", "campaign")
+OPT_IN = ("capacity", "spark", "transfer", "console", "campaign")
 GUARANTEES = ("at-least-once", "exactly-once")
 
 # name -> (full default, quick default)
@@ -33,6 +33,7 @@ SIZES: dict[str, tuple[float, float]] = {
     "transfer_pending": (1_000_000, 100_000),
     "console_pending": (1_000_000, 100_000),
     "catchup_records": (20_000, 5_000),
+    "campaign_rows": (1_000_000, 100_000),
 }
 # With --long the operator scenario runs again at this size.
 OPERATOR_LONG_PENDING = 10_000_000
@@ -80,6 +81,7 @@ class BenchOptions:
     burst_lead_s: float | None = None
     catchup_records: int = 20_000
     catchup_rate: int = 2_000
+    campaign_rows: int = 1_000_000
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -104,8 +106,8 @@ def _parser() -> argparse.ArgumentParser:
                    "KDELAY_BOOTSTRAP_SERVERS, else `tools/kafka start`)")
     p.add_argument("--scenarios", type=_names,
                    help=f"comma list of {','.join(SCENARIOS)} (the pipe-tombstone baseline "
-                   "runs with burst, the hop baseline with lateness; capacity, spark, transfer and "
-                   "console run only when named, or capacity with --long)")
+                   "runs with burst, the hop baseline with lateness; capacity, spark, transfer, "
+                   "console and campaign run only when named, or capacity with --long)")
     p.add_argument("--partitions", type=int, default=3, help="request partitions")
     p.add_argument("--ids", action="store_true",
                    help="every pre-produced request carries its own schedule id (on the id's "
@@ -210,6 +212,6 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         console_pending=int(_size(args, "console_pending")),
         json_path=args.json, markdown_path=args.markdown, work_dir=args.work_dir,
         keep_topics=args.keep_topics, charts_dir=args.charts, peer=_peer(args.peer),
-        burst_lead_s=args.burst_lead_s,
+        burst_lead_s=args.burst_lead_s, campaign_rows=int(_size(args, "campaign_rows")),
         catchup_records=int(_size(args, "catchup_records")), catchup_rate=args.catchup_rate,
     )

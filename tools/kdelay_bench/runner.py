@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kdelay_bench import chart, served
 from kdelay_bench.broker import Topics, bootstrap_servers, external_broker, left_running
+from kdelay_bench.campaign import run_campaign
 from kdelay_bench.capacity import run_capacity
 from kdelay_bench.catchup import run_catchup
 from kdelay_bench.console import run_console
@@ -115,6 +116,9 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
     if "spark" in chosen:
         results += _guarded("spark-audit", lambda: run_spark(
             setup.topics, setup.work_dir, options.spark_requests, options.partitions))
+    if "campaign" in chosen:
+        results += _guarded("campaign", lambda: run_campaign(
+            setup.topics, setup.work_dir, options.campaign_rows, options.partitions))
     if "transfer" in chosen:
         results += _guarded("transfer", lambda: [run_transfer(
             setup.topics, setup.work_dir, options.transfer_pending, options.partitions,
