@@ -481,10 +481,10 @@ def requests_frame(judged: DataFrame, header: str, partitions: int) -> DataFrame
     def named(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
 
-    envelope_headers = F.filter(F.array(
-        named(envelope.TARGET, F.col("_target")), named(header, F.col("_time").cast("string")),
-        named(envelope.SCHEDULE_ID, F.col(ID)), named(envelope.LANE, F.col("_lane"))),
-        lambda h: h["value"].isNotNull())
+    common = [named(envelope.TARGET, F.col("_target")),
+              named(header, F.col("_time").cast("string")), named(envelope.SCHEDULE_ID, F.col(ID))]
+    laned = F.array(*common, named(envelope.LANE, F.col("_lane")))
+    envelope_headers = F.when(F.col("_lane").isNull(), F.array(*common)).otherwise(laned)
     return judged.where(F.col(REASON).isNull()).select(
         id_partition(ID, partitions).alias("partition"), F.col("_key").alias("key"),
         F.col("_value").alias("value"),
