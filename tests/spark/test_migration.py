@@ -29,6 +29,7 @@ from kdelay.cli import app
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol import codec, envelope, forward
 from kdelay.spark import migration
+from kdelay.spark.placement import id_partition
 from tests.conftest import produce_all
 from tests.e2e.conftest import Deployment, KdelayProcess, deploy, start_kdelay
 
@@ -226,7 +227,7 @@ def test_ids_are_placed_by_the_java_clients_murmur2_in_spark_sql(spark: SparkSes
         "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 40))) for _ in range(500))]
     frame = spark.createDataFrame([(sid,) for sid in ids], "sid string")
     for partitions in (1, 3, 64, 2**31 - 1):
-        placed = migration.id_partition(frame, "sid", partitions, "p").collect()
+        placed = frame.select("sid", id_partition("sid", partitions).alias("p")).collect()
         assert [row["p"] for row in placed] == [
             forward.id_partition(sid, partitions) for sid in ids], partitions
         for row in placed[:len(JAVA_MURMUR2)]:

@@ -273,7 +273,7 @@ def schedule_table(
     when any row was rejected; 0 when every row was sent (or, with --dry-run,
     would be).
     """
-    with reported(), _spark_job():
+    with reported(), spark_job():
         from kdelay.spark.campaign import Columns, Rejects, Table, deployment_rules
         from kdelay.spark.jobs import run_schedule_table
         from kdelay.spark.tables import campaign_table
@@ -290,7 +290,7 @@ def schedule_table(
         rules = deployment_rules(settings, SystemClock().now_ms(), tolerance)
         with Console(stderr=True).status("scheduling with Spark") as status:
             report = run_schedule_table(
-                settings, _spark_options(master, conf, cache_dir), Table(table, table_format),
+                settings, spark_options(master, conf, cache_dir), Table(table, table_format),
                 columns, rules, where, dry_run=dry_run, show=status.update)
     _show(report.to_json() if json else None, campaign_table(report))
     raise typer.Exit(REJECTED_EXIT if report.rejected else 0)

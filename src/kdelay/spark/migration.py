@@ -55,6 +55,7 @@ from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
 from kdelay.spark import source
 from kdelay.spark.audit import pending_frame
+from kdelay.spark.placement import id_partition
 from kdelay.spark.progress import JobProgress, Report
 from kdelay.spark.session import SparkOptions, spark_session
 from kdelay.spark.source import header
@@ -71,7 +72,6 @@ COLUMNS = ("id", "due_ms", "due", "target", "target_partition", "lane", "topic",
            "offset", "timestamp_ms", "key", "headers", "value")
 """The columns of an export, in order; ``value`` only when values are exported."""
 _HEAD_BYTES = 12  # the index value's i64 record time | u32 CRC (kdelay.protocol.codec)
-_M2_SEED, _M2_M, _M2_MASK = 0x9747B28C, 0x5BD1E995, 0xFFFFFFFF  # Kafka's murmur2
 
 
 class MigrationError(KdelayError):
@@ -249,46 +249,7 @@ def request_frame(table: DataFrame, manifest: Manifest, partitions: int) -> Data
     value = F.col("value") if "value" in table.columns else F.lit(None).cast("binary")
     rows = table.select("key", value.alias("value"), F.concat(user, added).alias("headers"),
                         sid.alias("_sid"))
-    return id_partition(rows, "_sid", partitions, "partition").drop("_sid")
-
-
-def id_partition(frame: DataFrame, sid: str, partitions: int, into: str) -> DataFrame:
-    """``frame`` with column ``into``: the request partition of the id in column ``sid``.
-
-    Kafka's murmur2 of the UTF-8 id, positive, modulo ``partitions``, exactly
-    as :func:`kdelay.protocol.forward.id_partition` (and a Java producer's
-    default partitioner) computes it, in Spark SQL: executors need no Python
-    and no kdelay. 32-bit arithmetic is done in longs masked to 32 bits (a
-    product of two such numbers fits in 63 bits, so ANSI mode never sees an
-    overflow). Scratch columns ``_mm_*`` are added and dropped.
-    """
-    def mul(x: str) -> str:
-        return f"((({x}) * {_M2_M}) & {_M2_MASK})"
-
-    def byte(i: str) -> str:
-        return f"cast(conv(substring(_mm_hex, 2 * ({i}) + 1, 2), 16, 10) AS bigint)"
-
-    block = " | ".join(f"shiftleft({byte(f'4 * i + {j}')}, {8 * j})" for j in range(4))
-    k1 = mul(block)
-    k3 = mul(f"{k1} ^ shiftright({k1}, 24)")
-    tail = " ^ ".join(f"CASE WHEN _mm_rem >= {j + 1} THEN "
-                      f"shiftleft({byte(f'_mm_n - _mm_rem + {j}')}, {8 * j}) ELSE 0 END"
-                      for j in range(3))
-    steps = {
-        "_mm_bytes": "encode(" + sid + ", 'UTF-8')",
-        "_mm_hex": "hex(_mm_bytes)", "_mm_n": "length(_mm_bytes)", "_mm_rem": "_mm_n % 4",
-        "_mm_blocks": ("transform(CASE WHEN _mm_n >= 4 THEN sequence(0, div(_mm_n, 4) - 1) "
-                       f"ELSE cast(array() AS array<int>) END, i -> {k3})"),
-        "_mm_h": (f"aggregate(_mm_blocks, cast({_M2_SEED} AS bigint) ^ _mm_n, "
-                  f"(h, k) -> {mul('h')} ^ k)"),
-        "_mm_t": f"_mm_h ^ {tail}",
-        "_mm_u": f"CASE WHEN _mm_rem > 0 THEN {mul('_mm_t')} ELSE _mm_t END",
-        "_mm_v": mul("_mm_u ^ shiftright(_mm_u, 13)"),
-        into: f"cast(((_mm_v ^ shiftright(_mm_v, 15)) & 2147483647) % {partitions} AS int)",
-    }
-    for name, expression in steps.items():
-        frame = frame.withColumn(name, F.expr(expression))
-    return frame.drop(*(name for name in steps if name.startswith("_mm_")))
+    return rows.withColumn("partition", id_partition("_sid", partitions)).drop("_sid")
 
 
 @dataclass(frozen=True, slots=True)
