@@ -218,7 +218,7 @@ def schedule_table(
         metavar="TABLE", help="A Parquet, CSV or JSON table: a file, a directory or a glob, "
         "local or any URI Spark reads.", show_default=False)],
     table_format: Annotated[str | None, typer.Option(
-        "--format", envvar=envvar("table-format"), show_default=False,
+        "--table-format", envvar=envvar("table-format"), show_default=False,
         help="parquet, csv or json; from the path's extension when not given.")] = None,
     target: Annotated[str | None, option(
         "target", "The target topic of every row (else --target-column).")] = None,
