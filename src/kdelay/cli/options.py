@@ -155,7 +155,12 @@ LanesOpt = Annotated[str | None, common(
     "names a lane may target only topics starting with its prefix; one without a lane only "
     "topics of no lane; others go to the DLQ (wrong-lane, missing-lane, unknown-lane). "
     "No lanes when not given.")]
-
+RocksdbCacheMb = Annotated[int | None, common(
+    "rocksdb-cache-mb", "Block cache (MB) the local RocksDB stores share: data, index and "
+    "filter blocks.", _DEFAULTS.rocksdb_cache_mb)]
+RocksdbWriteBufferMb = Annotated[int | None, common(
+    "rocksdb-write-buffer-mb", "Memtables (MB) of all local RocksDB stores together; "
+    "RocksDB holds about this plus --rocksdb-cache-mb.", _DEFAULTS.rocksdb_write_buffer_mb)]
 
 
 COMMON_OPTIONS: dict[str, Any] = {
@@ -187,6 +192,8 @@ COMMON_OPTIONS: dict[str, Any] = {
     "partitioner": PartitionerOpt,
     "allowed_targets": AllowedTargets,
     "lanes": LanesOpt,
+    "rocksdb_cache_mb": RocksdbCacheMb,
+    "rocksdb_write_buffer_mb": RocksdbWriteBufferMb,
 }
 
 

@@ -315,6 +315,22 @@ class StateMetrics:
                                 "Changelog records replayed into local indexes", registry=r)
         self.restoring = Gauge("kdelay_restoring_partitions",
                                "Partitions being restored from the changelog", registry=r)
+        self.restore_remaining = Gauge(
+            "kdelay_restore_remaining_records", "Changelog offsets a restore still has to "
+            "replay, by partition being restored (gone when it is done)", ["partition"],
+            registry=r)
+        self.restore_total = Gauge(
+            "kdelay_restore_total_records", "Changelog offsets the running restore of a "
+            "partition replays in all (gone when it is done)", ["partition"], registry=r)
+        self.rocksdb_memory = Gauge(
+            "kdelay_rocksdb_memory_bytes", "RocksDB memory of the local stores, by part: "
+            "block_cache (data, index and filter blocks), pinned (of the cache, not "
+            "evictable), memtables, table_readers (index and filter blocks outside the cache)",
+            ["part"], registry=r)
+        self.rocksdb_budget = Gauge(
+            "kdelay_rocksdb_memory_budget_bytes", "The RocksDB budgets set: block_cache "
+            "(--rocksdb-cache-mb) and memtables (--rocksdb-write-buffer-mb)", ["part"],
+            registry=r)
 
 
 class ClusterMetrics:

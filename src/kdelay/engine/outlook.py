@@ -198,7 +198,21 @@ class Housekeeper:
         self._outlook.refresh(now, indexes, consumed, consumer)
         if self._state_dir is not None:
             self._metrics.outlook.state_dir_free.set(free_bytes(self._state_dir))
+        if indexes:
+            self._memory(indexes)
         return True
+
+    def _memory(self, indexes: Mapping[int, PartitionIndex]) -> None:
+        """Set the RocksDB memory gauges from the stores' properties (all share one budget)."""
+        memory = next(iter(indexes.values())).memory
+        usage = memory.usage(family for index in indexes.values() for family in index.families())
+        state = self._metrics.state
+        for part, value in (("block_cache", usage.block_cache), ("pinned", usage.pinned),
+                            ("memtables", usage.memtables),
+                            ("table_readers", usage.table_readers)):
+            state.rocksdb_memory.labels(part=part).set(value)
+        state.rocksdb_budget.labels(part="block_cache").set(usage.cache_capacity)
+        state.rocksdb_budget.labels(part="memtables").set(usage.write_buffer_budget)
 
 
 PARTITION_CHECK_EVERY_MS = 30_000

@@ -22,6 +22,7 @@ any point re-reads the request and re-derives the same index keys.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ from kdelay.protocol import durations
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changelog import Restoring, Staleness, logged_progress, open_restored
 from kdelay.state.index import CONSUMED, PartitionIndex
+from kdelay.state.memory import MB, StoreMemory
 from kdelay.state.originals import Reading
 from kdelay.state.statedir import IndexLocked, StateDirLock, store_path
 
@@ -188,6 +190,8 @@ class Service:
                         "`kdelay topics create`)", settings.outcomes_topic)
         if not layout.broker_time:
             unmeasured(settings.changelog_topic)
+        self._memory = StoreMemory(settings.rocksdb_cache_mb * MB,
+                                   settings.rocksdb_write_buffer_mb * MB)
         self._owned = Owned()
         self._stopping = False
         self._clients: _Clients | None = None
@@ -622,16 +626,24 @@ class Service:
         clients, _ = self._started()
         path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
 
+        state = self.metrics.state
+
         def restore() -> tuple[PartitionIndex, int]:
             staleness = Staleness(self._clock.now_ms(), self._terms.tombstones_kept_ms)
-            return open_restored(path, partition, clients.restorer,
-                                 logged_progress(partition, self.metrics.state.restored), staleness)
+            progress = logged_progress(partition, state.restored, state.restore_remaining,
+                                       state.restore_total)
+            return open_restored(path, partition, clients.restorer, progress, staleness,
+                                 self._memory)
         try:
             with self.health.restoring():
                 index, restored = self._waited(restore, f"restoring partition {partition}")
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
+        finally:
+            for gauge in (state.restore_remaining, state.restore_total):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(str(partition))
         log.info("partition %d: %d changelog records replayed", partition, restored)
         return index
 

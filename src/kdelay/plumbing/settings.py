@@ -98,6 +98,10 @@ class Settings:
     A record whose target fails (a topic not created yet, a refusal) is
     retried for ``delivery_retry_ms`` after its first failure, then
     dead-lettered; ``delivery_attempts`` (0: no limit) can end it sooner.
+    ``rocksdb_cache_mb`` bounds the block cache every local store shares (data,
+    index and filter blocks) and ``rocksdb_write_buffer_mb`` their memtables
+    together (see :mod:`kdelay.state.memory`): RocksDB holds about their sum,
+    whatever the pending count.
 
     Raises :class:`SettingsError` (a ``ValueError``, code ``invalid-setting``)
     whose message names every invalid field.
@@ -131,6 +135,8 @@ class Settings:
     partitioner: str = "murmur2_random"
     allowed_targets: tuple[str, ...] = ()
     lanes: Lanes = field(default_factory=Lanes)
+    rocksdb_cache_mb: int = 256
+    rocksdb_write_buffer_mb: int = 128
 
     def __post_init__(self) -> None:
         """Normalise field types, then validate; see the class docstring."""
@@ -275,6 +281,8 @@ def _number_problems(settings: Settings) -> Iterator[str]:
         "lookahead_ms": 0,
         "batch_size": 1,
         "session_timeout_ms": 1,
+        "rocksdb_cache_mb": 1,
+        "rocksdb_write_buffer_mb": 1,
     }
     for name, minimum in minimums.items():
         value: int = getattr(settings, name)

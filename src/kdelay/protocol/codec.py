@@ -67,6 +67,9 @@ _FRAMES: Final[dict[int, bytes]] = {}  # the frame of a present field up to SMAL
 _WITH_TARGET: Final = 0xFF
 _NO_ID_TAILS: Final[dict[str, bytes]] = {}  # what follows the head without an id, by target
 _TARGET_HEAD: Final = struct.Struct(">BH")
+# What follows the head of an index value that names a target and no id: a value
+# whose bytes from INDEX_HEAD_SIZE on start with these carries no schedule id.
+NO_ID_WITH_TARGET: Final = bytes((_WITH_TARGET, 0, 0))
 
 # Bound once: these run for every request intake reads and every record it
 # delivers. tuple.__new__ builds a named tuple from all its fields without the

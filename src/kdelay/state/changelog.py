@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from kdelay.plumbing.clients import reader_config, take, watermarks
 from kdelay.protocol import codec
 from kdelay.protocol.codec import IdState, Watermark
 from kdelay.state.changes import Changes
 from kdelay.state.index import CHANGELOG, IndexCorrupt, PartitionIndex
+from kdelay.state.memory import StoreMemory
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,9 @@ class Restorer:
     def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
         """Replay the changelog into ``index`` up to its current end; return records applied.
 
+        The index is written without its write-ahead log meanwhile and flushed
+        at the end (:meth:`PartitionIndex.bulk`); an empty store keeps no tally
+        meanwhile and is counted once at the end (:meth:`PartitionIndex.defer_tally`).
         Raises :class:`RestoreError` when the end is not reached within the
         timeout, and :class:`StaleIndex` when the index is past the changelog's
         end (the changelog was recreated): such an index must be rebuilt whole.
@@ -172,10 +176,17 @@ class Restorer:
         tp = TopicPartition(self._topic, index.partition,
                             begin if start is not None else OFFSET_BEGINNING)
         self._consumer.assign([tp])
+        if start is None and not index.tally.total and index.first_key_any() is None:
+            index.defer_tally()  # an empty store: counted once at the end
+        index.bulk(True)
         try:
             with _collector_paused():
-                return self._replay(index, begin, high, progress)
+                applied = self._replay(index, begin, high, progress)
+            index.bulk(False)
+            index.recount()
+            return applied
         finally:
+            index.bulk(False)
             self._consumer.unassign()
 
     def _watermarks(self, partition: int) -> tuple[int, int]:
@@ -369,8 +380,10 @@ def _delete(index: PartitionIndex, staged: Staged, changes: Changes) -> None:
 
 def _note_ids(changes: Changes) -> None:
     """Register the schedule ids of ``changes.raw_puts``; drop (and log) undecodable values."""
-    plain = codec.INDEX_HEAD_SIZE
-    for key, raw in [(k, v) for k, v in changes.raw_puts.items() if len(v) != plain]:
+    plain, no_id = codec.INDEX_HEAD_SIZE, codec.NO_ID_WITH_TARGET
+    # Without a Python call per value: only those that may carry an id are decoded.
+    for key, raw in [(k, v) for k, v in changes.raw_puts.items()
+                     if len(v) != plain and v[plain : plain + 3] != no_id]:
         try:
             schedule_id = codec.schedule_id_of(raw)
         except ValueError as exc:
@@ -417,21 +430,38 @@ class Staleness:
                 "compaction may have removed tombstones it has not seen")
 
 
-def logged_progress(partition: int, restored: Counter) -> Progress:
-    """A restore's :data:`Progress` for ``partition``: logged, and counted in ``restored``."""
-    last = [0]
+LOG_EVERY_S = 10.0
 
-    def progress(done: int, total: int) -> None:
+
+def logged_progress(partition: int, restored: Counter, remaining: Gauge | None = None,
+                    total: Gauge | None = None,
+                    clock: Callable[[], float] = time.monotonic) -> Progress:
+    """A restore's :data:`Progress` for ``partition``: counted in ``restored``, the
+    offsets left and in all set in ``remaining`` and ``total`` (labelled by partition),
+    and logged at most every :data:`LOG_EVERY_S` seconds and at the end."""
+    last = [0]
+    logged = [clock()]
+    label = str(partition)
+
+    def progress(done: int, all_: int) -> None:
         restored.inc(done - last[0])
         last[0] = done
-        log.info("partition %d: restored %d/%d changelog offsets", partition, done, total)
+        if remaining is not None:
+            remaining.labels(partition=label).set(all_ - done)
+        if total is not None:
+            total.labels(partition=label).set(all_)
+        now = clock()
+        if done >= all_ or now - logged[0] >= LOG_EVERY_S:
+            logged[0] = now
+            log.info("partition %d: restored %d/%d changelog offsets", partition, done, all_)
 
     return progress
 
 
 def open_restored(path: Path, partition: int, restorer: Restoring,
                   progress: Progress | None = None,
-                  staleness: Staleness | None = None) -> tuple[PartitionIndex, int]:
+                  staleness: Staleness | None = None,
+                  memory: StoreMemory | None = None) -> tuple[PartitionIndex, int]:
     """Open the index at ``path`` and catch it up from the changelog; return it and the count.
 
     A corrupt store, one past the changelog's end (the topic was recreated),
@@ -439,10 +469,10 @@ def open_restored(path: Path, partition: int, restorer: Restoring,
     (:class:`Staleness`) are destroyed and rebuilt whole; with ``staleness``
     the restored store is then marked in step as of ``staleness.now_ms``.
     :class:`IndexLocked` (another process holds the store) propagates: such a
-    store is never touched.
+    store is never touched. ``memory`` is the RocksDB budget the store shares.
     """
     for attempt in range(2):
-        index = _open_fresh_enough(path, partition, staleness)
+        index = _open_fresh_enough(path, partition, staleness, memory)
         try:
             restored = restorer.restore(index, progress)
         except StaleIndex as exc:
@@ -461,15 +491,15 @@ def open_restored(path: Path, partition: int, restorer: Restoring,
     raise AssertionError("unreachable")
 
 
-def _open_fresh_enough(path: Path, partition: int,
-                       staleness: Staleness | None) -> PartitionIndex:
+def _open_fresh_enough(path: Path, partition: int, staleness: Staleness | None,
+                       memory: StoreMemory | None) -> PartitionIndex:
     """Open the store at ``path``, first destroying it if it is corrupt or too old."""
     try:
-        index = PartitionIndex(path, partition)
+        index = PartitionIndex(path, partition, memory)
     except IndexCorrupt as exc:
         log.warning("%s; rebuilding it from the changelog", exc)
         PartitionIndex.destroy(path)
-        return PartitionIndex(path, partition)
+        return PartitionIndex(path, partition, memory)
     reason = None if staleness is None else staleness.reason(index)
     if reason is None:
         return index
@@ -477,7 +507,7 @@ def _open_fresh_enough(path: Path, partition: int,
                 partition, path, reason)
     index.close()
     PartitionIndex.destroy(path)
-    return PartitionIndex(path, partition)
+    return PartitionIndex(path, partition, memory)
 
 
 def rebuild(restorer: Restorer, paths: Callable[[int], Path], *,
