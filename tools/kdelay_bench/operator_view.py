@@ -52,7 +52,7 @@ def load_pending(settings: Settings, count: int, partitions: int, value_size: in
     loader.finish()
 
 
-def _timed(settings: Settings, view: Path, *args: str) -> tuple[float, str]:
+def timed(settings: Settings, view: Path, *args: str) -> tuple[float, str]:
     """Run one ``kdelay`` command on the deployment; return seconds and its stdout."""
     env = {"KDELAY_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
            "KDELAY_REQUESTS_TOPIC": settings.requests_topic,
@@ -82,8 +82,8 @@ def run_operator(topics: Topics, work_dir: Path, count: int, partitions: int,
                 "backlog_by_target": ("backlog", "--by", "target")}
     for name, command in commands.items():
         view = Path(tempfile.mkdtemp(prefix="view-", dir=work_dir))
-        seconds[f"{name}_cold_s"], _ = _timed(settings, view, *command)
-        seconds[f"{name}_warm_s"], out = _timed(settings, view, *command)
+        seconds[f"{name}_cold_s"], _ = timed(settings, view, *command)
+        seconds[f"{name}_warm_s"], out = timed(settings, view, *command)
         lines[f"{name}_output_lines"] = len(out.splitlines())
         say(f"operator: {name} cold {seconds[f'{name}_cold_s']:.2f} s, "
             f"warm {seconds[f'{name}_warm_s']:.2f} s")

@@ -25,9 +25,8 @@ SIZES: dict[str, tuple[float, float]] = {
     "lateness_runs": (5, 1),
     "footprint_entries": (1_000_000, 200_000),
     "restore_entries": (1_000_000, 300_000),
-    "capacity_pending": (10_000_000, 10_000_000),
-    "capacity_base": (1_000_000, 1_000_000),
-    "capacity_slice": (100_000, 100_000),
+    "capacity_pending": (100_000_000, 1_000_000),
+    "capacity_base": (1_000_000, 100_000),
     "operator_pending": (1_000_000, 100_000),
     "spark_requests": (1_000_000, 100_000),
     "transfer_pending": (1_000_000, 100_000),
@@ -66,7 +65,6 @@ class BenchOptions:
     restore_entries: int
     capacity_pending: int
     capacity_base: int
-    capacity_slice: int
     operator_pending: tuple[int, ...]
     spark_requests: int
     transfer_pending: int
@@ -204,7 +202,6 @@ def parse_options(argv: list[str] | None = None) -> BenchOptions:
         restore_entries=int(_size(args, "restore_entries")),
         capacity_pending=int(_size(args, "capacity_pending")),
         capacity_base=int(_size(args, "capacity_base")),
-        capacity_slice=int(_size(args, "capacity_slice")),
         operator_pending=(int(_size(args, "operator_pending")),
                           *((OPERATOR_LONG_PENDING,) if args.long else ())),
         spark_requests=int(_size(args, "spark_requests")),

@@ -110,7 +110,7 @@ def _scenarios(options: BenchOptions, setup: Setup, results: list[Result]) -> No
             setup.topics, setup.work_dir, options.restore_entries)])
     if "capacity" in chosen:
         results += _guarded("capacity", lambda: [run_capacity(
-            setup, options.capacity_base, options.capacity_pending, options.capacity_slice)])
+            setup, options.capacity_base, options.capacity_pending)])
     if "operator" in chosen:
         results += _guarded("operator", lambda: _operator(options, setup))
     if "spark" in chosen:
