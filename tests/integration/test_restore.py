@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +13,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from typer.testing import CliRunner
 
 from kdelay.cli import app
+from kdelay.engine import service as service_module
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
+from kdelay.state import changelog
 from kdelay.state.changelog import Restorer
 from kdelay.state.index import CHANGELOG, CONSUMED, PartitionIndex
 from kdelay.state.statedir import store_path
@@ -218,3 +221,53 @@ def test_a_state_dir_older_than_the_changelogs_tombstones_is_rebuilt_not_resurre
 
     assert len(out.on(target)) == 5, "the first state dir brought delivered entries back"
     assert _pending_in(again) == []
+
+
+# -- restores that serve partition by partition ---------------------------------------
+
+
+def _gauge(service: Service, name: str, partition: int) -> float | None:
+    return service.metrics.registry.get_sample_value(name, {"partition": str(partition)})
+
+
+def test_each_partition_serves_once_its_own_restore_is_done(
+    deployment_factory: Make, running: Run, topic_factory: TopicFactory, bootstrap: str,
+    collector: Callable[[list[str]], Collector], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Small slices, so that partition 1's restore takes many steps.
+    monkeypatch.setattr(changelog, "APPLY_EVERY", 500)
+    monkeypatch.setattr(changelog, "TAKE", 500)
+    monkeypatch.setattr(service_module, "RESTORE_SLICE_S", 0.0)
+    deployment = deployment_factory(partitions=2)
+    target = topic_factory("target", 1)
+    clock = ManualClock(int(time.time() * 1000))
+    produce(bootstrap, deployment.requests, [
+        {"key": f"k{i}".encode(), "value": b"v", "timestamp": clock.now_ms(), "partition": 0,
+         "headers": [(envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"60000")]}
+        for i in range(5)])
+    group = running(deployment, clock)
+    service = group.add()
+    group.until(lambda: (service.metrics.registry.get_sample_value(
+        "kdelay_intake_records_total", {"outcome": "scheduled"}) or 0) >= 5)
+    group.close(service)
+    # Partition 1's changelog holds 20 000 entries due in a day: a long restore.
+    far = clock.now_ms() + 86_400_000
+    produce(bootstrap, deployment.settings.changelog_topic, [
+        {"key": codec.encode_due_key(far + i, 1, i),
+         "value": codec.encode_index_value(IndexValue(Fingerprint(T0, i), None)), "partition": 1}
+        for i in range(20_000)])
+    shutil.rmtree(deployment.settings.state_dir)  # the state dir is lost
+    clock.advance(61_000)  # partition 0's five are due
+    seen = collector([target])
+    service = group.add()
+    group.until(lambda: seen.poll() >= 5, timeout_s=120)
+
+    assert service.owned() == [0], "partition 1 is still restoring"
+    group.until(lambda: _gauge(service, "kdelay_restore_remaining_records", 1) is not None)
+    assert service.owned() == [0]
+    assert (_gauge(service, "kdelay_restore_remaining_records", 1) or 0) > 0
+    assert _gauge(service, "kdelay_restore_total_records", 1) == 20_000
+    group.until(lambda: service.owned() == [0, 1], timeout_s=300)
+    assert _gauge(service, "kdelay_restore_remaining_records", 1) is None, "gone when done"
+    assert service.indexes[1].tally.total == 20_000
+    assert len(list(service.indexes[1].entries())) == 20_000

@@ -72,7 +72,14 @@ from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.changelog import Restoring, Staleness, logged_progress, open_restored
+from kdelay.state.changelog import (
+    Replay,
+    Restoring,
+    Staleness,
+    logged_progress,
+    open_checked,
+    restored,
+)
 from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.memory import MB, StoreMemory
 from kdelay.state.originals import Reading
@@ -95,6 +102,9 @@ ACK_WAIT_MS = 1
 STEP_MS = 5
 # How long a clean stop writes the sweeper's tombstones before it leaves the rest.
 SWEEP_CLOSE_S = 5.0
+# How long a step replays the changelog of a partition in restore (see
+# Service._restore_slice): the served partitions' deliveries wait at most about this.
+RESTORE_SLICE_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +143,20 @@ class Owned:
     indexes: dict[int, PartitionIndex] = field(default_factory=dict)
     planners: dict[int, Planner] = field(default_factory=dict)
     consumed: dict[int, int] = field(default_factory=dict)
+    # Assigned partitions whose stores are behind the changelog, in the order they are
+    # replayed (see Service._restore_slice); their requests are paused meanwhile.
+    restoring: dict[int, Restore] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Restore:
+    """An assigned partition whose store is being caught up from the changelog."""
+
+    partition: TopicPartition  # as assigned: its offset is the group's committed one
+    index: PartitionIndex
+    staleness: Staleness
+    health: contextlib.ExitStack  # holds Health.restoring() while it lasts
+    replay: Replay | None = None  # None until its turn comes
 
 
 @dataclass(slots=True)
@@ -358,6 +382,8 @@ class Service:
         """
         self._check_fatal()
         clients, delivery = self._started()
+        if self._owned.restoring:
+            self._restore_slice(clients.consumer)
         checkpoint, indexes = clients.checkpoint, self._owned.indexes
         reachable = self._availability.reachable(checkpoint.internal, self.settings.requests_topic)
         phases = self._phases
@@ -375,6 +401,8 @@ class Service:
         wait_ms = max(wait_ms, gather_ms)
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
+        if self._owned.restoring:  # the next restore slice waits for no request
+            wait_ms = 0
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000,
                                 gather_ms / 1000))
         phases.lap("consume")
@@ -586,7 +614,7 @@ class Service:
     # -- partitions -------------------------------------------------------------
 
     def _on_assign(self, consumer: Consuming, partitions: list[TopicPartition]) -> None:
-        clients, delivery = self._started()
+        clients, _ = self._started()
         terms = self._terms
         beyond = [tp.partition for tp in partitions if tp.partition >= terms.partitions]
         if beyond:
@@ -596,56 +624,120 @@ class Service:
         committed = {tp.partition: tp.offset for tp in self._waited(
             lambda: clients.takeover.committed(consumer, partitions, lambda: self._stopping),
             "reading the group's committed offsets")}
-        outcomes = terms.outcomes
-        topics = Topics(self.settings.requests_topic, self.settings.changelog_topic,
-                        self.settings.dlq_topic,
-                        None if outcomes is None else self.settings.outcomes_topic, outcomes or 1)
+        topics = self._topics()
+        behind: list[TopicPartition] = []
         for tp in partitions:
-            index = self._open(tp.partition)
-            local = index.offset(CONSUMED)
-            start = max(committed.get(tp.partition, -1), -1 if local is None else local)
-            if start >= 0:  # else the consumer starts at the earliest offset
-                tp.offset = self._owned.consumed[tp.partition] = start
-            self._owned.indexes[tp.partition] = index
-            # An empty index holds nothing a request read again could find pending.
-            start = max(self._owned.consumed.get(tp.partition, 0), 0)
-            rereads = None if index.first_key() is None else start + REREAD_RECORDS
-            self._owned.planners[tp.partition] = Planner(
-                topics, terms.limits, index.id_state, delivery.withhold, terms.policy,
-                terms.partitions, IdWindow(terms.id_window_ms, self._clock, index),
-                rereads, delivery.rereads.watch(tp.partition, start, rereads))
+            index, restore = self._open(tp)
+            if restore is not None:
+                self._owned.restoring[tp.partition] = restore
+                behind.append(tp)
+                continue
+            self._serve(tp, index, committed.get(tp.partition, -1), topics)
         self.metrics.cluster.rebalances.labels(kind="assign").inc()
         self.metrics.cluster.owned.set(len(self._owned.indexes))
         clients.checkpoint.claim(consumer, partitions)
         self.health.assigned(self._owned.indexes)
         log.info("assigned %s", [tp.partition for tp in partitions])
         consumer.assign(partitions)
+        if behind:  # their requests wait for their stores: see _restore_slice
+            consumer.pause(behind)
+            log.info("partitions %s: restoring from the changelog, each served once its own "
+                     "restore is done", [tp.partition for tp in behind])
 
-    def _open(self, partition: int) -> PartitionIndex:
-        """Open a partition's index and catch it up from the changelog (Kafka waited for)."""
+    def _topics(self) -> Topics:
+        """The topics a planner writes to."""
+        outcomes = self._terms.outcomes
+        return Topics(self.settings.requests_topic, self.settings.changelog_topic,
+                      self.settings.dlq_topic,
+                      None if outcomes is None else self.settings.outcomes_topic, outcomes or 1)
+
+    def _serve(self, tp: TopicPartition, index: PartitionIndex, committed: int,
+               topics: Topics) -> None:
+        """Serve ``tp`` from ``index``: intake from the later of the group's ``committed``
+        offset and the store's own, a planner, delivery from the store."""
+        _, delivery = self._started()
+        terms = self._terms
+        local = index.offset(CONSUMED)
+        start = max(committed, -1 if local is None else local)
+        if start >= 0:  # else the consumer starts at the earliest offset
+            tp.offset = self._owned.consumed[tp.partition] = start
+        self._owned.indexes[tp.partition] = index
+        # An empty index holds nothing a request read again could find pending.
+        start = max(self._owned.consumed.get(tp.partition, 0), 0)
+        rereads = None if index.first_key() is None else start + REREAD_RECORDS
+        self._owned.planners[tp.partition] = Planner(
+            topics, terms.limits, index.id_state, delivery.withhold, terms.policy,
+            terms.partitions, IdWindow(terms.id_window_ms, self._clock, index),
+            rereads, delivery.rereads.watch(tp.partition, start, rereads))
+
+    def _open(self, tp: TopicPartition) -> tuple[PartitionIndex, Restore | None]:
+        """Open a partition's index; with the Restore that catches it up from the changelog
+        when it is behind (Kafka waited for), else None (the store is in step)."""
         clients, _ = self._started()
+        partition = tp.partition
         path = store_path(self.settings.state_dir, self.settings.requests_topic, partition)
-
-        state = self.metrics.state
-
-        def restore() -> tuple[PartitionIndex, int]:
-            staleness = Staleness(self._clock.now_ms(), self._terms.tombstones_kept_ms)
-            progress = logged_progress(partition, state.restored, state.restore_remaining,
-                                       state.restore_total)
-            return open_restored(path, partition, clients.restorer, progress, staleness,
-                                 self._memory)
+        staleness = Staleness(self._clock.now_ms(), self._terms.tombstones_kept_ms)
         try:
-            with self.health.restoring():
-                index, restored = self._waited(restore, f"restoring partition {partition}")
+            index, behind = self._waited(
+                lambda: open_checked(path, partition, clients.restorer, staleness,
+                                     self._memory), f"restoring partition {partition}")
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
+        if not behind:
+            return restored(index, staleness), None
+        health = contextlib.ExitStack()
+        health.enter_context(self.health.restoring())
+        return index, Restore(TopicPartition(tp.topic, partition, tp.offset), index, staleness,
+                              health)
+
+    def _restore_slice(self, consumer: Consuming) -> None:
+        """Replay the first partition in restore for about :data:`RESTORE_SLICE_S`; serve it
+        once it is done (its paused requests resumed at their offset).
+
+        One partition at a time, a slice per step: the partitions already
+        served go on delivering between slices, whatever the others still replay.
+        """
+        clients, _ = self._started()
+        partition, restore = next(iter(self._owned.restoring.items()))
+        if restore.replay is None:
+            state = self.metrics.state
+            progress = logged_progress(partition, state.restored, state.restore_remaining,
+                                       state.restore_total)
+            restore.replay = self._waited(
+                lambda: clients.restorer.begin(restore.index, progress),
+                f"restoring partition {partition}")
+        replay = restore.replay
+        if replay is not None and not replay.advance(RESTORE_SLICE_S):
+            return
+        applied = 0 if replay is None else replay.applied
+        self._end_restore(partition)
+        tp = restore.partition
+        committed = tp.offset
+        self._serve(tp, restored(restore.index, restore.staleness), committed, self._topics())
+        if tp.offset != committed:  # the store had taken in more than the group committed
+            consumer.seek(TopicPartition(tp.topic, partition, tp.offset))
+        consumer.resume([TopicPartition(tp.topic, partition)])
+        self.metrics.cluster.owned.set(len(self._owned.indexes))
+        self.health.assigned([partition])
+        log.info("partition %d: %d changelog records replayed; serving it", partition, applied)
+
+    def _end_restore(self, partition: int, close: bool = False) -> None:
+        """Forget ``partition``'s restore (closing its store too with ``close``)."""
+        restore = self._owned.restoring.pop(partition, None)
+        if restore is None:
+            return
+        state = self.metrics.state
+        for gauge in (state.restore_remaining, state.restore_total):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(partition))
+        try:
+            if restore.replay is not None:
+                restore.replay.close()
+            if close:
+                restore.index.close()
         finally:
-            for gauge in (state.restore_remaining, state.restore_total):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(str(partition))
-        log.info("partition %d: %d changelog records replayed", partition, restored)
-        return index
+            restore.health.close()
 
     def _waited(self, call: Callable[[], T], what: str) -> T:
         """``call()``, waiting while Kafka does not answer it (:meth:`Availability.waited`)."""
@@ -677,6 +769,7 @@ class Service:
         ``clients`` is passed, not read from the service: :meth:`close` calls this
         after it has let go of its clients."""
         for partition in partitions:
+            self._end_restore(partition, close=True)
             clients.delivery.drop_partition(partition)
             clients.sweeper.drop_partition(partition)
             self._owned.planners.pop(partition, None)

@@ -167,6 +167,14 @@ class Consuming(Protocol):
         """Move the fetch position of an assigned partition."""
         ...
 
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Stop fetching assigned ``partitions`` until :meth:`resume`."""
+        ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Fetch paused ``partitions`` again, from their positions."""
+        ...
+
     def store_offsets(self, message: Message | None = ...,
                       offsets: list[TopicPartition] | None = ...) -> None:
         """Store the offsets the next (auto-)commit commits."""

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from kdelay.state.memory import StoreMemory
 log = logging.getLogger(__name__)
 
 APPLY_EVERY = 50_000
+TAKE = 10_000  # the most records one consume returns
 Progress = Callable[[int, int], None]
 PartitionProgress = Callable[[int, int, int], None]
 # Replayed records by changelog key, the latest value winning; None is a tombstone.
@@ -107,6 +109,14 @@ class Restoring(Protocol):
         """Replay the changelog into ``index`` up to its end; return the records applied."""
         ...
 
+    def begin(self, index: PartitionIndex, progress: Progress | None = None) -> Replay | None:
+        """Start replaying the changelog into ``index``; None when it is already at the end."""
+        ...
+
+    def behind(self, index: PartitionIndex) -> bool:
+        """Whether the changelog holds records ``index`` has not replayed."""
+        ...
+
     def close(self) -> None:
         """Release the restorer's consumer."""
         ...
@@ -159,12 +169,34 @@ class Restorer:
     def restore(self, index: PartitionIndex, progress: Progress | None = None) -> int:
         """Replay the changelog into ``index`` up to its current end; return records applied.
 
-        The index is written without its write-ahead log meanwhile and flushed
-        at the end (:meth:`PartitionIndex.bulk`); an empty store keeps no tally
-        meanwhile and is counted once at the end (:meth:`PartitionIndex.defer_tally`).
-        Raises :class:`RestoreError` when the end is not reached within the
+        :meth:`begin` and :meth:`Replay.advance` until done. Raises
+        :class:`RestoreError` when the replay makes no progress for the
         timeout, and :class:`StaleIndex` when the index is past the changelog's
         end (the changelog was recreated): such an index must be rebuilt whole.
+        """
+        replay = self.begin(index, progress)
+        if replay is None:
+            return 0
+        with replay:
+            while not replay.advance():
+                pass
+        return replay.applied
+
+    def behind(self, index: PartitionIndex) -> bool:
+        """Whether the changelog holds records ``index`` has not replayed (a look at the
+        partition's offsets, no read). :class:`StaleIndex` as :meth:`restore`."""
+        low, high = self._watermarks(index.partition)
+        start = index.offset(CHANGELOG)
+        if start is not None and start > high:
+            raise StaleIndex(f"index at changelog offset {start}, changelog ends at {high}")
+        return (low if start is None or start < low else start) < high
+
+    def begin(self, index: PartitionIndex, progress: Progress | None = None) -> Replay | None:
+        """Start replaying the changelog into ``index`` up to its current end, or return
+        None when the index is already there. :class:`StaleIndex` as :meth:`restore`.
+
+        The restorer's consumer reads for the replay until it ends (it is
+        closed, or done): one replay at a time.
         """
         low, high = self._watermarks(index.partition)
         start = index.offset(CHANGELOG)
@@ -172,44 +204,103 @@ class Restorer:
             raise StaleIndex(f"index at changelog offset {start}, changelog ends at {high}")
         begin = low if start is None or start < low else start
         if begin >= high:
-            return 0
+            return None
         tp = TopicPartition(self._topic, index.partition,
                             begin if start is not None else OFFSET_BEGINNING)
         self._consumer.assign([tp])
-        if start is None and not index.tally.total and index.first_key_any() is None:
-            index.defer_tally()  # an empty store: counted once at the end
-        index.bulk(True)
-        try:
-            with _collector_paused():
-                applied = self._replay(index, begin, high, progress)
-            index.bulk(False)
-            index.recount()
-            return applied
-        finally:
-            index.bulk(False)
-            self._consumer.unassign()
+        return Replay(self._consumer, self._topic, index, begin, high, progress, self._timeout_s)
 
     def _watermarks(self, partition: int) -> tuple[int, int]:
         return watermarks(self._consumer, TopicPartition(self._topic, partition), 30)
 
-    def _replay(self, index: PartitionIndex, begin: int, high: int,
-                progress: Progress | None) -> int:
+
+class Replay:
+    """One partition's restore under way, advanced a slice at a time (:meth:`advance`).
+
+    The index is written without its write-ahead log meanwhile and flushed
+    when the replay ends (:meth:`PartitionIndex.bulk`); an empty store keeps no
+    tally meanwhile and is counted once at the end
+    (:meth:`PartitionIndex.defer_tally`). :meth:`close` ends it, done or not
+    (a replay given up leaves a store that the next restore carries on from).
+    """
+
+    def __init__(self, consumer: Consumer, topic: str, index: PartitionIndex, begin: int,
+                 high: int, progress: Progress | None, stall_s: float) -> None:
+        self._consumer = consumer
+        self._topic = topic
+        self.index = index
+        self._begin = begin
+        self.high = high
+        self.position = begin
+        self._progress = progress
+        self._stall_s = stall_s
+        self._moved = time.monotonic()
+        self.applied = 0
+        self._open = True
+        if index.offset(CHANGELOG) is None and not index.tally.total and \
+                index.first_key_any() is None:
+            index.defer_tally()  # an empty store: counted once at the end
+        index.bulk(True)
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def done(self) -> bool:
+        """Whether the changelog is replayed up to the end it had when the replay began."""
+        return self.position >= self.high
+
+    def advance(self, budget_s: float = math.inf) -> bool:
+        """Replay for about ``budget_s`` seconds (at least one batch); return :attr:`done`.
+
+        Once done, the store is flushed and counted. :class:`RestoreError` when
+        no record came for the stall timeout.
+        """
+        until = time.monotonic() + budget_s
+        with _collector_paused():
+            while not self.done:
+                self._slice(until)
+                if time.monotonic() >= until:
+                    break
+        if self.done and self._open:
+            self.index.bulk(False)
+            self.index.recount()
+        return self.done
+
+    def _slice(self, until: float) -> None:
+        """Stage up to :data:`APPLY_EVERY` records (fewer once ``until`` has passed) and
+        write them in one batch."""
         staging = Staging()
-        applied = 0
-        position = begin
-        deadline = time.monotonic() + self._timeout_s
-        while position < high:
-            if time.monotonic() > deadline:
-                raise RestoreError(f"{self._topic}[{index.partition}] stuck at {position}/{high}")
-            reached = _stage(staging, take(self._consumer, 10_000, 0.5), high, self._topic)
-            position = position if reached is None else reached
-            if len(staging) >= APPLY_EVERY or position >= high:
-                applied += len(staging) + (staging.mark is not None)
-                _apply(index, staging, position)
-                staging = Staging()
-                if progress is not None:
-                    progress(position - begin, high - begin)
-        return applied
+        while len(staging) < APPLY_EVERY and not self.done:
+            if len(staging) and time.monotonic() >= until:
+                break
+            now = time.monotonic()
+            if now - self._moved > self._stall_s:
+                raise RestoreError(f"{self._topic}[{self.index.partition}] stuck at "
+                                   f"{self.position}/{self.high}")
+            reached = _stage(staging, take(self._consumer, TAKE, 0.5), self.high,
+                             self._topic)
+            if reached is not None and reached > self.position:
+                self.position, self._moved = reached, now
+        if not len(staging) and staging.mark is None and not self.done:
+            return
+        self.applied += len(staging) + (staging.mark is not None)
+        _apply(self.index, staging, self.position)
+        if self._progress is not None:
+            self._progress(self.position - self._begin, self.high - self._begin)
+
+    def close(self) -> None:
+        """End the replay: the store leaves bulk mode (flushed), the consumer its partition."""
+        if not self._open:
+            return
+        self._open = False
+        try:
+            self.index.bulk(False)
+        finally:
+            self._consumer.unassign()
 
 
 @contextlib.contextmanager
@@ -470,11 +561,13 @@ def open_restored(path: Path, partition: int, restorer: Restoring,
     the restored store is then marked in step as of ``staleness.now_ms``.
     :class:`IndexLocked` (another process holds the store) propagates: such a
     store is never touched. ``memory`` is the RocksDB budget the store shares.
+    The whole replay runs in this call; :func:`begin_restore` runs it a slice
+    at a time.
     """
     for attempt in range(2):
         index = _open_fresh_enough(path, partition, staleness, memory)
         try:
-            restored = restorer.restore(index, progress)
+            replayed = restorer.restore(index, progress)
         except StaleIndex as exc:
             log.warning("partition %d: %s; rebuilding it whole", partition, exc)
             index.close()
@@ -485,10 +578,42 @@ def open_restored(path: Path, partition: int, restorer: Restoring,
         except BaseException:
             index.close()
             raise
-        if staleness is not None:
-            index.mark_synced(staleness.now_ms)
-        return index, restored
+        return restored(index, staleness), replayed
     raise AssertionError("unreachable")
+
+
+def open_checked(path: Path, partition: int, restorer: Restoring,
+                 staleness: Staleness | None = None,
+                 memory: StoreMemory | None = None) -> tuple[PartitionIndex, bool]:
+    """Open the index at ``path``; return it and whether the changelog is ahead of it.
+
+    When it is not, the store is in step: finish it with :func:`restored`.
+    When it is, replay it (:meth:`Restorer.begin`, :meth:`Replay.advance`)
+    first. Stores are rebuilt whole, and errors propagate, as in
+    :func:`open_restored`; ``memory`` is the RocksDB budget the store shares.
+    """
+    for attempt in range(2):
+        index = _open_fresh_enough(path, partition, staleness, memory)
+        try:
+            return index, restorer.behind(index)
+        except StaleIndex as exc:
+            log.warning("partition %d: %s; rebuilding it whole", partition, exc)
+            index.close()
+            PartitionIndex.destroy(path)
+            if attempt:
+                raise
+        except BaseException:
+            index.close()
+            raise
+    raise AssertionError("unreachable")
+
+
+def restored(index: PartitionIndex, staleness: Staleness | None) -> PartitionIndex:
+    """Finish a store whose replay is done: with ``staleness``, mark it in step with the
+    changelog as of ``staleness.now_ms``. Returns ``index``."""
+    if staleness is not None:
+        index.mark_synced(staleness.now_ms)
+    return index
 
 
 def _open_fresh_enough(path: Path, partition: int, staleness: Staleness | None,

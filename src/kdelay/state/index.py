@@ -153,6 +153,7 @@ class PartitionIndex:
         self.tally = self._load_tally()
         # While set (a fresh restore), writes skip the tally: see :meth:`defer_tally`.
         self._untallied = False
+        self._bulk = False  # writing without the write-ahead log: see :meth:`bulk`
         raw = self._meta.get(WATERMARK)
         self.watermark: Watermark | None = None if raw is None else codec.decode_watermark(raw)
 
@@ -195,6 +196,9 @@ class PartitionIndex:
         Turning it off flushes every column family, after which the store is as
         durable as one written with the log.
         """
+        if on == self._bulk:
+            return
+        self._bulk = on
         options = WriteOptions()
         # A property at run time, a method in rocksdict's stubs.
         options.disable_wal = on  # type: ignore[method-assign,assignment]

@@ -127,6 +127,13 @@ class Summary:
     intake_lag: float | None = None
     clock_skew_s: float | None = None
     restoring: float | None = None
+    # Changelog offsets the running restores still replay, of how many in all, at what pace.
+    restore_remaining: float | None = None
+    restore_total: float | None = None
+    restore_rate: float | None = None
+    # RocksDB's memory (block cache, memtables, table readers) and its budgets, in bytes.
+    rocksdb_bytes: float | None = None
+    rocksdb_budget_bytes: float | None = None
 
 
 def _rate(before: Scrape | None, after: Scrape, name: str) -> float | None:
@@ -179,7 +186,20 @@ def summarize(before: Scrape | None, after: Scrape) -> Summary:
         intake_lag=after.total("kdelay_intake_lag_records"),
         clock_skew_s=after.total("kdelay_clock_skew_seconds"),
         restoring=after.total("kdelay_restoring_partitions"),
+        restore_remaining=after.total("kdelay_restore_remaining_records"),
+        restore_total=after.total("kdelay_restore_total_records"),
+        restore_rate=_rate(before, after, "kdelay_restored_changelog_records_total"),
+        rocksdb_bytes=_rocksdb(after),
+        rocksdb_budget_bytes=after.total("kdelay_rocksdb_memory_budget_bytes"),
     )
+
+
+def _rocksdb(reading: Scrape) -> float | None:
+    """RocksDB's memory from its parts (``pinned`` is part of ``block_cache``)."""
+    parts = reading.by("kdelay_rocksdb_memory_bytes", "part")
+    if not parts:
+        return None
+    return sum(value for part, value in parts.items() if part != "pinned")
 
 
 def to_json(summaries: Iterable[Summary]) -> list[dict[str, object]]:
@@ -214,6 +234,10 @@ def render(summaries: Sequence[Summary]) -> Group:
                    "late p99", "pending", "overdue", "oldest overdue", "intake lag",
                    "clock skew"):
         table.add_column(column, justify="left" if column == "instance" else "right")
+    state = Table(title="local state", title_justify="left")
+    for column in ("instance", "restoring", "restore left", "restore/s", "rocksdb memory",
+                   "rocksdb budget"):
+        state.add_column(column, justify="left" if column == "instance" else "right")
     reasons = Table(title="dead letters by reason", title_justify="left")
     for column in ("instance", "reason", "total", "/s"):
         reasons.add_column(column, justify="right" if column in ("total", "/s") else "left")
@@ -229,10 +253,19 @@ def render(summaries: Sequence[Summary]) -> Group:
                       _seconds(s.lateness_p50_s), _seconds(s.lateness_p99_s), _num(s.pending),
                       _num(s.overdue), _seconds(s.oldest_overdue_s), _num(s.intake_lag),
                       _seconds(s.clock_skew_s))
+        left = (f"{_num(s.restore_remaining)}/{_num(s.restore_total)}"
+                if s.restore_total else "-")
+        state.add_row(_short(s.url), _num(s.restoring), left, _num(s.restore_rate),
+                      _num(_mb(s.rocksdb_bytes), " MB"), _num(_mb(s.rocksdb_budget_bytes), " MB"))
         for reason, total in sorted(s.dead_letters_total_by_reason.items()):
             reasons.add_row(_short(s.url), reason, _num(total),
                             _num(s.dead_letters_by_reason.get(reason), digits=2))
-    return Group(table, reasons, *(Text(f"down: {line}", style="red") for line in down))
+    return Group(table, state, reasons,
+                 *(Text(f"down: {line}", style="red") for line in down))
+
+
+def _mb(value: float | None) -> float | None:
+    return None if value is None else value / (1 << 20)
 
 
 class Stats:

@@ -45,6 +45,7 @@ from kdelay.plumbing.topics import Layout
 from kdelay.protocol import codec
 from kdelay.protocol.envelope import Headers, cancel_headers, schedule_headers
 from kdelay.protocol.forward import id_partition
+from kdelay.state.changelog import Replay
 from kdelay.state.changes import Changes
 from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Found, Reading
@@ -177,6 +178,12 @@ class FakeConsumer:
         self.wire.events.append(("seek", partition.partition, partition.offset))
         self.position = partition.offset
 
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.wire.events.append(("pause", [tp.partition for tp in partitions]))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.wire.events.append(("resume", [tp.partition for tp in partitions]))
+
     def store_offsets(self, message: Message | None = None,
                       offsets: list[TopicPartition] | None = None) -> None:
         self.wire.events.append(("store", [(tp.partition, tp.offset) for tp in offsets or []]))
@@ -218,6 +225,13 @@ class FakeRestorer:
 
     def restore(self, index: PartitionIndex, progress: Any = None) -> int:
         return 0
+
+    def begin(self, index: PartitionIndex, progress: Any = None) -> Replay | None:
+        return None
+
+    def behind(self, index: PartitionIndex) -> bool:
+        self.restore(index)
+        return False
 
     def close(self) -> None:
         pass

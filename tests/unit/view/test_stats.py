@@ -96,6 +96,40 @@ def test_rates_and_lateness_come_from_the_difference_of_two_readings() -> None:
     assert summary.clock_skew_s == -0.25
 
 
+def restoring(restored: int, remaining: int) -> str:
+    """An exposition while partition 1 restores (``restored`` replayed so far)."""
+    metrics = Metrics()
+    metrics.state.restoring.set(1)
+    metrics.state.restored.inc(restored)
+    metrics.state.restore_remaining.labels(partition="1").set(remaining)
+    metrics.state.restore_total.labels(partition="1").set(restored + remaining)
+    for part, size in (("block_cache", 3 << 20), ("pinned", 1 << 20), ("memtables", 2 << 20),
+                       ("table_readers", 1 << 20)):
+        metrics.state.rocksdb_memory.labels(part=part).set(size)
+    metrics.state.rocksdb_budget.labels(part="block_cache").set(256 << 20)
+    metrics.state.rocksdb_budget.labels(part="memtables").set(128 << 20)
+    return generate_latest(metrics.registry).decode()
+
+
+def test_restore_progress_and_rocksdb_memory_show() -> None:
+    before = parse(URL, restoring(1_000_000, 9_000_000), 10.0)
+    after = parse(URL, restoring(3_000_000, 7_000_000), 12.0)
+    summary = summarize(before, after)
+    assert summary.restoring == 1
+    assert (summary.restore_remaining, summary.restore_total) == (7_000_000, 10_000_000)
+    assert summary.restore_rate == 1_000_000
+    assert summary.rocksdb_bytes == 6 << 20  # pinned is part of the cache
+    assert summary.rocksdb_budget_bytes == 384 << 20
+    out = io.StringIO()
+    show([URL], console=Console(file=out, width=200), interval_s=2.0, sleep=lambda _: None,
+         stats=Stats([URL], Replay([restoring(1_000_000, 9_000_000),
+                                    restoring(3_000_000, 7_000_000)])))
+    screen = out.getvalue()
+    assert "7,000,000/10,000,000" in screen
+    assert "6 MB" in screen
+    assert "384 MB" in screen
+
+
 def test_a_restarted_instance_never_shows_a_negative_rate() -> None:
     before = parse(URL, exposition(500, [], {}), 10.0)
     after = parse(URL, exposition(20, [], {}), 12.0)
