@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import logging
 import math
 import time
@@ -373,7 +374,10 @@ def _apply(index: PartitionIndex, staging: Staging | Staged, position: int) -> N
     staged = staging.before
     if staging.mark is not None:
         changes = _covered(index, staging, position)
-    staged.update(staging.after)
+    if staged:
+        staged.update(staging.after)
+    else:  # nothing before a watermark (a restore's usual batch): no copy
+        staged = staging.after
     marker = staged.pop(codec.CONSUMED_MARKER, None)
     staged.pop(codec.CLOCK_PROBE, None)
     if marker is not None:
@@ -472,9 +476,13 @@ def _delete(index: PartitionIndex, staged: Staged, changes: Changes) -> None:
 def _note_ids(changes: Changes) -> None:
     """Register the schedule ids of ``changes.raw_puts``; drop (and log) undecodable values."""
     plain, no_id = codec.INDEX_HEAD_SIZE, codec.NO_ID_WITH_TARGET
-    # Without a Python call per value: only those that may carry an id are decoded.
+    # Values that name a target and no id, told in one C loop (no slice, no Python
+    # call per value): a batch of only those needs nothing more.
+    values = changes.raw_puts.values()
+    if all(map(bytes.startswith, values, itertools.repeat(no_id), itertools.repeat(plain))):
+        return
     for key, raw in [(k, v) for k, v in changes.raw_puts.items()
-                     if len(v) != plain and v[plain : plain + 3] != no_id]:
+                     if len(v) != plain and not v.startswith(no_id, plain)]:
         try:
             schedule_id = codec.schedule_id_of(raw)
         except ValueError as exc:
