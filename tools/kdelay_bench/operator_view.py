@@ -12,6 +12,7 @@ directory (the whole changelog is replayed), then *warm* with the same view
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,7 +59,9 @@ def timed(settings: Settings, view: Path, *args: str) -> tuple[float, str]:
            "KDELAY_REQUESTS_TOPIC": settings.requests_topic,
            "KDELAY_CHANGELOG_TOPIC": settings.changelog_topic,
            "KDELAY_DLQ_TOPIC": settings.dlq_topic, "KDELAY_VIEW_DIR": str(view),
-           "PATH": str(Path(sys.executable).parent)}
+           "PATH": str(Path(sys.executable).parent),
+           # The kdelay under test: a checkout's sources when the bench runs from them.
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     command = [sys.executable, "-m", "kdelay", *args, "--json"]
     start = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False,
