@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Final, cast
 
 from confluent_kafka import (
+    OFFSET_INVALID,
     KafkaError,
     KafkaException,
     Message,
@@ -146,6 +147,9 @@ class Owned:
     # Assigned partitions whose stores are behind the changelog, in the order they are
     # replayed (see Service._restore_slice); their requests are paused meanwhile.
     restoring: dict[int, Restore] = field(default_factory=dict)
+    # Restored partitions whose paused requests resume once the consumer takes a seek to
+    # their offset (not while it still looks their position up): see Service._resume.
+    resuming: dict[int, TopicPartition] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -384,6 +388,8 @@ class Service:
         clients, delivery = self._started()
         if self._owned.restoring:
             self._restore_slice(clients.consumer)
+        if self._owned.resuming:
+            self._resume(clients.consumer)
         checkpoint, indexes = clients.checkpoint, self._owned.indexes
         reachable = self._availability.reachable(checkpoint.internal, self.settings.requests_topic)
         phases = self._phases
@@ -715,12 +721,30 @@ class Service:
         tp = restore.partition
         committed = tp.offset
         self._serve(tp, restored(restore.index, restore.staleness), committed, self._topics())
-        if tp.offset != committed:  # the store had taken in more than the group committed
-            consumer.seek(TopicPartition(tp.topic, partition, tp.offset))
-        consumer.resume([TopicPartition(tp.topic, partition)])
+        # The store may have taken in more than the group committed: intake starts there.
+        self._owned.resuming[partition] = TopicPartition(
+            tp.topic, partition, tp.offset if tp.offset != committed else OFFSET_INVALID)
+        self._resume(consumer)
         self.metrics.cluster.owned.set(len(self._owned.indexes))
         self.health.assigned([partition])
         log.info("partition %d: %d changelog records replayed; serving it", partition, applied)
+
+    def _resume(self, consumer: Consuming) -> None:
+        """Resume the requests of restored partitions, each after a seek to its offset.
+
+        A seek fails while the consumer still looks up the partition's position
+        (``_STATE``): that partition stays paused and is tried again next step.
+        """
+        for partition, tp in list(self._owned.resuming.items()):
+            if tp.offset != OFFSET_INVALID:
+                try:
+                    consumer.seek(tp)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError._STATE:
+                        raise
+                    continue
+            del self._owned.resuming[partition]
+            consumer.resume([TopicPartition(tp.topic, partition)])
 
     def _end_restore(self, partition: int, close: bool = False) -> None:
         """Forget ``partition``'s restore (closing its store too with ``close``)."""
@@ -770,6 +794,7 @@ class Service:
         after it has let go of its clients."""
         for partition in partitions:
             self._end_restore(partition, close=True)
+            self._owned.resuming.pop(partition, None)
             clients.delivery.drop_partition(partition)
             clients.sweeper.drop_partition(partition)
             self._owned.planners.pop(partition, None)
