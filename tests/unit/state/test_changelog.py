@@ -16,6 +16,7 @@ from typing import cast
 
 import pytest
 from confluent_kafka import KafkaError, Message
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
@@ -29,6 +30,7 @@ from kdelay.state.changelog import (
     _apply,
     _collector_paused,
     _stage,
+    logged_progress,
     open_restored,
 )
 from kdelay.state.changes import Changes, Entry
@@ -625,3 +627,27 @@ def test_a_store_held_open_elsewhere_raises_index_locked_and_stays_intact(
         assert reopened.offset(CHANGELOG) == 50
     finally:
         reopened.close()
+
+
+def test_restore_progress_sets_its_gauges_and_logs_at_most_every_ten_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    restored = Counter("restored", "", registry=registry)
+    remaining = Gauge("remaining", "", ["partition"], registry=registry)
+    total = Gauge("total", "", ["partition"], registry=registry)
+    now = [0.0]
+    progress = logged_progress(2, restored, remaining, total, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="kdelay.state.changelog"):
+        progress(100, 1_000)
+        now[0] = 5.0
+        progress(300, 1_000)  # too soon to log
+        now[0] = 11.0
+        progress(600, 1_000)
+        progress(1_000, 1_000)  # the end is always logged
+    assert registry.get_sample_value("restored_total") == 1_000
+    assert registry.get_sample_value("remaining", {"partition": "2"}) == 0
+    assert registry.get_sample_value("total", {"partition": "2"}) == 1_000
+    assert [r.getMessage() for r in caplog.records] == [
+        "partition 2: restored 600/1000 changelog offsets",
+        "partition 2: restored 1000/1000 changelog offsets"]
