@@ -139,8 +139,10 @@ class Terms:
 @dataclass(slots=True)
 class Owned:
     """The request partitions this instance serves now, each with its index, its planner
-    and the offset intake has applied it up to (once it has one)."""
+    and the offset intake has applied it up to (once it has one); the RocksDB memory
+    budget their stores share."""
 
+    memory: StoreMemory = field(default_factory=StoreMemory)
     indexes: dict[int, PartitionIndex] = field(default_factory=dict)
     planners: dict[int, Planner] = field(default_factory=dict)
     consumed: dict[int, int] = field(default_factory=dict)
@@ -218,9 +220,8 @@ class Service:
                         "`kdelay topics create`)", settings.outcomes_topic)
         if not layout.broker_time:
             unmeasured(settings.changelog_topic)
-        self._memory = StoreMemory(settings.rocksdb_cache_mb * MB,
-                                   settings.rocksdb_write_buffer_mb * MB)
-        self._owned = Owned()
+        self._owned = Owned(StoreMemory(settings.rocksdb_cache_mb * MB,
+                                        settings.rocksdb_write_buffer_mb * MB))
         self._stopping = False
         self._clients: _Clients | None = None
         self._started_at = 0.0  # when the last step started (monotonic)
@@ -686,7 +687,7 @@ class Service:
         try:
             index, behind = self._waited(
                 lambda: open_checked(path, partition, clients.restorer, staleness,
-                                     self._memory), f"restoring partition {partition}")
+                                     self._owned.memory), f"restoring partition {partition}")
         except IndexLocked as exc:
             raise ServiceError("state-dir-in-use",
                                f"{exc}; give every instance its own --state-dir") from exc
