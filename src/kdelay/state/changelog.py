@@ -123,8 +123,11 @@ class Restoring(Protocol):
         ...
 
 
-def restore_config(config: Mapping[str, str | int | bool]) -> dict[str, str | int | bool]:
-    """Return a consumer configuration for replaying changelog partitions."""
+def restore_config(config: Mapping[str, str | int | bool],
+                   fetch: Mapping[str, str | int | bool] | None = None
+                   ) -> dict[str, str | int | bool]:
+    """Return a consumer configuration for replaying changelog partitions; ``fetch``
+    overrides its fetch and queue sizes (:meth:`~kdelay.state.budget.StoreBudget.fetch`)."""
     tuning: dict[str, str | int | bool] = {
         "auto.offset.reset": "earliest",
         # Changelog records are ~70 bytes: fetch in large chunks, not the 1 MiB default.
@@ -136,6 +139,7 @@ def restore_config(config: Mapping[str, str | int | bool]) -> dict[str, str | in
         # wait. queued.max.messages.kbytes (64 MiB) still bounds the memory.
         "queued.min.messages": 1_000_000,
     }
+    tuning.update(fetch or {})
     return reader_config(config, "kdelay-restore", **tuning)
 
 
@@ -143,8 +147,9 @@ class Restorer:
     """Replays changelog partitions into indexes with one group-less consumer."""
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
-                 timeout_s: float = 600.0) -> None:
-        self._consumer = Consumer(restore_config(config))
+                 timeout_s: float = 600.0,
+                 fetch: Mapping[str, str | int | bool] | None = None) -> None:
+        self._consumer = Consumer(restore_config(config, fetch))
         self._topic = topic
         self._timeout_s = timeout_s
 

@@ -104,6 +104,8 @@ class PartitionIndex:
     out of ``memory`` (:func:`kdelay.state.memory.shared` when None). Raises
     :class:`IndexLocked` when another process holds the store, and
     :class:`IndexCorrupt` when it cannot be opened for any other reason.
+    With a :class:`~kdelay.state.budget.StoreBudget` as ``memory`` (an operator's
+    copy) its memory is bounded tighter and it writes no write-ahead log.
     """
 
     def __init__(self, path: Path, partition: int, memory: StoreMemory | None = None) -> None:
@@ -130,6 +132,10 @@ class PartitionIndex:
         self._meta_handle = self._db.get_column_family_handle(META_CF)
         self._expiry_handle = self._db.get_column_family_handle(EXPIRY_CF)
         self._sweep_handle = self._db.get_column_family_handle(SWEEP_CF)
+        written = memory.write_options()
+        if written is not None:
+            for db in (self._db, self._ids, self._meta, self._expiry, self._sweep):
+                db.set_write_options(written)
         self._head = b""
         # Where the next :meth:`unswept` starts: every sweep chunk below it is swept.
         self._sweep_head = b""

@@ -33,6 +33,7 @@ from rocksdict import (
     DBCompressionType,
     Options,
     WriteBufferManager,
+    WriteOptions,
 )
 
 MB = 1 << 20
@@ -136,6 +137,10 @@ class StoreMemory:
         options = self.options(looked_up=True)
         options.set_atomic_flush(True)
         return options
+
+    def write_options(self) -> WriteOptions | None:
+        """The stores' write options: None, RocksDB's own (with the write-ahead log)."""
+        return None
 
     def usage(self, stores: Iterable[PropertyReader]) -> Usage:
         """Sum where the memory of ``stores`` (every column family of every store) goes."""

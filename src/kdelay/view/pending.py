@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
@@ -39,9 +39,10 @@ from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import admin_client, topic_config
 from kdelay.protocol import codec, envelope, idkeys
 from kdelay.protocol.codec import record_time
-from kdelay.state.changelog import Restorer, open_restored
+from kdelay.state.budget import StoreBudget
+from kdelay.state.changelog import RestoreError, Restorer, StaleIndex, open_restored
 from kdelay.state.index import CONSUMED, PartitionIndex
-from kdelay.state.originals import Missing, OriginalReader
+from kdelay.state.originals import Found, Missing, OriginalReader
 from kdelay.state.statedir import IndexLocked, store_path
 
 SYNCED_FILE = "synced_ms"
@@ -130,18 +131,22 @@ class Targets:
     passes.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, budget: StoreBudget | None = None) -> None:
         """Open the cache at ``path``; one that cannot be opened (corrupt) starts empty.
+        ``budget`` bounds its memory (see :mod:`kdelay.state.budget`).
 
         Raises :class:`ViewBusy` when another command holds it.
         """
+        options = Options(raw_mode=True) if budget is None else budget.options()
         try:
-            self._db = Rdict(str(path), Options(raw_mode=True))
+            self._db = Rdict(str(path), options)
         except Exception as exc:
             if "lock" in str(exc).lower():
                 raise ViewBusy(f"the target cache {path} is in use: {exc}") from None
             PartitionIndex.destroy(path)
-            self._db = Rdict(str(path), Options(raw_mode=True))
+            self._db = Rdict(str(path), options)
+        if budget is not None:
+            self._db.set_write_options(budget.write_options())
 
     def close(self) -> None:
         """Close the store."""
@@ -155,9 +160,14 @@ class Targets:
 
     def put(self, found: dict[bytes, bytes]) -> None:
         """Remember routes (:func:`encode_route`) by due key."""
+        self.put_many(found.keys(), found.values())
+
+    def put_many(self, keys: Iterable[bytes], routes: Iterable[bytes]) -> None:
+        """Remember ``routes`` (:func:`encode_route`) under the due ``keys``, pairwise."""
         batch = WriteBatch(raw_mode=True)
-        for key, target in found.items():
-            batch.put(key, target)
+        put = batch.put
+        for key, route in zip(keys, routes, strict=True):
+            put(key, route)
         self._db.write(batch)
 
     def prune(self, lowest_pending: bytes | None) -> None:
@@ -173,14 +183,20 @@ class PendingView:
     another command holds the view, and
     :class:`~kdelay.state.changelog.RestoreError` when the changelog topic is missing
     or cannot be read to its end.
+
+    A view may also stay open and be synced again (the console's): its stores are
+    then caught up in place, and may be read from other threads meanwhile (RocksDB
+    reads see a consistent state; the syncs themselves must take turns). ``budget``
+    bounds its memory (:mod:`kdelay.state.budget`).
     """
 
     def __init__(self, settings: Settings, view_dir: Path, now_ms: int,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, budget: StoreBudget | None = None) -> None:
         self._settings = settings
         self._dir = view_path(view_dir, settings)
         self._now_ms = now_ms
         self._progress = progress
+        self._budget = budget
         self._indexes: dict[int, PartitionIndex] = {}
         self._targets: Targets | None = None
         self.replayed: dict[int, int] = {}
@@ -211,23 +227,36 @@ class PendingView:
         """The request partitions the view holds."""
         return sorted(self._indexes)
 
-    def sync(self) -> dict[int, int]:
-        """Catch every partition's store up with the changelog; return records replayed.
+    def sync(self, now_ms: int | None = None) -> dict[int, int]:
+        """Catch every partition's store up with the changelog (as of ``now_ms`` when given);
+        return records replayed.
 
         A view older than the changelog's ``delete.retention.ms`` is deleted
-        and rebuilt whole first: tombstones it has not seen may be gone.
+        and rebuilt whole first: tombstones it has not seen may be gone. An open
+        view found so is not (other threads may be reading it): it raises
+        :class:`~kdelay.state.changelog.RestoreError`, and is rebuilt when opened again.
         """
-        restorer = Restorer(self._settings.client_config(), self._settings.changelog_topic)
+        if now_ms is not None:
+            self._now_ms = now_ms
+        fetch = None if self._budget is None else self._budget.fetch()
+        restorer = Restorer(self._settings.client_config(), self._settings.changelog_topic,
+                            fetch=fetch)
         try:
             partitions = restorer.partitions()
             if self._outlived_tombstones():
+                if self._indexes:
+                    raise RestoreError(
+                        "this copy of the changelog was last synced longer ago than the "
+                        "changelog's delete.retention.ms: tombstones may be gone; restart to "
+                        "rebuild it")
                 self._destroy(partitions)
             replayed = {p: self._open(p, restorer) for p in partitions}
         finally:
             restorer.close()
         self._dir.mkdir(parents=True, exist_ok=True)
-        PartitionIndex.destroy(self._dir / _OLD_TARGETS_DIR)
-        self._targets = Targets(self._dir / TARGETS_DIR)
+        if self._targets is None:
+            PartitionIndex.destroy(self._dir / _OLD_TARGETS_DIR)
+            self._targets = Targets(self._dir / TARGETS_DIR, self._budget)
         (self._dir / SYNCED_FILE).write_text(str(self._now_ms))
         return replayed
 
@@ -239,8 +268,16 @@ class PendingView:
             if progress is not None:
                 progress(f"changelog partition {partition}", done, total)
 
+        index = self._indexes.get(partition)
+        if index is not None:  # open: caught up in place
+            try:
+                return restorer.restore(index, step)
+            except StaleIndex as exc:
+                raise RestoreError(f"partition {partition} of this copy: {exc} (the changelog "
+                                   "was recreated); restart to rebuild it") from None
         try:
-            index, replayed = open_restored(path, partition, restorer, step)
+            index, replayed = open_restored(path, partition, restorer, step,
+                                            memory=self._budget)
         except IndexLocked as exc:
             raise ViewBusy(f"{exc}; another kdelay command is reading the same view "
                            "(wait for it or give another --view-dir)") from None
@@ -323,6 +360,14 @@ class PendingView:
     def keys(self, partition: int) -> list[bytes]:
         """Every pending due key of ``partition``, in due order."""
         return [key for key, _ in self._indexes[partition].raw_items()]
+
+    def raw_values(self, partition: int, keys: list[bytes]) -> list[bytes | None]:
+        """The encoded index values of ``partition`` under ``keys`` (None: gone since)."""
+        return self._indexes[partition].raw_values(keys)
+
+    def count(self, partition: int) -> int:
+        """How many entries ``partition``'s index holds (its tally)."""
+        return self._indexes[partition].tally.total
 
     def pending(self, partition: int, keys: list[bytes]) -> list[Pending]:
         """The pending entries of ``partition`` under ``keys`` (skipping any gone since)."""
@@ -451,9 +496,12 @@ def _judge(entry: Pending, found: Message | Missing | None) -> Original:
 class Originals:
     """Reads the originals of pending entries back by offset, in sorted ranges."""
 
-    def __init__(self, settings: Settings, progress: Progress | None = None) -> None:
-        self._reader = OriginalReader(settings.client_config(), settings.requests_topic,
-                                      timeout_s=30.0)
+    def __init__(self, settings: Settings, progress: Progress | None = None,
+                 fetch: Mapping[str, str | int | bool] | None = None) -> None:
+        """``fetch`` overrides the reader's fetch and queue sizes
+        (:meth:`~kdelay.state.budget.StoreBudget.originals`)."""
+        self._reader = OriginalReader({**settings.client_config(), **(fetch or {})},
+                                      settings.requests_topic, timeout_s=30.0)
         self._progress = progress
 
     def close(self) -> None:
@@ -465,6 +513,12 @@ class Originals:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def fetch(self, wanted: dict[int, list[int]]) -> dict[int, dict[int, Found]]:
+        """The records at the ``wanted`` offsets by partition (or why there are none), as
+        :meth:`~kdelay.state.originals.OriginalReader.read` returns them: unchecked, and
+        without an offset not read in time."""
+        return self._reader.read(wanted)
 
     def read_raw(self, partition: int, offset: int) -> Message | Missing | None:
         """Whatever record lies at ``partition``/``offset`` (None: not read in time)."""

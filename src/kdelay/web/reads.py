@@ -1,17 +1,21 @@
 """What the console's screens show, read through the operator's view.
 
-Every read opens the console's own :class:`~kdelay.view.pending.PendingView`
+Every read catches the console's own :class:`~kdelay.view.pending.PendingView`
 (under its view dir, apart from the CLI's, whose lock a running ``kdelay
-due`` holds), catches it up with the changelog (incremental: only what was
-written since the last read), answers, and closes it. Reads take turns under
-one lock: the view's stores admit one reader. The figures are those of
-``kdelay backlog`` and ``kdelay due``, from the same functions.
+due`` holds) up with the changelog (incremental: only what was written since
+the last read), and answers. The figures are those of ``kdelay backlog`` and
+``kdelay due``, from the same functions.
 
-At scale (:meth:`Reads.keep_current`, which ``kdelay web`` turns on), a
-background thread keeps the view synced and a compact
-:class:`~kdelay.web.summary.Summary` of it: the overview, the timeline and the
-pending list's counts and page (without an id prefix) come from that summary
-in well under a second, and say how current it is (:meth:`Reads.freshness`).
+At scale (:meth:`Reads.keep_current`, which ``kdelay web`` turns on), the view
+stays open for the console's life with its memory bounded
+(:class:`~kdelay.web.snapshots.Copy`), a read waits only for a sync under way,
+never for a summary's rebuild, and a background thread keeps the view synced
+and a compact :class:`~kdelay.web.summary.Summary` of it: the overview, the
+timeline and the pending list's counts and page (without an id prefix) come
+from that summary in well under a second, and say how current it is
+(:meth:`Reads.freshness`). Without it, every read opens the view, syncs it,
+answers and closes it, and reads take turns under one lock (the view's stores
+admit one holder).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import requests_retention
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.controls import Control, Subject
+from kdelay.state.budget import StoreBudget
 from kdelay.tasks import TASKS_TOPIC
 from kdelay.view import deadletters, deliveries, tails
 from kdelay.view.backlog import Backlog, HeldBack, backlog, held_back
@@ -53,7 +58,7 @@ from kdelay.view.members import Membership, membership
 from kdelay.view.pending import Originals, Pending, PendingView, headers_of
 from kdelay.view.retention import RetentionReport, check
 from kdelay.web.problems import Problem
-from kdelay.web.snapshots import INTERVAL_S, Freshness, Snapshots
+from kdelay.web.snapshots import INTERVAL_S, Copy, Freshness, Snapshots
 from kdelay.web.trace import Ended, Step, audit_steps, end_steps, outcome_steps
 
 PREVIEW_BYTES = 4_096
@@ -259,6 +264,7 @@ class Reads:
     """
 
     _snapshots: Snapshots | None = None
+    _copy: Copy | None = None
 
     def __init__(self, settings: Settings, view_dir: Path, clock: Clock, *,
                  audit_topic: str, redact: Redaction = Redaction()) -> None:
@@ -273,10 +279,12 @@ class Reads:
         """Keep the view synced and summarised in a background thread from now on; the
         overview, timeline and pending list then read the summary."""
         if self._snapshots is None:
+            budget = StoreBudget()
+            self._copy = Copy(lambda now_ms: PendingView(self._settings, self._view_dir, now_ms,
+                                                         budget=budget))
             self._snapshots = Snapshots(
-                lambda now_ms: PendingView(self._settings, self._view_dir, now_ms),
-                lambda: Originals(self._settings), self._lock, self._clock,
-                interval_s=interval_s)
+                self._copy, lambda: Originals(self._settings, fetch=budget.originals()),
+                self._clock, interval_s=interval_s)
             self._snapshots.start()
         return self._snapshots
 
@@ -296,12 +304,18 @@ class Reads:
 
     @contextmanager
     def _opened(self) -> Iterator[tuple[PendingView, Originals, int]]:
+        if self._copy is not None:  # kept open: wait for a sync under way, not a rebuild
+            now_ms = self._clock.now_ms()
+            view, replayed = self._copy.synced(now_ms)
+            if self._snapshots is not None and any(replayed.values()):
+                self._snapshots.changed()
+            with Originals(self._settings) as originals:
+                yield view, originals, now_ms
+            return
         with self._lock:
             now_ms = self._clock.now_ms()
             with PendingView(self._settings, self._view_dir, now_ms) as view, \
                     Originals(self._settings) as originals:
-                if self._snapshots is not None and any(view.replayed.values()):
-                    self._snapshots.changed()
                 yield view, originals, now_ms
 
     def kafka_error(self) -> str | None:

@@ -1,16 +1,24 @@
-"""The console's background copy: its view kept in step with the changelog, and a summary.
+"""The console's copy of the changelog, kept in step, and a summary of it rebuilt aside.
 
-One daemon thread syncs the console's :class:`~kdelay.view.pending.PendingView`
-every ``interval_s`` (incremental: only what the changelog gained) and, when
-the sync replayed anything, rebuilds the :class:`~kdelay.web.summary.Summary`
-the overview, timeline and pending list count from. Screens never wait for a
-sync of their own; they show the summary's ``as of``. Until the first summary
-is built they answer 503 ``view-loading`` with the progress so far, so a
-console started on 10 M pending says what it is doing instead of hanging.
+:class:`Copy` holds the console's one :class:`~kdelay.view.pending.PendingView`
+open for the console's life, with its memory bounded
+(:class:`~kdelay.state.budget.StoreBudget`). Syncs take turns under its lock,
+held only while a sync replays; reads of the synced stores (a record page, a
+lookup, a list page) and a summary's build need no lock: RocksDB gives each
+read a consistent state while a sync writes.
 
-The thread takes the reads' lock while it syncs and builds (the view's stores
-admit one reader), so a record or a list page asked during a rebuild waits for
-it. A failed sync (Kafka away, the changelog unreadable) keeps the last summary
+One daemon thread (:class:`Snapshots`) syncs the copy every ``interval_s``
+(incremental: only what the changelog gained) and, when the sync replayed
+anything, rebuilds the :class:`~kdelay.web.summary.Summary` the overview,
+timeline and pending list count from, *aside*: a partition's new columns are
+built while the screens go on counting the last summary, then swapped in, one
+partition at a time (the summary's ``as of`` moves when the last is in). A
+record page or a lookup asked during a rebuild never waits for it; at most for
+a sync. Until the first summary is built the screens answer 503
+``view-loading`` with the progress so far, so a console started on 10 M
+pending says what it is doing instead of hanging.
+
+A failed sync (Kafka away, the changelog unreadable) keeps the last summary
 and says why in :attr:`Freshness.error`, once per failure, in the log too.
 """
 
@@ -26,7 +34,7 @@ from dataclasses import dataclass
 from kdelay.plumbing.clock import Clock
 from kdelay.view.pending import Originals, PendingView
 from kdelay.web.problems import Problem
-from kdelay.web.summary import Summary, summarize
+from kdelay.web.summary import Builder, Columns, Summary
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 10.0
@@ -42,54 +50,112 @@ class Freshness:
     error: str | None
 
 
+M_ARENA_MAX = -8
+"""glibc's ``mallopt`` parameter: how many heaps (arenas) threads may allocate from."""
+ARENAS = 2
+M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter: blocks from this size on are mapped on their own."""
+MAPPED_FROM = 256 * 1024
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name)
+
+
 def _give_back() -> None:
     """Return the heap a sync and a build freed to the system (glibc keeps it otherwise,
     and the console's resident size would stay at the build's peak)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    libc = ctypes.CDLL(name)
-    trim = getattr(libc, "malloc_trim", None)
+    libc = _libc()
+    trim = None if libc is None else getattr(libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
 
 
-class Snapshots:
-    """Keeps a summary of the view current in a background thread.
+def _lean_heap() -> None:
+    """Let the threads started from now on (librdkafka's, RocksDB's, the build's) share
+    :data:`ARENAS` heaps, not glibc's eight a core, and map every block of
+    :data:`MAPPED_FROM` or more on its own (fetch buffers, numpy temporaries), which
+    frees it to the system at once: glibc would otherwise raise that threshold after
+    the first such block and keep the later ones in heaps that hold what they freed.
+    At 10 M pending the heaps held some 50 MB more than the console's work."""
+    libc = _libc()
+    options = None if libc is None else getattr(libc, "mallopt", None)
+    if options is not None:
+        options(M_ARENA_MAX, ARENAS)
+        options(M_MMAP_THRESHOLD, MAPPED_FROM)
 
-    ``open_view`` opens the console's view (unsynced) and ``originals`` the
-    reader of originals; both under ``lock``, held while syncing and building.
+
+class Copy:
+    """The console's view, opened by ``open_view`` (given the time) at the first sync and
+    kept open until :meth:`close`; syncs take turns, reads need no lock."""
+
+    def __init__(self, open_view: Callable[[int], PendingView]) -> None:
+        self._open_view = open_view
+        self._lock = threading.Lock()
+        self._view: PendingView | None = None
+
+    def synced(self, now_ms: int) -> tuple[PendingView, dict[int, int]]:
+        """The view, caught up with the changelog as of ``now_ms``, and the records that
+        sync replayed by partition. Waits only for a sync under way; raises what the
+        view's sync raises (the view stays open, as it was)."""
+        with self._lock:
+            view = self._view
+            if view is None:
+                view = self._open_view(now_ms)
+                try:
+                    replayed = view.sync(now_ms)
+                except BaseException:
+                    view.close()
+                    raise
+                self._view = view
+                return view, replayed
+            return view, view.sync(now_ms)
+
+    def close(self) -> None:
+        """Close the view (after any sync under way)."""
+        with self._lock:
+            if self._view is not None:
+                self._view.close()
+                self._view = None
+
+
+class Snapshots:
+    """Keeps a summary of the copy current in a background thread (see the module).
+
+    ``originals`` opens a reader of originals for a build.
     """
 
-    def __init__(self, open_view: Callable[[int], PendingView],
-                 originals: Callable[[], Originals], lock: threading.Lock, clock: Clock, *,
+    def __init__(self, copy: Copy, originals: Callable[[], Originals], clock: Clock, *,
                  interval_s: float = INTERVAL_S) -> None:
-        self._open_view = open_view
+        self._copy = copy
         self._originals = originals
-        self._lock = lock
         self._clock = clock
         self._interval_s = interval_s
+        self._builder = Builder()
         self._summary: Summary | None = None
         self._loading: int | None = None
         self._error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # The view was synced by a read of its own since the summary was built: the next
+        # The copy was synced by a read of its own since the summary was built: the next
         # refresh rebuilds even if its sync finds nothing new (the read replayed it).
         self._dirty = False
 
     def start(self) -> None:
         """Start the background thread (once)."""
         if self._thread is None:
+            _lean_heap()
             self._thread = threading.Thread(target=self._run, name="kdelay-web-snapshots",
                                             daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread after its current step."""
+        """Stop the thread after its current step, then close the copy."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self._copy.close()
 
     @property
     def freshness(self) -> Freshness:
@@ -109,34 +175,52 @@ class Snapshots:
         return found
 
     def refresh(self) -> bool:
-        """Sync the view once and rebuild the summary when anything changed (or there is
-        none yet); return whether it rebuilt. Raises what the view raises."""
-        with self._lock:
-            now_ms = self._clock.now_ms()
-            view = self._open_view(now_ms)
-            try:
-                replayed = view.sync()
-                current = self._summary
-                if current is not None and not any(replayed.values()) and not self._dirty:
-                    self._summary = Summary(now_ms, current.routes, current.by_index)
-                    return False
-                self._loading = 0
-                self._dirty = False
-                with self._originals() as originals:
-                    self._summary = summarize(view, originals, now_ms, self._loaded)
-                return True
-            finally:
-                self._loading = None
-                view.close()
-                _give_back()
+        """Sync the copy once and rebuild the summary aside when anything changed (or
+        there is none yet); return whether it rebuilt. Raises what the sync raises."""
+        now_ms = self._clock.now_ms()
+        view, replayed = self._copy.synced(now_ms)
+        current = self._summary
+        if current is not None and not any(replayed.values()) and not self._dirty:
+            self._summary = Summary(now_ms, current.routes, current.by_index)
+            return False
+        self._dirty = False
+        self._loading = 0
+        _give_back()  # what the sync freed (a first restore's, mostly), before the build
+        try:
+            with self._originals() as originals:
+                self._rebuild(view, originals, now_ms)
+            return True
+        finally:
+            self._loading = None
+            _give_back()
+
+    def _rebuild(self, view: PendingView, originals: Originals, now_ms: int) -> None:
+        """Build each partition's columns aside; swap them in one partition at a time
+        (all at once for the first summary), the ``as of`` last."""
+        built: dict[int, Columns] = {}
+        partitions = view.partitions
+        for partition in partitions:
+            columns = self._builder.partition(view, originals, partition, self._loaded)
+            current = self._summary
+            if current is None:
+                built[partition] = columns
+            else:
+                self._summary = Summary(current.as_of_ms, tuple(self._builder.routes),
+                                        {**current.by_index, partition: columns})
+            del columns
+        current = self._summary
+        kept = built if current is None else {
+            partition: columns for partition, columns in current.by_index.items()
+            if partition in partitions}
+        self._summary = Summary(now_ms, tuple(self._builder.routes), kept)
 
     def changed(self) -> None:
-        """A read synced the view itself and replayed records: they are not in the summary
-        yet, and the next refresh must rebuild it (call with the lock held)."""
+        """A read synced the copy itself and replayed records: they are not in the summary
+        yet, and the next refresh must rebuild it."""
         self._dirty = True
 
     def _loaded(self, done: int) -> None:
-        self._loading = done
+        self._loading = (self._loading or 0) + done
 
     def _run(self) -> None:
         while not self._stop.is_set():

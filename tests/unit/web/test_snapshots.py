@@ -1,4 +1,5 @@
-"""The console's background copy: loading, then a summary, rebuilt only when the view changed.
+"""The console's background copy: loading, then a summary rebuilt aside, only when the view
+changed, and reads that never wait for a rebuild.
 
 No broker: the view is a stand-in that holds due keys and their cached routes.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -16,7 +17,9 @@ from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec
 from kdelay.view.pending import Originals, PendingView, encode_route
 from kdelay.web.problems import Problem
-from kdelay.web.snapshots import Snapshots
+from kdelay.web.snapshots import Copy, Snapshots
+
+Step = tuple[list[bytes], int] | Exception
 
 
 class _Targets:
@@ -28,23 +31,37 @@ class _Targets:
 
 
 class _View:
-    """Partition 0 holds ``keys``; a sync replays ``replay`` records (then nothing)."""
+    """Partition 0: each sync takes the next step, the keys it then holds and the records
+    it replayed (or the failure it raises)."""
 
-    def __init__(self, keys: list[bytes], replay: int, fail: Exception | None = None) -> None:
+    def __init__(self, steps: list[Step]) -> None:
         self.partitions = [0]
-        self._keys = keys
-        self._replay = replay
-        self._fail = fail
-        self.targets = _Targets({key: encode_route("orders", None) for key in keys})
+        self._steps = iter(steps)
+        self._keys: list[bytes] = []
+        self.targets = _Targets({})
         self.closed = False
+        self.synced_at: list[int] = []
+        self.streaming = threading.Event()  # a build is reading the keys
+        self.proceed = threading.Event()  # ...and may go on
+        self.proceed.set()
 
-    def sync(self) -> dict[int, int]:
-        if self._fail is not None:
-            raise self._fail
-        return {0: self._replay}
+    def sync(self, now_ms: int) -> dict[int, int]:
+        self.synced_at.append(now_ms)
+        step = next(self._steps)
+        if isinstance(step, Exception):
+            raise step
+        self._keys, replayed = step
+        self.targets.routes.update({key: encode_route("orders", None) for key in self._keys})
+        return {0: replayed}
+
+    def count(self, partition: int) -> int:
+        return len(self._keys)
 
     def key_stream(self, partition: int) -> Iterator[bytes]:
-        return iter(self._keys)
+        keys = list(self._keys)
+        self.streaming.set()
+        assert self.proceed.wait(10), "the test never let the build go on"
+        return iter(keys)
 
     def close(self) -> None:
         self.closed = True
@@ -55,10 +72,9 @@ class _Originals(AbstractContextManager["_Originals"]):
         return None
 
 
-def _snapshots(views: list[_View], clock: ManualClock) -> Snapshots:
-    opened = iter(views)
-    return Snapshots(lambda _now: cast(PendingView, next(opened)),
-                     lambda: cast(Originals, _Originals()), threading.Lock(), clock)
+def _snapshots(view: _View, clock: ManualClock) -> tuple[Snapshots, Copy]:
+    copy = Copy(lambda _now: cast(PendingView, view))
+    return Snapshots(copy, lambda: cast(Originals, _Originals()), clock), copy
 
 
 def _keys(count: int) -> list[bytes]:
@@ -66,7 +82,7 @@ def _keys(count: int) -> list[bytes]:
 
 
 def test_before_the_first_summary_screens_are_told_it_is_loading() -> None:
-    snapshots = _snapshots([], ManualClock(5))
+    snapshots, _ = _snapshots(_View([]), ManualClock(5))
     with pytest.raises(Problem) as raised:
         snapshots.summary()
     assert (raised.value.status, raised.value.code) == (503, "view-loading")
@@ -75,8 +91,8 @@ def test_before_the_first_summary_screens_are_told_it_is_loading() -> None:
 
 def test_a_refresh_builds_then_only_moves_the_as_of_when_nothing_changed() -> None:
     clock = ManualClock(5)
-    views = [_View(_keys(3), replay=3), _View(_keys(3), replay=0), _View(_keys(4), replay=1)]
-    snapshots = _snapshots(views, clock)
+    view = _View([(_keys(3), 3), (_keys(3), 0), (_keys(4), 1)])
+    snapshots, _ = _snapshots(view, clock)
     assert snapshots.refresh() is True
     assert snapshots.summary().total == 3
     assert snapshots.freshness.as_of_ms == 5
@@ -86,21 +102,24 @@ def test_a_refresh_builds_then_only_moves_the_as_of_when_nothing_changed() -> No
     assert snapshots.freshness.as_of_ms == 15
     assert snapshots.refresh() is True
     assert snapshots.summary().total == 4
-    assert all(view.closed for view in views)
+    assert view.synced_at == [5, 15, 15]  # one view, kept open and synced as of each time
+    assert not view.closed
+    snapshots.stop()
+    assert view.closed
     assert snapshots.freshness.loading is None
 
 
 def test_a_failed_sync_keeps_the_last_summary() -> None:
     clock = ManualClock(5)
     broken = RuntimeError("changelog unreadable")
-    views: list[Any] = [_View(_keys(2), 2), _View([], 0, broken), _View([], 0, broken)]
-    snapshots = _snapshots(views, clock)
+    view = _View([(_keys(2), 2), broken, broken])
+    snapshots, _ = _snapshots(view, clock)
     snapshots.refresh()
-    for view in views[1:]:
+    for _ in range(2):
         with pytest.raises(RuntimeError):
             snapshots.refresh()
-        assert view.closed
     assert snapshots.summary().total == 2
+    assert not view.closed  # the copy stays open: the next sync goes on from it
 
 
 def test_records_a_page_read_replayed_into_the_shared_view_are_counted_at_the_next_refresh(
@@ -109,10 +128,41 @@ def test_records_a_page_read_replayed_into_the_shared_view_are_counted_at_the_ne
     new to the next refresh's own sync, yet is not in the summary. The page says so
     (``changed``), and the next refresh rebuilds."""
     clock = ManualClock(5)
-    views = [_View(_keys(3), replay=3), _View(_keys(5), replay=0)]
-    snapshots = _snapshots(views, clock)
+    view = _View([(_keys(3), 3), (_keys(5), 0)])
+    snapshots, _ = _snapshots(view, clock)
     assert snapshots.refresh() is True
     snapshots.changed()  # a page read replayed two more records into the copy
     clock.advance(10)
     assert snapshots.refresh() is True
     assert snapshots.summary().total == 5
+
+
+def test_a_lookup_proceeds_while_a_rebuild_is_under_way_and_the_old_summary_is_shown() -> None:
+    """The rebuild reads the copy without its lock: a read (which syncs the copy first, as
+    every record page and lookup does) goes on while the build is held mid-way, and the
+    screens count the last summary until the new one is swapped in."""
+    clock = ManualClock(5)
+    view = _View([(_keys(3), 3), (_keys(6), 3), (_keys(6), 0)])
+    snapshots, copy = _snapshots(view, clock)
+    assert snapshots.refresh() is True
+    view.proceed.clear()
+    view.streaming.clear()
+    clock.advance(10)
+    rebuild = threading.Thread(target=snapshots.refresh)
+    rebuild.start()
+    try:
+        assert view.streaming.wait(10), "the rebuild never started reading"
+        looked_up: list[PendingView] = []
+        lookup = threading.Thread(target=lambda: looked_up.append(copy.synced(16)[0]))
+        lookup.start()
+        lookup.join(5)
+        assert not lookup.is_alive(), "a lookup waited for the rebuild"
+        assert [id(found) for found in looked_up] == [id(view)]
+        assert snapshots.summary().total == 3  # the last summary, until the swap
+        assert snapshots.freshness.loading == 0
+    finally:
+        view.proceed.set()
+        rebuild.join(10)
+    assert not rebuild.is_alive()
+    assert snapshots.summary().total == 6
+    assert snapshots.freshness.as_of_ms == 15

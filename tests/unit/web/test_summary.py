@@ -10,12 +10,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from kdelay.protocol import codec
 from kdelay.protocol.controls import Scope, Subject
 from kdelay.view.backlog import HeldBack
 from kdelay.view.listing import BURST_MIN, Filter
+from kdelay.web import summary as summary_module
 from kdelay.web.summary import Builder, Summary, decoded_keys, runs
 
 NOW = 1_800_000_000_000
@@ -60,9 +62,17 @@ def test_the_columns_hold_every_key_in_due_order() -> None:
         assert decoded_keys(summary.by_index[index]) == [
             codec.encode_due_key(d, p, o) for d, p, o, _, _ in rows]
     assert summary.total == 1_000
-    assert summary.nbytes == 1_000 * 20
+    assert summary.nbytes == 1_000 * 12  # second, ms, offset: 4+2+4; partition, route: 1+1
 
 
+@pytest.fixture(params=[None, 7], ids=["one-slice", "slices-of-7"])
+def span(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Screens count a slice of entries at a time: the same figures whatever the slice."""
+    if request.param is not None:
+        monkeypatch.setattr(summary_module, "SPAN", request.param)
+
+
+@pytest.mark.usefixtures("span")
 def test_the_backlog_counts_as_a_plain_count_does() -> None:
     entries = _entries(2_000)
     rows = _all(entries)
@@ -82,6 +92,7 @@ def test_lanes_are_counted_with_none_named() -> None:
         Counter(lane or "(none)" for *_, lane in _all(entries)))
 
 
+@pytest.mark.usefixtures("span")
 @pytest.mark.parametrize("chosen", [
     Filter(), Filter(target="orders"), Filter(lane="dev1"),
     Filter(target="mail", due_from_ms=NOW, due_to_ms=NOW + 86_400_000),
@@ -102,6 +113,7 @@ def test_the_timeline_counts_each_target_by_bucket(chosen: Filter) -> None:
     assert found.bursts == bursts
 
 
+@pytest.mark.usefixtures("span")
 def test_a_page_is_the_filtered_entries_in_delivery_order_with_the_true_total() -> None:
     entries = _entries(2_000)
     chosen = Filter(target="orders", due_from_ms=NOW)
@@ -134,6 +146,7 @@ def test_runs_count_equal_neighbours() -> None:
     assert runs(values[:0]) == {}
 
 
+@pytest.mark.usefixtures("span")
 def test_held_back_counts_the_due_entries_of_each_controlled_target_and_lane() -> None:
     entries = _entries(2_000)
     orders, dev1 = Subject(Scope.TARGET, "orders"), Subject(Scope.LANE, "dev1")
@@ -143,3 +156,40 @@ def test_held_back_counts_the_due_entries_of_each_controlled_target_and_lane() -
                           (dev1, [r for r in due if r[4] == "dev1"])):
         assert held[subject] == HeldBack(len(mine), min(r[0] for r in mine))
     assert held[Subject(Scope.TARGET, "none")] == HeldBack()
+
+
+@pytest.mark.usefixtures("span")
+def test_a_burst_split_unevenly_over_partitions_is_counted_whole() -> None:
+    """95 + 10 entries in one second over two partitions are a burst (105); 60 + 30 are
+    not; the first pass keeps only seconds with half the burst in one partition."""
+    second, other = NOW + 5_000, NOW + 9_000
+    entries: dict[int, list[Entry]] = {
+        0: sorted([(second + n % 1_000, 0, n, "orders", None) for n in range(95)]
+                  + [(other, 0, 1_000 + n, "orders", None) for n in range(60)]),
+        1: sorted([(second + 999, 1, n, "orders", None) for n in range(10)]
+                  + [(other + n, 1, 1_000 + n, "orders", None) for n in range(30)])}
+    found = _summary(entries, chunk=13).timeline(60_000)
+    assert found.bursts == {second // 60_000 * 60_000: (second, 105)}
+
+
+@pytest.mark.usefixtures("span")
+def test_wide_values_widen_their_columns_and_bounds_are_exact_to_the_ms() -> None:
+    """Offsets past 2**32, partitions past 255 and dues far ahead keep their values; a due
+    window cuts inside a second at the ms."""
+    rows: list[Entry] = sorted([
+        (NOW + 1, 300, 2**40 + 5, "orders", None), (NOW + 499, 2, 7, "mail", None),
+        (NOW + 500, 2, 8, "mail", None), (NOW + 999, 2, 9, "orders", None),
+        (5_000_000_000_000_123, 1, 3, "orders", None)])
+    entries = {0: rows}
+    summary = _summary(entries, chunk=2)
+    columns = summary.by_index[0]
+    assert decoded_keys(columns) == [codec.encode_due_key(d, p, o) for d, p, o, _, _ in rows]
+    assert columns.offset.dtype == np.uint64
+    assert columns.partition.dtype == np.uint16
+    assert columns.due_s.dtype == np.uint64
+    chosen = Filter(due_from_ms=NOW + 499, due_to_ms=NOW + 500)
+    total, page = summary.page(chosen, 0, 10)
+    assert total == 2
+    assert [key for _, key in page] == [codec.encode_due_key(NOW + 499, 2, 7),
+                                        codec.encode_due_key(NOW + 500, 2, 8)]
+    assert summary.backlog(NOW + 499, 60_000).overdue == 2
