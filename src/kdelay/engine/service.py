@@ -636,6 +636,8 @@ class Service:
         for tp in partitions:
             index, restore = self._open(tp)
             if restore is not None:
+                # Served once restored from the later of this and the store's own offset.
+                restore.partition.offset = committed.get(tp.partition, -1)
                 self._owned.restoring[tp.partition] = restore
                 behind.append(tp)
                 continue
@@ -722,9 +724,10 @@ class Service:
         tp = restore.partition
         committed = tp.offset
         self._serve(tp, restored(restore.index, restore.staleness), committed, self._topics())
-        # The store may have taken in more than the group committed: intake starts there.
+        # Intake starts at the later of the group's committed offset and the store's own
+        # (_serve sets it), sought explicitly: the consumer's own start is the group's.
         self._owned.resuming[partition] = TopicPartition(
-            tp.topic, partition, tp.offset if tp.offset != committed else OFFSET_INVALID)
+            tp.topic, partition, tp.offset if tp.offset >= 0 else OFFSET_INVALID)
         self._resume(consumer)
         self.metrics.cluster.owned.set(len(self._owned.indexes))
         self.health.assigned([partition])
