@@ -625,6 +625,31 @@ def test_a_fence_with_kafka_answering_all_along_ends_the_service(
     assert raised.value.code == "fenced"
 
 
+def test_a_member_fence_on_the_offsets_after_a_rejoin_ends_the_transaction_not_the_service(
+    eos: Loop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A broker killed in a rolling restart moves the group coordinator; the consumer
+    # rejoins under its group.instance.id, and offsets sent with the metadata of its old
+    # membership are refused as fenced: abortable, not a second process.
+    old = eos.clients.producers["transactions"]
+    refused = KafkaError(
+        KafkaError.FENCED_INSTANCE_ID,
+        "Static consumer fenced by other consumer with same group.instance.id",
+        txn_requires_abort=True)
+
+    def fenced_offsets(*_: Any, **__: Any) -> None:
+        raise KafkaException(refused)
+
+    monkeypatch.setattr(old, "send_offsets_to_transaction", fenced_offsets)
+    first = eos.request(T0 + 60_000, key=b"a")
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "commit", "seek")] == ["begin", "seek"]
+    events = eos.step()
+    assert [e[0] for e in events if e[0] in ("begin", "offsets", "commit")] == [
+        "begin", "offsets", "commit"]
+    assert eos.pending() == [first]
+
+
 def test_a_fenced_begin_ends_the_service_with_its_code_not_a_raw_kafka_error(
     eos: Loop, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -631,8 +631,16 @@ class ExactlyOnce:
         for Kafka. That one is ended by a new producer, like any transaction
         an outage left open; only a fence with Kafka answering all along
         means a second process.
+
+        Only a fatal error fences the producer. A group member's fence on the
+        transaction's offsets (``FENCED_INSTANCE_ID``, abortable) says the
+        consumer rejoined since the group metadata was taken (its coordinator
+        moved: a broker killed in a rolling restart); the transaction is ended
+        and the next one carries the new metadata. A second process under this
+        instance's ids fences the consumer itself, which reports it fatally.
         """
-        return fatal_code(error) == "fenced" and not (self._away or self._unreachable())
+        return (fatal_code(error) == "fenced" and error.fatal()
+                and not (self._away or self._unreachable()))
 
     def mark(self, plan: Plan, acks: Receipts) -> None:
         """Write the marker in the open transaction, with the plan's records and offsets."""
