@@ -50,6 +50,18 @@ def _in_force(running: Running, subject: Subject, paused: bool) -> None:
     running.until(applied, timeout_s=30)
 
 
+def _paused(running: Run, deployment: Deployment, subject: Subject,
+            reason: str) -> tuple[Running, ManualClock]:
+    """A service on ``deployment``, on a manual clock, once every instance applies a pause
+    of ``subject``."""
+    clock = ManualClock(int(time.time() * 1000))
+    service = running(deployment, clock)
+    service.add()
+    controls.pause(deployment.settings, subject, "test", reason, clock.now_ms())
+    _in_force(service, subject, paused=True)
+    return service, clock
+
+
 def _in_due_order(records: list[Message]) -> bool:
     """Whether what went out earlier (by the service clock) was due no later."""
     sent = sorted((m.timestamp()[1], int(header(m, envelope.DUE_MS) or b"0")) for m in records)
@@ -77,13 +89,9 @@ def test_a_paused_target_holds_across_a_restart_and_catches_up_at_its_rate(
     deployment = deployment_factory(partitions=2)
     settings = deployment.settings
     orders, billing = topic_factory("orders", 2), topic_factory("billing", 2)
-    clock = ManualClock(int(time.time() * 1000))
     subject = Subject(Scope.TARGET, orders)
     out = collector([orders, billing, settings.dlq_topic])
-    service = running(deployment, clock)
-    service.add()
-    controls.pause(settings, subject, "test", "orders-db maintenance", clock.now_ms())
-    _in_force(service, subject, paused=True)
+    service, clock = _paused(running, deployment, subject, "orders-db maintenance")
 
     due = clock.now_ms() + 100
     produce(bootstrap, settings.requests_topic,
@@ -159,13 +167,9 @@ def test_a_paused_lane_holds_its_targets_and_not_the_others(
     deployment = deployment_factory(partitions=1, lanes=Lanes({"gold": f"gold{run}-"}))
     settings = deployment.settings
     plain = topic_factory("plain", 1)
-    clock = ManualClock(int(time.time() * 1000))
     subject = Subject(Scope.LANE, "gold")
     out = collector([lane_topic, plain, settings.dlq_topic])
-    service = running(deployment, clock)
-    service.add()
-    controls.pause(settings, subject, "test", "lane maintenance", clock.now_ms())
-    _in_force(service, subject, paused=True)
+    service, clock = _paused(running, deployment, subject, "lane maintenance")
 
     due = clock.now_ms() + 100
     produce(bootstrap, settings.requests_topic,
@@ -197,13 +201,9 @@ def test_a_paused_target_with_a_long_backlog_never_holds_back_another(
     deployment = deployment_factory(partitions=1)
     settings = deployment.settings
     orders, billing = topic_factory("orders", 1), topic_factory("billing", 1)
-    clock = ManualClock(int(time.time() * 1000))
     subject = Subject(Scope.TARGET, orders)
     out = collector([orders, billing, settings.dlq_topic])
-    service = running(deployment, clock)
-    service.add()
-    controls.pause(settings, subject, "test", "orders-db maintenance", clock.now_ms())
-    _in_force(service, subject, paused=True)
+    service, clock = _paused(running, deployment, subject, "orders-db maintenance")
 
     backlog = 21 * settings.batch_size + 500
     due = clock.now_ms() + 100

@@ -22,6 +22,10 @@ from pyspark.sql import SparkSession
 
 from kdelay.spark.jars import default_cache_dir
 from kdelay.spark.session import SparkOptions, new_session
+from tests.e2e.conftest import deploy, receiver, start_kdelay
+
+# A deployment with its running service, and readers of its targets, as the e2e tests have.
+__all__ = ["deploy", "receiver", "start_kdelay"]
 
 TEST_CONF = {
     "spark.sql.shuffle.partitions": "2",

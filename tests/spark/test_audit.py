@@ -29,13 +29,9 @@ from tests.e2e.conftest import (
     Deployment,
     KdelayProcess,
     Receiver,
-    deploy,
     produce_requests,
-    receiver,
-    start_kdelay,
 )
 
-__all__ = ["deploy", "receiver", "start_kdelay"]
 pytestmark = pytest.mark.kafka
 HOUR_MS = 3_600_000
 SETTLE_MS = 600_000

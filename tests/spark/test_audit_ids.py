@@ -28,14 +28,10 @@ from tests.e2e.conftest import (
     Deployment,
     KdelayProcess,
     Receiver,
-    deploy,
     produce_requests,
-    receiver,
-    start_kdelay,
 )
 from tests.spark.test_migration import caught_up
 
-__all__ = ["deploy", "receiver", "start_kdelay"]
 pytestmark = pytest.mark.kafka
 HOUR_MS = 3_600_000
 

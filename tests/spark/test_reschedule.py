@@ -46,14 +46,10 @@ from tests.e2e.conftest import (
     Deployment,
     KdelayProcess,
     Receiver,
-    deploy,
     produce_requests,
-    receiver,
-    start_kdelay,
 )
 from tests.spark.test_audit import _entry_of, _wait_record
 
-__all__ = ["deploy", "receiver", "start_kdelay"]
 pytestmark = pytest.mark.kafka
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000

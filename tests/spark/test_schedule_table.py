@@ -27,10 +27,9 @@ from kdelay.protocol import envelope
 from kdelay.protocol.idkeys import decode_answer
 from kdelay.spark.campaign import Columns, Rejects, Table, deployment_rules, schedule
 from tests.conftest import TopicFactory
-from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, deploy, receiver, start_kdelay
+from tests.e2e.conftest import Deployment, KdelayProcess, Receiver
 from tests.spark.test_placement import java_partitions
 
-__all__ = ["deploy", "receiver", "start_kdelay"]
 pytestmark = pytest.mark.kafka
 GOOD = 12
 DAY_MS = 86_400_000

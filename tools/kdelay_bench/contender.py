@@ -16,10 +16,8 @@ received. CPU is the process's (user + system, all threads, from
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from kdelay_bench.broker import wait_group_stable
 from kdelay_bench.collector import CollectorProcess, read_raw
 from kdelay_bench.cputime import Reading, read_process
 from kdelay_bench.load import Loader, produce_requests, values
+from kdelay_bench.process import SchedulerProcess
 from kdelay_bench.progress import Progress, say
 from kdelay_bench.report import Figure, as_int, per_record_us
 from kdelay_bench.stats import process_memory
@@ -91,50 +90,6 @@ def kdelay_command(settings: Settings, metrics_port: int) -> list[str]:
             "--log-level", "WARNING", "--metrics-port", str(metrics_port)]
 
 
-class KdelayRun:
-    """A running ``kdelay run``, its log and its metrics endpoint."""
-
-    def __init__(self, command: list[str], metrics_port: int, log: Path) -> None:
-        self.metrics_port = metrics_port
-        self._log = log
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        """Its process id."""
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        """Whether it still runs."""
-        return self.proc.poll() is None
-
-    def taken_in(self) -> int | None:
-        """Requests scheduled so far, from its metrics endpoint."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                return scheduled(answer.read().decode())
-        except OSError:
-            return None
-
-    def tail(self) -> str:
-        """The last lines it logged."""
-        text = self._log.read_text(errors="replace").strip() if self._log.exists() else ""
-        return " ".join(text.splitlines()[-3:])[-400:] or "no output"
-
-    def stop(self) -> None:
-        """SIGTERM; SIGKILL if it has not finished within 30 s."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @dataclass(frozen=True, slots=True)
 class Side:
     """One contender's part of a run: its group, the topic its requests go to, how to
@@ -161,7 +116,7 @@ def kdelay_side(setup: Setup, role: str) -> tuple[Side, str]:
                          setup.value_size, due_of, setup.partitions)
 
     def start() -> Contender:
-        return KdelayRun(kdelay_command(settings, port), port, log)
+        return SchedulerProcess(kdelay_command(settings, port), log, port, scheduled)
 
     return Side("kdelay", settings.group_id, settings.requests_topic, produce, start,
                 port), target

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kdelay.protocol import envelope
 from kdelay.protocol.envelope import Headers
 from kdelay_bench.load import WARMUP
+from kdelay_bench.process import SchedulerProcess
 
 MODULE = "github.com/etf1/kafka-message-scheduler"
 REPOSITORY = "https://github.com/etf1/kafka-message-scheduler"
@@ -56,7 +56,6 @@ EVENTS = "kafka_scheduler_event_total"
 PLANNED = "kafka_scheduler_planned_schedule"
 MISSED = "kafka_scheduler_missed_schedule"
 GRACE_S = 86_400
-STOP_TIMEOUT_S = 30.0
 
 
 class PeerError(Exception):
@@ -136,50 +135,13 @@ def environment(bootstrap: str, topics: PeerTopics, metrics_port: int,
             "SCHEDULE_GRACE_INTERVAL": str(GRACE_S)}
 
 
-class PeerProcess:
+class PeerProcess(SchedulerProcess):
     """One running peer: its process, and its metrics endpoint for progress."""
 
     def __init__(self, binary: Path, bootstrap: str, topics: PeerTopics, log: Path) -> None:
-        self._metrics_port, server_port = free_ports(2)
-        env = {**os.environ, **environment(bootstrap, topics, self._metrics_port, server_port)}
-        with log.open("w") as out:
-            self.proc = subprocess.Popen([str(binary)], env=env, stdout=out,
-                                         stderr=subprocess.STDOUT)
-        self._log = log
-
-    @property
-    def pid(self) -> int:
-        """The peer's process id."""
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        """Whether the process still runs."""
-        return self.proc.poll() is None
-
-    def taken_in(self) -> int | None:
-        """Return how many schedules it has taken in; None while its metrics are not up."""
-        url = f"http://127.0.0.1:{self._metrics_port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                return planned(answer.read().decode())
-        except OSError:
-            return None
-
-    def tail(self) -> str:
-        """Return the last lines it wrote, for an error message."""
-        text = self._log.read_text(errors="replace").strip() if self._log.exists() else ""
-        return " ".join(text.splitlines()[-3:])[-400:] or "no output"
-
-    def stop(self) -> None:
-        """Ask it to finish (SIGTERM: it flushes its producer); kill it after 30 s."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        metrics_port, server_port = free_ports(2)
+        super().__init__([str(binary)], log, metrics_port, planned, env={
+            **os.environ, **environment(bootstrap, topics, metrics_port, server_port)})
 
 
 def _run(command: list[str], cwd: Path | None = None,

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from prometheus_client import Counter, Gauge
@@ -41,6 +41,7 @@ from kdelay.state.changes import Changes
 from kdelay.state.index import CHANGELOG, IndexCorrupt, PartitionIndex
 from kdelay.state.memory import StoreMemory
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 APPLY_EVERY = 50_000
@@ -577,22 +578,9 @@ def open_restored(path: Path, partition: int, restorer: Restoring,
     The whole replay runs in this call; :func:`begin_restore` runs it a slice
     at a time.
     """
-    for attempt in range(2):
-        index = _open_fresh_enough(path, partition, staleness, memory)
-        try:
-            replayed = restorer.restore(index, progress)
-        except StaleIndex as exc:
-            log.warning("partition %d: %s; rebuilding it whole", partition, exc)
-            index.close()
-            PartitionIndex.destroy(path)
-            if attempt:
-                raise
-            continue
-        except BaseException:
-            index.close()
-            raise
-        return restored(index, staleness), replayed
-    raise AssertionError("unreachable")
+    index, replayed = _rebuilt_if_stale(path, partition, staleness, memory,
+                                         lambda index: restorer.restore(index, progress))
+    return restored(index, staleness), replayed
 
 
 def open_checked(path: Path, partition: int, restorer: Restoring,
@@ -605,10 +593,19 @@ def open_checked(path: Path, partition: int, restorer: Restoring,
     first. Stores are rebuilt whole, and errors propagate, as in
     :func:`open_restored`; ``memory`` is the RocksDB budget the store shares.
     """
+    return _rebuilt_if_stale(path, partition, staleness, memory, restorer.behind)
+
+
+def _rebuilt_if_stale(path: Path, partition: int, staleness: Staleness | None,
+                      memory: StoreMemory | None,
+                      use: Callable[[PartitionIndex], T]) -> tuple[PartitionIndex, T]:
+    """Open the store at ``path`` and return it with what ``use`` makes of it; a store
+    ``use`` finds past the changelog's end (:class:`StaleIndex`) is destroyed and opened
+    once more, empty. The store is closed when ``use`` raises anything else."""
     for attempt in range(2):
         index = _open_fresh_enough(path, partition, staleness, memory)
         try:
-            return index, restorer.behind(index)
+            return index, use(index)
         except StaleIndex as exc:
             log.warning("partition %d: %s; rebuilding it whole", partition, exc)
             index.close()

@@ -394,14 +394,7 @@ class PartitionIndex:
         """Count the store from scratch and store the tally (after :meth:`defer_tally`)."""
         if not self._untallied:
             return
-        # The store's own iterator, not raw_items' generator: a third of the time.
-        tally = Tally.of(cast(Iterator[tuple[bytes, bytes]], self._db.items()), ordered=True)
-        batch = WriteBatch(raw_mode=True)
-        for key, count in tally.all_rows():
-            batch.put(key, codec.encode_count(count), self._meta_handle)
-        batch.put(codec.TALLY_COMPLETE, b"", self._meta_handle)
-        self._write(batch)
-        self.tally = tally
+        self.tally = self._counted()
         self._untallied = False
 
     def first_key_any(self) -> bytes | None:
@@ -422,6 +415,10 @@ class PartitionIndex:
                 stored.append((it.key(), it.value()))
                 it.next()
             return Tally.load(stored)
+        return self._counted()
+
+    def _counted(self) -> Tally:
+        """Count the store from scratch, store that tally as complete, and return it."""
         # The store's own iterator, not raw_items' generator: a third of the time.
         tally = Tally.of(cast(Iterator[tuple[bytes, bytes]], self._db.items()), ordered=True)
         batch = WriteBatch(raw_mode=True)

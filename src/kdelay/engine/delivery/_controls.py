@@ -110,9 +110,11 @@ class Shelf:
         self.subjects = subjects
         self._targets = frozenset(subject.name.encode() for subject in subjects
                                   if subject.scope is Scope.TARGET)
-        self._prefixes = tuple(lanes[subject.name].encode() for subject in subjects
-                               if subject.scope is Scope.LANE and subject.name in lanes)
-        self._lanes = lanes
+        # Each shelved lane with the prefix of the topics it owns (a lane not configured
+        # owns none: its records are refused, never held).
+        self._lanes = tuple((subject, lanes[subject.name].encode()) for subject in subjects
+                            if subject.scope is Scope.LANE and subject.name in lanes)
+        self._prefixes = tuple(prefix for _, prefix in self._lanes)
         self._count: Shelved | None = None
 
     def counting(self, count: Shelved) -> None:
@@ -138,13 +140,8 @@ class Shelf:
         own control first, else its lane's; None when they are not shelved."""
         if target in self._targets:
             return Subject(Scope.TARGET, target.decode())
-        for subject in self.subjects:
-            if subject.scope is Scope.LANE and target.startswith(self._prefix_of(subject)):
-                return subject
-        return None
-
-    def _prefix_of(self, subject: Subject) -> bytes:
-        return self._lanes.get(subject.name, "\0").encode()
+        return next((subject for subject, prefix in self._lanes if target.startswith(prefix)),
+                    None)
 
 
 @dataclass(slots=True)
