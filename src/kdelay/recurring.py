@@ -78,7 +78,7 @@ from kdelay.plumbing.clients import reader_config
 from kdelay.plumbing.settings import Settings
 from kdelay.plumbing.topics import LayoutError
 from kdelay.protocol import envelope
-from kdelay.protocol.durations import parse_duration_ms
+from kdelay.protocol.durations import duration_text, parse_duration_ms
 from kdelay.protocol.envelope import AnyHeaders
 from kdelay.retry import SERIES
 
@@ -108,7 +108,7 @@ class Every:
 
     def text(self) -> str:
         """How ``kdelay show`` prints the spec."""
-        return f"every {self.interval_ms} ms"
+        return f"every {duration_text(self.interval_ms)}"
 
 
 @dataclass(frozen=True, slots=True)

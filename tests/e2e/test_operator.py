@@ -216,9 +216,9 @@ def test_show_reports_a_series_and_its_next_occurrence(
 
     wait(lambda: shown()["pending"], "the first occurrence pending")
     series = shown()["series"]
-    assert series == {"id": "hourly-report", "spec": "every 3600000 ms", "n": 1,
+    assert series == {"id": "hourly-report", "spec": "every 1h", "n": 1,
                       "due_ms": first_ms, "next_due_ms": first_ms + HOUR_MS,
                       "until_ms": None, "count": None, "target": "orders"}
     text = run_cli(deployment.env(KDELAY_VIEW_DIR=str(view)), "show", "hourly-report")
-    assert "series hourly-report: every 3600000 ms (no end), to orders" in text.stdout
+    assert "series hourly-report: every 1h (no end), to orders" in text.stdout
     assert "this is occurrence 1; next occurrence" in text.stdout

@@ -2,7 +2,7 @@
 time may lie.
 
 - :func:`parse_duration_ms` reads ``"1500ms"``, ``"30s"``, ``"2h"``, ``"7d"`` (the CLI's
-  options and the ``kdelay-delay-ms`` companion forms);
+  options and the ``kdelay-delay-ms`` companion forms), and :func:`duration_text` writes them;
 - :func:`parse_levels` reads a RocketMQ-style delay-level table (:data:`DEFAULT_LEVELS`);
 - :class:`Limits` is what intake accepts, built from the requests topic's retention by
   :func:`limits_for_retention`.
@@ -34,6 +34,18 @@ def parse_duration_ms(text: str) -> int:
             "unit ms, s, m, h or d, such as '1500ms' or '2h'"
         )
     return int(match[1]) * _UNIT_MS[match[2]]
+
+
+def duration_text(ms: int) -> str:
+    """``ms`` in the largest unit that divides it exactly: ``"1h"``, ``"90s"``, ``"1500ms"``.
+
+    The inverse of :func:`parse_duration_ms`: ``parse_duration_ms(duration_text(ms)) == ms``
+    for every non-negative ``ms``.
+    """
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNIT_MS[unit] == 0:
+            return f"{ms // _UNIT_MS[unit]}{unit}"
+    return f"{ms}ms"
 
 
 def _check_levels(levels: tuple[int, ...]) -> None:

@@ -12,6 +12,7 @@ from kdelay.protocol import envelope
 from kdelay.protocol.durations import (
     DEFAULT_LEVELS,
     Limits,
+    duration_text,
     limits_for_retention,
     parse_duration_ms,
     parse_levels,
@@ -86,6 +87,19 @@ def rejected(headers: AnyHeaders, limits: Limits = UNLIMITED, ts: int = TS) -> R
 )
 def test_parse_duration(text: str, expected: int) -> None:
     assert parse_duration_ms(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(3_600_000, "1h"), (90_000, "90s"), (1500, "1500ms"), (0, "0ms"), (86_400_000, "1d")],
+)
+def test_duration_text_uses_the_largest_exact_unit(ms: int, text: str) -> None:
+    assert duration_text(ms) == text
+
+
+@given(st.integers(min_value=0, max_value=10**15))
+def test_duration_text_reads_back_as_the_same_duration(ms: int) -> None:
+    assert parse_duration_ms(duration_text(ms)) == ms
 
 
 @pytest.mark.parametrize("text", ["", "s", "1.5s", "-1s", "1w", "1S", "1 s", "1e3", "١٢"])
