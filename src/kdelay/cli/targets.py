@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import getpass
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated
@@ -26,6 +26,7 @@ from kdelay.cli.options import (
 )
 from kdelay.cli.view import DEFAULT_VIEW_DIR, ViewDir, operator_view
 from kdelay.plumbing.clock import SystemClock
+from kdelay.plumbing.settings import Settings
 from kdelay.protocol.controls import Control, ControlError, Subject, parse_rate
 from kdelay.view.backlog import HeldBack, held_back
 
@@ -49,8 +50,14 @@ def _reported() -> Iterator[None]:
             fail(exc.code, str(exc), USER_ERROR_EXIT)
 
 
-def _subject(ctx: typer.Context, name: str, lane: bool) -> Subject:
-    return controls.subject_of(name, lane, connected(ctx))
+def _change(ctx: typer.Context, name: str, lane: bool,
+            apply: Callable[[Settings, Subject, int], Control]) -> None:
+    """Apply one change to the control of TARGET (or lane) now and print what is in force."""
+    with _reported():
+        settings = connected(ctx)
+        subject = controls.subject_of(name, lane, settings)
+        control = apply(settings, subject, SystemClock().now_ms())
+    typer.echo(f"{subject}: {_describe(control)}")
 
 
 def _rate(text: str | None) -> float | None:
@@ -69,11 +76,8 @@ def pause(ctx: typer.Context, name: Name, lane: Lane = False,
           reason: Annotated[str, option("reason", "Why (kept and shown).")] = "",
           by: By = None) -> None:
     """Pause deliveries to TARGET: what falls due stays pending until it is resumed."""
-    with _reported():
-        subject = _subject(ctx, name, lane)
-        control = controls.pause(connected(ctx), subject, _by(by), reason,
-                                 SystemClock().now_ms())
-    typer.echo(f"{subject}: {_describe(control)}")
+    _change(ctx, name, lane, lambda settings, subject, now_ms: controls.pause(
+        settings, subject, _by(by), reason, now_ms))
 
 
 @common_options
@@ -84,11 +88,8 @@ def resume(ctx: typer.Context, name: Name, lane: Lane = False,
            by: By = None) -> None:
     """Resume deliveries to TARGET."""
     rate = _rate(catch_up_rate)
-    with _reported():
-        subject = _subject(ctx, name, lane)
-        control = controls.resume(connected(ctx), subject, _by(by), SystemClock().now_ms(),
-                                  rate)
-    typer.echo(f"{subject}: {_describe(control)}")
+    _change(ctx, name, lane, lambda settings, subject, now_ms: controls.resume(
+        settings, subject, _by(by), now_ms, rate))
 
 
 @common_options
@@ -102,10 +103,8 @@ def limit(ctx: typer.Context, name: Name,
     if (rate is None) != off:
         fail("invalid-argument", "give a RATE, or --off", USER_ERROR_EXIT)
     cap = _rate(rate)
-    with _reported():
-        subject = _subject(ctx, name, lane)
-        control = controls.limit(connected(ctx), subject, _by(by), SystemClock().now_ms(), cap)
-    typer.echo(f"{subject}: {_describe(control)}")
+    _change(ctx, name, lane, lambda settings, subject, now_ms: controls.limit(
+        settings, subject, _by(by), now_ms, cap))
 
 
 @common_options
