@@ -591,6 +591,21 @@ class PartitionIndex:
             return key
         return None
 
+    def keys_below(self, bound: bytes) -> list[bytes]:
+        """Every pending due key below ``bound``, in key order.
+
+        For delivery's watermark state after an open or a restore: every entry
+        still in the store below the partition's watermark bound is pending,
+        whether the watermark lists it or it was put after the watermark was
+        written. The walk starts at the earliest due minute the :attr:`tally`
+        counts, so the tombstones of delivered entries below it are not read.
+        """
+        due = self.tally.due
+        if not due:
+            return []
+        start = codec.encode_due_key(min(due) * MINUTE_MS, 0, 0)
+        return [key for key, _ in self._iterate(bound, start=start)]
+
     def last_key(self) -> bytes | None:
         """Return the largest pending due key, or None when nothing is pending.
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from kdelay.engine.delivery._sealing import MAX_PENDING, Marks
+from pathlib import Path
+
+from kdelay.engine.delivery._sealing import MAX_PENDING, Marks, PartitionMarks
 from kdelay.protocol import codec
-from kdelay.protocol.codec import Watermark
+from kdelay.protocol.codec import Fingerprint, IndexValue, Watermark
+from kdelay.state.changes import Changes, Entry
+from kdelay.state.index import PartitionIndex
+
+SOME_FINGERPRINT = Fingerprint(1, 12345)
 
 
 def key(due: int, offset: int = 0) -> bytes:
@@ -76,3 +82,28 @@ def test_gone_keys_are_no_longer_pending() -> None:
     marks = Marks.of(Watermark(key(10)), [key(1), key(2)])
     marks.gone([key(1)])
     assert marks.below == {key(2)}
+
+
+def test_a_restarted_partition_counts_every_entry_below_its_bound_as_pending(
+        tmp_path: Path) -> None:
+    """An entry put after the last watermark with a key below its bound (a request indexed
+    after its due time, or replayed from the changelog after that watermark) is pending:
+    a running instance adds it as it writes the plan; after a restart only the index
+    knows it. Without it, the next watermark covered it and the next restore dropped it,
+    undelivered (seen with tools/crash under exactly-once and a paused target)."""
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        listed, late, above = key(4), key(6), key(20)
+        entries = [Entry(k, IndexValue(SOME_FINGERPRINT, None, "orders"))
+                   for k in (listed, above)]
+        index.apply(Changes(puts=entries))
+        index.apply(Changes(watermark=Watermark(key(10), frozenset({listed}))))
+        index.apply(Changes(puts=[Entry(late, IndexValue(SOME_FINGERPRINT, None, "orders"))]))
+        assert index.keys_below(key(10)) == [listed, late]
+
+        marks = PartitionMarks()
+        marks.load(0, index)
+        cover = marks.of(0).cover(key(8), [], [key(5)])
+        assert cover.mark == Watermark(key(10), frozenset({listed, late}))
+    finally:
+        index.close()

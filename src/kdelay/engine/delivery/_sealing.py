@@ -329,14 +329,21 @@ class PartitionMarks:
 
     def load(self, partition: int, index: PartitionIndex) -> None:
         """Start ``partition`` from the watermark its index holds (restored, or written
-        before a restart), once: later calls find it loaded."""
+        before a restart), once: later calls find it loaded.
+
+        Every entry the index holds below the watermark's bound is pending: the
+        keys the watermark lists that are still there, and the entries put after
+        it was written with keys below its bound (indexed after their due time
+        passed). A running instance adds the latter to its pending keys as it
+        writes them (:meth:`Marks.put`); after a restart only the index knows
+        them, and a watermark written without them would cover entries never
+        delivered (the next restore would drop them).
+        """
         early = self._marks.get(partition)
         if early is not None and early.loaded:
             return
         mark = index.watermark
-        pending = [] if mark is None else sorted(mark.pending)
-        present = [key for key, raw in zip(pending, index.raw_values(pending), strict=True)
-                   if raw is not None]
+        present = [] if mark is None else index.keys_below(mark.bound)
         loaded = Marks.of(mark, present)
         if early is not None:  # plans written before the partition's first read-ahead
             for token, (_, keys) in early.unapplied.items():
