@@ -50,7 +50,7 @@ from kdelay.engine.commit import (
 )
 from kdelay.engine.controlfeed import CONTROLS_GROUP, ControlFeed, Following
 from kdelay.engine.delivery import Controls, Delivery, DeliveryConfig, by_service_clock
-from kdelay.engine.factory import ClientFactory, KafkaClients, membership
+from kdelay.engine.factory import ClientFactory, KafkaClients, membership, prefetch
 from kdelay.engine.health import Health, Observation
 from kdelay.engine.intake import (
     IdWindow,
@@ -273,7 +273,8 @@ class Service:
             "group.id": s.group_id, "enable.auto.commit": checkpoint.auto_commit,
             "auto.commit.interval.ms": 1000, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-            **membership(me, s.session_timeout_ms, given=s.kafka_config)}
+            **membership(me, s.session_timeout_ms, given=s.kafka_config),
+            **prefetch(s.kafka_config)}
         self._clients = _Clients(self._join(group), group, checkpoint, reader,
                                  self._factory.restorer(), guard, takeover, delivery, sweeper,
                                  feed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdelay.engine.factory import membership
+from kdelay.engine.factory import INTAKE_FETCH_BACKOFF_MS, membership, prefetch
 from kdelay.plumbing.identity import derive
 from kdelay.plumbing.settings import Settings
 
@@ -64,3 +64,9 @@ def test_membership_leaves_what_the_kafka_config_sets_to_it() -> None:
     chosen = membership(me, 10_000, given={"session.timeout.ms": "6000"})
     assert "session.timeout.ms" not in chosen
     assert chosen["group.instance.id"] == "east-1"
+
+
+def test_intake_fetches_again_soon_after_a_full_queue_unless_the_kafka_config_says() -> None:
+    assert prefetch(given={}) == {"fetch.queue.backoff.ms": INTAKE_FETCH_BACKOFF_MS}
+    assert INTAKE_FETCH_BACKOFF_MS < 1_000, "librdkafka's default starves a backlog's intake"
+    assert prefetch(given={"fetch.queue.backoff.ms": "500"}) == {}
