@@ -108,8 +108,8 @@ class Plan:
     # whose payload or due time differ from the first request's (one sentence each).
     answers: list[Record] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
-    # The request records behind ``changes.puts``, so delivery can take the
-    # ones due soon without reading them back from Kafka.
+    # The request records behind those of ``changes.puts`` due soon (see Planner), so
+    # delivery can take them without reading them back from Kafka.
     originals: dict[bytes, Message] = field(default_factory=dict)
     log_topic: str = field(default="", compare=False)  # the changelog, for :attr:`changelog`
 
@@ -137,6 +137,7 @@ _HEADERS: Final = Message.headers
 _KEY: Final = Message.key
 _VALUE: Final = Message.value
 _OPEN_TARGETS: Final = 1_024  # targets remembered as open to requests without a lane
+_EVERY_KEY: Final = b"\xff" * (codec.DUE_KEY_SIZE + 1)  # above every due key
 # Builds a named tuple from all its fields without the generated Python-level
 # ``__new__``, which costs three times as much: for the objects made per request.
 _new: Final = tuple.__new__
@@ -241,14 +242,24 @@ class Planner:
     delivery under way, and bring the delivered entry back. Nor is one whose
     entry ``delivered`` says left the index, done, since the assignment (see
     :mod:`kdelay.engine.delivery._rereads`).
+
+    A plan keeps the request records of the entries it puts (:attr:`Plan.originals`)
+    for delivery to adopt, only for those due within ``originals_ms`` of the
+    time the batch is planned (None: all). Delivery adopts only entries inside
+    its read-ahead window; one it does not adopt is read back by offset once
+    due, so the bound costs no correctness, and most requests of a busy
+    intake, due far ahead, cost no dict entry.
     """
 
     def __init__(self, topics: Topics, limits: Limits, lookup: IdLookup,
                  withhold: Withhold, policy: TargetPolicy | None = None,
                  partitions: int | None = None, ids: IdWindow | None = None,
                  rereads_below: int | None = None,
-                 delivered: Callable[[bytes], bool] = _never) -> None:
+                 delivered: Callable[[bytes], bool] = _never,
+                 originals_ms: int | None = None) -> None:
         self._topics = topics
+        self._originals_ms = originals_ms
+        self._keep_below = _EVERY_KEY  # the due keys whose records a plan keeps
         self._rereads_below = rereads_below
         # Requests from this offset on are read for the first time: their keys are not in
         # the index (past the rereads; and this planner never planned them).
@@ -256,7 +267,6 @@ class Planner:
         self._delivered = delivered
         self._partitions = partitions
         self._policy = policy or TargetPolicy((topics.requests, topics.changelog, topics.dlq), ())
-        self._changelog = topics.changelog
         self._limits = limits
         self._lookup = lookup
         self._withhold = withhold
@@ -269,7 +279,9 @@ class Planner:
              ages: list[int] | None = None) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order; append the
         age at ``now_ms`` of each record with a timestamp to ``ages``, if given."""
-        plan = Plan(partition, log_topic=self._changelog)
+        plan = Plan(partition, log_topic=self._topics.changelog)
+        if self._originals_ms is not None:
+            self._keep_below = codec.due_upper_bound(now_ms + self._originals_ms)
         self._prune(plan)
         limits, refusal, open_targets = self._limits, self._policy.refusal, self._open
         offset = None
@@ -479,9 +491,10 @@ class Planner:
         plan.changes.puts.append(Entry(key, value, raw))
         if fresh:
             plan.changes.absent.add(key)
-        if message is not None:
+        if message is not None and key < self._keep_below:
             plan.originals[key] = message
-        plan.log(key, raw)
+        plan.log_keys.append(key)  # plan.log(key, raw), without the call
+        plan.log_values.append(raw)
 
     def _pending_before(self, key: bytes, message: Message | None) -> bool:
         """Whether a request read again (below ``rereads_below``) is pending in the index,

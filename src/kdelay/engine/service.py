@@ -101,6 +101,9 @@ ACK_WAIT_MS = 1
 # Steps start at most once per this many ms (unless a full batch of requests comes): a
 # step per millisecond of a steady rate costs more than its few records; none is early.
 STEP_MS = 5
+# Intake keeps the records of requests due within the read-ahead window plus this
+# margin, for delivery to adopt (see Planner): the window moves on while a step runs.
+ADOPT_MARGIN_MS = 10_000
 # How long a clean stop writes the sweeper's tombstones before it leaves the rest.
 SWEEP_CLOSE_S = 5.0
 # How long a step replays the changelog of a partition in restore (see
@@ -678,7 +681,8 @@ class Service:
         self._owned.planners[tp.partition] = Planner(
             topics, terms.limits, index.id_state, delivery.withhold, terms.policy,
             terms.partitions, IdWindow(terms.id_window_ms, self._clock, index),
-            rereads, delivery.rereads.watch(tp.partition, start, rereads))
+            rereads, delivery.rereads.watch(tp.partition, start, rereads),
+            originals_ms=self.settings.lookahead_ms + ADOPT_MARGIN_MS)
 
     def _open(self, tp: TopicPartition) -> tuple[PartitionIndex, Restore | None]:
         """Open a partition's index; with the Restore that catches it up from the changelog

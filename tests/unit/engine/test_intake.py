@@ -193,6 +193,18 @@ def test_the_planner_notes_the_age_of_each_record_with_a_timestamp(ids: Ids) -> 
     assert ages == [100, 60], "a record without a timestamp has no age"
 
 
+def test_a_plan_keeps_the_records_of_entries_due_soon_for_delivery_to_adopt(ids: Ids) -> None:
+    soon, later = (request(1, schedule_headers("orders", due_ms=TS + 5_000)),
+                   request(2, schedule_headers("orders", due_ms=TS + 5_001)))
+    planner = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold, originals_ms=5_000)
+    result = planner.plan(PART, [soon, later], TS)
+    assert [e.key for e in result.changes.puts] == [key(TS + 5_000, 1), key(TS + 5_001, 2)]
+    assert result.originals == {key(TS + 5_000, 1): soon}, "the later one is read back"
+    assert result.log_keys == [key(TS + 5_000, 1), key(TS + 5_001, 2)]
+    unbounded = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold).plan(PART, [soon, later], TS)
+    assert len(unbounded.originals) == 2
+
+
 def test_an_empty_batch_changes_nothing(ids: Ids) -> None:
     result = plan(ids, [])
     assert result == Plan(PART)
