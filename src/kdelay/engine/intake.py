@@ -650,6 +650,9 @@ class Planner:
 
 # Most differing duplicates one batch logs one by one (all are counted).
 CONFLICTS_LOGGED: Final = 5
+# Outcomes logged one by one per batch and kind (a cancel, a duplicate...); the rest of
+# the kind in one line: a re-sent campaign of millions logs a line a batch, not a request.
+OUTCOMES_LOGGED: Final = 5
 
 
 def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> None:
@@ -660,6 +663,7 @@ def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> Non
     """
     kinds: Counter[Outcome] = Counter()
     reasons: Counter[str] = Counter()
+    logged: Counter[Outcome] = Counter()
     plain = outcomes.count(_SCHEDULED)
     if plain:
         kinds[_SCHEDULED_KIND] = plain
@@ -670,7 +674,13 @@ def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> Non
         if outcome is _REJECTED:
             reasons[detail.split(":", 1)[0]] += 1
         elif outcome is not _SCHEDULED_KIND and outcome is not _FORWARDED:
-            log.info("request %s: %s", outcome, detail)
+            logged[outcome] += 1
+            if logged[outcome] <= OUTCOMES_LOGGED:
+                log.info("request %s: %s", outcome, detail)
+    for outcome, count in logged.items():
+        if count > OUTCOMES_LOGGED:
+            log.info("... and %d more requests %s in this batch (kdelay_intake_records_total)",
+                     count - OUTCOMES_LOGGED, outcome)
     for outcome, count in kinds.items():
         metrics.intake.records.labels(outcome=str(outcome)).inc(count)
     for reason, count in reasons.items():

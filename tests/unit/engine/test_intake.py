@@ -10,6 +10,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Mess
 
 from kdelay.engine.delivery._rereads import Rereads
 from kdelay.engine.intake import (
+    OUTCOMES_LOGGED,
     IdWindow,
     Outcome,
     Plan,
@@ -17,7 +18,9 @@ from kdelay.engine.intake import (
     Record,
     Topics,
     consumed_marker,
+    count_outcomes,
 )
+from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import (
@@ -816,3 +819,21 @@ def test_a_reschedule_of_an_id_living_elsewhere_is_forwarded_with_its_due_time(
     assert header(sent.headers, "kdelay-reschedule") == [sid.encode()]
     assert header(sent.headers, DUE_MS) == [str(TS + 50).encode()], "resolved where written"
     assert header(sent.headers, "kdelay-forward") == [f"{PART}/4".encode()]
+
+
+def test_a_batch_of_duplicates_logs_a_few_lines_not_one_a_request(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A re-sent campaign answers millions of duplicates: each batch logs the first few of
+    each kind and one line for the rest, while the metric counts every one."""
+    metrics = Metrics()
+    outcomes = [(Outcome.DUPLICATE, f"id-{n}") for n in range(1_000)]
+    outcomes += [(Outcome.CANCELLED, "order-43")]
+    with caplog.at_level("INFO", logger="kdelay.engine.intake"):
+        count_outcomes(metrics, outcomes)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [*(f"request duplicate: id-{n}" for n in range(OUTCOMES_LOGGED)),
+                     "request cancelled: order-43",
+                     f"... and {1_000 - OUTCOMES_LOGGED} more requests duplicate in this batch "
+                     "(kdelay_intake_records_total)"]
+    assert metrics.registry.get_sample_value("kdelay_intake_records_total",
+                                             {"outcome": "duplicate"}) == 1_000
