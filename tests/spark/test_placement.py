@@ -45,12 +45,15 @@ public class Placement {
 
 
 def sample_ids(count: int) -> list[str]:
-    """Ids of every length from 0 to 40 bytes, ASCII and not (a byte per step of the tail)."""
+    """Ids of every length from 0 to 80 bytes: half ASCII only (the fast path, every
+    control and high-bit-free character), half with multi-byte characters."""
     rng = random.Random(48)
-    alphabet = "abcXYZ019-_:./ éü日本\U0001f600"
-    fixed = ["", "a", "ab", "abc", "abcd", "abcde", "order-43", "ümlaut-ß-日本語", "\U0001f600x"]
-    return fixed + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
-                    for _ in range(count)]
+    mixed = "abcXYZ019-_:./ éü日本\U0001f600"
+    plain = "".join(chr(c) for c in range(1, 128) if chr(c) not in "\r\n")
+    fixed = ["", "a", "ab", "abc", "abcd", "abcde", "order-43", "ümlaut-ß-日本語", "\U0001f600x",
+             "\x7f\x01~", "reminder-1234567", "c2026-" + "f" * 32]
+    return fixed + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+                    for alphabet in (plain, mixed) for _ in range(count // 2)]
 
 
 def spark_partitions(spark: SparkSession, ids: list[str]) -> list[list[int]]:
