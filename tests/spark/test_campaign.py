@@ -22,6 +22,7 @@ from kdelay.spark.campaign import (
     judge,
     request_parts,
     requests_frame,
+    sink_options,
     with_policy,
 )
 
@@ -144,3 +145,9 @@ def test_mapping_errors_have_codes(spark: SparkSession) -> None:
         with pytest.raises(CampaignError) as mapping:
             Columns(**wrong)
         assert mapping.value.code == "bad-mapping"
+
+
+def test_the_sink_compresses_unless_the_client_config_says_otherwise() -> None:
+    assert sink_options(SETTINGS)["kafka.compression.type"] == "lz4"
+    own = Settings(bootstrap_servers="unused:9092", kafka_config={"compression.type": "zstd"})
+    assert sink_options(own)["kafka.compression.type"] == "zstd"
