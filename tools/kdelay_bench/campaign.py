@@ -100,12 +100,15 @@ def run_campaign(topics: Topics, work_dir: Path, n: int, partitions: int) -> lis
         say(f"campaign: plain Kafka sink took {plain_s:.1f}s; schedule-table (twice)")
         schedule_s, report = scheduled(table)
         rerun_s, again = scheduled(table)
-    return [_result(settings, n, plain_s, schedule_s, rerun_s, report, again)]
+    plain_written = _records(settings.bootstrap_servers, plain_topic)
+    return [_result(settings, n, (plain_s, plain_written), schedule_s, rerun_s, report, again)]
 
 
-def _result(settings: Settings, n: int, plain_s: float, schedule_s: float, rerun_s: float,
-            report: CampaignReport, again: CampaignReport) -> Result:
-    """The figures, with checks that every row was sent by both runs and nothing else."""
+def _result(settings: Settings, n: int, plain: tuple[float, int], schedule_s: float,
+            rerun_s: float, report: CampaignReport, again: CampaignReport) -> Result:
+    """The figures, with checks that every row was sent by both runs and nothing else,
+    and that the plain sink wrote every row too."""
+    plain_s, plain_written = plain
     written = _records(settings.bootstrap_servers, settings.requests_topic)
     result = Result("campaign", {
         "rows": n, "plain_sink_s": round(plain_s, 2), "schedule_table_s": round(schedule_s, 2),
@@ -117,4 +120,6 @@ def _result(settings: Settings, n: int, plain_s: float, schedule_s: float, rerun
                  report.sent == again.sent == n)
     result.check("the requests topic holds both runs' requests", written,
                  written == 2 * n + WARM_UP_ROWS)
+    result.check("the plain sink wrote every row", plain_written,
+                 plain_written == n + WARM_UP_ROWS)
     return result
