@@ -579,17 +579,21 @@ def expiry_upper_bound(before_ms: int) -> bytes:
 TALLY_PREFIX: Final = b"tally/"
 """Meta-column-family keys of the pending tally (see :mod:`kdelay.state.tally`) start with this."""
 TALLY_COMPLETE: Final = b"tally/complete"
-"""Present once the tally stored in a meta column family covers the whole store."""
+"""Present once the tally stored in a meta column family covers the whole store; its value
+is :data:`TALLY_VERSION`, the layout of the buckets stored."""
+TALLY_VERSION: Final = b"2"
+"""The stored tally's layout: ``2`` counts by request partition too (b"": due and slack only)."""
 
 
 def encode_tally_key(kind: bytes, minute: int) -> bytes:
     """Encode ``tally/ | kind (1 byte) | i64 minute``: one bucket of the pending tally.
 
-    ``kind`` is ``b"d"`` (by due minute) or ``b"s"`` (by slack minute: request
-    time minus due time). Raises ValueError for another kind or a minute out of range.
+    ``kind`` is ``b"d"`` (by due minute), ``b"s"`` (by slack minute: request
+    time minus due time) or ``b"o"`` (by request partition, in place of the
+    minute). Raises ValueError for another kind or a minute out of range.
     """
-    if len(kind) != 1 or kind not in b"ds":
-        raise ValueError(f"a tally kind is b'd' or b's', got {kind!r}")
+    if len(kind) != 1 or kind not in b"dso":
+        raise ValueError(f"a tally kind is b'd', b's' or b'o', got {kind!r}")
     _check_range("minute", minute, _I64_MIN, _I64_MAX)
     return TALLY_PREFIX + kind + _I64.pack(minute)
 
@@ -598,7 +602,7 @@ def decode_tally_key(raw: bytes) -> tuple[bytes, int]:
     """Decode :func:`encode_tally_key`; ValueError for anything else."""
     body = raw[len(TALLY_PREFIX):]
     if not raw.startswith(TALLY_PREFIX) or len(body) != 1 + _I64.size or body[:1] not in (
-            b"d", b"s"):
+            b"d", b"s", b"o"):
         raise ValueError(f"not a tally key: {raw!r}")
     minute: int = _I64.unpack(body[1:])[0]
     return body[:1], minute

@@ -71,6 +71,11 @@ PUT_SPANS = 1_024
 _RdictKey = str | int | float | bytes | bool
 
 
+def _after_prefix(prefix: bytes) -> bytes:
+    """The smallest key above every key that starts with ``prefix`` (its last byte is not 0xff)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
 class IndexCorrupt(Exception):
     """The store on disk cannot be opened or read; it must be rebuilt from the changelog."""
 
@@ -406,8 +411,9 @@ class PartitionIndex:
         return key
 
     def _load_tally(self) -> Tally:
-        """The stored tally; a store without one (made before it existed) is counted once."""
-        if self._meta.get(codec.TALLY_COMPLETE) is not None:
+        """The stored tally; a store without one, or with one of an older layout (made
+        before it existed or counted by request partition), is counted once."""
+        if self._meta.get(codec.TALLY_COMPLETE) == codec.TALLY_VERSION:
             it = self._meta.iter(ReadOptions())
             it.seek(codec.TALLY_PREFIX)
             stored = []
@@ -418,13 +424,16 @@ class PartitionIndex:
         return self._counted()
 
     def _counted(self) -> Tally:
-        """Count the store from scratch, store that tally as complete, and return it."""
+        """Count the store from scratch, store that tally (in place of any stored before)
+        as complete, and return it."""
         # The store's own iterator, not raw_items' generator: a third of the time.
         tally = Tally.of(cast(Iterator[tuple[bytes, bytes]], self._db.items()), ordered=True)
         batch = WriteBatch(raw_mode=True)
+        batch.delete_range(codec.TALLY_PREFIX, _after_prefix(codec.TALLY_PREFIX),
+                           self._meta_handle)
         for key, count in tally.all_rows():
             batch.put(key, codec.encode_count(count), self._meta_handle)
-        batch.put(codec.TALLY_COMPLETE, b"", self._meta_handle)
+        batch.put(codec.TALLY_COMPLETE, codec.TALLY_VERSION, self._meta_handle)
         self._write(batch)
         return tally
 
@@ -635,6 +644,14 @@ class PartitionIndex:
         capped = len(stamps) > limit
         del stamps[limit:]
         return DueSummary(len(stamps), min(stamps, default=None), capped)
+
+    def count_due(self, from_ms: int, upper_ms: int) -> int:
+        """Count the entries due from ``from_ms`` to ``upper_ms``, both included, key by key
+        (for a span the :attr:`tally`'s minutes cannot tell: part of one minute)."""
+        if upper_ms < from_ms:
+            return 0
+        return sum(1 for _ in self._iterate(codec.due_upper_bound(upper_ms),
+                                            start=codec.encode_due_key(from_ms, 0, 0)))
 
     def first_key_after(self, after_ms: int) -> bytes | None:
         """Return the smallest key due after ``after_ms``, or None (one seek)."""

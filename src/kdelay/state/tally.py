@@ -8,7 +8,7 @@ or disappear, as the batch's one multi-get shows), and stores the changed
 buckets in its meta column family *in the same* ``WriteBatch``, so the tally
 on disk always matches the entries on disk, through crashes and restores.
 
-Two histograms, bucketed by whole minutes:
+Two histograms, bucketed by whole minutes, and a count by request partition:
 
 - ``due``: entries by due minute. :meth:`Tally.by_horizon` sums it into the
   horizons operators watch (overdue, due within 1 m, 10 m, 1 h, 1 d, beyond).
@@ -19,6 +19,13 @@ Two histograms, bucketed by whole minutes:
   request's original ``retention.ms`` after its record time, so an entry is at
   risk when its slack is below ``-retention.ms``; :meth:`Tally.at_risk` counts
   them (the bucket that straddles the limit counts as at risk).
+- ``origin``: entries by the request partition their original lies on (the
+  partition in the due key): the store's own, and another one for a schedule
+  forwarded to its id's partition. ``kdelay backlog`` counts by it.
+
+Stored buckets are rows ``tally/<kind><i64>`` (kind ``d``, ``s`` or ``o``);
+:data:`~kdelay.protocol.codec.TALLY_COMPLETE` holds the layout's version, and a
+store whose marker is missing or older is counted once from scratch.
 """
 
 from __future__ import annotations
@@ -35,10 +42,12 @@ from kdelay.protocol import codec
 MINUTE_MS: Final = 60_000
 DUE: Final = b"d"
 SLACK: Final = b"s"
+ORIGIN: Final = b"o"
 # (label, the horizon's end relative to now); entries past the last go to "beyond".
 HORIZONS: Final = (("1m", 60_000), ("10m", 600_000), ("1h", 3_600_000), ("1d", 86_400_000))
 OVERDUE: Final = "overdue"
 DUE_TIME_SIZE: Final = 8  # the due time at the head of a due key
+PARTITION_SIZE: Final = 4  # the request partition after it
 NEGATIVE_BYTE: Final = 0x80  # a big-endian i64 whose first byte is this or more is negative
 BEYOND: Final = "beyond"
 COUNT_CHUNK: Final = 65_536  # entries :meth:`Tally.of` counts in one :meth:`Change.count_all`
@@ -60,12 +69,15 @@ class Change:
 
     due: dict[int, int] = field(default_factory=dict)
     slack: dict[int, int] = field(default_factory=dict)
+    origin: dict[int, int] = field(default_factory=dict)
 
     def count(self, key: bytes, raw: bytes, sign: int) -> None:
         """Count an entry that appears (``sign`` 1) or disappears (-1)."""
         due, slack = buckets(key, raw)
         self.due[due] = self.due.get(due, 0) + sign
         self.slack[slack] = self.slack.get(slack, 0) + sign
+        origin = origin_of(key)
+        self.origin[origin] = self.origin.get(origin, 0) + sign
 
     def count_all(self, keys: Sequence[bytes], values: Sequence[bytes], sign: int,
                   ordered: bool = False) -> None:
@@ -89,6 +101,7 @@ class Change:
             dues, stamps = codec.due_times(keys), codec.record_times(values)
             extremes = (min(dues), max(dues), min(stamps), max(stamps))
         first, last, oldest, newest = extremes
+        _add(self.origin, _origins(keys), sign)
         if first // MINUTE_MS == last // MINUTE_MS:
             _add(self.due, {first // MINUTE_MS: len(keys)}, sign)
         else:
@@ -103,6 +116,22 @@ class Change:
         _add(self.slack, Counter([(stamp - due_ms) // MINUTE_MS
                                   for stamp, due_ms in zip(stamps, dues, strict=True)]),
              sign)
+
+
+def origin_of(key: bytes) -> int:
+    """The request partition of a due key: where its original lies."""
+    return int.from_bytes(key[DUE_TIME_SIZE:DUE_TIME_SIZE + PARTITION_SIZE], "big")
+
+
+def _origins(keys: Sequence[bytes]) -> Mapping[int, int]:
+    """How many of the due ``keys`` name each request partition. A batch's keys mostly
+    name one (the store's own): that is told by comparing bytes in C, and only a
+    batch with a forwarded schedule among them is counted key by key."""
+    first = keys[0][DUE_TIME_SIZE:DUE_TIME_SIZE + PARTITION_SIZE]
+    if all(map(bytes.startswith, keys, itertools.repeat(first),
+               itertools.repeat(DUE_TIME_SIZE))):
+        return {int.from_bytes(first, "big"): len(keys)}
+    return Counter([origin_of(key) for key in keys])
 
 
 def _extremes_of_bytes(keys: Sequence[bytes], values: Sequence[bytes], ordered: bool
@@ -133,9 +162,11 @@ class Tally:
     """The in-memory tally of one partition's pending entries (see the module)."""
 
     def __init__(self, due: Mapping[int, int] | None = None,
-                 slack: Mapping[int, int] | None = None) -> None:
+                 slack: Mapping[int, int] | None = None,
+                 origin: Mapping[int, int] | None = None) -> None:
         self.due: Counter[int] = Counter(due or {})
         self.slack: Counter[int] = Counter(slack or {})
+        self.origin: Counter[int] = Counter(origin or {})
         self.total = sum(self.due.values())
 
     @classmethod
@@ -149,37 +180,38 @@ class Tally:
         while chunk := list(itertools.islice(it, COUNT_CHUNK)):
             change.count_all(list(map(first, chunk)), list(map(second, chunk)), 1, ordered)
         return cls({m: n for m, n in change.due.items() if n},
-                   {m: n for m, n in change.slack.items() if n})
+                   {m: n for m, n in change.slack.items() if n},
+                   {p: n for p, n in change.origin.items() if n})
 
     @classmethod
     def load(cls, stored: Iterable[tuple[bytes, bytes]]) -> Tally:
         """Rebuild the tally from its stored buckets (meta keys under ``tally/``)."""
-        due: dict[int, int] = {}
-        slack: dict[int, int] = {}
+        kinds: dict[bytes, dict[int, int]] = {DUE: {}, SLACK: {}, ORIGIN: {}}
         for key, raw in stored:
             if key == codec.TALLY_COMPLETE:
                 continue
             kind, minute = codec.decode_tally_key(key)
-            (due if kind == DUE else slack)[minute] = codec.decode_count(raw)
-        return cls(due, slack)
+            kinds[kind][minute] = codec.decode_count(raw)
+        return cls(kinds[DUE], kinds[SLACK], kinds[ORIGIN])
 
     def rows(self, change: Change) -> list[tuple[bytes, int]]:
         """The buckets ``change`` touches, as ``(meta key, new count)`` (0: delete the key)."""
         key = codec.encode_tally_key
-        due, slack = self.due.get, self.slack.get
+        due, slack, origin = self.due.get, self.slack.get, self.origin.get
         return [*((key(DUE, m), due(m, 0) + d) for m, d in change.due.items() if d),
-                *((key(SLACK, m), slack(m, 0) + d) for m, d in change.slack.items() if d)]
+                *((key(SLACK, m), slack(m, 0) + d) for m, d in change.slack.items() if d),
+                *((key(ORIGIN, p), origin(p, 0) + d) for p, d in change.origin.items() if d)]
 
     def all_rows(self) -> Iterator[tuple[bytes, int]]:
         """Every bucket, as ``(meta key, count)``: to store a tally counted from scratch."""
-        for minute, count in self.due.items():
-            yield codec.encode_tally_key(DUE, minute), count
-        for minute, count in self.slack.items():
-            yield codec.encode_tally_key(SLACK, minute), count
+        for kind, counts in ((DUE, self.due), (SLACK, self.slack), (ORIGIN, self.origin)):
+            for bucket, count in counts.items():
+                yield codec.encode_tally_key(kind, bucket), count
 
     def commit(self, change: Change) -> None:
         """Take ``change`` in, once its batch is written."""
-        for counts, delta in ((self.due, change.due), (self.slack, change.slack)):
+        for counts, delta in ((self.due, change.due), (self.slack, change.slack),
+                              (self.origin, change.origin)):
             for minute, diff in delta.items():
                 count = counts.get(minute, 0) + diff
                 if count > 0:

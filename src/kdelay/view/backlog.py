@@ -3,7 +3,9 @@
 Both read a synced :class:`~kdelay.view.pending.PendingView`. ``due`` lists the
 entries of a time window in due order with their originals, read a page at a
 time; ``backlog`` counts every pending entry by due-time bucket and partition
-from the keys alone, and by target from the originals (cached in the view).
+from each store's tally (:mod:`kdelay.state.tally`, exact by due minute and
+request partition) without reading the entries, and by target from the
+originals (cached in the view).
 Both can keep to one lane: the lane a request names in ``kdelay-lane``, read
 from its original (for ``backlog``, every pending original, cached as the
 targets are).
@@ -14,10 +16,11 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kdelay.protocol import codec
 from kdelay.protocol.controls import Scope, Subject
+from kdelay.state.tally import MINUTE_MS
 from kdelay.view.pending import (
     Original,
     Originals,
@@ -121,6 +124,54 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
         if originals is None:
             raise ValueError("counting one lane reads the originals: give them")
         return _lane_backlog(view, originals, now_ms, bucket_ms, lane)
+    if bucket_ms % MINUTE_MS:
+        counted = scanned_backlog(view, now_ms, bucket_ms)
+    else:
+        counted = tallied_backlog(view, now_ms, bucket_ms)
+    if originals is None:
+        return counted
+    return replace(counted, by_target=_by_target(view, originals))
+
+
+def tallied_backlog(view: PendingView, now_ms: int, bucket_ms: int) -> Backlog:
+    """:func:`backlog` by partition from each store's tally, for whole-minute buckets.
+
+    The tally counts every entry by due minute and by request partition
+    (:mod:`kdelay.state.tally`), exactly, so the count reads no entry but those
+    due in the current minute up to ``now_ms`` (overdue counts to the
+    millisecond), and two seeks a store for the earliest and latest due time:
+    its cost does not grow with the pending count. ValueError unless
+    ``bucket_ms`` is a whole number of minutes (every minute then falls in
+    one bucket).
+    """
+    if bucket_ms < MINUTE_MS or bucket_ms % MINUTE_MS:
+        raise ValueError(f"the tally counts whole minutes, not buckets of {bucket_ms} ms")
+    buckets: Counter[int] = Counter()
+    by_partition: Counter[int] = Counter(dict.fromkeys(view.partitions, 0))
+    now_minute = now_ms // MINUTE_MS
+    overdue, firsts, lasts = 0, [], []
+    for number, partition in enumerate(view.partitions, start=1):
+        view.report("counting pending entries (partitions)", number, len(view.partitions))
+        tally = view.tally(partition)
+        by_partition.update(tally.origin)
+        for minute, count in tally.due.items():
+            buckets[minute * MINUTE_MS // bucket_ms * bucket_ms] += count
+            if minute < now_minute:
+                overdue += count
+        if tally.due.get(now_minute):
+            overdue += view.count_due(partition, now_minute * MINUTE_MS, now_ms)
+        span = view.due_range(partition) if tally.total else None
+        if span is not None:
+            firsts.append(span[0])
+            lasts.append(span[1])
+    return Backlog(now_ms, sum(by_partition.values()), overdue, min(firsts, default=None),
+                   max(lasts, default=None), bucket_ms, sorted(buckets.items()),
+                   dict(sorted(by_partition.items())))
+
+
+def scanned_backlog(view: PendingView, now_ms: int, bucket_ms: int) -> Backlog:
+    """:func:`backlog` by partition from every key of the view (any bucket of 1 ms or
+    more): a read of the whole view, whose cost grows with the pending count."""
     buckets: Counter[int] = Counter()
     by_partition: Counter[int] = Counter(dict.fromkeys(view.partitions, 0))
     overdue, earliest, latest = 0, None, None
@@ -135,9 +186,8 @@ def backlog(view: PendingView, now_ms: int, bucket_ms: int,
         overdue += bisect.bisect_right(dues, now_ms)
         earliest = dues[0] if earliest is None else min(earliest, dues[0])
         latest = dues[-1] if latest is None else max(latest, dues[-1])
-    by_target = None if originals is None else _by_target(view, originals)
     return Backlog(now_ms, sum(by_partition.values()), overdue, earliest, latest, bucket_ms,
-                   sorted(buckets.items()), dict(sorted(by_partition.items())), by_target)
+                   sorted(buckets.items()), dict(sorted(by_partition.items())))
 
 
 def bucket_counts(dues: Sequence[int], bucket_ms: int) -> list[tuple[int, int]]:

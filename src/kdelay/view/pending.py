@@ -44,6 +44,7 @@ from kdelay.state.changelog import RestoreError, Restorer, StaleIndex, open_rest
 from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.originals import Found, Missing, OriginalReader
 from kdelay.state.statedir import IndexLocked, store_path
+from kdelay.state.tally import Tally
 
 SYNCED_FILE = "synced_ms"
 DEFAULT_DELETE_RETENTION_MS = 86_400_000
@@ -368,6 +369,25 @@ class PendingView:
     def count(self, partition: int) -> int:
         """How many entries ``partition``'s index holds (its tally)."""
         return self._indexes[partition].tally.total
+
+    def tally(self, partition: int) -> Tally:
+        """The exact counts of ``partition``'s index by due minute and by request
+        partition (:mod:`kdelay.state.tally`): nothing is read."""
+        return self._indexes[partition].tally
+
+    def due_range(self, partition: int) -> tuple[int, int] | None:
+        """The earliest and latest due times of ``partition``'s index, or None when it
+        holds nothing (two seeks)."""
+        index = self._indexes[partition]
+        first, last = index.first_key(), index.last_key()
+        if first is None or last is None:
+            return None
+        return codec.due_ms_of(first), codec.due_ms_of(last)
+
+    def count_due(self, partition: int, from_ms: int, upper_ms: int) -> int:
+        """How many entries of ``partition``'s index are due from ``from_ms`` to
+        ``upper_ms``, both included (read key by key: keep the span short)."""
+        return self._indexes[partition].count_due(from_ms, upper_ms)
 
     def pending(self, partition: int, keys: list[bytes]) -> list[Pending]:
         """The pending entries of ``partition`` under ``keys`` (skipping any gone since)."""

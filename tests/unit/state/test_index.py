@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
+from kdelay.protocol import codec
 from kdelay.protocol.codec import (
     DueKey,
     Fingerprint,
@@ -614,6 +615,34 @@ def test_a_store_written_before_the_tally_existed_is_counted_when_opened(
         assert store.tally.total == 26
     finally:
         store.close()
+
+
+def test_a_tally_stored_without_request_partitions_is_counted_again_when_opened(
+    tmp_path: Path,
+) -> None:
+    store = PartitionIndex(tmp_path / "p", 2)
+    put(store, *(entry(60_000 * i, partition=2, offset=i) for i in range(1, 11)),
+        entry(60_000, partition=1, offset=50))
+    assert dict(store.tally.origin) == {2: 10, 1: 1}
+    # As an earlier version stored it: due and slack rows, an empty completeness marker.
+    store._meta[codec.TALLY_COMPLETE] = b""
+    for partition in (1, 2):
+        del store._meta[codec.encode_tally_key(b"o", partition)]
+    store._meta[codec.encode_tally_key(b"d", 10**6)] = codec.encode_count(99)  # stale
+    store.close()
+    reopened = PartitionIndex(tmp_path / "p", 2)
+    try:
+        assert dict(reopened.tally.origin) == {2: 10, 1: 1}
+        assert reopened.tally.total == 11
+        assert 10**6 not in reopened.tally.due
+    finally:
+        reopened.close()
+    again = PartitionIndex(tmp_path / "p", 2)  # stored whole this time: loaded
+    try:
+        assert dict(again.tally.origin) == {2: 10, 1: 1}
+        assert again.tally.total == 11
+    finally:
+        again.close()
 
 
 def test_free_bytes_of_a_path_not_created_yet_is_its_volumes(tmp_path: Path) -> None:

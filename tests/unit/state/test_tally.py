@@ -146,3 +146,21 @@ def test_a_short_key_is_refused_in_a_batch_as_alone() -> None:
     _, raw = entry(NOW, NOW)
     with pytest.raises(struct.error):
         Change().count_all([b"short"], [raw], 1)
+
+
+def test_entries_are_counted_by_the_partition_their_request_lies_on() -> None:
+    raw = entry(NOW, NOW)[1]
+    own = [codec.encode_due_key(NOW + i, 3, i) for i in range(5)]
+    mixed = [*own, codec.encode_due_key(NOW, 7, 9), codec.encode_due_key(NOW, 0, 1)]
+    one, batch, alike = Change(), Change(), Change()
+    for key in mixed:
+        one.count(key, raw, 1)
+    batch.count_all(mixed, [raw] * len(mixed), 1)
+    alike.count_all(own, [raw] * len(own), -1)
+    assert batch.origin == one.origin == {3: 5, 7: 1, 0: 1}
+    assert alike.origin == {3: -5}
+    tally = Tally.of(zip(mixed, [raw] * len(mixed), strict=True))
+    loaded = Tally.load((k, codec.encode_count(n)) for k, n in tally.all_rows())
+    assert tally.origin == loaded.origin == {3: 5, 7: 1, 0: 1}
+    tally.commit(alike)
+    assert tally.origin == {7: 1, 0: 1}
