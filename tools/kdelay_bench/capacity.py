@@ -197,8 +197,7 @@ def _restore(settings: Settings, partitions: int, due_ms: int, run: Run) -> None
 
         owned = _step_until(service, restored_all, 7_200.0)
         restored = int(registry.get_sample_value(*RESTORED) or 0)
-        # The bench process's and its restore processes' CPU (the service's restore
-        # replays large partitions in child processes): on a loaded machine the rate
+        # The bench process's CPU (and its children's): on a loaded machine the rate
         # says how much of a core it got, the CPU an entry what it costs.
         cpu_s = _cpu_s() - cpu_start
         run.note(restore_s=round(owned, 1), restored_records=restored,
