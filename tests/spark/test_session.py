@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import typer
 
+from kdelay.cli.options import KAFKA_ERROR_EXIT
+from kdelay.cli.spark import spark_job
 from kdelay.spark import session
 from kdelay.spark.session import SparkOptions, builder_conf, parse_conf
 
@@ -23,3 +26,24 @@ def test_the_connector_jars_come_first_in_spark_jars(monkeypatch: pytest.MonkeyP
                                      cache_dir=Path("/c")))
     assert conf["spark.jars"] == "/c/a.jar,/c/b.jar,/mine.jar"
     assert conf["spark.x"] == "1"
+
+
+class FakeJavaException:
+    """What Py4J hands over of a Java exception: a proxy that answers ``toString``."""
+
+    _target_id = "o1"
+
+    def toString(self) -> str:  # the Java method's name
+        return "java.io.FileNotFoundException: File file:/nowhere does not exist\n\tat x.y"
+
+
+def test_a_refused_spark_setting_is_one_error_line_not_a_java_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    with pytest.raises(typer.Exit) as exited, spark_job():
+        raise Py4JJavaError("An error occurred while calling None.JavaSparkContext.\n",
+                            FakeJavaException())
+    assert exited.value.exit_code == KAFKA_ERROR_EXIT
+    assert capsys.readouterr().err == (
+        "error[spark]: java.io.FileNotFoundException: File file:/nowhere does not exist\n")

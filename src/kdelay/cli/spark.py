@@ -53,6 +53,7 @@ OutputDir = Annotated[Path | None, option(
 def spark_job() -> Iterator[None]:
     """Report a missing spark extra, unavailable jars and failed Spark jobs as one line."""
     try:
+        from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
         from kdelay.spark.campaign import CampaignError
@@ -71,6 +72,17 @@ def spark_job() -> Iterator[None]:
         failed(exc)
     except PySparkException as exc:
         fail("spark", str(exc).strip().splitlines()[0], KAFKA_ERROR_EXIT)
+    except Py4JJavaError as exc:  # Spark's JVM refused (a bad --conf, a missing directory)
+        fail("spark", java_message(exc), KAFKA_ERROR_EXIT)
+
+
+def java_message(exc: Any) -> str:
+    """The Java exception behind a Py4J error, as one line (``java.io.X: what``)."""
+    try:
+        return str(exc.java_exception.toString()).strip().splitlines()[0]
+    except Exception:  # the JVM may be gone: the Python side's own text
+        lines = [line.strip(": ") for line in str(exc).splitlines() if line.strip(": ")]
+        return lines[-1] if lines else type(exc).__name__
 
 
 def spark_options(master: str, conf: list[str] | None, cache_dir: Path | None) -> Any:
