@@ -148,7 +148,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     deployment = Deployment(
         bootstrap=bootstrap, requests=f"web-req-{suffix}", changelog=f"web-chg-{suffix}",
         dlq=f"web-dlq-{suffix}", group_id=f"web-g-{suffix}", state_dir=root / "state",
-        partitions=2, outcomes=f"web-out-{suffix}")
+        partitions=2, outcomes=f"web-out-{suffix}", status=f"web-sts-{suffix}")
     target, audit = f"web-orders-{suffix}", f"web-audit-{suffix}"
     made = run_cli(deployment.env(), "topics", "create", "--partitions", "2", "--target", target)
     assert made.returncode == 0, made.stderr
@@ -175,7 +175,7 @@ def stack(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             process.kill()
         service.kill()
         _delete_topics(bootstrap, [deployment.requests, deployment.changelog, deployment.dlq,
-                                   deployment.outcomes, target, audit])
+                                   deployment.outcomes, deployment.status, target, audit])
 
 
 def _delete_topics(bootstrap: str, names: list[str]) -> None:

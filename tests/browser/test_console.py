@@ -305,6 +305,17 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
     assert int(page.text_content("#pending-total") or "") == counted["pending"]
     assert page.eval_on_selector_all("#instances td.partitions",
                                      "cells => cells.map(c => c.textContent)") == ["0, 1"]
+    # Each partition's index, as the service's status record says (written on change,
+    # at most every 2 s): both serve, and the page says how fresh that is.
+    deadline = time.monotonic() + 30
+    while (states := page.eval_on_selector_all(
+            "#lag tr[data-partition]", "rows => rows.map(r => r.dataset.state)")) != [
+            "serving", "serving"] and time.monotonic() < deadline:
+        time.sleep(1)
+        page.goto(stack.open.url + "/")
+    assert states == ["serving", "serving"]
+    assert all(" ago" in said for said in page.eval_on_selector_all(
+        "#lag tr[data-partition] td.said", "cells => cells.map(c => c.textContent)"))
     page.screenshot(path=shots / "overview.png", full_page=True)
     page.goto(stack.open.url + "/retention")
     checked = run_cli(cli_env(stack), "retention", "check", "--json")

@@ -120,6 +120,7 @@ class Deployment:
     partitions: int
     outcomes: str = "kdelay.outcomes"
     controls: str = "kdelay.controls"
+    status: str = "kdelay.status"
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The environment ``kdelay`` runs with: every setting as a ``KDELAY_*`` variable."""
@@ -130,6 +131,7 @@ class Deployment:
             "KDELAY_DLQ_TOPIC": self.dlq,
             "KDELAY_OUTCOMES_TOPIC": self.outcomes,
             "KDELAY_CONTROLS_TOPIC": self.controls,
+            "KDELAY_STATUS_TOPIC": self.status,
             "KDELAY_GROUP_ID": self.group_id,
             "KDELAY_STATE_DIR": str(self.state_dir),
             "KDELAY_LOG_LEVEL": "INFO",
@@ -151,6 +153,7 @@ def deploy(
             dlq=f"e2e-dlq-{suffix}", group_id=f"e2e-g-{suffix}",
             state_dir=tmp_path / f"state-{suffix}", partitions=partitions,
             outcomes=f"e2e-out-{suffix}", controls=f"e2e-ctl-{suffix}",
+            status=f"e2e-sts-{suffix}",
         )
         made.append(deployment)
         result = run_cli(deployment.env(), "topics", "create", "--partitions", str(partitions))
@@ -158,7 +161,8 @@ def deploy(
         return deployment
 
     yield create
-    names = [t for d in made for t in (d.requests, d.changelog, d.dlq, d.outcomes, d.controls)]
+    names = [t for d in made
+             for t in (d.requests, d.changelog, d.dlq, d.outcomes, d.controls, d.status)]
     existing = set(admin.list_topics(timeout=30).topics)
     doomed = [name for name in names if name in existing]
     if doomed:

@@ -193,7 +193,7 @@ def test_the_service_serves_over_sasl_ssl_with_exactly_the_documented_acls(
         bootstrap=tls[0], requests=f"acl-req-{suffix}", changelog=f"acl-chg-{suffix}",
         dlq=f"acl-dlq-{suffix}", group_id=f"acl-g-{suffix}",
         state_dir=tmp_path / "state", partitions=3, outcomes=f"acl-out-{suffix}",
-        controls=f"acl-ctl-{suffix}")
+        controls=f"acl-ctl-{suffix}", status=f"acl-sts-{suffix}")
     target, forbidden = f"acl-target-{suffix}", f"acl-forbidden-{suffix}"
     super_properties = java_properties(tmp_path / "admin.properties", tls[1], SUPER_USER,
                                        SUPER_PASSWORD)
@@ -206,7 +206,8 @@ def test_the_service_serves_over_sasl_ssl_with_exactly_the_documented_acls(
         "KDELAY": principals.service[0], "PRODUCER": principals.producer[0],
         "GROUP": deployment.group_id, "REQUESTS": deployment.requests,
         "CHANGELOG": deployment.changelog, "DLQ": deployment.dlq,
-        "OUTCOMES": deployment.outcomes, "CONTROLS": deployment.controls, "TARGET": target}))
+        "OUTCOMES": deployment.outcomes, "CONTROLS": deployment.controls,
+        "STATUS": deployment.status, "TARGET": target}))
 
     password = principals.service[1]
     properties = java_properties(tmp_path / "client.properties", tls[1], *principals.service)

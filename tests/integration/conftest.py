@@ -50,8 +50,8 @@ def deployment_factory(
     topic_factory: TopicFactory, admin: Any, bootstrap: str, tmp_path: Path,
     guarantee: Guarantee,
 ) -> Callable[..., Deployment]:
-    """Create requests, changelog, DLQ, outcomes and controls topics and the settings that
-    name them."""
+    """Create requests, changelog, DLQ, outcomes, controls and status topics and the
+    settings that name them."""
 
     def create(partitions: int = 3, retention_ms: int = 7 * 86_400_000,
                changelog_config: dict[str, str] | None = None,
@@ -65,9 +65,11 @@ def deployment_factory(
         outcomes = topic_factory("out", partitions, {"cleanup.policy": "compact,delete",
                                                      "retention.ms": str(retention_ms)})
         controls = topic_factory("ctl", 1, {"cleanup.policy": "compact"})
+        status = topic_factory("sts", 1, {"cleanup.policy": "compact"})
         settings = Settings(
             bootstrap_servers=bootstrap, requests_topic=requests, changelog_topic=changelog,
             dlq_topic=dlq, outcomes_topic=outcomes, controls_topic=controls,
+            status_topic=status,
             group_id=f"g-{requests}",
             state_dir=tmp_path / "state",
             lookahead_ms=2_000, retry_backoff_ms=100, retry_backoff_max_ms=1_000,

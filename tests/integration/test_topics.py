@@ -48,10 +48,11 @@ def fresh(admin: AdminClient, bootstrap: str) -> Iterator[Settings]:
     suffix = uuid.uuid4().hex[:12]
     settings = Settings(bootstrap_servers=bootstrap, requests_topic=f"req-{suffix}",
                         changelog_topic=f"chg-{suffix}", dlq_topic=f"dlq-{suffix}",
-                        outcomes_topic=f"out-{suffix}", controls_topic=f"ctl-{suffix}")
+                        outcomes_topic=f"out-{suffix}", controls_topic=f"ctl-{suffix}",
+                        status_topic=f"sts-{suffix}")
     yield settings
     names = [settings.requests_topic, settings.changelog_topic, settings.dlq_topic,
-             settings.outcomes_topic, settings.controls_topic]
+             settings.outcomes_topic, settings.controls_topic, settings.status_topic]
     existing = [name for name in names if name in admin.list_topics(timeout=TIMEOUT_S).topics]
     if existing:
         for future in admin.delete_topics(existing).values():
@@ -80,17 +81,18 @@ def settings_for(
 # --- topics create ---------------------------------------------------------------------
 
 
-def test_topics_create_command_creates_five_topics_then_is_idempotent(
+def test_topics_create_command_creates_six_topics_then_is_idempotent(
     fresh: Settings, admin: AdminClient
 ) -> None:
     args = ["topics", "create", "--partitions", "3", "--retention-ms", str(2 * DAY_MS),
             "--bootstrap-servers", fresh.bootstrap_servers,
             "--requests-topic", fresh.requests_topic,
             "--changelog-topic", fresh.changelog_topic, "--dlq-topic", fresh.dlq_topic,
-            "--outcomes-topic", fresh.outcomes_topic, "--controls-topic", fresh.controls_topic]
+            "--outcomes-topic", fresh.outcomes_topic, "--controls-topic", fresh.controls_topic,
+            "--status-topic", fresh.status_topic]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 5 + [
+    assert [line.split()[0] for line in first.stdout.splitlines()] == ["created"] * 6 + [
         "replication:"]
     assert first.stdout.splitlines()[-1] == (
         "replication: factor 1 for new topics (chosen for a cluster of 1 broker)")
@@ -112,14 +114,17 @@ def test_topics_create_command_creates_five_topics_then_is_idempotent(
     controls = describe(admin, fresh.controls_topic)
     assert controls[0] == 1
     assert controls[1]["cleanup.policy"] == "compact"
+    status = describe(admin, fresh.status_topic)
+    assert status[0] == 1
+    assert status[1]["cleanup.policy"] == "compact"
 
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
-    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 5 + [
+    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 6 + [
         "replication:"]
     assert changelog[1]["message.timestamp.type"] == "LogAppendTime"
     assert check_layout(admin, fresh) == Layout(partitions=3, retention_ms=2 * DAY_MS,
-                                                broker_time=True, outcomes=3)
+                                                broker_time=True, outcomes=3, status=True)
 
 
 def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: AdminClient) -> None:
@@ -128,7 +133,8 @@ def test_create_topics_creates_only_what_is_missing(fresh: Settings, admin: Admi
     assert [line.split()[:2] for line in lines] == [
         ["exists", fresh.requests_topic], ["created", fresh.changelog_topic],
         ["created", fresh.dlq_topic], ["created", fresh.outcomes_topic],
-        ["created", fresh.controls_topic], ["replication:", "factor"],
+        ["created", fresh.controls_topic], ["created", fresh.status_topic],
+        ["replication:", "factor"],
     ]
     wait_visible(admin, fresh.changelog_topic, 2)  # metadata of a new topic can lag a moment
     assert describe(admin, fresh.changelog_topic)[0] == 2

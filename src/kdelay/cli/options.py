@@ -93,6 +93,9 @@ OutcomesTopic = Annotated[str | None, common(
 ControlsTopic = Annotated[str | None, common(
     "controls-topic", "Compacted topic of the target controls (pause, rate cap); never a "
     "delivery target.", _DEFAULTS.controls_topic)]
+StatusTopic = Annotated[str | None, common(
+    "status-topic", "Compacted topic where each instance says which request partitions it "
+    "serves or restores; never a delivery target.", _DEFAULTS.status_topic)]
 SeriesCancelsTopic = Annotated[str | None, common(
     "series-cancels-topic", "Compacted topic of kdelay worker's series cancel markers; never a "
     "delivery target.", _DEFAULTS.series_cancels_topic)]
@@ -170,6 +173,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "dlq_topic": DlqTopic,
     "outcomes_topic": OutcomesTopic,
     "controls_topic": ControlsTopic,
+    "status_topic": StatusTopic,
     "series_cancels_topic": SeriesCancelsTopic,
     "worker_dlq_topic": WorkerDlqTopic,
     "group_id": GroupId,

@@ -120,7 +120,8 @@ def topics_create(
         "target", "Also create this target topic (partitions as above) if missing; "
         "repeatable.")] = None,
 ) -> None:
-    """Create the requests, changelog and dlq topics; existing ones are checked, not changed."""
+    """Create kdelay's topics (requests, changelog, dlq, outcomes, controls, status); existing
+    ones are checked, not changed."""
     with reported():
         settings = settings_of(ctx)
         lines = create_topics(admin_client(settings), settings, partitions=partitions,

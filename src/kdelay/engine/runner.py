@@ -25,7 +25,7 @@ from kdelay.engine.workers import Child, Supervisor, worker_settings
 from kdelay.errors import ServiceError
 from kdelay.plumbing.clock import SystemClock
 from kdelay.plumbing.settings import Settings
-from kdelay.plumbing.topics import check_layout
+from kdelay.plumbing.topics import Layout, check_layout
 from kdelay.state.index import PartitionIndex
 from kdelay.state.statedir import StateDirFull, StateDirLock, store_path
 
@@ -63,6 +63,7 @@ def run_service(settings: Settings, *, check: bool) -> int:
         print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic}, "
               f"{settings.changelog_topic} ({layout.partitions} partitions, co-partitioned) "
               f"and {settings.dlq_topic} are in place")
+        print(optional_topics(settings, layout))
         return 0
     service = Service(settings, SystemClock(), layout)
     if settings.metrics_port is not None:
@@ -86,6 +87,19 @@ def run_service(settings: Settings, *, check: bool) -> int:
                   "rebuilt from the changelog at the restart", exc)
         return 1
     return 0
+
+
+def optional_topics(settings: Settings, layout: Layout) -> str:
+    """One line for ``run --check``: which of the optional topics (outcomes, status) are
+    missing, and what the service does without them."""
+    missing = [f"{settings.outcomes_topic} (no outcome records)"] if layout.outcomes is None \
+        else []
+    if not layout.status:
+        missing.append(f"{settings.status_topic} (no instance status: the console shows "
+                       "partitions as unknown)")
+    if not missing:
+        return f"ok: {settings.outcomes_topic} and {settings.status_topic} are in place"
+    return f"warning: missing {'; '.join(missing)}: run `kdelay topics create`"
 
 
 def discard_stores(settings: Settings, partitions: int) -> None:
@@ -128,6 +142,7 @@ def run_workers(settings: Settings, workers: int, main: WorkerMain, *, check: bo
         print(f"ok: {settings.bootstrap_servers} reachable; {settings.requests_topic} "
               f"({layout.partitions} partitions) and its topics are in place; "
               f"{workers} workers under {settings.state_dir}")
+        print(optional_topics(settings, layout))
         return 0
     if workers > layout.partitions:
         log.warning("%d workers for %d partitions: %d will serve nothing but stand by",

@@ -63,6 +63,7 @@ from kdelay.engine.intake import (
 from kdelay.engine.metrics import Metrics, PhaseTimer
 from kdelay.engine.outlook import Housekeeper, Outlook, PartitionWatch
 from kdelay.engine.skew import BROKER_TOLERANCE_MS, BrokerGuard, ClockSkew, unmeasured
+from kdelay.engine.status import PRODUCER_CONFIG, StatusBoard
 from kdelay.engine.sweeper import Sweeper
 from kdelay.errors import ServiceError
 from kdelay.plumbing import identity
@@ -72,6 +73,7 @@ from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
 from kdelay.protocol import durations
+from kdelay.protocol.status import RESTORING, SERVING, PartitionStatus
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changelog import (
     Replay,
@@ -129,6 +131,8 @@ class Terms:
     """How long the changelog keeps tombstones (a store older than this is stale)."""
     broker_tolerance_ms: int | None
     """How far the broker's clock may lag (None: no broker-clock guard)."""
+    status: bool = False
+    """Whether the status topic exists (else the instance publishes no status)."""
 
     @classmethod
     def of(cls, settings: Settings, layout: Layout, broker_tolerance_ms: int | None) -> Terms:
@@ -136,7 +140,7 @@ class Terms:
         return cls(layout.partitions, layout.outcomes, durations.limits_for_retention(
             layout.retention_ms, settings.retention_margin_ms, settings.levels),
             settings.target_policy(), id_window_ms(layout.retention_ms),
-            layout.tombstones_kept_ms, broker_tolerance_ms)
+            layout.tombstones_kept_ms, broker_tolerance_ms, layout.status)
 
 
 @dataclass(slots=True)
@@ -166,6 +170,8 @@ class Restore:
     staleness: Staleness
     health: contextlib.ExitStack  # holds Health.restoring() while it lasts
     replay: Replay | None = None  # None until its turn comes
+    done: int = 0  # changelog offsets replayed so far (for the status topic)
+    total: int | None = None  # of those to replay; None until the replay begins
 
 
 @dataclass(slots=True)
@@ -183,6 +189,7 @@ class _Clients:
     delivery: Delivery
     sweeper: Sweeper
     feed: ControlFeed
+    status: StatusBoard
 
 
 class Service:
@@ -221,6 +228,9 @@ class Service:
         if layout.outcomes is None:
             log.warning("outcome records are not published: topic %s does not exist (run "
                         "`kdelay topics create`)", settings.outcomes_topic)
+        if not layout.status:
+            log.warning("this instance's status is not published: topic %s does not exist (run "
+                        "`kdelay topics create`)", settings.status_topic)
         if not layout.broker_time:
             unmeasured(settings.changelog_topic)
         self._owned = Owned(StoreMemory(settings.rocksdb_cache_mb * MB,
@@ -278,9 +288,11 @@ class Service:
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             **membership(me, s.session_timeout_ms, given=s.kafka_config),
             **prefetch(s.kafka_config)}
+        status = StatusBoard(self._factory.producer("status", **PRODUCER_CONFIG)
+                             if self._terms.status else None, s.status_topic, me.member_id)
         self._clients = _Clients(self._join(group), group, checkpoint, reader,
                                  self._factory.restorer(), guard, takeover, delivery, sweeper,
-                                 feed)
+                                 feed, status)
         self.health.start()
 
     def _follow_controls(self) -> ControlFeed:
@@ -356,6 +368,7 @@ class Service:
                     if clients.guard is not None:
                         clients.guard.close()
                     clients.feed.close()
+                    clients.status.close(self._clock.now_ms())
         finally:
             if self._lock is not None:
                 self._lock.release()
@@ -507,6 +520,14 @@ class Service:
             self.metrics.controls.show(clients.feed.rows(clients.delivery.held_back()))
         if reachable:
             self._watch.tick(self._clock.now_ms(), clients.checkpoint.internal)
+        clients.status.tick(self._clock.now_ms(), self._statuses)
+
+    def _statuses(self) -> dict[int, PartitionStatus]:
+        """Each partition this instance serves or restores, as the status topic tells it."""
+        found = dict.fromkeys(self._owned.indexes, PartitionStatus(SERVING))
+        for partition, restore in self._owned.restoring.items():
+            found[partition] = PartitionStatus(RESTORING, restore.done, restore.total)
+        return found
 
     def _started(self) -> tuple[_Clients, Delivery]:
         if self._clients is None:
@@ -716,8 +737,13 @@ class Service:
         partition, restore = next(iter(self._owned.restoring.items()))
         if restore.replay is None:
             state = self.metrics.state
-            progress = logged_progress(partition, state.restored, state.restore_remaining,
-                                       state.restore_total)
+            logged = logged_progress(partition, state.restored, state.restore_remaining,
+                                     state.restore_total)
+
+            def progress(done: int, all_: int) -> None:
+                restore.done, restore.total = done, all_
+                logged(done, all_)
+
             restore.replay = self._waited(
                 lambda: clients.restorer.begin(restore.index, progress),
                 f"restoring partition {partition}")

@@ -113,6 +113,7 @@ class Settings:
     dlq_topic: str = "kdelay.dlq"
     outcomes_topic: str = "kdelay.outcomes"
     controls_topic: str = "kdelay.controls"
+    status_topic: str = "kdelay.status"
     series_cancels_topic: str = WORKER_RESERVED_TOPICS[0]
     worker_dlq_topic: str = WORKER_RESERVED_TOPICS[1]
     group_id: str = "kdelay"
@@ -154,9 +155,9 @@ class Settings:
         """Yield one sentence per invalid field, in field order."""
         if not self.bootstrap_servers.strip():
             yield "bootstrap_servers must not be empty"
-        yield from _topic_problems("requests, changelog, dlq, outcomes and controls",
+        yield from _topic_problems("requests, changelog, dlq, outcomes, controls and status",
                                    self.requests_topic, self.changelog_topic, self.dlq_topic,
-                                   self.outcomes_topic, self.controls_topic)
+                                   self.outcomes_topic, self.controls_topic, self.status_topic)
         yield from _topic_problems("series cancels and worker dlq", self.series_cancels_topic,
                                    self.worker_dlq_topic)
         if not self.group_id:
@@ -182,9 +183,10 @@ class Settings:
     def reserved_topics(self) -> tuple[str, ...]:
         """Every topic kdelay itself reads or writes under these settings, never a delivery
         target (see :class:`TargetPolicy`): the service's requests, changelog, DLQ and
-        outcomes and controls topics and the worker's series cancels and tasks DLQ topics."""
+        outcomes, controls and status topics and the worker's series cancels and tasks DLQ
+        topics."""
         return (self.requests_topic, self.changelog_topic, self.dlq_topic, self.outcomes_topic,
-                self.controls_topic,
+                self.controls_topic, self.status_topic,
                 self.series_cancels_topic, self.worker_dlq_topic)
 
     def target_policy(self) -> TargetPolicy:

@@ -105,6 +105,8 @@ class Layout:
     tombstones_kept_ms: int = DEFAULT_DELETE_RETENTION_MS
     # The outcomes topic's partition count; None when it does not exist.
     outcomes: int | None = None
+    # Whether the status topic exists (instances publish their status to it).
+    status: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,11 @@ def topic_specs(settings: Settings, *, partitions: int, retention_ms: int) -> li
                    RETENTION_MS: str(id_window_ms(None if retention_ms < 0 else retention_ms))}),
         # One partition: a handful of records, read whole by every instance.
         TopicSpec("controls", settings.controls_topic, 1, {CLEANUP_POLICY: "compact"}),
+        # One partition: the latest status of each instance, read whole by the console;
+        # small segments, so compaction keeps it to about a record an instance.
+        TopicSpec("status", settings.status_topic, 1,
+                  {CLEANUP_POLICY: "compact", "segment.ms": "3600000",
+                   "min.cleanable.dirty.ratio": "0.1"}),
     ]
 
 
@@ -386,7 +393,10 @@ def check_layout(admin: AdminClient, settings: Settings, timeout: float = 10) ->
     outcomes = existing.get(settings.outcomes_topic)
     return Layout(requests.partitions, _retention(requests.config), broker_time,
                   tombstones_kept_ms(changelog.config),
-                  outcomes.partitions if outcomes is not None else None)
+                  outcomes.partitions if outcomes is not None else None,
+                  # Seen, not described: its Write ACL lets the service see it, and no more.
+                  settings.status_topic in partition_counts(admin, [settings.status_topic],
+                                                            timeout))
 
 
 def tombstones_kept_ms(config: Mapping[str, str]) -> int:

@@ -19,6 +19,7 @@ from kdelay.protocol.envelope import ErrorCode
 from kdelay.view.deliveries import EDGES_MS
 from kdelay.view.display import preview, relative, span, utc
 from kdelay.view.listing import BURST_MIN
+from kdelay.view.members import STALE_MS
 from kdelay.web.access import Principal
 from kdelay.web.actions import Done, checked_lane
 from kdelay.web.console import Acting, Caller, console_of
@@ -34,7 +35,8 @@ from kdelay.web.inputs import (
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.filters.update(utc=utc, span=span, short=preview)
-TEMPLATES.env.globals.update(relative=relative, buckets=list(BUCKETS))
+TEMPLATES.env.globals.update(relative=relative, buckets=list(BUCKETS), span=span,
+                             stale_ms=STALE_MS)
 router = APIRouter(include_in_schema=False)
 Text = Annotated[str, Form()]
 OptionalText = Annotated[str | None, Form()]

@@ -285,10 +285,10 @@ def test_reserved_topics_name_kdelay_and_the_worker_topics() -> None:
     from kdelay import recurring, tasks
 
     settings = Settings(requests_topic="r", changelog_topic="c", dlq_topic="d",
-                        outcomes_topic="o", controls_topic="k")
+                        outcomes_topic="o", controls_topic="k", status_topic="s")
     assert set(settings.reserved_topics) == {
-        "r", "c", "d", "o", "k", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
-    for topic in ("c", "k"):
+        "r", "c", "d", "o", "k", "s", recurring.CANCELS_TOPIC, tasks.WORKER_DLQ_TOPIC}
+    for topic in ("c", "k", "s"):
         refused = settings.target_policy().refusal(topic)
         assert refused is not None
         assert refused.code == "forbidden-target"

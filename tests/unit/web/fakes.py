@@ -21,7 +21,7 @@ from kdelay.view.deadletters import DeadLetter, decode
 from kdelay.view.deliveries import Delivery, Latest, lateness
 from kdelay.view.listing import Filter, Listing, Timeline
 from kdelay.view.lookup import Lookup
-from kdelay.view.members import Member, Membership
+from kdelay.view.members import Member, Membership, PartitionState
 from kdelay.view.retention import PartitionRetention, RetentionReport
 from kdelay.web.access import Gate, Policy, Principal, hash_secret, parse_users
 from kdelay.web.actions import Actions, Done, Order
@@ -79,7 +79,11 @@ class FakeReads(Reads):
             raise self.fail_with
         counted = Backlog(NOW_MS, 1, 0, NOW_MS + 60_000, NOW_MS + 60_000, 3_600_000,
                           [(NOW_MS, 1)], {0: 1}, {"orders": 1})
-        group = Membership("stable", [Member("host-1", "kdelay", "/10.0.0.1", [0])], {0: 0})
+        group = Membership("stable", [Member("host-1", "kdelay", "/10.0.0.1", [0, 1])],
+                           {0: 0, 1: 5, 2: None},
+                           {0: PartitionState("serving", instance="host-1", as_of_ms=NOW_MS),
+                            1: PartitionState("restoring", 250, 1000, "host-1", NOW_MS - 3_000),
+                            2: PartitionState("unknown", why="no instance is assigned it")})
         return Overview(NOW_MS, None, counted, {"(none)": 1}, group)
 
     def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:

@@ -20,7 +20,7 @@ from kdelay.web.access import (
     verify_secret,
 )
 from kdelay.web.problems import Problem
-from tests.unit.web.fakes import SECRETS, basic, client, console_app, users_policy
+from tests.unit.web.fakes import NOW_MS, SECRETS, basic, client, console_app, users_policy
 
 ACTIONS = [("cancel", {}), ("reschedule", {"due": "2030-01-01T00:00:00Z"}), ("deliver-now", {})]
 
@@ -194,3 +194,19 @@ def test_payloads_are_hidden_from_viewers_unless_configured() -> None:
     assert reads.payload_shown == [False, False, True]
     app, reads, _ = console_app(users_policy(payloads_for_viewers=True))
     assert "the payload" in client(app).get("/record?ref=order-42", headers=basic("vera")).text
+
+
+def test_the_overview_shows_each_partition_serving_restoring_or_unknown() -> None:
+    app, _, _ = console_app(Policy())
+    web = client(app)
+    page = web.get("/").text
+    assert 'data-partition="0" data-state="serving"' in page
+    assert 'data-partition="1" data-state="restoring"' in page
+    assert "250 of 1000 changelog offsets (25 %)" in page
+    assert "3.0 s ago" in page
+    assert 'data-partition="2" data-state="unknown"' in page
+    assert "no instance is assigned it" in page
+    group = web.get("/api/v1/overview").json()["group"]
+    assert group["partitions"]["1"] == {"state": "restoring", "done": 250, "total": 1000,
+                                        "instance": "host-1", "as_of_ms": NOW_MS - 3_000,
+                                        "why": None}
