@@ -15,7 +15,9 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kdelay.protocol import codec
 from kdelay.view.backlog import routes
@@ -25,6 +27,59 @@ from kdelay.view.pending import Original, Originals, Pending, PendingView
 def _order(entry: Pending) -> tuple[int, int, int]:
     """Delivery order: due time, then (partition, offset)."""
     return entry.due_ms, entry.partition, entry.offset
+
+
+SORTS = ("due", "id", "target", "request")
+"""What the pending list sorts by: due time, schedule id, target (then due time), or the
+request's coordinates (partition, offset); each ties broken by due time, partition, offset."""
+RANKED = ("target", "request")
+"""The sorts the console's summary ranks whole (see :meth:`kdelay.web.summary.Summary.page`)."""
+SCAN_DEPTH = 10_000
+"""How deep the pages of a sort other than by due time reach; a sort by id (the summary
+holds no ids) looks at the first this many matches by due time."""
+KEY_SCAN = 10_000
+"""A key filter looks at the first this many matches (by due time) of the other filters:
+the key is in the original only, read back from Kafka."""
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """How the pending list is sorted: by one of :data:`SORTS`, ascending or descending."""
+
+    sort: str = "due"
+    descending: bool = False
+
+
+DUE = Order()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMatch:
+    """A record key to keep: ``key`` exactly, or (``prefix``) any key that starts with it."""
+
+    key: bytes
+    prefix: bool = False
+
+    def matches(self, key: bytes | None) -> bool:
+        """Whether a record's ``key`` (None: no key) is kept."""
+        if key is None:
+            return False
+        return key.startswith(self.key) if self.prefix else key == self.key
+
+
+def row_order(order: Order) -> Callable[[tuple[Pending, Original]], tuple[Any, ...]]:
+    """The sort key of a shown row (entry and original) under ``order`` (ascending)."""
+    def by(row: tuple[Pending, Original]) -> tuple[Any, ...]:
+        entry, original = row
+        tail = (entry.due_ms, entry.partition, entry.offset)
+        if order.sort == "id":
+            return (entry.schedule_id is None, entry.schedule_id or "", *tail)
+        if order.sort == "target":
+            return (original.target or f"({original.state.value})", original.lane or "", *tail)
+        if order.sort == "request":
+            return entry.partition, entry.offset, entry.due_ms
+        return tail
+    return by
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +117,12 @@ class Listing:
     rows: list[tuple[Pending, Original]]
     skip: int
     limit: int
+    order: Order = DUE
+    capped: int | None = None
+    """Set when the sort (by id) or a key filter looked at the first this many matches
+    of the other filters only (by due time): then ``total`` counts among those."""
+    of: int | None = None
+    """With ``capped``: how many the other filters match in all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,25 +172,60 @@ def matching(view: PendingView, originals: Originals, partition: int,
 
 
 def listing(view: PendingView, originals: Originals, chosen: Filter, *, skip: int = 0,
-            limit: int = 100) -> Listing:
-    """The entries ``chosen`` keeps, ``skip`` of them left out, at most ``limit`` shown.
+            limit: int = 100, order: Order = DUE) -> Listing:
+    """The entries ``chosen`` keeps in ``order``, ``skip`` of them left out, at most
+    ``limit`` shown.
 
     Counts every matching entry; reads the originals of the rows shown only
-    (and, for a target or lane filter, the routes not cached yet). Raises
-    ValueError for a negative ``skip`` or a ``limit`` below 1.
+    (and, for a target or lane filter or sort, the routes not cached yet; for a
+    sort by id, every match's index entry). Raises ValueError for a negative
+    ``skip`` or a ``limit`` below 1.
     """
     if skip < 0 or limit < 1:
         raise ValueError(f"skip must be >= 0 and limit >= 1, got {skip} and {limit}")
+    if order.sort != "due":
+        return _sorted_listing(view, originals, chosen, skip, limit, order)
     total = 0
     heads: list[list[Pending]] = []
     for partition in view.partitions:
         keys = matching(view, originals, partition, chosen)
         total += len(keys)
-        heads.append(view.pending(partition, keys[:skip + limit]))
-    shown = list(heapq.merge(*heads, key=_order))[skip:skip + limit]
+        heads.append(view.pending(partition, keys[max(0, len(keys) - skip - limit):]
+                                  if order.descending else keys[:skip + limit]))
+    merged = sorted((e for head in heads for e in head), key=_order, reverse=True) \
+        if order.descending else list(heapq.merge(*heads, key=_order))
+    shown = merged[skip:skip + limit]
     read = originals.read(shown)
     rows = [(entry, read[(entry.partition, entry.offset)]) for entry in shown]
-    return Listing(total, rows, skip, limit)
+    return Listing(total, rows, skip, limit, order)
+
+
+def _sorted_listing(view: PendingView, originals: Originals, chosen: Filter, skip: int,
+                    limit: int, order: Order) -> Listing:
+    """:func:`listing` by id, target or request: every match ranked, its page read."""
+    ranked: list[tuple[tuple[Any, ...], int, bytes]] = []
+    for partition in view.partitions:
+        keys = matching(view, originals, partition, chosen)
+        dues = codec.decode_due_keys(b"".join(keys))
+        if order.sort == "target":
+            found = routes(view, originals, partition, keys)
+            ranked += [((target, lane or "", *due), partition, key)
+                       for key, due, (target, lane) in zip(keys, dues, found, strict=True)]
+        elif order.sort == "id":
+            ranked += [((e.schedule_id is None, e.schedule_id or "", e.due_ms, e.partition,
+                         e.offset), partition, codec.encode_due_key(e.due_ms, e.partition,
+                                                                    e.offset))
+                       for e in view.pending(partition, keys)]
+        else:
+            ranked += [((due[1], due[2], due[0]), partition, key)
+                       for key, due in zip(keys, dues, strict=True)]
+    ranked.sort(key=lambda item: item[0], reverse=order.descending)
+    shown: list[Pending] = []
+    for _, partition, key in ranked[skip:skip + limit]:
+        shown += view.pending(partition, [key])
+    read = originals.read(shown)
+    return Listing(len(ranked), [(e, read[(e.partition, e.offset)]) for e in shown], skip,
+                   limit, order)
 
 
 def matching_ids(view: PendingView, originals: Originals,

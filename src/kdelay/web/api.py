@@ -29,7 +29,10 @@ from kdelay.web.inputs import (
     parse_bucket,
     parse_code,
     parse_filter,
+    parse_key,
+    parse_order,
     parse_page,
+    parse_sorted_page,
     parse_target,
     parse_time,
     parse_window,
@@ -156,14 +159,21 @@ def _as_of(console: Console) -> dict[str, int | None]:
 @router.get("/schedules")
 def schedules(request: Request, _: Caller, target: str | None = None, lane: str | None = None,
               due_from: str | None = None, due_to: str | None = None,
-              id_prefix: str | None = None, skip: int = 0, limit: int = 100) -> dict[str, Any]:
-    """Pending schedules in due order, filtered; ``total`` counts every match."""
+              id_prefix: str | None = None, key: str | None = None,
+              key_prefix: str | None = None, sort: str | None = None, order: str | None = None,
+              skip: int = 0, limit: int = 100) -> dict[str, Any]:
+    """Pending schedules, filtered and sorted (by due time unless ``sort`` says else);
+    ``total`` counts every match (among the first ``capped`` when set)."""
     chosen = parse_filter(target, lane, due_from, due_to, id_prefix)
-    skip, limit = parse_page(skip, limit)
+    ordered = parse_order(sort, order)
+    keyed = parse_key(key, key_prefix)
+    skip, limit = parse_sorted_page(skip, limit, ordered)
     console = console_of(request)
-    found = console.reads.pending(chosen, skip=skip, limit=limit)
+    found = console.reads.pending(chosen, skip=skip, limit=limit, order=ordered, key=keyed)
     topic = console.reads.requests_topic
     return {"total": found.total, "skip": skip, "limit": limit, **_as_of(console),
+            "sort": ordered.sort, "order": "desc" if ordered.descending else "asc",
+            "capped": found.capped, "of": found.of,
             "items": [entry_json(e, o, topic) for e, o in found.rows]}
 
 

@@ -3,7 +3,7 @@
 Each parser turns text from a query string, a form or a JSON body into a
 value, or raises :class:`~kdelay.web.problems.Problem` 400 with a stable code
 (``invalid-time``, ``invalid-filter``, ``invalid-bucket``, ``invalid-page``,
-``invalid-window``, ``invalid-target``)
+``invalid-window``, ``invalid-target``, ``invalid-sort``)
 and a sentence. The API and the pages share them, so both refuse the same
 input with the same code.
 """
@@ -16,7 +16,7 @@ import re
 from kdelay.protocol import envelope
 from kdelay.protocol.durations import parse_duration_ms
 from kdelay.protocol.envelope import ErrorCode
-from kdelay.view.listing import Filter
+from kdelay.view.listing import SCAN_DEPTH, SORTS, Filter, KeyMatch, Order
 from kdelay.web.problems import Problem, bad_input
 
 BUCKETS = {"1m": 60_000, "1h": 3_600_000, "1d": 86_400_000}
@@ -71,6 +71,41 @@ def parse_filter(target: str | None = None, lane: str | None = None,
     if low is not None and high is not None and high < low:
         raise bad_input("invalid-filter", "the due window ends before it starts")
     return Filter(target, lane, low, high, prefix)
+
+
+def parse_order(sort: str | None, order: str | None) -> Order:
+    """An :class:`Order` from ``sort`` (one of :data:`SORTS`, default ``due``) and ``order``
+    (``asc``, the default, or ``desc``); 400 ``invalid-sort`` otherwise."""
+    sort, order = _blank(sort) or "due", _blank(order) or "asc"
+    if sort not in SORTS or order not in ("asc", "desc"):
+        raise bad_input("invalid-sort", f"sort is one of {', '.join(SORTS)}; order is asc "
+                        "or desc")
+    return Order(sort, order == "desc")
+
+
+def parse_key(key: str | None, key_prefix: str | None) -> KeyMatch | None:
+    """The record key to keep (its UTF-8 bytes): ``key`` exactly or ``key_prefix`` as a
+    prefix (None: no key filter); 400 ``invalid-filter`` for both, or for more than 1 024
+    characters."""
+    exact, prefix = _blank(key), _blank(key_prefix)
+    if exact is not None and prefix is not None:
+        raise bad_input("invalid-filter", "give key or key_prefix, not both")
+    given = exact if exact is not None else prefix
+    if given is None:
+        return None
+    if len(given) > 1_024:
+        raise bad_input("invalid-filter", "key: at most 1 024 characters")
+    return KeyMatch(given.encode(), prefix is not None)
+
+
+def parse_sorted_page(skip: int, limit: int, order: Order) -> tuple[int, int]:
+    """:func:`parse_page`, and for a sort other than by due time, pages within the first
+    :data:`SCAN_DEPTH` matches (400 ``invalid-page``)."""
+    skip, limit = parse_page(skip, limit)
+    if order.sort != "due" and skip + limit > SCAN_DEPTH:
+        raise bad_input("invalid-page", f"sorted by {order.sort}, the pages reach the first "
+                        f"{SCAN_DEPTH} matches: filter more, or sort by due time")
+    return skip, limit
 
 
 def parse_bucket(name: str) -> int:

@@ -18,7 +18,7 @@ from fastapi.templating import Jinja2Templates
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.view.deliveries import EDGES_MS
 from kdelay.view.display import preview, relative, span, utc
-from kdelay.view.listing import BURST_MIN
+from kdelay.view.listing import BURST_MIN, SCAN_DEPTH
 from kdelay.view.members import STALE_MS
 from kdelay.web.access import Principal
 from kdelay.web.actions import Done, checked_lane
@@ -28,7 +28,9 @@ from kdelay.web.inputs import (
     parse_bucket,
     parse_code,
     parse_filter,
-    parse_page,
+    parse_key,
+    parse_order,
+    parse_sorted_page,
     parse_target,
     parse_window,
 )
@@ -61,19 +63,32 @@ def overview(request: Request, who: Caller) -> HTMLResponse:
 @router.get("/pending", response_class=HTMLResponse)
 def pending(request: Request, who: Caller, target: str | None = None, lane: str | None = None,
             due_from: str | None = None, due_to: str | None = None,
-            id_prefix: str | None = None, skip: int = 0, limit: int = 100) -> HTMLResponse:
-    """Pending list: filtered, paged, with the true total."""
+            id_prefix: str | None = None, key: str | None = None, key_prefix: str | None = None,
+            sort: str | None = None, order: str | None = None, skip: int = 0,
+            limit: int = 100) -> HTMLResponse:
+    """Pending list: filtered, sorted by a column (due time by default), paged, with the
+    true total."""
     form = {"target": target or "", "lane": lane or "", "due_from": due_from or "",
             "due_to": due_to or "", "id_prefix": id_prefix or ""}
-    return _pending_page(request, who, form, skip, limit)
+    view = {"key": key or "", "key_prefix": key_prefix or "", "sort": sort or "due",
+            "order": order or "asc"}
+    return _pending_page(request, who, form, skip, limit, view)
 
 
 def _pending_page(request: Request, who: Principal, form: dict[str, str], skip: int = 0,
-                  limit: int = 100, **extra: Any) -> HTMLResponse:
+                  limit: int = 100, view: dict[str, str] | None = None,
+                  **extra: Any) -> HTMLResponse:
+    """The pending page; ``form`` holds the filters a bulk action takes too, ``view`` the
+    sort and the key filter (which a bulk action does not take)."""
+    view = view or {"key": "", "key_prefix": "", "sort": "due", "order": "asc"}
     chosen = parse_filter(**form)
-    skip, limit = parse_page(skip, limit)
-    found = console_of(request).reads.pending(chosen, skip=skip, limit=limit)
-    return render(request, who, "pending.html", found=found, form=form, **extra)
+    ordered = parse_order(view["sort"], view["order"])
+    keyed = parse_key(view["key"], view["key_prefix"])
+    skip, limit = parse_sorted_page(skip, limit, ordered)
+    found = console_of(request).reads.pending(chosen, skip=skip, limit=limit, order=ordered,
+                                              key=keyed)
+    return render(request, who, "pending.html", found=found, form=form, view=view,
+                  scan_depth=SCAN_DEPTH, **extra)
 
 
 @router.post("/pending/bulk", response_class=HTMLResponse)

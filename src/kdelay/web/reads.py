@@ -45,12 +45,18 @@ from kdelay.view.deadletters import DeadLetter
 from kdelay.view.deliveries import Lateness, Latest
 from kdelay.view.display import utc
 from kdelay.view.listing import (
+    DUE,
+    KEY_SCAN,
+    SCAN_DEPTH,
     Filter,
+    KeyMatch,
     Listing,
+    Order,
     Timeline,
     by_lane,
     listing,
     matching_ids,
+    row_order,
     timeline,
 )
 from kdelay.view.lookup import Lookup, lookup
@@ -342,27 +348,50 @@ class Reads:
             lanes = by_lane(view, originals)
         return Overview(now_ms, None, counted, lanes, membership(self._settings))
 
-    def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
-        """The pending entries ``chosen`` keeps: a page of them and the true total.
+    def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100, order: Order = DUE,
+                key: KeyMatch | None = None) -> Listing:
+        """The pending entries ``chosen`` (and ``key``) keeps in ``order``: a page of them
+        and the true total.
 
         From the summary (when kept current and without an id prefix): the total
         as of the summary, and the page's entries read from the view, less any
-        delivered or cancelled since (a page may then show fewer rows)."""
-        if self._snapshots is not None and chosen.id_prefix is None:
-            if skip < 0 or limit < 1:
-                raise ValueError(f"skip must be >= 0 and limit >= 1, got {skip} and {limit}")
-            total, keys = self._snapshots.summary().page(chosen, skip, limit)
+        delivered or cancelled since (a page may then show fewer rows). By id,
+        among the first :data:`SCAN_DEPTH` matches by due time (``capped``). A
+        ``key`` looks at the first :data:`KEY_SCAN` matches of the other filters
+        (by due time), whose originals it reads (``capped`` when there were more).
+        """
+        if skip < 0 or limit < 1:
+            raise ValueError(f"skip must be >= 0 and limit >= 1, got {skip} and {limit}")
+        if key is not None:
+            scanned = self.pending(chosen, limit=KEY_SCAN)
+            kept = sorted((row for row in scanned.rows if key.matches(row[1].key)),
+                          key=row_order(order), reverse=order.descending)
+            return Listing(len(kept), kept[skip:skip + limit], skip, limit, order,
+                           KEY_SCAN if scanned.total > KEY_SCAN else None, scanned.total)
+        if self._snapshots is None or chosen.id_prefix is not None:
             with self._opened() as (view, originals, _):
-                shown: list[Pending] = []
-                for partition in sorted({index for index, _ in keys}):
-                    shown += view.pending(partition, [key for index, key in keys
-                                                      if index == partition])
-                shown.sort(key=lambda e: (e.due_ms, e.partition, e.offset))
-                read = originals.read(shown)
-            return Listing(total, [(e, read[(e.partition, e.offset)]) for e in shown],
-                           skip, limit)
+                return listing(view, originals, chosen, skip=skip, limit=limit, order=order)
+        summary = self._snapshots.summary()
+        if order.sort == "id":
+            total, keys = summary.page(chosen, 0, SCAN_DEPTH)
+        else:
+            total, keys = summary.page(chosen, skip, limit, order)
         with self._opened() as (view, originals, _):
-            return listing(view, originals, chosen, skip=skip, limit=limit)
+            entries: dict[tuple[int, int, int], Pending] = {}
+            for partition in sorted({index for index, _ in keys}):
+                entries.update(((e.due_ms, e.partition, e.offset), e) for e in view.pending(
+                    partition, [due_key for index, due_key in keys if index == partition]))
+            shown = [found for _, due_key in keys
+                     if (found := entries.get(codec.decode_due_key(due_key))) is not None]
+            if order.sort == "id":
+                shown.sort(key=lambda e: (e.schedule_id is None, e.schedule_id or "", e.due_ms,
+                                          e.partition, e.offset), reverse=order.descending)
+                shown = shown[skip:skip + limit]
+            read = originals.read(shown)
+        capped = SCAN_DEPTH if order.sort == "id" and total > SCAN_DEPTH else None
+        return Listing(total if capped is None else SCAN_DEPTH,
+                       [(e, read[(e.partition, e.offset)]) for e in shown], skip, limit, order,
+                       capped, total if capped is not None else None)
 
     def timeline(self, bucket_ms: int, chosen: Filter | None = None) -> Timeline:
         """Pending entries by due bucket and target (from the summary when kept current

@@ -36,7 +36,7 @@ from kdelay.protocol import codec, envelope
 from kdelay.protocol.controls import Scope, Subject
 from kdelay.state.originals import Missing
 from kdelay.view.backlog import Backlog, HeldBack
-from kdelay.view.listing import BURST_MIN, Filter, Timeline
+from kdelay.view.listing import BURST_MIN, DUE, RANKED, SCAN_DEPTH, Filter, Order, Timeline
 from kdelay.view.pending import Originals, PendingView, decode_route, encode_route
 
 CHUNK = 50_000
@@ -45,6 +45,8 @@ READ_CHUNK = 10_000
 """Originals read at a time for routes not cached (their records held meanwhile)."""
 SPAN = 1 << 20
 """Entries a screen's vector operations take at a time (temporaries of a few MB)."""
+RANK_SPAN = 1 << 18
+"""Entries a sort other than by due time ranks at a time (its temporaries: about 5 MB)."""
 DUE_KEY = np.dtype([("due", ">u8"), ("partition", ">u4"), ("offset", ">u8")])
 """The layout of :func:`kdelay.protocol.codec.encode_due_key`, as numpy reads it."""
 NO_ROUTE = 0xFFFF
@@ -54,6 +56,7 @@ Ints = npt.NDArray[np.int64]
 Unsigned = npt.NDArray[np.unsignedinteger[Any]]
 Side = Literal["left", "right"]
 _NONE: Ints = np.zeros(0, dtype=np.int64)
+_EXCLUDED = np.iinfo(np.int64).max  # the rank of an entry the filter leaves out
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,26 +455,51 @@ class Summary:
         return Counter(dict(zip((candidates[burst] * 1_000).tolist(), totals[burst].tolist(),
                                 strict=True)))
 
-    def page(self, chosen: Filter, skip: int, limit: int) -> tuple[int, list[tuple[int, bytes]]]:
+    def page(self, chosen: Filter, skip: int, limit: int, order: Order = DUE
+             ) -> tuple[int, list[tuple[int, bytes]]]:
         """The true count of entries ``chosen`` keeps (no id prefix), and the page
-        ``skip``/``limit`` of them in delivery order (due, partition, offset), each as
-        the index partition that holds it and its due key."""
+        ``skip``/``limit`` of them in ``order``, each as the index partition that holds
+        it and its due key.
+
+        By due time (either way) a page takes the first ``skip + limit`` matches of
+        each partition's due window from its end; by target or by request
+        (partition, offset) every match is ranked, a slice at a time
+        (:meth:`_ranked`), and the pages reach the first :data:`SCAN_DEPTH` only
+        (ValueError past them). The ids are not in the columns: ValueError for
+        ``order.sort == "id"`` (:class:`kdelay.web.reads.Reads` sorts by id itself).
+        """
         if chosen.id_prefix is not None:
             raise ValueError("the summary holds no ids: an id prefix reads the view")
+        if order.sort == "due":
+            return self._by_due(chosen, skip, limit, order.descending)
+        if order.sort not in RANKED:
+            raise ValueError(f"the summary cannot sort by {order.sort}")
+        if skip + limit > SCAN_DEPTH:
+            raise ValueError(f"sorted by {order.sort}, pages reach the first {SCAN_DEPTH} "
+                             "matches")
+        return self._ranked(chosen, skip, limit, order)
+
+    def _by_due(self, chosen: Filter, skip: int, limit: int,
+                descending: bool) -> tuple[int, list[tuple[int, bytes]]]:
+        """:meth:`page` by due time, then (partition, offset); ``descending`` reverses it."""
         wanted = self._wanted(chosen)
         total = 0
         heads: list[tuple[int, int, int, int]] = []
         for index, columns in self.by_index.items():
             low, high = self._window(columns, chosen)
             need = skip + limit
-            for start, end in slices(low, high):
+            spans = list(slices(low, high))
+            for start, end in reversed(spans) if descending else spans:
                 keep = None if wanted is None else wanted[columns.route[start:end]]
                 if keep is None:
                     total += end - start
-                    picked = np.arange(start, min(end, start + need))
+                    picked = np.arange(max(start, end - need), end) if descending \
+                        else np.arange(start, min(end, start + need))
                 else:
                     total += int(np.count_nonzero(keep))
-                    picked = start + np.flatnonzero(keep)[:need] if need else _NONE
+                    where = np.flatnonzero(keep)
+                    picked = _NONE if not need else start + (
+                        where[max(0, len(where) - need):] if descending else where[:need])
                 if len(picked):
                     need -= len(picked)
                     heads += zip(((columns.due_s[picked].astype(np.int64) * 1_000
@@ -479,9 +507,62 @@ class Summary:
                                  columns.partition[picked].tolist(),
                                  columns.offset[picked].tolist(), [index] * len(picked),
                                  strict=True)
-        shown = sorted(heads)[skip:skip + limit]
+        shown = sorted(heads, reverse=descending)[skip:skip + limit]
         return total, [(index, codec.encode_due_key(due, partition, offset))
                        for due, partition, offset, index in shown]
+
+    def _ranked(self, chosen: Filter, skip: int, limit: int,
+                order: Order) -> tuple[int, list[tuple[int, bytes]]]:
+        """:meth:`page` by target (its name, then due time) or by request (partition,
+        offset): every match ranked, a slice of :data:`RANK_SPAN` at a time, each slice
+        keeping only its ``skip + limit`` best (with their ties), then those sorted."""
+        wanted = self._wanted(chosen)
+        need = skip + limit
+        names = sorted(range(len(self.routes)), key=lambda n: (self.routes[n][0],
+                                                               self.routes[n][1] or ""))
+        place = np.zeros(max(1, len(self.routes)), dtype=np.int64)
+        place[names] = np.arange(len(names))
+        sign = -1 if order.descending else 1
+        total = 0
+        kept: list[Ints] = []  # rows: rank, due ms, partition, offset, index (signed)
+        for index, columns in self.by_index.items():
+            low, high = self._window(columns, chosen)
+            for start, end in slices(low, high, RANK_SPAN):
+                keep = None if wanted is None else wanted[columns.route[start:end]]
+                rank = _rank(columns, start, end, order.sort, place) * sign
+                count = end - start
+                if keep is not None:
+                    rank[~keep] = _EXCLUDED
+                    count = int(np.count_nonzero(keep))
+                total += count
+                if not min(need, count):
+                    continue
+                at = np.flatnonzero(rank <= np.partition(rank, min(need, count) - 1)[
+                    min(need, count) - 1])
+                kept.append(np.stack((
+                    rank[at], (columns.due_s[start + at].astype(np.int64) * 1_000
+                               + columns.due_rest[start + at]) * sign,
+                    columns.partition[start + at].astype(np.int64) * sign,
+                    columns.offset[start + at].astype(np.int64) * sign,
+                    np.full(len(at), index, dtype=np.int64))))
+        if not kept:
+            return total, []
+        rows = np.concatenate(kept, axis=1)
+        rows = rows[:, np.lexsort(rows[3::-1])][:, skip:skip + limit]
+        return total, [(int(index), codec.encode_due_key(due * sign, partition * sign,
+                                                         offset * sign))
+                       for _, due, partition, offset, index in rows.T.tolist()]
+
+
+def _rank(columns: Columns, start: int, end: int, sort: str, place: Ints) -> Ints:
+    """The rank of entries ``start`` to ``end`` by target (its place among the routes'
+    names, then the due ms: 16 + 43 bits) or by request (partition, then offset: 24 + 40
+    bits; an offset past 2⁴⁰ ranks as 2⁴⁰ - 1)."""
+    if sort == "target":
+        return (place[columns.route[start:end]] << 43) | columns.due_ms(start, end)
+    partition = columns.partition[start:end].astype(np.int64)
+    return (partition << 40) | np.minimum(columns.offset[start:end].astype(np.int64),
+                                          (1 << 40) - 1)
 
 
 def _seconds(columns: Columns, start: int, end: int,

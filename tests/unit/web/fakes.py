@@ -19,7 +19,8 @@ from kdelay.protocol.controls import Control, Pause, Scope, Subject, parse_rate
 from kdelay.view.backlog import Backlog, HeldBack
 from kdelay.view.deadletters import DeadLetter, decode
 from kdelay.view.deliveries import Delivery, Latest, lateness
-from kdelay.view.listing import Filter, Listing, Timeline
+from kdelay.view.listing import DUE, KEY_SCAN, Filter, KeyMatch, Listing, Timeline
+from kdelay.view.listing import Order as ListOrder
 from kdelay.view.lookup import Lookup
 from kdelay.view.members import Member, Membership, PartitionState
 from kdelay.view.retention import PartitionRetention, RetentionReport
@@ -55,6 +56,7 @@ class FakeReads(Reads):
         self.targets_asked: list[str | None] = []
         self.windows_asked: list[int] = []
         self.fail_with: Exception | None = None
+        self.listed: list[tuple[Filter, int, int, ListOrder, KeyMatch | None]] = []
         self.letters: dict[tuple[int, int], Message] = {
             (0, 3): dead_letter(0, 3, "undeliverable", schedule_id="order-9"),
             (1, 5): dead_letter(1, 5, "expired", schedule_id="order-8"),
@@ -86,8 +88,11 @@ class FakeReads(Reads):
                             2: PartitionState("unknown", why="no instance is assigned it")})
         return Overview(NOW_MS, None, counted, {"(none)": 1}, group)
 
-    def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100) -> Listing:
-        return Listing(0, [], skip, limit)
+    def pending(self, chosen: Filter, *, skip: int = 0, limit: int = 100,
+                order: ListOrder = DUE, key: KeyMatch | None = None) -> Listing:
+        self.listed.append((chosen, skip, limit, order, key))
+        return Listing(0, [], skip, limit, order, None if key is None else KEY_SCAN,
+                       None if key is None else 20_000)
 
     def timeline(self, bucket_ms: int, chosen: Filter | None = None) -> Timeline:
         return Timeline(bucket_ms, 1, {"orders": {NOW_MS // bucket_ms * bucket_ms: 1}})

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from kdelay.view.listing import DUE, KEY_SCAN, KeyMatch, Order
 from kdelay.web.access import Policy
 from kdelay.web.inputs import parse_filter, parse_time
 from kdelay.web.problems import Problem
@@ -144,3 +145,38 @@ def test_every_page_renders() -> None:
                  "/retention",
                  "/static/htmx-2.0.8.min.js", "/static/htmx-LICENSE.txt"):
         assert web.get(path).status_code == 200, path
+
+
+def test_the_list_sorts_by_each_column_either_way_and_filters_by_key() -> None:
+    app, reads, _ = console_app(Policy())
+    web = client(app)
+    answer = web.get("/api/v1/schedules", params={"sort": "target", "order": "desc",
+                                                   "key": "customer-7", "limit": 10})
+    assert answer.status_code == 200
+    assert (answer.json()["sort"], answer.json()["order"]) == ("target", "desc")
+    assert (answer.json()["capped"], answer.json()["of"]) == (KEY_SCAN, 20_000)
+    _, _, limit, order, key = reads.listed[-1]
+    assert (limit, order, key) == (10, Order("target", True), KeyMatch(b"customer-7"))
+    web.get("/api/v1/schedules", params={"key_prefix": "cust"})
+    assert reads.listed[-1][3:] == (DUE, KeyMatch(b"cust", prefix=True))
+    page = web.get("/pending", params={"sort": "id", "key": "customer-7"}).text
+    assert 'data-sort="id" data-order="asc"' in page
+    assert "sort=id&amp;order=desc" in page  # the current column's header turns it around
+    assert "sort=target&amp;order=asc" in page
+    assert "among the first 10000 of 20000" in page
+    assert 'id="bulk-no-key"' in page
+    assert 'id="bulk-form"' not in page
+
+
+@pytest.mark.parametrize(("params", "code"), [
+    ({"sort": "size"}, "invalid-sort"), ({"order": "up"}, "invalid-sort"),
+    ({"key": "a", "key_prefix": "b"}, "invalid-filter"), ({"key": "k" * 1_025}, "invalid-filter"),
+    ({"sort": "request", "skip": 9_990, "limit": 20}, "invalid-page"),
+])
+def test_a_bad_sort_or_key_answers_400_with_its_code(params: dict[str, Any], code: str) -> None:
+    app, _, _ = console_app(Policy())
+    web = client(app)
+    for path in ("/api/v1/schedules", "/pending"):
+        answer = web.get(path, params=params)
+        assert answer.status_code == 400, path
+        assert code in answer.text

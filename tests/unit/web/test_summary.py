@@ -16,7 +16,7 @@ import pytest
 from kdelay.protocol import codec
 from kdelay.protocol.controls import Scope, Subject
 from kdelay.view.backlog import HeldBack
-from kdelay.view.listing import BURST_MIN, Filter
+from kdelay.view.listing import BURST_MIN, SCAN_DEPTH, Filter, Order
 from kdelay.web import summary as summary_module
 from kdelay.web.summary import Builder, Summary, decoded_keys, runs
 
@@ -125,6 +125,53 @@ def test_a_page_is_the_filtered_entries_in_delivery_order_with_the_true_total() 
     held = {codec.encode_due_key(d, p, o): index
             for index, rows in entries.items() for d, p, o, _, _ in rows}
     assert all(held[key] == index for index, key in page)
+
+
+def _plain(row: Entry, sort: str) -> tuple[object, ...]:
+    """The order a plain sort of the entries gives: by due, target or request."""
+    due, partition, offset, target, lane = row
+    if sort == "target":
+        return target, lane or "", due, partition, offset
+    if sort == "request":
+        return partition, offset, due
+    return due, partition, offset
+
+
+@pytest.fixture(params=[None, 5], ids=["one-rank-slice", "rank-slices-of-5"])
+def rank_span(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sort other than by due ranks a slice at a time: the same page whatever the slice."""
+    if request.param is not None:
+        monkeypatch.setattr(summary_module, "RANK_SPAN", request.param)
+
+
+@pytest.mark.usefixtures("span", "rank_span")
+@pytest.mark.parametrize("sort", ["due", "target", "request"])
+@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
+@pytest.mark.parametrize("chosen", [Filter(), Filter(target="orders", due_from_ms=NOW),
+                                    Filter(due_to_ms=NOW + 86_400_000)],
+                         ids=["all", "target-and-from", "until"])
+def test_each_sort_pages_as_a_plain_sort_does(sort: str, descending: bool,
+                                              chosen: Filter) -> None:
+    entries = _entries(600)
+    kept = sorted((row for row in _all(entries)
+                   if chosen.passes(row[3], row[4])
+                   and (chosen.due_from_ms is None or row[0] >= chosen.due_from_ms)
+                   and (chosen.due_to_ms is None or row[0] <= chosen.due_to_ms)),
+                  key=lambda row: _plain(row, sort), reverse=descending)
+    summary = _summary(entries)
+    for skip, limit in ((0, 25), (37, 40), (len(kept) - 3, 10)):
+        total, page = summary.page(chosen, skip, limit, Order(sort, descending))
+        assert total == len(kept)
+        assert [key for _, key in page] == [codec.encode_due_key(d, p, o)
+                                            for d, p, o, _, _ in kept[skip:skip + limit]]
+
+
+def test_a_ranked_sort_reaches_the_first_pages_only_and_ids_are_not_in_the_summary() -> None:
+    summary = _summary(_entries(10))
+    with pytest.raises(ValueError, match="first"):
+        summary.page(Filter(), SCAN_DEPTH, 1, Order("target"))
+    with pytest.raises(ValueError, match="cannot sort by id"):
+        summary.page(Filter(), 0, 10, Order("id"))
 
 
 def test_an_id_prefix_is_not_counted_from_the_summary() -> None:
