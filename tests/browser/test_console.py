@@ -6,7 +6,9 @@ on the same target arrives while the cancelled one never does); reschedule
 one to a past time (it is delivered at once, at the new due time); a bulk
 cancel acts on the count its dry run showed; a viewer is refused every
 action; a form without its CSRF token fails; bad input answers 400 with its
-code; the timeline's counts are ``kdelay backlog``'s.
+code; the timeline's counts are ``kdelay backlog``'s; the pending list sorts by
+each column either way and filters by record key; the overview shows each
+partition serving, as its instance's status record says.
 
 The service runs on the system clock: a test polls for what it expects,
 within a bounded deadline, and never sleeps for a due time.
@@ -328,6 +330,82 @@ def test_the_timeline_counts_what_kdelay_backlog_counts(
     assert page.text_content("#total").startswith("12 matches")
     assert len(page.query_selector_all("#pending tr")) == 6  # the head row and 5
     page.screenshot(path=shots / "pending.png", full_page=True)
+
+
+def _rows(page: Any) -> list[dict[str, Any]]:
+    """The pending list's rows: id, due, target, key and the request's coordinates."""
+    found: list[dict[str, Any]] = page.eval_on_selector_all(
+        "#pending tr[data-due]", """rows => rows.map(r => ({
+            id: r.children[0].textContent.trim(), due: Number(r.dataset.due),
+            target: r.children[3].textContent, key: r.children[5].textContent,
+            request: [Number(r.dataset.partition), Number(r.dataset.offset)]}))""")
+    return found
+
+
+def _sort_by(page: Any, column: str) -> None:
+    """Click the pending list's ``column`` header and wait for the page it opens."""
+    link = f"#pending a.sort[data-sort={column}]"
+    href = page.get_attribute(link, "href") or ""
+    page.click(link)
+    page.wait_for_url(lambda url: url.endswith(href))
+
+
+def test_the_pending_list_sorts_by_each_column_and_filters_by_key(
+        stack: Stack, producer: DelayProducer, page_of: Callable[..., Any], shots: Path) -> None:
+    start_ms = int(time.time() * 1000) + 5 * 3_600_000
+    other = stack.target + "-s"
+    order = [3, 0, 5, 1, 4, 2]  # due order differs from id, key and request order
+    for i, place in enumerate(order):
+        producer.send(stack.target if i % 2 else other, f"sort {i}",
+                      key=f"sortkey-{'ba'[i % 2]}-{i}", due=start_ms + place * 60_000,
+                      id=f"sort-{i}")
+    page = page_of()
+    deadline = time.monotonic() + SEEN_S
+    while True:
+        page.goto(stack.open.url + "/pending?id_prefix=sort-")
+        if page.text_content("#total").startswith("6 matches"):
+            break
+        assert time.monotonic() < deadline, page.text_content("#total")
+        time.sleep(0.3)
+    ids = [f"sort-{i}" for i in range(6)]
+    # Read from the copy (an id prefix): each header sorts by its column, a second click
+    # turns it around.
+    _sort_by(page, "id")
+    assert page.get_attribute("#sorted", "data-order") == "asc"
+    assert [row["id"] for row in _rows(page)] == ids
+    _sort_by(page, "id")
+    assert page.get_attribute("#sorted", "data-order") == "desc"
+    assert [row["id"] for row in _rows(page)] == ids[::-1]
+    _sort_by(page, "due")
+    _sort_by(page, "due")
+    dues = [row["due"] for row in _rows(page)]
+    assert dues == sorted(dues, reverse=True), page.url
+    # Counted from the summary: the six by their due window, by target, then by request.
+    wait_for_counts_after(page, stack.open.url, int(time.time() * 1000))
+    window = f"due_from={start_ms}&due_to={start_ms + 5 * 60_000}"
+    page.goto(f"{stack.open.url}/pending?{window}&sort=target")
+    shown = _rows(page)
+    assert page.text_content("#total").startswith("6 matches")
+    assert [(r["target"], r["due"]) for r in shown] == sorted((r["target"], r["due"])
+                                                              for r in shown)
+    assert [r["target"] for r in shown] == sorted([other] * 3 + [stack.target] * 3)
+    page.screenshot(path=shots / "pending-sorted.png", full_page=True)
+    page.goto(f"{stack.open.url}/pending?{window}&sort=request&order=desc")
+    requests = [tuple(r["request"]) for r in _rows(page)]
+    assert requests == sorted(requests, reverse=True)
+    assert len(requests) == 6
+    # The record key, exactly or by its prefix.
+    page.goto(f"{stack.open.url}/pending?key=sortkey-a-1")
+    assert page.text_content("#total").startswith("1 match")
+    assert [r["id"] for r in _rows(page)] == ["sort-1"]
+    page.goto(f"{stack.open.url}/pending?key_prefix=sortkey-b-&sort=id")
+    assert page.text_content("#total").startswith("3 matches")
+    assert [r["id"] for r in _rows(page)] == ["sort-0", "sort-2", "sort-4"]
+    assert all(r["key"].startswith("sortkey-b-") for r in _rows(page))
+    page.screenshot(path=shots / "pending-key.png", full_page=True)
+    answer = page.goto(f"{stack.open.url}/api/v1/schedules?sort=size")
+    assert answer.status == 400
+    assert "invalid-sort" in (page.text_content("body") or "")
 
 
 def test_a_dead_letter_is_sent_again_once_its_target_exists(

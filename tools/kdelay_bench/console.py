@@ -7,8 +7,9 @@ directory: the scenario times its first summary (the whole changelog replayed
 and every original's route read once), then asks each screen ``ROUNDS`` times
 over HTTP: the overview page, the timeline page by minute, and a filtered
 pending-list page (target and a due window; the page of 100 and the true
-total). Each screen's slowest answer is its figure; the console's RSS is read
-from ``/proc`` after the screens (current and peak).
+total), and that page sorted by request and filtered by a key prefix. Each
+screen's slowest answer is its figure; the console's RSS is read from
+``/proc`` after the screens (current and peak).
 """
 
 from __future__ import annotations
@@ -57,16 +58,25 @@ def parse_status(text: str) -> Memory:
     return Memory(round(found["VmRSS"], 1), round(found["VmHWM"], 1))
 
 
+TARGETED = ("overview", "timeline", "pending_filtered")
+"""The screens the issue sets its 1 s target for; the sorted and keyed pages are shown."""
+
+
 def screens(now_ms: int) -> dict[str, str]:
     """The screens asked, by name: overview, timeline by minute, a filtered list page
-    (target and the next 12 hours' due window)."""
+    (target and the next 12 hours' due window), the same page sorted by request
+    (every match ranked) and filtered by a key prefix (the first 10 000 matches'
+    originals read)."""
     hour = 3_600_000
     start, end = now_ms + hour, now_ms + 13 * hour
     iso = time.strftime
     window = (f"due_from={iso('%Y-%m-%dT%H:%M:%SZ', time.gmtime(start / 1000))}"
               f"&due_to={iso('%Y-%m-%dT%H:%M:%SZ', time.gmtime(end / 1000))}")
     return {"overview": "/", "timeline": "/timeline?bucket=1m",
-            "pending_filtered": f"/pending?target=bench-target&{window}&limit=100"}
+            "pending_filtered": f"/pending?target=bench-target&{window}&limit=100",
+            "pending_by_request": f"/pending?target=bench-target&{window}&limit=100"
+                                  "&sort=request&order=desc",
+            "pending_key": f"/pending?target=bench-target&{window}&limit=100&key_prefix=k1"}
 
 
 def report(count: int, first_summary_s: float, seconds: dict[str, list[float]],
@@ -83,6 +93,8 @@ def report(count: int, first_summary_s: float, seconds: dict[str, list[float]],
         figures[f"{name}_median_s"] = round(ordered[len(ordered) // 2], 3)
     result = Result("console", figures)
     for name, times in seconds.items():
+        if name not in TARGETED:
+            continue
         slowest = max(times)
         result.check(f"{name} < {TARGET_SCREEN_S:.0f} s", round(slowest, 3),
                      slowest < TARGET_SCREEN_S)
