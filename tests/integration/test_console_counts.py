@@ -18,7 +18,7 @@ from kdelay.plumbing.clock import ManualClock
 from kdelay.plumbing.settings import Guarantee
 from kdelay.protocol import envelope
 from kdelay.view.backlog import backlog
-from kdelay.view.listing import Filter, by_lane, listing, timeline
+from kdelay.view.listing import Filter, KeyMatch, Order, by_lane, listing, timeline
 from kdelay.view.pending import Originals, PendingView
 from kdelay.web.reads import HOUR_MS, Reads
 from tests.conftest import TopicFactory
@@ -27,6 +27,8 @@ from tests.integration.conftest import Deployment, Running, produce
 Make = Callable[..., Deployment]
 Run = Callable[[Deployment, ManualClock], Running]
 COUNT = 90
+ORDERS = [Order(sort, descending) for sort in ("due", "id", "target", "request")
+          for descending in (False, True)]
 
 
 def _scheduled(group: Running) -> float:
@@ -67,6 +69,10 @@ def test_the_console_summary_counts_as_backlog_does(
         shown_timeline = reads.timeline(60_000, Filter(target=orders))
         chosen = Filter(target=orders, due_from_ms=clock.now_ms() + HOUR_MS)
         shown_page = reads.pending(chosen, skip=5, limit=10)
+        shown_sorted = {order: reads.pending(chosen, skip=3, limit=20, order=order)
+                        for order in ORDERS}
+        keyed = reads.pending(Filter(), order=Order("id"), key=KeyMatch(b"k1", prefix=True))
+        exact = reads.pending(Filter(), key=KeyMatch(b"k17"))
     finally:
         snapshots.stop()
 
@@ -77,9 +83,20 @@ def test_the_console_summary_counts_as_backlog_does(
         lanes = by_lane(view, originals)
         expected_timeline = timeline(view, originals, 60_000, Filter(target=orders))
         expected_page = listing(view, originals, chosen, skip=5, limit=10)
+        expected_sorted = {order: listing(view, originals, chosen, skip=3, limit=20,
+                                          order=order) for order in ORDERS}
     assert counted.pending == COUNT
     assert shown.backlog == counted
     assert shown.lanes == lanes
     assert shown_timeline == expected_timeline
     assert shown_page.total == expected_page.total
     assert [entry for entry, _ in shown_page.rows] == [entry for entry, _ in expected_page.rows]
+    for order in ORDERS:  # the summary's sorts, as the view's own plain sort gives them
+        assert shown_sorted[order].total == expected_sorted[order].total, order
+        assert [e for e, _ in shown_sorted[order].rows] == [
+            e for e, _ in expected_sorted[order].rows], order
+    ones = sorted(f"order-{n}" for n in range(COUNT) if f"k{n}".startswith("k1"))
+    assert [entry.schedule_id for entry, _ in keyed.rows] == ones
+    assert (keyed.total, keyed.capped) == (len(ones), None)
+    assert [entry.schedule_id for entry, _ in exact.rows] == ["order-17"]
+
