@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
+from kdelay.engine.runner import optional_topics
 from kdelay.engine.status import MIN_GAP_MS, REFRESH_MS, StatusBoard
+from kdelay.plumbing.settings import Settings
+from kdelay.plumbing.topics import Layout
 from kdelay.protocol.status import RESTORING, SERVING, PartitionStatus, decode
 
 Report = Callable[[Any, Any], None]
@@ -126,3 +129,13 @@ def test_without_the_topic_nothing_is_written() -> None:
     board = StatusBoard(None, "kdelay.status", "host-1")
     board.tick(0, lambda: {0: PartitionStatus(SERVING)})
     board.close(0)
+
+
+def test_run_check_names_the_optional_topics_that_are_missing() -> None:
+    settings = Settings()
+    assert optional_topics(settings, Layout(3, None, outcomes=3, status=True)) == (
+        "ok: kdelay.outcomes and kdelay.status are in place")
+    missing = optional_topics(settings, Layout(3, None, outcomes=3))
+    assert missing.startswith("warning: missing kdelay.status (no instance status")
+    assert missing.endswith("run `kdelay topics create`")
+    assert "kdelay.outcomes" in optional_topics(settings, Layout(3, None))
