@@ -150,9 +150,9 @@ class _Sink:
     def __init__(self, capacity: int) -> None:
         self.due_s = _Column(capacity, np.uint32)
         self.due_rest = _Column(capacity, np.uint16)
-        self.partition = _Column(capacity, np.uint16)
+        self.partition = _Column(capacity, np.uint8)  # widened when a chunk needs it
         self.offset = _Column(capacity, np.uint32)
-        self.route = _Column(capacity, np.uint16)
+        self.route = _Column(capacity, np.uint8)
 
     def add(self, decoded: npt.NDArray[np.void], numbers: npt.NDArray[np.uint16]) -> None:
         due = decoded["due"]
