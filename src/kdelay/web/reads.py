@@ -315,7 +315,8 @@ class Reads:
             view, replayed = self._copy.synced(now_ms)
             if self._snapshots is not None and any(replayed.values()):
                 self._snapshots.changed()
-            with Originals(self._settings) as originals:
+            # Bounded as the summary's reader is: a key filter reads 10 000 originals.
+            with Originals(self._settings, fetch=StoreBudget().originals()) as originals:
                 yield view, originals, now_ms
             return
         with self._lock:
