@@ -75,7 +75,8 @@ def settings_for(
 
     return Settings(bootstrap_servers=bootstrap, requests_topic=made("req", requests),
                     changelog_topic=made("chg", changelog), dlq_topic=made("dlq", dlq),
-                    outcomes_topic=made("out", outcomes))
+                    outcomes_topic=made("out", outcomes),
+                    status_topic=f"sts-missing-{uuid.uuid4().hex[:12]}")
 
 
 # --- topics create ---------------------------------------------------------------------
