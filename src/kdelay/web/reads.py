@@ -225,6 +225,21 @@ class SeriesRow:
     runs: list[SeriesRun] = field(default_factory=list)
 
 
+def latest(rows: list[SeriesRow]) -> list[SeriesRow]:
+    """One row a series: its latest pending occurrence.
+
+    While a worker hands a series on, the view can hold two of its occurrences
+    pending for a moment (the next one written, the one just delivered not yet
+    gone from the changelog the view reads); the series is listed once.
+    """
+    found: dict[str, SeriesRow] = {}
+    for row in rows:
+        seen = found.get(row.schedule_id)
+        if seen is None or row.n > seen.n:
+            found[row.schedule_id] = row
+    return list(found.values())
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesRun:
     """One delivered occurrence of a series: its number, when it was due and delivered,
@@ -501,7 +516,7 @@ class Reads:
                 rows.extend(row for _, original in found.rows
                             if (row := _series_row(original.record, topic, now_ms)) is not None)
         runs = self._series_runs()
-        rows = [replace(row, runs=runs.get(row.schedule_id, [])) for row in rows]
+        rows = [replace(row, runs=runs.get(row.schedule_id, [])) for row in latest(rows)]
         return SeriesList(sorted(rows, key=lambda row: row.upcoming[0]), pending)
 
     def controls(self) -> list[ControlRow]:

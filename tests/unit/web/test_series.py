@@ -8,6 +8,7 @@ the browser tests.
 from __future__ import annotations
 
 from kdelay.web.access import Policy
+from kdelay.web.reads import SeriesRow, latest
 from tests.unit.web.fakes import NOW_MS, basic, client, console_app, users_policy
 
 
@@ -40,3 +41,11 @@ def test_ending_a_series_needs_a_reason() -> None:
                                               "csrf": token})
     assert answer.status_code == 400
     assert actions.done == []
+
+
+def test_a_series_with_two_occurrences_pending_for_a_moment_is_listed_once() -> None:
+    def row(schedule_id: str, n: int) -> SeriesRow:
+        return SeriesRow(schedule_id, "every 2s", n, None, None, "orders", [n * 2_000])
+
+    listed = latest([row("ticks", 1), row("other", 5), row("ticks", 2)])
+    assert sorted((r.schedule_id, r.n) for r in listed) == [("other", 5), ("ticks", 2)]
