@@ -123,3 +123,23 @@ def test_puts_of_keys_known_absent_look_nothing_up(tmp_path: Path,
         assert index.tally.total == 4
     finally:
         index.close()
+
+
+def test_a_batch_of_fresh_puts_only_is_counted_without_a_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Intake's usual batch; a key left in ``absent`` with no put (a request taken
+    out of its plan) must not let a put already in the store count twice."""
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        index.apply(Changes(puts=[entry(0)]))
+        looked_up = recorded_lookups(index, monkeypatch)
+        fresh = [entry(s) for s in (1, 2, 3)]
+        index.apply(Changes(puts=fresh, absent={e.key for e in fresh}))
+        assert looked_up == []
+        stale = {entry(4).key, entry(5).key}
+        index.apply(Changes(puts=[entry(0), entry(5)], absent=stale))
+        assert looked_up == [entry(0).key]
+        assert_exact(index)
+        assert index.tally.total == 5
+    finally:
+        index.close()
