@@ -571,7 +571,10 @@ class Service:
         """
         writer = checkpoint.writer
         acks = writer.acks()
+        floors: dict[int, int | None] = {}
         for plan in plans:
+            # Before its records: an index never records a position past them unapplied.
+            floors.setdefault(plan.partition, writer.position(plan.partition))
             writer.puts(plan.partition, plan.log_keys, plan.log_values, acks)
             for record in plan.dead_letters:
                 produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
@@ -587,7 +590,7 @@ class Service:
                 checkpoint.mark(plan, acks)
             delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
         return Batch(plans, {plan.partition: self._owned.indexes[plan.partition] for plan in plans},
-                     acks)
+                     acks, floors)
 
     def _apply(self, batch: Batch, checkpoint: Checkpoint, consumer: Consuming,
                delivery: Delivery) -> None:
@@ -601,7 +604,7 @@ class Service:
             index = self._owned.indexes.get(partition)
             if index is None or index is not batch.indexes[partition]:
                 continue
-            plan.changes.changelog = checkpoint.writer.position(partition)
+            plan.changes.changelog = checkpoint.position(partition)
             index.apply(plan.changes)
             self._owned.planners[partition].done(plan)
             delivery.forget(plan.changes.deletes)

@@ -47,6 +47,7 @@ from kdelay.protocol.envelope import Headers, cancel_headers, schedule_headers
 from kdelay.protocol.forward import id_partition
 from kdelay.state.changelog import Replay
 from kdelay.state.changes import Changes
+from kdelay.state.index import CHANGELOG as INDEX_CHANGELOG
 from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Found, Reading
 from kdelay.state.statedir import store_path
@@ -111,6 +112,10 @@ class FakeProducer:
 
     def __len__(self) -> int:
         return len(self._queued) + self.events_waiting
+
+    def next_offset(self, topic: str, partition: int) -> int:
+        """The offset the next acknowledged record of ``topic``'s ``partition`` gets."""
+        return self._offsets.get((topic, partition), 0)
 
     def list_topics(self, topic: str, timeout: float = -1) -> SimpleNamespace:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={})})
@@ -980,6 +985,42 @@ def test_at_least_once_markers_never_pass_a_forward_not_yet_acknowledged(
         alo.request(T0 + 60_000, key=b"d")
         alo.step()
         assert markers(alo)[-1] == 4, "once the forward is acknowledged, markers move on"
+    finally:
+        alo.service.close()
+
+
+def test_at_least_once_never_records_a_changelog_position_past_a_plan_not_applied(
+    tmp_path: Path,
+) -> None:
+    """A plan's changelog records can be acknowledged while its batch waits for another
+    record (a forward here). A seal settled meanwhile must not record a changelog position
+    past them: a catch-up after a lost assignment would skip the plan's puts while a later
+    plan's marker moved intake past its requests (two requests lost in a chaos run)."""
+    alo = Loop(tmp_path, Guarantee.AT_LEAST_ONCE, partitions=2)
+    try:
+        delivered = alo.request(T0 + 100, key=b"y")
+        alo.step()
+        changelog = alo.clients.producers["changelog"]
+        floor = changelog.next_offset(CHANGELOG, 0)
+        internal = alo.clients.producers["internal"]
+        internal.hold = True
+        alo.request(T0 + 60_000, key=b"b", sid=off_partition_id())  # its forward waits
+        kept = alo.request(T0 + 60_000, key=b"c")  # its put is acknowledged at once
+        alo.step()
+        assert changelog.next_offset(CHANGELOG, 0) > floor, "the plan's records are acknowledged"
+        alo.clock.set(T0 + 100)
+        for _ in range(12):  # until the delivery of y is sealed and settled
+            alo.step()
+        index = alo.service.indexes[0]
+        assert delivered not in alo.pending()
+        assert kept not in alo.pending(), "the plan is not applied yet"
+        assert (index.offset(INDEX_CHANGELOG) or 0) <= floor
+
+        internal.hold = False
+        for _ in range(12):
+            alo.step()
+        assert kept in alo.pending()
+        assert (index.offset(INDEX_CHANGELOG) or 0) > floor, "the position moves on once applied"
     finally:
         alo.service.close()
 

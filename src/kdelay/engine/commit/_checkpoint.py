@@ -45,7 +45,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -98,6 +98,9 @@ class Batch:
     plans: list[Plan]
     indexes: dict[int, PartitionIndex]
     acks: Receipts
+    # Per partition of its plans, the changelog writer's confirmed position before the
+    # batch's records were produced: their offsets lie at or above it.
+    floors: dict[int, int | None] = field(default_factory=dict)
 
 
 Fate = tuple[Batch, bool]
@@ -142,6 +145,10 @@ class Checkpoint(Protocol):
 
     def awaiting(self) -> bool:
         """Return whether written batches still await their acknowledgements."""
+        ...
+
+    def position(self, partition: int) -> int | None:
+        """The changelog position an index of ``partition`` may record now."""
         ...
 
     def drain(self) -> list[Batch]:
@@ -224,7 +231,8 @@ class AtLeastOnce:
         # Not "each or targets": a producer with a length and an empty queue may be falsy.
         self._each = targets if each is None else each
         self.durability: Durability = Acknowledged(writer, targets, self._each,
-                                                   failed=self._target_failed)
+                                                   failed=self._target_failed,
+                                                   position=self.position)
         self._renewals = Renewals()
         self._requests_topic = settings.requests_topic
         self._drain_s = settings.delivery_timeout_ms / 1000 + 5
@@ -264,6 +272,24 @@ class AtLeastOnce:
     def awaiting(self) -> bool:
         """Whether written batches still await their acknowledgements."""
         return bool(self._unacked)
+
+    def position(self, partition: int) -> int | None:
+        """The changelog position an index of ``partition`` may record now.
+
+        The writer's confirmed position, but never past the records of a plan
+        written and not yet applied: its records may be acknowledged while its
+        batch waits for others (a forward, an outcome on a partition without a
+        leader). An index that recorded a position past them, caught up from the
+        changelog after a lost assignment, would skip its puts, while a later
+        plan's marker moved intake past its requests: lost entries. None: no
+        position may be recorded yet.
+        """
+        confirmed = self.writer.position(partition)
+        for batch, _ in self._unacked:  # oldest first: the first floor is the lowest
+            if partition in batch.floors:
+                floor = batch.floors[partition]
+                return None if floor is None or confirmed is None else min(confirmed, floor)
+        return confirmed
 
     def drain(self) -> list[Batch]:
         """Flush the internal producers (bounded); return the batches now acknowledged."""
@@ -454,6 +480,10 @@ class ExactlyOnce:
     def awaiting(self) -> bool:
         """Never: a step's transaction is over when the step is."""
         return False
+
+    def position(self, partition: int) -> int | None:
+        """The writer's confirmed position: a step's plans are applied with its commit."""
+        return self.writer.position(partition)
 
     def drain(self) -> list[Batch]:
         """Nothing: no transaction is open between steps, where rebalances happen."""

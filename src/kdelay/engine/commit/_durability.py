@@ -73,14 +73,22 @@ class Acknowledged(Transacted):
     """
 
     def __init__(self, writer: ChangelogWriter, bulk: Producing, each: Producing,
-                 failed: Callable[[], bool] = lambda: False) -> None:
+                 failed: Callable[[], bool] = lambda: False,
+                 position: Callable[[int], int | None] | None = None) -> None:
         """``failed`` tells whether a target producer failed for good and awaits its
-        renewal: no flight lands meanwhile (see :meth:`landed`)."""
+        renewal: no flight lands meanwhile (see :meth:`landed`). ``position`` is the
+        changelog position a seal may record (default: the writer's confirmed one;
+        the checkpoint's keeps it below the records of plans not yet applied)."""
         super().__init__(writer, each)
+        self._position = writer.position if position is None else position
         self._bulk = Channel(bulk, bulk=True)
         self._each = self._channel
         self._stalled = False
         self._failed = failed
+
+    def position(self, partition: int) -> int | None:
+        """The changelog position a seal may record (see the checkpoint's ``position``)."""
+        return self._position(partition)
 
     def channel(self, airborne: Sequence[Flight], now_s: float, few: bool) -> Channel | None:
         """The bulk lane when nothing is in the air on it; else the reporting producer
