@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.containers, pytest.mark.timeout(900)]
 HANDFUL = [
     "tests/integration/test_service.py::test_thousand_requests_delivered_once_intact_and_never_early",
     "tests/integration/test_service.py::test_cancel_and_dedup_by_schedule_id",
-    "tests/integration/test_topics.py::test_topics_create_command_creates_five_topics_then_is_idempotent",
+    "tests/integration/test_topics.py::test_topics_create_command_creates_six_topics_then_is_idempotent",
     "tests/integration/test_topics.py::test_check_layout_accepts_a_valid_layout",
     "tests/integration/test_client.py",
 ]

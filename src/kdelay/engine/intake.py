@@ -650,9 +650,11 @@ class Planner:
 
 # Most differing duplicates one batch logs one by one (all are counted).
 CONFLICTS_LOGGED: Final = 5
-# Outcomes logged one by one per batch and kind (a cancel, a duplicate...); the rest of
-# the kind in one line: a re-sent campaign of millions logs a line a batch, not a request.
+# Duplicates logged one by one per batch; the rest in one line: a re-sent campaign of
+# millions logs a line a batch, not a request. (Cancels and reschedules, an operator's
+# or a client's acts, are logged one by one.)
 OUTCOMES_LOGGED: Final = 5
+_DUPLICATE: Final = Outcome.DUPLICATE
 
 
 def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> None:
@@ -673,10 +675,12 @@ def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> Non
         kinds[outcome] += 1
         if outcome is _REJECTED:
             reasons[detail.split(":", 1)[0]] += 1
-        elif outcome is not _SCHEDULED_KIND and outcome is not _FORWARDED:
+        elif outcome is _DUPLICATE:
             logged[outcome] += 1
             if logged[outcome] <= OUTCOMES_LOGGED:
                 log.info("request %s: %s", outcome, detail)
+        elif outcome is not _SCHEDULED_KIND and outcome is not _FORWARDED:
+            log.info("request %s: %s", outcome, detail)
     for outcome, count in logged.items():
         if count > OUTCOMES_LOGGED:
             log.info("... and %d more requests %s in this batch (kdelay_intake_records_total)",

@@ -823,8 +823,8 @@ def test_a_reschedule_of_an_id_living_elsewhere_is_forwarded_with_its_due_time(
 
 def test_a_batch_of_duplicates_logs_a_few_lines_not_one_a_request(
         caplog: pytest.LogCaptureFixture) -> None:
-    """A re-sent campaign answers millions of duplicates: each batch logs the first few of
-    each kind and one line for the rest, while the metric counts every one."""
+    """A re-sent campaign answers millions of duplicates: each batch logs the first few and
+    one line for the rest, while the metric counts every one; a cancel is logged as ever."""
     metrics = Metrics()
     outcomes = [(Outcome.DUPLICATE, f"id-{n}") for n in range(1_000)]
     outcomes += [(Outcome.CANCELLED, "order-43")]
