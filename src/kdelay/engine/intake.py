@@ -129,6 +129,7 @@ _SCHEDULED: Final = (Outcome.SCHEDULED, "")
 _SCHEDULED_KIND: Final = Outcome.SCHEDULED
 _REJECTED: Final = Outcome.REJECTED
 _FORWARDED: Final = Outcome.FORWARDED
+_DUPLICATE: Final = Outcome.DUPLICATE
 # Message's methods, looked up once: compiled, a call through the method itself
 # skips the lookup by name (about a quarter of each of the five calls a request).
 _OFFSET: Final = Message.offset
@@ -654,7 +655,6 @@ CONFLICTS_LOGGED: Final = 5
 # millions logs a line a batch, not a request. (Cancels and reschedules, an operator's
 # or a client's acts, are logged one by one.)
 OUTCOMES_LOGGED: Final = 5
-_DUPLICATE: Final = Outcome.DUPLICATE
 
 
 def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> None:
@@ -665,7 +665,7 @@ def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> Non
     """
     kinds: Counter[Outcome] = Counter()
     reasons: Counter[str] = Counter()
-    logged: Counter[Outcome] = Counter()
+    duplicates = 0
     plain = outcomes.count(_SCHEDULED)
     if plain:
         kinds[_SCHEDULED_KIND] = plain
@@ -676,15 +676,14 @@ def count_outcomes(metrics: Metrics, outcomes: list[tuple[Outcome, str]]) -> Non
         if outcome is _REJECTED:
             reasons[detail.split(":", 1)[0]] += 1
         elif outcome is _DUPLICATE:
-            logged[outcome] += 1
-            if logged[outcome] <= OUTCOMES_LOGGED:
+            duplicates += 1
+            if duplicates <= OUTCOMES_LOGGED:
                 log.info("request %s: %s", outcome, detail)
         elif outcome is not _SCHEDULED_KIND and outcome is not _FORWARDED:
             log.info("request %s: %s", outcome, detail)
-    for outcome, count in logged.items():
-        if count > OUTCOMES_LOGGED:
-            log.info("... and %d more requests %s in this batch (kdelay_intake_records_total)",
-                     count - OUTCOMES_LOGGED, outcome)
+    if duplicates > OUTCOMES_LOGGED:
+        log.info("... and %d more requests %s in this batch (kdelay_intake_records_total)",
+                 duplicates - OUTCOMES_LOGGED, _DUPLICATE)
     for outcome, count in kinds.items():
         metrics.intake.records.labels(outcome=str(outcome)).inc(count)
     for reason, count in reasons.items():
