@@ -512,8 +512,8 @@ class Planner:
         first_key = state.pending_key or state.first_key
         first = "pending" if state.pending_key is not None else state.end.word
         plan.outcomes.append((Outcome.DUPLICATE, f"{idkeys.shown_id(sid)} (first: {first})"))
-        if first_key == key:
-            return  # the first request itself, read again after its schedule ended
+        if first_key is not None and codec.same_request(first_key, key):
+            return  # the first request itself read again, maybe rescheduled since
         kept = (self._fingerprint(plan, state.pending_key) if state.pending_key is not None
                 else state.fingerprint)
         differs = []

@@ -272,6 +272,13 @@ def decode_due_key(raw: bytes) -> DueKey:
     return _tuple_new(DueKey, _DUE_KEY.unpack(raw))
 
 
+def same_request(first: bytes, second: bytes) -> bool:
+    """Whether due keys ``first`` and ``second`` name one request (partition and offset),
+    whatever their due times: a reschedule moves an entry to a new due time and keeps its
+    request."""
+    return first[_U64.size:] == second[_U64.size:]
+
+
 def unpack_due_key(raw: bytes) -> tuple[int, int, int]:
     """Return ``(due_ms, partition, offset)`` of a due key, unchecked (struct.error if short):
     for the keys delivery read from its own index, once per record delivered."""

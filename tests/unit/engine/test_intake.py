@@ -496,6 +496,20 @@ def test_the_first_request_read_again_after_its_end_is_no_new_duplicate(ids: Ids
     assert result.answers == [], "its outcome was published when it was first read"
 
 
+
+def test_the_first_request_read_again_after_a_reschedule_and_its_end_is_no_conflict(
+        ids: Ids) -> None:
+    """Rescheduled, then delivered, then read again after a partition moved: the id's first
+    key has the new due time but the same request, so nothing differs and nothing is said."""
+    msg = request(8, schedule_headers("orders", delay_ms=5, schedule_id="order-1"))
+    moved = key(TS + 60_000, 8)
+    ids.states["order-1"] = codec.ended(End.DELIVERED, TS + 60_001, moved, fingerprint_of(msg))
+    result = plan(ids, [msg], answers=True)
+    assert result.changes.puts == []
+    assert result.outcomes == [(Outcome.DUPLICATE, "order-1 (first: delivered)")]
+    assert result.conflicts == [], "the same request, rescheduled: no conflict to warn of"
+    assert result.answers == [], "its outcome was published when it was first read"
+
 # -- cancel --------------------------------------------------------------------------
 
 

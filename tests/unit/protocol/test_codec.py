@@ -36,6 +36,7 @@ from kdelay.protocol.codec import (
     framed_crc,
     key_after,
     record_times,
+    same_request,
     schedule_id_of,
 )
 
@@ -59,6 +60,13 @@ def test_due_key_round_trips(key: DueKey) -> None:
 def test_due_key_byte_order_is_tuple_order(a: DueKey, b: DueKey) -> None:
     assert (encode_due_key(*a) < encode_due_key(*b)) == (tuple(a) < tuple(b))
 
+
+
+@given(due_keys, due_keys)
+def test_same_request_compares_partition_and_offset_only(a: DueKey, b: DueKey) -> None:
+    same = same_request(encode_due_key(*a), encode_due_key(*b))
+    assert same == ((a.partition, a.offset) == (b.partition, b.offset))
+    assert same_request(encode_due_key(*a), encode_due_key(b.due_ms, a.partition, a.offset))
 
 @given(st.lists(due_keys, max_size=20), st.lists(fingerprints, max_size=20))
 def test_batch_time_readers_agree_with_the_decoders(keys: list[DueKey],
