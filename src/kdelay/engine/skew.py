@@ -82,9 +82,14 @@ class ClockSkew:
         skew = stamp - now
         self.last_ms = skew
         self._gauge.set(skew / 1000)
-        # A report served late (a loop held up by an assignment's restore) reads the
-        # broker as behind: a large skew is said only once the next reading confirms it.
-        large = abs(skew) > self._warn_above_ms
+        # The broker stamped the record after it was sent, so it is at most its
+        # acknowledgement's latency behind by this reading: an acknowledgement held
+        # back (a follower gone, the ISR not yet shrunk) is no sign of skew. A report
+        # served late (a loop held up by an assignment's restore) reads the broker as
+        # behind too: a large skew is said only once the next reading confirms it.
+        latency_s = message.latency()
+        least_behind = skew + (0 if latency_s is None else int(latency_s * 1000))
+        large = skew > self._warn_above_ms or least_behind < -self._warn_above_ms
         confirmed, self._large = large and self._large, large
         if confirmed and now >= self._next_warning_ms:
             self._next_warning_ms = now + WARN_EVERY_MS

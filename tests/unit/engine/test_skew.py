@@ -18,8 +18,12 @@ from kdelay.protocol import codec
 NOW = 1_700_000_000_000
 
 
-def acknowledged(stamp_ms: int, kind: int = TIMESTAMP_LOG_APPEND_TIME) -> Message:
-    return Message(topic="kdelay.changelog", partition=0, offset=1, timestamp=(kind, stamp_ms))
+def acknowledged(stamp_ms: int, kind: int = TIMESTAMP_LOG_APPEND_TIME,
+                 latency_s: float | None = 0.002) -> Message:
+    if latency_s is None:  # a report without latency information
+        return Message(topic="kdelay.changelog", partition=0, offset=1, timestamp=(kind, stamp_ms))
+    return Message(topic="kdelay.changelog", partition=0, offset=1, timestamp=(kind, stamp_ms),
+                   latency=latency_s)
 
 
 def skew_of(metrics: Metrics) -> float | None:
@@ -72,6 +76,24 @@ def test_one_large_reading_between_small_ones_is_not_warned_about(
     assert caplog.records == []
     assert skew.last_ms == -4_000, "the estimate still errs towards the broker behind"
 
+
+
+def test_an_acknowledgement_held_back_is_no_sign_of_skew(caplog: pytest.LogCaptureFixture) -> None:
+    # A follower killed: the leader stamps the record, then waits about 10 s for the ISR
+    # to shrink before it acknowledges. Every reading then says "10 s behind", but the
+    # record was stamped after it was sent, at most the latency before the report.
+    clock, metrics = ManualClock(NOW), Metrics()
+    skew = ClockSkew(clock, metrics.cluster.clock_skew)
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
+        skew.observe(acknowledged(NOW - 10_070, latency_s=10.1))
+        skew.observe(acknowledged(NOW - 10_040, latency_s=10.05))
+    assert caplog.records == []
+    assert skew.last_ms == -10_040, "the estimate still errs towards the broker behind"
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
+        skew.observe(acknowledged(NOW - 10_040, latency_s=2.0))
+        skew.observe(acknowledged(NOW - 10_040, latency_s=None))
+    assert ["10.040 s behind" in r.getMessage() for r in caplog.records] == [True], \
+        "8 s behind even if stamped when sent: a skew"
 
 def test_a_small_skew_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     clock, metrics = ManualClock(NOW), Metrics()
