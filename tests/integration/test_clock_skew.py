@@ -29,21 +29,29 @@ def test_a_service_clock_two_minutes_ahead_shows_as_skew_and_a_warning(
     target = topic_factory("target", 1)
     started = time.monotonic()
     clock = ManualClock(time.time_ns() // 1_000_000 + AHEAD_MS)
-    produce(bootstrap, deployment.requests, [
-        {"value": b"v", "partition": p, "headers": [
-            (envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"3600000")]}
-        for p in range(3)])
+    requests = [{"value": b"v", "partition": p, "headers": [
+        (envelope.TARGET, target.encode()), (envelope.DELAY_MS, b"3600000")]} for p in range(3)]
+    produce(bootstrap, deployment.requests, requests)
     group = running(deployment, clock)
     service = group.add()
+
+    def scheduled() -> float | None:
+        return service.metrics.registry.get_sample_value(
+            "kdelay_intake_records_total", {"outcome": "scheduled"})
+
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
-        group.until(lambda: service.metrics.registry.get_sample_value(
-            "kdelay_intake_records_total", {"outcome": "scheduled"}) == 3.0)
+        group.until(lambda: scheduled() == 3.0)
+        # A skew is said once readings a second apart confirm it: one more request, a
+        # second later by the service clock, has its consumed-offset marker read again.
+        clock.advance(1_000)
+        produce(bootstrap, deployment.requests, requests[:1])
+        group.until(lambda: scheduled() == 4.0)
         group.step(2)
     skew = service.metrics.registry.get_sample_value("kdelay_clock_skew_seconds")
     assert skew is not None
-    # The manual clock stands still while the broker's moves on.
+    # The manual clock stands still (but for the one second) while the broker's moves on.
     elapsed_s = time.monotonic() - started
-    assert -AHEAD_MS / 1000 - 1 < skew < -AHEAD_MS / 1000 + elapsed_s + 0.1
+    assert -AHEAD_MS / 1000 - 2 < skew < -AHEAD_MS / 1000 - 1 + elapsed_s + 0.1
     assert any("behind this service's clock" in r.getMessage() for r in caplog.records)
 
 

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 WARN_ABOVE_MS = 1_000
 WARN_EVERY_MS = 60_000
+# A large reading is confirmed by one at least this long after it: reports served
+# together after a stalled loop all read as behind by the stall.
+CONFIRM_AFTER_S = 1.0
 # How far past the broker's clock an entry may be released: the estimate of the
 # broker's time lags it by the acknowledgement's one-way delay.
 BROKER_TOLERANCE_MS = 1_000
@@ -45,15 +48,17 @@ PROBE_EVERY_MS = 60_000
 
 
 class ClockSkew:
-    """Keeps the latest skew estimate in a gauge and warns, at most once a minute, when two
-    readings in a row are large."""
+    """Keeps the latest skew estimate in a gauge and warns, at most once a minute, when the
+    readings stay large for :data:`CONFIRM_AFTER_S`."""
 
     def __init__(self, clock: Clock, gauge: Gauge, warn_above_ms: int = WARN_ABOVE_MS) -> None:
         self._clock = clock
         self._gauge = gauge
         self._warn_above_ms = warn_above_ms
         self._next_warning_ms = 0
-        self._large = False  # whether the last reading was over warn_above_ms
+        # The monotonic time (s) of the first of the latest readings in a row over
+        # warn_above_ms; None after a small one.
+        self._large_since: float | None = None
         self.last_ms: int | None = None
         # The latest broker stamp and the monotonic time (s) its report arrived.
         self._stamp: tuple[int, float] | None = None
@@ -77,8 +82,8 @@ class ClockSkew:
         kind, stamp = message.timestamp()
         if kind != TIMESTAMP_LOG_APPEND_TIME:
             return
-        now = self._clock.now_ms()
-        self._stamp = (stamp, self._clock.monotonic())
+        now, at = self._clock.now_ms(), self._clock.monotonic()
+        self._stamp = (stamp, at)
         skew = stamp - now
         self.last_ms = skew
         self._gauge.set(skew / 1000)
@@ -86,17 +91,23 @@ class ClockSkew:
         # acknowledgement's latency behind by this reading: an acknowledgement held
         # back (a follower gone, the ISR not yet shrunk) is no sign of skew. A report
         # served late (a loop held up by an assignment's restore) reads the broker as
-        # behind too: a large skew is said only once the next reading confirms it.
+        # behind too, and so do the reports served with it: a large skew is said only
+        # once the readings stay large for CONFIRM_AFTER_S.
         latency_s = message.latency()
         least_behind = skew + (0 if latency_s is None else int(latency_s * 1000))
         large = skew > self._warn_above_ms or least_behind < -self._warn_above_ms
-        confirmed, self._large = large and self._large, large
-        if confirmed and now >= self._next_warning_ms:
-            self._next_warning_ms = now + WARN_EVERY_MS
-            side = "ahead of" if skew > 0 else "behind"
-            log.warning("the broker's clock is %.3f s %s this service's clock: records go "
-                        "out when both clocks say they are due; synchronise the clocks (NTP)",
-                        abs(skew) / 1000, side)
+        if not large:
+            self._large_since = None
+            return
+        if self._large_since is None:
+            self._large_since = at
+        if at - self._large_since < CONFIRM_AFTER_S or now < self._next_warning_ms:
+            return
+        self._next_warning_ms = now + WARN_EVERY_MS
+        side = "ahead of" if skew > 0 else "behind"
+        log.warning("the broker's clock is %.3f s %s this service's clock: records go "
+                    "out when both clocks say they are due; synchronise the clocks (NTP)",
+                    abs(skew) / 1000, side)
 
 
 class BrokerGuard:

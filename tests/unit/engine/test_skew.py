@@ -51,7 +51,8 @@ def test_a_large_skew_is_warned_about_once_a_minute(caplog: pytest.LogCaptureFix
     skew = ClockSkew(clock, metrics.cluster.clock_skew)
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         skew.observe(acknowledged(NOW + 5_000))
-        skew.observe(acknowledged(NOW + 5_000))
+        clock.advance(1_000)
+        skew.observe(acknowledged(clock.now_ms() + 5_000))
         clock.advance(WARN_EVERY_MS - 1)
         skew.observe(acknowledged(clock.now_ms() + 5_000))
         clock.advance(1)
@@ -91,9 +92,27 @@ def test_an_acknowledgement_held_back_is_no_sign_of_skew(caplog: pytest.LogCaptu
     assert skew.last_ms == -10_040, "the estimate still errs towards the broker behind"
     with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
         skew.observe(acknowledged(NOW - 10_040, latency_s=2.0))
-        skew.observe(acknowledged(NOW - 10_040, latency_s=None))
+        clock.advance(1_000)
+        skew.observe(acknowledged(clock.now_ms() - 10_040, latency_s=None))
     assert ["10.040 s behind" in r.getMessage() for r in caplog.records] == [True], \
         "8 s behind even if stamped when sent: a skew"
+
+
+def test_reports_served_together_after_a_stall_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The loop held up 10 s (waiting for a dead leader's acknowledgements): the markers
+    # acknowledged meanwhile are served together and all read 10 s behind.
+    clock, metrics = ManualClock(NOW), Metrics()
+    skew = ClockSkew(clock, metrics.cluster.clock_skew)
+    with caplog.at_level(logging.WARNING, logger="kdelay.engine.skew"):
+        for late_ms in (10_070, 10_050, 10_030):
+            skew.observe(acknowledged(NOW - late_ms))
+        clock.advance(200)
+        skew.observe(acknowledged(clock.now_ms() - 3))
+        clock.advance(2_000)
+        skew.observe(acknowledged(clock.now_ms() - 4))
+    assert caplog.records == []
 
 def test_a_small_skew_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     clock, metrics = ManualClock(NOW), Metrics()
