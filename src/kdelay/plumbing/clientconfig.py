@@ -354,6 +354,11 @@ LOGGER = "kdelay.kafka"
 CHOSEN = ("enable.gapless.guarantee is experimental",)
 """librdkafka's warnings about settings kdelay chooses on purpose: logged at DEBUG (the
 changelog's producer is gapless, see :mod:`kdelay.engine.commit._writer`)."""
+FATAL = "FATAL"
+"""The facility of librdkafka's line about a fatal error: logged at DEBUG, since the same
+error reaches the ``error_cb``, and kdelay says itself what it does about it (replaces
+the client, or ends with a stable code); a CRITICAL line the service then survives would
+mislead."""
 
 
 class ClientLogger:
@@ -367,7 +372,7 @@ class ClientLogger:
     lines follow kdelay's logging configuration. Lines below WARNING (idle
     connections closed, reconnects) are logged at DEBUG, so a service running
     at INFO shows librdkafka's warnings and errors only (but for the warnings in
-    :data:`CHOSEN`, about kdelay's own choices). Every secret value of
+    :data:`CHOSEN`, about kdelay's own choices, and the :data:`FATAL` lines). Every secret value of
     the client's configuration is replaced by ``***`` before a line is logged.
     """
 
@@ -378,7 +383,7 @@ class ClientLogger:
 
     def log(self, level: int, message: str, *args: object) -> None:
         """Log one line at ``level`` (a Python level; below WARNING means DEBUG), scrubbed."""
-        level = level if level >= logging.WARNING else logging.DEBUG
+        level = level if level >= logging.WARNING and args[:1] != (FATAL,) else logging.DEBUG
         if not self.logger.isEnabledFor(level):
             return
         text = message % args if args else message

@@ -328,6 +328,19 @@ def test_client_logger_scrubs_secrets_and_names_the_client(
     assert info.levelno == logging.DEBUG  # librdkafka's informational lines are detail
 
 
+
+def test_librdkafkas_fatal_line_is_detail_for_kdelay_says_it_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A static member fenced after an outage: librdkafka logs it as CRITICAL, then the
+    service replaces the consumer (or ends with error[fenced]) and says so itself."""
+    logger = ClientLogger("intake")
+    with caplog.at_level(logging.DEBUG, logger="kdelay.kafka"):
+        logger.log(logging.CRITICAL, "%s [%s] %s", "FATAL", "rdkafka#consumer-11",
+                   "Fatal error: Broker: Static consumer fenced by other consumer")
+        logger.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-11", "refused")
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.ERROR]
+
 def test_the_warning_about_the_gapless_changelog_producer_is_detail(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
