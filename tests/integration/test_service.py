@@ -347,7 +347,7 @@ def test_a_crash_between_a_seal_and_the_plan_of_its_transaction_loses_no_request
     def dying(index: PartitionIndex, changes: Changes) -> bytes | None:
         if changes.watermark is not None or changes.deletes:
             crash["sealed"] = True
-        elif changes.puts and crash["armed"] and crash["sealed"]:
+        elif changes.entries() and crash["armed"] and crash["sealed"]:
             crash["crashed"] = True
             raise RuntimeError("killed between the seal and the plan")
         return apply(index, changes)

@@ -44,7 +44,7 @@ from kdelay.protocol.envelope import (
 )
 from kdelay.protocol.forward import Forward, id_partition
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.changes import Changes, Entry
+from kdelay.state.changes import Changes, Entry, FreshPuts
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,8 @@ class Planner:
              ages: list[int] | None = None) -> Plan:
         """Plan a batch of records of ``partition``, given in offset order; append the
         age at ``now_ms`` of each record with a timestamp to ``ages``, if given."""
-        plan = Plan(partition, log_topic=self._topics.changelog)
+        plan = Plan(partition, changes=Changes(fresh=FreshPuts(partition)),
+                    log_topic=self._topics.changelog)
         if self._originals_ms is not None:
             self._keep_below = codec.due_upper_bound(now_ms + self._originals_ms)
         self._prune(plan)
@@ -433,11 +434,21 @@ class Planner:
         its lane); ``timestamp`` is as :func:`fingerprint_of` reads it."""
         sid, lane = schedule.schedule_id, schedule.lane
         if sid is None:  # most requests: no id to look up, nowhere else to go
-            key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
-            if not self._pending_before(key, message):
+            due_ms = schedule.due_ms
+            key = codec.encode_due_key(due_ms, plan.partition, offset)
+            if offset >= self._fresh_from:  # read the first time: a new key, no Entry
+                raw = codec.encode_index_fields(
+                    timestamp, codec.framed_crc(_KEY(message), _VALUE(message)), None,
+                    schedule.target)
+                plan.changes.fresh.add(key, raw, due_ms, timestamp)
+                if key < self._keep_below:
+                    plan.originals[key] = message
+                plan.log_keys.append(key)  # plan.log(key, raw), without the call
+                plan.log_values.append(raw)
+            elif not self._pending_before(key, message):
                 crc = codec.framed_crc(_KEY(message), _VALUE(message))
                 self._put(plan, key, None, codec.encode_index_fields(
-                    timestamp, crc, None, schedule.target), message, offset >= self._fresh_from)
+                    timestamp, crc, None, schedule.target), message, False)
             plan.outcomes.append(_SCHEDULED)
             return
         if lane is not None:

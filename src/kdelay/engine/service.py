@@ -588,7 +588,7 @@ class Service:
                         partition=record.partition, on_delivery=acks.dead_letter())
             if plan.changes.consumed is not None:
                 checkpoint.mark(plan, acks)
-            delivery.adopt(plan.partition, plan.changes.puts, plan.originals)
+            delivery.adopt(plan.partition, *plan.changes.put_fields(), plan.originals)
         return Batch(plans, {plan.partition: self._owned.indexes[plan.partition] for plan in plans},
                      acks, floors)
 
@@ -608,7 +608,7 @@ class Service:
             index.apply(plan.changes)
             self._owned.planners[partition].done(plan)
             delivery.forget(plan.changes.deletes)
-            delivery.indexed(partition, plan.changes.puts)
+            delivery.indexed(partition, plan.changes.put_fields()[0])
             consumed = plan.changes.consumed
             if consumed is not None:
                 self._owned.consumed[partition] = consumed
@@ -633,7 +633,7 @@ class Service:
             if planner is not None:
                 planner.done(plan)
             delivery.release(plan.changes.deletes)
-            delivery.disown(plan.changes.puts)
+            delivery.disown(plan.changes.put_fields()[0])
             if plan.first is not None:
                 consumer.seek(TopicPartition(self.settings.requests_topic, plan.partition,
                                              plan.first))

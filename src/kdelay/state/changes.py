@@ -1,7 +1,9 @@
 """What an index write is made of: the entries put and the changes around them.
 
-Intake builds an :class:`Entry` per request and delivery reads them back; both
-hand :class:`Changes` to :meth:`~kdelay.state.index.PartitionIndex.apply`. They
+Intake puts most requests as :class:`FreshPuts`, keys and encoded values side by
+side, and the rest (ids, reschedules, forwards) as an :class:`Entry` each;
+delivery reads entries back; both hand :class:`Changes` to
+:meth:`~kdelay.state.index.PartitionIndex.apply`. They
 live apart from the index so that they run compiled with the hot path (see
 :mod:`kdelay.native`): the index itself stays interpreted.
 """
@@ -62,11 +64,67 @@ class Entry:
         return f"Entry(key={self.key!r}, value={self.value!r})"
 
 
+class FreshPuts:
+    """Puts of keys certainly not in the store, as intake plans a batch's usual requests.
+
+    Requests without an id read for the first time: their due keys are new,
+    so neither the index nor the tally looks them up. Keys and encoded values
+    are kept side by side, no object a request, together with the least and
+    greatest due time and request timestamp of the entries, so the tally
+    counts a batch whose due times (and slacks) fall in one minute without a
+    pass over it. Every key names request partition ``origin``. Treated as
+    append-only: readers keep :attr:`keys` without copying it.
+    """
+
+    def __init__(self, origin: int = 0) -> None:
+        self.origin = origin
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
+        self.first_due = self.last_due = self.oldest = self.newest = 0
+
+    def add(self, key: bytes, value: bytes, due_ms: int, timestamp_ms: int) -> None:
+        """Add the put of ``key`` (a due key of :attr:`origin`, due at ``due_ms``) with its
+        encoded index value ``value``, whose request timestamp is ``timestamp_ms``."""
+        keys = self.keys
+        if not keys:
+            self.first_due = self.last_due = due_ms
+            self.oldest = self.newest = timestamp_ms
+        else:
+            if due_ms < self.first_due:
+                self.first_due = due_ms
+            elif due_ms > self.last_due:
+                self.last_due = due_ms
+            if timestamp_ms < self.oldest:
+                self.oldest = timestamp_ms
+            elif timestamp_ms > self.newest:
+                self.newest = timestamp_ms
+        keys.append(key)
+        self.values.append(value)
+
+    def extremes(self) -> tuple[int, int, int, int]:
+        """The least and greatest due time, then the least and greatest request timestamp
+        (all 0 when empty)."""
+        return self.first_due, self.last_due, self.oldest, self.newest
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FreshPuts):
+            return NotImplemented
+        return self.keys == other.keys and self.values == other.values  # keys tell the origin
+
+    def __repr__(self) -> str:
+        return f"FreshPuts(origin={self.origin}, keys={self.keys!r})"
+
+
 @dataclass(slots=True)
 class Changes:
     """Writes for one partition's store, applied atomically by :meth:`PartitionIndex.apply`."""
 
     puts: list[Entry] = field(default_factory=list)
+    # Puts of keys certainly not in the store, no Entry each (intake's usual requests).
+    fresh: FreshPuts = field(default_factory=FreshPuts)
     # Already encoded index values (changelog replay): written as they are.
     raw_puts: dict[bytes, bytes] = field(default_factory=dict)
     deletes: list[bytes] = field(default_factory=list)
@@ -97,14 +155,33 @@ class Changes:
     ranges: list[tuple[int, int, int]] = field(default_factory=list)
 
     def encoded_puts(self) -> dict[bytes, bytes]:
-        """The puts by key, values encoded (a raw put wins over an entry)."""
-        new = {e.key: e.raw or codec.encode_index_value(e.value) for e in self.puts}
+        """The puts by key, values encoded (a raw put wins over an entry, and an entry
+        over a fresh put)."""
+        new = dict(zip(self.fresh.keys, self.fresh.values, strict=True))
+        new.update({e.key: e.raw or codec.encode_index_value(e.value) for e in self.puts})
         new.update(self.raw_puts)
         return new
 
+    def put_fields(self) -> tuple[list[bytes], list[bytes]]:
+        """The keys and encoded values of :attr:`puts` and :attr:`fresh` (not ``raw_puts``),
+        entries first, side by side. Fresh puts alone come as their own lists, not copied;
+        the order is the same on every call."""
+        fresh = self.fresh
+        if not self.puts:
+            return fresh.keys, fresh.values
+        return ([*(e.key for e in self.puts), *fresh.keys],
+                [*(e.raw or codec.encode_index_value(e.value) for e in self.puts),
+                 *fresh.values])
+
+    def entries(self) -> list[Entry]:
+        """:attr:`puts` and then :attr:`fresh` as entries (values decoded when asked)."""
+        fresh = self.fresh
+        return [*self.puts, *(Entry(key, None, raw)
+                              for key, raw in zip(fresh.keys, fresh.values, strict=True))]
+
     def __bool__(self) -> bool:
-        return bool(self.puts or self.raw_puts or self.deletes or self.ids or self.expired
-                    or self.swept or self.unswept) or (
+        return bool(self.puts or self.fresh.keys or self.raw_puts or self.deletes or self.ids
+                    or self.expired or self.swept or self.unswept) or (
             self.consumed is not None or self.changelog is not None
             or self.watermark is not None
         )
@@ -153,4 +230,11 @@ def collect(items: Iterator[tuple[bytes, bytes]], skip: Container[bytes], limit:
 def put_all(put: Callable[[bytes, bytes], None], entries: dict[bytes, bytes]) -> None:
     """Put every entry with ``put`` (a write batch's): the loop runs compiled here."""
     for key, raw in entries.items():
+        put(key, raw)
+
+
+def put_each(put: Callable[[bytes, bytes], None], keys: list[bytes],
+             values: list[bytes]) -> None:
+    """Put ``keys[i]`` with ``values[i]`` with ``put``, as :func:`put_all` does a dict."""
+    for key, raw in zip(keys, values, strict=True):
         put(key, raw)

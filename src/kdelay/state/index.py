@@ -44,7 +44,7 @@ from rocksdict import AccessType, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
-from kdelay.state.changes import Changes, Entry, collect, put_all
+from kdelay.state.changes import Changes, Entry, collect, put_all, put_each
 from kdelay.state.memory import PropertyReader, StoreMemory, shared
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
 from kdelay.state.tally import MINUTE_MS, Change, Tally, change_of, deleted_change
@@ -274,18 +274,24 @@ class PartitionIndex:
         """
         batch = WriteBatch(raw_mode=True)
         put = batch.put
-        new = changes.encoded_puts()
+        fresh = changes.fresh
+        # Fresh puts alone (intake's usual batch) are written from their lists, no dict.
+        new = changes.encoded_puts() if changes.puts or changes.raw_puts else {}
+        put_keys = [*new] if new else fresh.keys
         change = Change() if self._untallied else self._tally_change(new, changes)
         for key, count in self.tally.rows(change):
             if count > 0:
                 put(key, codec.encode_count(count), self._meta_handle)
             else:
                 batch.delete(key, self._meta_handle)
-        put_all(put, new)
-        lowest = min(new) if new else None
+        if new:
+            put_all(put, new)
+        else:
+            put_each(put, fresh.keys, fresh.values)
+        lowest = min(put_keys) if put_keys else None
         if lowest is not None:
             self.puts_applied += 1
-            self._put_spans.append((self.puts_applied, lowest, max(new)))
+            self._put_spans.append((self.puts_applied, lowest, max(put_keys)))
         self._delete(batch, changes)
         for schedule_id, state in changes.ids.items():
             raw_id = idkeys.encode_id_key(schedule_id)
@@ -323,7 +329,7 @@ class PartitionIndex:
             self._sweep_head = min(swept)
         scanned = self._scanned
         if scanned:
-            for key in (*changes.deletes, *new):
+            for key in (*changes.deletes, *put_keys):
                 scanned.pop(key, None)
         return lowest
 
@@ -372,12 +378,23 @@ class PartitionIndex:
         (:func:`change_of`). Deletes whose values ``changes`` names, or that a scan
         read (untouched since: certainly in the store), need no lookup; a batch of
         only such deletes (delivery's) is counted without one."""
-        deletes, given = changes.deletes, changes.known
-        if not new and changes.deleted_values is not None:
+        deletes, given, fresh = changes.deletes, changes.known, changes.fresh
+        if not new and not fresh.keys and changes.deleted_values is not None:
             return deleted_change(deletes, changes.deleted_values)
-        if new and not deletes and not given and changes.absent.issuperset(new):
-            # Intake's usual batch: every put certainly new, nothing deleted; no
-            # lookup, and no pass over the keys in Python to find which.
+        if not new and not deletes and not given:
+            # Intake's usual batch: fresh puts alone, certainly new, nothing deleted; no
+            # lookup, and no pass over the keys to find their extremes or origin.
+            change = Change()
+            change.count_all(fresh.keys, fresh.values, 1, extremes=fresh.extremes(),
+                             origin=fresh.origin)
+            return change
+        absent = changes.absent
+        if fresh.keys:
+            if not new:
+                new = dict(zip(fresh.keys, fresh.values, strict=True))
+            absent = absent.union(fresh.keys)
+        if new and not deletes and not given and absent.issuperset(new):
+            # Every put certainly new, nothing deleted: no lookup, no pass in Python.
             change = Change()
             change.count_all([*new], [*new.values()], 1)
             return change
@@ -385,7 +402,7 @@ class PartitionIndex:
         if scanned and (new or len(given) != len(deletes)):  # else given names every delete
             known = {key: scanned[key] for key in deletes if key in scanned}
             known.update(given)
-        return change_of(new, deletes, known, changes.absent, self.raw_values)
+        return change_of(new, deletes, known, absent, self.raw_values)
 
     def defer_tally(self) -> None:
         """Stop keeping the tally until :meth:`recount` (a restore into an empty store).

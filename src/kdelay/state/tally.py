@@ -80,12 +80,17 @@ class Change:
         self.origin[origin] = self.origin.get(origin, 0) + sign
 
     def count_all(self, keys: Sequence[bytes], values: Sequence[bytes], sign: int,
-                  ordered: bool = False) -> None:
+                  ordered: bool = False, extremes: tuple[int, int, int, int] | None = None,
+                  origin: int | None = None) -> None:
         """Count every entry (``keys[i]`` with encoded value ``values[i]``) as
         :meth:`count` would: one pass per histogram over the batch, the minutes
         counted in C. A write batch counts hundreds of entries, and two calls per
         entry cost more than the counting. ``ordered``: the keys are due keys in
-        increasing order (as read from an index), so their extremes are at the ends."""
+        increasing order (as read from an index), so their extremes are at the ends.
+        A caller that knows them gives the ``extremes`` (least and greatest due
+        time, least and greatest request timestamp) and the request partition
+        every key names (``origin``): with both, a batch whose due times and
+        slacks fall in one minute each is counted without a pass over it."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
         if not keys:
@@ -96,12 +101,13 @@ class Change:
         # decoded for a histogram that spans minutes.
         dues: list[int] | None = None
         stamps: list[int] | None = None
-        extremes = _extremes_of_bytes(keys, values, ordered)
+        if extremes is None:
+            extremes = _extremes_of_bytes(keys, values, ordered)
         if extremes is None:
             dues, stamps = codec.due_times(keys), codec.record_times(values)
             extremes = (min(dues), max(dues), min(stamps), max(stamps))
         first, last, oldest, newest = extremes
-        _add(self.origin, _origins(keys), sign)
+        _add(self.origin, _origins(keys) if origin is None else {origin: len(keys)}, sign)
         if first // MINUTE_MS == last // MINUTE_MS:
             _add(self.due, {first // MINUTE_MS: len(keys)}, sign)
         else:

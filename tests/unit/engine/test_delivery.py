@@ -1350,16 +1350,22 @@ def _new_request(world: World, partition: int, offset: int, due: int) -> tuple[E
     return entry, message
 
 
+def _adopt(world: World, partition: int, entries: list[Entry],
+           originals: dict[bytes, Message]) -> None:
+    """What the service does once intake's plan is written: delivery adopts what it may."""
+    world.delivery.adopt(partition, *Changes(puts=entries).put_fields(), originals)
+
+
 def _index(world: World, partition: int, entries: list[Entry]) -> None:
     """What the service does once intake's plan is acknowledged: index it, tell delivery."""
     world.indexes[partition].apply(Changes(puts=entries))
-    world.delivery.indexed(partition, entries)
+    world.delivery.indexed(partition, [entry.key for entry in entries])
 
 
 def _adopt_and_index(world: World, partition: int,
                      requests: list[tuple[Entry, Message]]) -> None:
     entries = [entry for entry, _ in requests]
-    world.delivery.adopt(partition, entries, {e.key: m for e, m in requests})
+    _adopt(world, partition, entries, {e.key: m for e, m in requests})
     _index(world, partition, entries)
 
 
@@ -1421,7 +1427,7 @@ def test_an_adopted_entry_goes_out_before_it_is_indexed_and_leaves_only_after(
     index write of the put would bring the delivered entry back."""
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 100)
-    world.delivery.adopt(0, [entry], {entry.key: message})
+    _adopt(world, 0, [entry], {entry.key: message})
     world.at(T0 + 100)
     assert [s.timestamp for s in world.targets.sent] == [T0 + 100], "on time, not indexed"
     world.targets.report()
@@ -1446,8 +1452,8 @@ def test_plans_adopted_one_after_another_share_a_run_and_leave_the_index_each_wh
     world.at(T0)
     first = [_new_request(world, 0, offset, T0 + 100 + offset) for offset in (1, 2)]
     second = [_new_request(world, 0, offset, T0 + 100 + offset) for offset in (3, 4)]
-    world.delivery.adopt(0, [e for e, _ in first], {e.key: m for e, m in first})
-    world.delivery.adopt(0, [e for e, _ in second], {e.key: m for e, m in second})
+    _adopt(world, 0, [e for e, _ in first], {e.key: m for e, m in first})
+    _adopt(world, 0, [e for e, _ in second], {e.key: m for e, m in second})
     [run] = world.delivery._ahead.runs[0]
     assert len(run) == 4
     _index(world, 0, [e for e, _ in second])  # acknowledged first: it waits for the first
@@ -1477,8 +1483,8 @@ def test_an_adopted_plan_due_before_the_last_one_is_a_run_of_its_own(world: Worl
 def test_a_given_back_plan_takes_its_adopted_entries_back(world: World) -> None:
     world.at(T0)
     entry, message = _new_request(world, 0, 5, T0 + 100)
-    world.delivery.adopt(0, [entry], {entry.key: message})
-    world.delivery.disown([entry])
+    _adopt(world, 0, [entry], {entry.key: message})
+    world.delivery.disown([entry.key])
     world.at(T0 + 100)
     assert world.targets.sent == []
 
@@ -1491,7 +1497,7 @@ def test_an_entry_not_adopted_is_found_by_a_scan_once_indexed(tmp_path: Path) ->
         world.at(T0)
         held = [_new_request(world, 0, offset, T0 + 500) for offset in range(25)]
         # MAX_HELD_BATCHES batches of one: 20 are adopted, the rest are not.
-        world.delivery.adopt(0, [e for e, _ in held], {e.key: m for e, m in held})
+        _adopt(world, 0, [e for e, _ in held], {e.key: m for e, m in held})
         world.at(T0 + 1)  # a scan before the index write finds nothing
         for entry, message in held:
             world.reader.log[(0, entry.due.offset)] = message
@@ -1903,7 +1909,7 @@ def test_a_record_of_a_shelved_target_is_not_adopted_and_goes_out_after_the_paus
     entry = Entry(entry.key, entry.value._replace(target="orders"))
     world.reader.log[(0, 9_999)] = message  # in Kafka: a scan reads it back
     holding = world.delivery.controls.holding(orders)
-    world.delivery.adopt(0, [entry], {entry.key: message})
+    _adopt(world, 0, [entry], {entry.key: message})
     _index(world, 0, [entry])
     world.step(T0 + SHELF_AT + 600)
     assert world.targets.sent == []

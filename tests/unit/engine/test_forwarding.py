@@ -45,7 +45,7 @@ def test_an_id_on_its_own_partition_is_indexed_and_forwards_nothing() -> None:
     sid = sid_on(HOME)
     result = plan(Ids(), [request(5, schedule_headers("orders", delay_ms=10, schedule_id=sid))])
     assert result.forwards == []
-    assert [e.key for e in result.changes.puts] == [codec.encode_due_key(TS + 10, HOME, 5)]
+    assert [e.key for e in result.changes.entries()] == [codec.encode_due_key(TS + 10, HOME, 5)]
     assert result.outcomes == [(Outcome.SCHEDULED, sid)]
 
 
@@ -57,7 +57,7 @@ def test_an_id_of_another_partition_is_forwarded_without_its_payload() -> None:
     assert result.forwards == [Record(TOPICS.requests, 1, None, None, forward.counted(
         forward.schedule_headers(expected), PARTITIONS))]
     assert forward.parse(result.forwards[0].headers) == expected
-    assert (result.changes.puts, result.changes.ids, result.changelog) == ([], {}, [])
+    assert (result.changes.entries(), result.changes.ids, result.changelog) == ([], {}, [])
     assert result.outcomes == [(Outcome.FORWARDED, sid)]
     assert result.changes.consumed == 6, "the forward is written before the offset is stored"
 
@@ -73,7 +73,7 @@ def test_a_forward_is_indexed_on_the_ids_partition_under_the_originals_coordinat
     result = plan(Ids(), [fwd], partition=1)
     original = codec.encode_due_key(TS + 10, HOME, 5)
     value = IndexValue(fingerprint, sid, target)
-    assert result.changes.puts == [Entry(original, value)]
+    assert result.changes.entries() == [Entry(original, value)]
     assert result.changes.absent == set(), "a forward may be read again: its put is looked up"
     assert result.changes.ids == {sid: IdState(original, None)}
     assert result.changelog == [
@@ -89,7 +89,7 @@ def test_a_forward_of_an_id_pending_under_another_key_is_a_duplicate() -> None:
     ids.states[sid] = IdState(codec.encode_due_key(TS, 0, 1), None)
     fwd = Forward(sid, TS + 10, HOME, 5, codec.fingerprint(b"k", b"payload", TS))
     result = plan(ids, [on(1, 40, forward.schedule_headers(fwd), None, None)], partition=1)
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.outcomes == [(Outcome.DUPLICATE, f"{sid} (first: pending)")]
 
 
@@ -101,10 +101,10 @@ def test_the_same_forward_read_twice_is_indexed_once() -> None:
         Forward(sid, TS + 10, HOME, 5, codec.fingerprint(b"k", b"v", TS)))
     ids = Ids()
     first = plan(ids, [on(1, 40, headers, None, None)], partition=1)
-    assert [e.key for e in first.changes.puts] == [codec.encode_due_key(TS + 10, HOME, 5)]
+    assert [e.key for e in first.changes.entries()] == [codec.encode_due_key(TS + 10, HOME, 5)]
     ids.states[sid] = first.changes.ids[sid] or IdState(None, 0)
     again = plan(ids, [on(1, 41, headers, None, None)], partition=1)
-    assert (again.changes.puts, again.changelog) == ([], [])
+    assert (again.changes.entries(), again.changelog) == ([], [])
     assert again.outcomes == [(Outcome.SCHEDULED, sid)]
 
 
@@ -114,7 +114,7 @@ def test_a_malformed_forward_is_dead_lettered_as_bad_forward() -> None:
     result = plan(Ids(), [on(1, 40, headers, None, None)], partition=1)
     [dead] = result.dead_letters
     assert header(dead.headers, ERROR) == [b"bad-forward"]
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
 
 
 def test_a_cancel_of_an_id_of_another_partition_is_forwarded() -> None:
@@ -173,7 +173,7 @@ def test_records_forwarded_before_the_topic_grew_go_on_once_to_the_ids_new_home(
         Record(TOPICS.requests, 1, None, None,
                forward.counted(forward.reschedule_headers(sid, TS + 99, 3, 7), PARTITIONS))]
     assert result.outcomes == [(Outcome.FORWARDED, sid)] * 3
-    assert (result.changes.puts, result.changes.ids) == ([], {})
+    assert (result.changes.entries(), result.changes.ids) == ([], {})
 
 
 def test_a_record_forwarded_under_another_count_for_an_id_pending_here_is_handled_here() -> None:

@@ -115,7 +115,7 @@ def test_a_delay_counts_from_the_record_timestamp_not_from_now(ids: Ids) -> None
     value = IndexValue(codec.fingerprint(b"k", b"payload", TS), None, "orders")
     expected_key = key(TS + 5_000, 42)
     assert result.partition == PART
-    assert result.changes.puts == [Entry(expected_key, value)]
+    assert result.changes.entries() == [Entry(expected_key, value)]
     assert result.changelog == [
         Record(TOPICS.changelog, PART, expected_key, codec.encode_index_value(value))
     ]
@@ -124,29 +124,29 @@ def test_a_delay_counts_from_the_record_timestamp_not_from_now(ids: Ids) -> None
     assert result.changes.consumed == 43
     assert result.dead_letters == []
     assert result.outcomes == [(Outcome.SCHEDULED, "")]
-    assert type(result.changes.puts[0].value) is IndexValue
+    assert type(result.changes.entries()[0].value) is IndexValue
     assert type(result.changelog[0]) is Record
-    assert result.changes.puts[0].raw == result.changelog[0].value
-    assert result.changes.puts[0].value.fingerprint == fingerprint_of(msg)
+    assert result.changes.entries()[0].raw == result.changelog[0].value
+    assert result.changes.entries()[0].value.fingerprint == fingerprint_of(msg)
 
 
 def test_the_same_request_planned_later_yields_the_same_key(ids: Ids) -> None:
     msg = request(7, schedule_headers("orders", delay_ms=250))
     early, late = plan(ids, [msg]), plan(ids, [msg])
     assert early == late
-    assert [e.key for e in early.changes.puts] == [key(TS + 250, 7)]
+    assert [e.key for e in early.changes.entries()] == [key(TS + 250, 7)]
 
 
 def test_a_schedule_id_is_stored_with_the_entry_and_as_pending(ids: Ids) -> None:
     msg = request(5, schedule_headers("orders", delay_ms=10, schedule_id="order-1"))
     result = plan(ids, [msg])
     k = key(TS + 10, 5)
-    assert result.changes.puts == [
+    assert result.changes.entries() == [
         Entry(k, IndexValue(codec.fingerprint(b"k", b"payload", TS), "order-1", "orders"))
     ]
     assert result.changes.ids == {"order-1": IdState(k, None)}
     assert result.outcomes == [(Outcome.SCHEDULED, "order-1")]
-    assert result.changelog[0].value == codec.encode_index_value(result.changes.puts[0].value)
+    assert result.changelog[0].value == codec.encode_index_value(result.changes.entries()[0].value)
 
 
 @pytest.mark.parametrize(
@@ -158,14 +158,14 @@ def test_levels_map_to_the_table_and_clamp_at_the_top(ids: Ids, level: int,
                                                        delay_ms: int) -> None:
     msg = request(9, [(TARGET, b"orders"), (LEVEL, str(level).encode())])
     result = plan(ids, [msg])
-    assert [e.key for e in result.changes.puts] == [key(TS + delay_ms, 9)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + delay_ms, 9)]
 
 
 def test_a_custom_level_table_is_used(ids: Ids) -> None:
     limits = Limits((100, 200), None)
     msgs = [request(i, schedule_headers("orders", level=lvl)) for i, lvl in enumerate([1, 2, 3])]
     result = plan(ids, msgs, limits=limits)
-    assert [e.key for e in result.changes.puts] == [
+    assert [e.key for e in result.changes.entries()] == [
         key(TS + 100, 0), key(TS + 200, 1), key(TS + 200, 2)
     ]
 
@@ -173,17 +173,17 @@ def test_a_custom_level_table_is_used(ids: Ids) -> None:
 @pytest.mark.parametrize("due", [0, TS - 60_000, TS, TS + 1, 2**62])
 def test_an_absolute_due_time_is_taken_as_given(ids: Ids, due: int) -> None:
     result = plan(ids, [request(11, schedule_headers("orders", due_ms=due))])
-    assert [e.key for e in result.changes.puts] == [key(due, 11)]
+    assert [e.key for e in result.changes.entries()] == [key(due, 11)]
     assert result.outcomes == [(Outcome.SCHEDULED, "")]
 
 
 def test_a_batch_keeps_offset_order_and_advances_consumed_to_the_last(ids: Ids) -> None:
     msgs = [request(o, schedule_headers("t", delay_ms=1_000 - o)) for o in (100, 101, 102)]
     result = plan(ids, msgs)
-    assert [e.key for e in result.changes.puts] == [
+    assert [e.key for e in result.changes.entries()] == [
         key(TS + 900, 100), key(TS + 899, 101), key(TS + 898, 102)
     ]
-    assert [r.key for r in result.changelog] == [e.key for e in result.changes.puts]
+    assert [r.key for r in result.changelog] == [e.key for e in result.changes.entries()]
     assert result.changes.consumed == 103
 
 
@@ -201,7 +201,7 @@ def test_a_plan_keeps_the_records_of_entries_due_soon_for_delivery_to_adopt(ids:
                    request(2, schedule_headers("orders", due_ms=TS + 5_001)))
     planner = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold, originals_ms=5_000)
     result = planner.plan(PART, [soon, later], TS)
-    assert [e.key for e in result.changes.puts] == [key(TS + 5_000, 1), key(TS + 5_001, 2)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 5_000, 1), key(TS + 5_001, 2)]
     assert result.originals == {key(TS + 5_000, 1): soon}, "the later one is read back"
     assert result.log_keys == [key(TS + 5_000, 1), key(TS + 5_001, 2)]
     unbounded = Planner(TOPICS, LIMITS, ids.lookup, ids.withhold).plan(PART, [soon, later], TS)
@@ -216,10 +216,10 @@ def test_an_empty_batch_changes_nothing(ids: Ids) -> None:
 
 def test_the_fingerprint_covers_key_value_and_timestamp(ids: Ids) -> None:
     headers = schedule_headers("orders", delay_ms=1)
-    base = plan(ids, [request(1, headers)]).changes.puts[0].value.fingerprint
+    base = plan(ids, [request(1, headers)]).changes.entries()[0].value.fingerprint
     for variant in (request(1, headers, key=None), request(1, headers, value=b"other"),
                     request(1, headers, ts=TS + 1)):
-        other = plan(ids, [variant]).changes.puts[0].value.fingerprint
+        other = plan(ids, [variant]).changes.entries()[0].value.fingerprint
         assert other != base
         assert other == fingerprint_of(variant)
 
@@ -231,7 +231,7 @@ def test_a_record_without_timestamp_is_scheduled_by_its_absolute_due(ids: Ids) -
     msg = request(4, schedule_headers("orders", due_ms=TS + 500), ts=None)
     assert record_time(msg, 1234) == 1234
     result = plan(ids, [msg])
-    assert result.changes.puts == [
+    assert result.changes.entries() == [
         Entry(key(TS + 500, 4), IndexValue(codec.fingerprint(b"k", b"payload", 0), None, "orders"))
     ]
     assert fingerprint_of(msg) == codec.fingerprint(b"k", b"payload", 0)
@@ -244,7 +244,7 @@ def test_a_relative_request_without_timestamp_is_rejected_as_bad_time(
 ) -> None:
     # Measuring the delay from "now" would derive a new key on every re-read.
     result = plan(ids, [request(4, headers, ts=None)])
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert [o for o, _ in result.outcomes] == [Outcome.REJECTED]
     assert result.outcomes[0][1].startswith("bad-time")
 
@@ -273,7 +273,7 @@ def test_a_malformed_request_is_dead_lettered_intact(
     original = [*(headers or []), *user]
     msg = request(42, original, key=b"the-key", value=b"\x01 raw value")
     result = plan(ids, [msg])
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.changes.deletes == []
     assert result.changelog == []
     assert result.changes.consumed == 43, "a bad record never stops the partition"
@@ -297,7 +297,7 @@ def test_a_delay_beyond_the_retention_bound_is_delay_too_long(ids: Ids) -> None:
     ok = request(1, schedule_headers("orders", delay_ms=60_000))
     late = request(2, schedule_headers("orders", delay_ms=60_001))
     result = plan(ids, [ok, late], limits=limits)
-    assert [e.key for e in result.changes.puts] == [key(TS + 60_000, 1)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 60_000, 1)]
     assert [header(d.headers, ERROR) for d in result.dead_letters] == [[b"delay-too-long"]]
 
 
@@ -306,7 +306,7 @@ def test_a_bad_record_between_good_ones_only_affects_itself(ids: Ids) -> None:
             request(11, [(TARGET, b"a")]),
             request(12, schedule_headers("b", delay_ms=2))]
     result = plan(ids, msgs)
-    assert [e.key for e in result.changes.puts] == [key(TS + 1, 10), key(TS + 2, 12)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 1, 10), key(TS + 2, 12)]
     assert [header(d.headers, ORIGIN) for d in result.dead_letters] == [[b"kdelay.requests/3/11"]]
     assert [o for o, _ in result.outcomes] == [
         Outcome.SCHEDULED, Outcome.REJECTED, Outcome.SCHEDULED
@@ -344,7 +344,7 @@ def test_a_second_schedule_with_a_pending_id_is_a_duplicate(ids: Ids) -> None:
     ids.states["order-1"] = IdState(key(TS + 10, 1), None)
     msg = request(8, schedule_headers("orders", delay_ms=99, schedule_id="order-1"))
     result = plan(ids, [msg])
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.changelog == []
     assert result.changes.ids == {}
     assert result.outcomes == [(Outcome.DUPLICATE, "order-1 (first: pending)")]
@@ -358,7 +358,7 @@ def test_a_second_schedule_with_a_pending_id_is_a_duplicate(ids: Ids) -> None:
 def test_a_duplicate_within_one_batch_is_caught(ids: Ids) -> None:
     msgs = [request(o, schedule_headers("orders", delay_ms=o, schedule_id="x")) for o in (1, 2)]
     result = plan(ids, msgs)
-    assert [e.key for e in result.changes.puts] == [key(TS + 1, 1)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 1, 1)]
     assert result.changes.ids == {"x": IdState(key(TS + 1, 1), None)}
     assert result.outcomes == [(Outcome.SCHEDULED, "x"), (Outcome.DUPLICATE, "x (first: pending)")]
 
@@ -385,10 +385,10 @@ def test_a_request_read_again_while_pending_is_answered_scheduled_and_not_put_ag
     # way and bring the delivered entry back.
     msg = request(8, schedule_headers("orders", delay_ms=99, schedule_id="order-1"))
     first = plan(ids, [msg])
-    assert [e.key for e in first.changes.puts] == [key(TS + 99, 8)]
+    assert [e.key for e in first.changes.entries()] == [key(TS + 99, 8)]
     ids.states["order-1"] = IdState(key(TS + 99, 8), None)
     again = plan(ids, [msg])
-    assert (again.changes.puts, again.changes.ids, again.changelog) == ([], {}, [])
+    assert (again.changes.entries(), again.changes.ids, again.changelog) == ([], {}, [])
     assert again.outcomes == [(Outcome.SCHEDULED, "order-1")]
 
 
@@ -414,11 +414,11 @@ def test_a_request_without_id_read_again_is_put_again_only_if_no_longer_pending(
     pending, new = (request(offset, schedule_headers("orders", delay_ms=99))
                     for offset in (8, 9))
     result = planner.plan(PART, [pending, new])
-    assert [e.key for e in result.changes.puts] == [key(TS + 99, 9)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 99, 9)]
     assert result.outcomes == [(Outcome.SCHEDULED, "")] * 2
     beyond = Planner(TOPICS, LIMITS, Ids().lookup, Ids().withhold, ids=window,
                      rereads_below=8).plan(PART, [pending])
-    assert [e.key for e in beyond.changes.puts] == [key(TS + 99, 8)], "not looked up"
+    assert [e.key for e in beyond.changes.entries()] == [key(TS + 99, 8)], "not looked up"
 
 
 def test_only_requests_read_for_the_first_time_are_put_as_absent_from_the_index() -> None:
@@ -429,14 +429,14 @@ def test_only_requests_read_for_the_first_time_are_put_as_absent_from_the_index(
     def absent(offsets: range) -> set[bytes]:
         batch = [request(o, schedule_headers("orders", delay_ms=99)) for o in offsets]
         result = planner.plan(PART, batch)
-        assert [e.key for e in result.changes.puts] == [key(TS + 99, o) for o in offsets]
-        return result.changes.absent
+        assert [e.key for e in result.changes.entries()] == [key(TS + 99, o) for o in offsets]
+        return result.changes.absent | set(result.changes.fresh.keys)
 
     assert absent(range(8, 12)) == {key(TS + 99, 10), key(TS + 99, 11)}
     assert absent(range(11, 13)) == {key(TS + 99, 12)}, "offset 11 is read again"
     first = Planner(TOPICS, LIMITS, Ids().lookup, Ids().withhold)  # an empty index
     batch = [request(o, schedule_headers("orders", delay_ms=99)) for o in (0, 1)]
-    assert first.plan(PART, batch).changes.absent == {key(TS + 99, 0), key(TS + 99, 1)}
+    assert first.plan(PART, batch).changes.fresh.keys == [key(TS + 99, 0), key(TS + 99, 1)]
 
 
 def test_a_request_read_again_after_its_entry_was_delivered_is_not_put_again() -> None:
@@ -450,7 +450,7 @@ def test_a_request_read_again_after_its_entry_was_delivered_is_not_put_again() -
     delivered, fresh = (request(offset, schedule_headers("orders", delay_ms=99))
                         for offset in (8, 9))
     result = planner.plan(PART, [delivered, fresh])
-    assert [e.key for e in result.changes.puts] == [key(TS + 99, 9)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 99, 9)]
     assert rereads.delivered(PART, key(TS + 99, 8))
     assert not rereads.delivered(PART, key(TS + 99, 3)), "below the range: never read again"
     assert not rereads.delivered(PART, key(TS + 99, 12)), "past the range: read for the first time"
@@ -470,7 +470,7 @@ def test_an_id_whose_schedule_ended_is_answered_with_its_first_outcome(
     msg = request(8, schedule_headers("orders", due_ms=TS - 10, schedule_id="order-1"))
     result = plan(ids, [msg])
     assert result.changes.ids == {}
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.outcomes == [(Outcome.DUPLICATE, f"order-1 (first: {end.word})")]
     assert result.conflicts == [], "same due time and payload"
 
@@ -492,7 +492,7 @@ def test_the_first_request_read_again_after_its_end_is_no_new_duplicate(ids: Ids
     msg = request(8, schedule_headers("orders", delay_ms=5, schedule_id="order-1"))
     ids.states["order-1"] = codec.ended(End.DELIVERED, TS + 6, key(TS + 5, 8), fingerprint_of(msg))
     result = plan(ids, [msg], answers=True)
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.answers == [], "its outcome was published when it was first read"
 
 
@@ -518,7 +518,7 @@ def test_cancel_before_due_deletes_and_writes_a_tombstone(ids: Ids) -> None:
     ids.states["order-1"] = IdState(pending, None)
     result = plan(ids, [request(20, cancel_headers("order-1"), key=None, value=b"order-1")])
     assert result.changes.deletes == [pending]
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     state = result.changes.ids["order-1"]
     assert state is not None
     assert (state.pending_key, state.end, state.first_key) == (None, End.CANCELLED, pending)
@@ -537,7 +537,7 @@ def test_cancel_removes_a_put_made_earlier_in_the_same_batch(ids: Ids) -> None:
             request(3, cancel_headers("x"))]
     result = plan(ids, msgs)
     cancelled, kept = key(TS + 10, 1), key(TS + 20, 2)
-    assert [e.key for e in result.changes.puts] == [kept]
+    assert [e.key for e in result.changes.entries()] == [kept]
     assert result.changes.deletes == [cancelled]
     state = result.changes.ids["x"]
     assert state is not None
@@ -556,7 +556,7 @@ def test_an_id_cancelled_earlier_in_the_batch_is_not_scheduled_again(ids: Ids) -
             request(2, schedule_headers("orders", delay_ms=30, schedule_id="x"))]
     result = plan(ids, msgs)
     assert result.changes.deletes == [key(TS + 50, 0)]
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.outcomes[1] == (Outcome.DUPLICATE, "x (first: cancelled)")
 
 
@@ -768,7 +768,8 @@ def test_a_reschedule_moves_the_pending_entry_to_a_new_due_key(ids: Ids) -> None
     result = plan(ids, [request(5, reschedule_headers("x", due_ms=TS + 5_000))], answers=True)
     moved = key(TS + 5_000, 1)
     assert result.changes.deletes == [pending]
-    assert [e.key for e in result.changes.puts] == [moved], "same original: partition 3, offset 1"
+    assert [e.key for e in result.changes.entries()] == [moved], (
+        "same original: partition 3, offset 1")
     assert result.changes.ids == {"x": IdState(moved, None)}
     assert [(r.key, r.value is None) for r in result.changelog] == [(pending, True), (moved, False)]
     assert result.outcomes == [(Outcome.RESCHEDULED, "x")]
@@ -781,14 +782,14 @@ def test_a_reschedule_moves_the_pending_entry_to_a_new_due_key(ids: Ids) -> None
 def test_a_rescheduled_entry_keeps_its_fingerprint_and_target(ids: Ids) -> None:
     result = plan(ids, [request(1, schedule_headers("orders", delay_ms=60_000, schedule_id="x")),
                         request(2, reschedule_headers("x", due_ms=TS + 5_000))])
-    assert [(e.key, e.value) for e in result.changes.puts] == [(key(TS + 5_000, 1), IndexValue(
+    assert [(e.key, e.value) for e in result.changes.entries()] == [(key(TS + 5_000, 1), IndexValue(
         codec.fingerprint(b"k", b"payload", TS), "x", "orders"))]
 
 
 def test_a_reschedule_counts_a_delay_from_its_own_timestamp(ids: Ids) -> None:
     ids.states["x"] = IdState(key(TS + 60_000, 1), None)
     result = plan(ids, [request(5, reschedule_headers("x", delay_ms=10), ts=TS + 100)])
-    assert [e.key for e in result.changes.puts] == [key(TS + 110, 1)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 110, 1)]
 
 
 def test_a_reschedule_of_a_schedule_in_flight_or_ended_or_unknown_moves_nothing(
@@ -802,7 +803,7 @@ def test_a_reschedule_of_a_schedule_in_flight_or_ended_or_unknown_moves_nothing(
     result = plan(ids, msgs)
     assert result.outcomes == [(Outcome.ALREADY_DELIVERED, "flying"),
                                (Outcome.ALREADY_DELIVERED, "done"), (Outcome.UNKNOWN, "ghost")]
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.changes.deletes == []
 
 
@@ -813,7 +814,7 @@ def test_a_reschedule_past_the_originals_retention_is_refused(ids: Ids) -> None:
     result = plan(ids, msgs, bounded)
     [dead] = result.dead_letters
     assert header(dead.headers, ERROR) == [b"delay-too-long"]
-    assert [e.key for e in result.changes.puts] == [key(TS + 10, 1)], "the schedule stands"
+    assert [e.key for e in result.changes.entries()] == [key(TS + 10, 1)], "the schedule stands"
 
 
 def test_a_malformed_reschedule_is_dead_lettered(ids: Ids) -> None:

@@ -48,11 +48,12 @@ def lane_schedule(offset: int, lane: str | None, sid: str = "order-43") -> Messa
 def test_the_same_id_in_two_lanes_is_two_schedules() -> None:
     ids = Ids()
     result = plan(ids, [lane_schedule(1, "dev1"), lane_schedule(2, "dev2"), lane_schedule(3, None)])
-    assert [e.key for e in result.changes.puts] == [key(TS + 1, 1), key(TS + 2, 2), key(TS + 3, 3)]
+    assert [e.key for e in result.changes.entries()] == [
+        key(TS + 1, 1), key(TS + 2, 2), key(TS + 3, 3)]
     assert result.changes.ids == {DEV1: IdState(key(TS + 1, 1), None),
                                   DEV2: IdState(key(TS + 2, 2), None),
                                   "order-43": IdState(key(TS + 3, 3), None)}
-    assert [v.schedule_id for v in (e.value for e in result.changes.puts)] == [
+    assert [v.schedule_id for v in (e.value for e in result.changes.entries())] == [
         DEV1, DEV2, "order-43"]
     assert [o for o, _ in result.outcomes] == [Outcome.SCHEDULED] * 3
 
@@ -63,7 +64,7 @@ def test_a_duplicate_is_one_only_within_its_lane() -> None:
     result = plan(ids, [lane_schedule(1, "dev1"), lane_schedule(2, "dev2")])
     assert result.outcomes == [(Outcome.DUPLICATE, "order-43 (lane dev1) (first: pending)"),
                                (Outcome.SCHEDULED, "order-43 (lane dev2)")]
-    assert [e.key for e in result.changes.puts] == [key(TS + 2, 2)]
+    assert [e.key for e in result.changes.entries()] == [key(TS + 2, 2)]
 
 
 def test_a_cancel_reaches_only_its_own_lanes_schedule() -> None:
@@ -142,7 +143,7 @@ def test_a_forward_carries_the_lane_and_is_indexed_under_the_lanes_key() -> None
     laned = idkeys.id_key(sid, "dev1")
     original = codec.encode_due_key(TS + 5, PART, 5)
     assert first.changes.ids == {laned: IdState(original, None)}
-    assert first.changes.puts[0].value == IndexValue(found.fingerprint, laned, "dev1.orders")
+    assert first.changes.entries()[0].value == IndexValue(found.fingerprint, laned, "dev1.orders")
     ids.states[laned] = IdState(original, None)
     there.done(first)
     second = there.plan(home, [landed(1, out.forwards[1].headers),

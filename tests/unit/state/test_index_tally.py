@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kdelay.protocol.codec import Fingerprint, IndexValue, encode_due_key, encode_index_value
 from kdelay.state import index as index_module
-from kdelay.state.changes import Changes, Entry
+from kdelay.state.changes import Changes, Entry, FreshPuts
 from kdelay.state.index import PartitionIndex
 from kdelay.state.tally import MINUTE_MS, Tally
 
@@ -39,7 +39,16 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("both"), slots, st.just(0)),
     st.tuples(st.just("scan"), st.just([]), st.integers(0, KEYS)),
     st.tuples(st.just("fresh"), slots, st.just(0)),
+    st.tuples(st.just("lists"), slots, st.integers(0, 2)),
 ), max_size=25)
+
+
+def fresh_puts(entries: list[Entry]) -> FreshPuts:
+    """``entries`` as intake plans its usual requests: fresh puts, side by side."""
+    fresh = FreshPuts(0)
+    for e in entries:
+        fresh.add(e.key, e.raw, e.due.due_ms, e.value.fingerprint.timestamp_ms)
+    return fresh
 
 
 def apply(index: PartitionIndex, kind: str, chosen: list[int], number: int) -> None:
@@ -47,10 +56,17 @@ def apply(index: PartitionIndex, kind: str, chosen: list[int], number: int) -> N
         index.scan(NOW + KEYS * MINUTE_MS, number)
         return
     puts = [entry(s) for s in dict.fromkeys(chosen)] if kind != "delete" else []
-    if kind == "fresh":  # requests read the first time: only keys not in the store
+    if kind in ("fresh", "lists"):  # requests read the first time: only keys not in the store
         puts = [e for e, raw in zip(puts, index.raw_values([e.key for e in puts]),
                                     strict=True) if raw is None]
-        index.apply(Changes(puts=puts, absent={e.key for e in puts}))
+        if kind == "fresh":
+            index.apply(Changes(puts=puts, absent={e.key for e in puts}))
+            return
+        # As lists, with ``number`` other keys deleted (a cancel) or put again (an id's).
+        others = [entry(s) for s in range(KEYS) if entry(s).key not in
+                  {e.key for e in puts}][:number]
+        index.apply(Changes(fresh=fresh_puts(puts), deletes=[e.key for e in others[:1]],
+                            puts=others[1:]))
         return
     half = chosen[len(chosen) // 2:] if kind == "both" else chosen
     deletes = [entry(s).key for s in half] if kind != "put" else []
@@ -141,5 +157,37 @@ def test_a_batch_of_fresh_puts_only_is_counted_without_a_lookup(
         assert looked_up == [entry(0).key]
         assert_exact(index)
         assert index.tally.total == 5
+    finally:
+        index.close()
+
+
+def test_fresh_puts_as_lists_are_written_and_counted_without_a_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Intake's usual batch as lists: written whole, counted from their extremes, and
+    the lowest key put returned (delivery learns from it), as for entries."""
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        looked_up = recorded_lookups(index, monkeypatch)
+        fresh = [entry(s) for s in (3, 1, 2)]
+        assert index.apply(Changes(fresh=fresh_puts(fresh))) == entry(1).key
+        assert looked_up == []
+        assert list(index.entries()) == sorted(fresh, key=lambda e: e.key)
+        assert_exact(index)
+        assert index.tally.origin == {0: 3}
+    finally:
+        index.close()
+
+
+def test_fresh_puts_beside_entries_and_deletes_are_not_looked_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        index.apply(Changes(puts=[entry(0), entry(1)]))
+        looked_up = recorded_lookups(index, monkeypatch)
+        index.apply(Changes(fresh=fresh_puts([entry(2), entry(3)]), puts=[entry(4)],
+                            deletes=[entry(0).key]))
+        assert sorted(looked_up) == sorted([entry(4).key, entry(0).key])
+        assert [e.key for e in index.entries()] == [entry(s).key for s in (1, 2, 3, 4)]
+        assert_exact(index)
     finally:
         index.close()

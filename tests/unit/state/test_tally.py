@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
+from kdelay.state.changes import FreshPuts
 from kdelay.state.tally import MINUTE_MS, Change, Tally, buckets, deleted_change, horizons
 
 NOW = 1_700_000_000_000 // MINUTE_MS * MINUTE_MS + 30_000  # half way through a minute
@@ -129,6 +130,26 @@ def test_any_batch_counts_as_one_entry_at_a_time(
     for key, raw in ordered:
         alone.count(key, raw, -1)
     assert (removed.due, removed.slack) == (alone.due, alone.slack)
+
+
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=2**40),
+                          st.integers(min_value=-(2**40), max_value=2**40)),
+                min_size=1, max_size=60),
+       st.integers(min_value=0, max_value=2**40), st.integers(min_value=0, max_value=3))
+def test_fresh_puts_count_from_their_extremes_as_one_entry_at_a_time(
+        offsets: list[tuple[int, int]], base: int, spread_shift: int) -> None:
+    """Intake's fresh puts give the extremes they kept and their origin: the same counts
+    as entry by entry, in one minute or across many, negative timestamps too."""
+    scale = 10 ** spread_shift
+    fresh, one = FreshPuts(0), Change()
+    for i, (due, stamp) in enumerate(offsets):
+        due_ms, stamp_ms = base + due * scale % (2**41), stamp * scale
+        key, raw = entry(due_ms, stamp_ms, i)
+        fresh.add(key, raw, due_ms, stamp_ms)
+        one.count(key, raw, 1)
+    counted = Change()
+    counted.count_all(fresh.keys, fresh.values, 1, extremes=fresh.extremes(), origin=0)
+    assert (counted.due, counted.slack, counted.origin) == (one.due, one.slack, one.origin)
 
 
 @pytest.mark.parametrize("stamps", [(-5_000, 1_000), (-1, -1)], ids=["mixed", "negative"])

@@ -67,7 +67,6 @@ from kdelay.protocol import codec
 from kdelay.protocol.controls import Subject
 from kdelay.protocol.envelope import ErrorCode
 from kdelay.protocol.targets import TargetPolicy
-from kdelay.state.changes import Entry
 from kdelay.state.index import PartitionIndex
 from kdelay.state.originals import Reading
 
@@ -258,19 +257,21 @@ class Delivery:
         if window.lowest_put is None or lowest < window.lowest_put:
             window.lowest_put = lowest
 
-    def adopt(self, partition: int, entries: list[Entry],
+    def adopt(self, partition: int, keys: list[bytes], values: list[bytes],
               originals: Mapping[bytes, Message]) -> None:
-        """Take entries intake has just written, with their records, if due inside the window.
+        """Take entries intake has just written (``keys[i]`` with encoded value
+        ``values[i]``), with their records, if due inside the window.
 
         They then need no read back from Kafka, and may go out as soon as they
         are due, before intake's plan is acknowledged and applied to the index;
         an adopted entry leaves the index only after :meth:`indexed` says it
         is in it. Entries not taken are found by a scan once they are indexed.
         Every plan's puts are noted, adopted or not: until the plan is applied,
-        the partition's watermark stays below them.
+        the partition's watermark stays below them. The plan is known by its
+        first key: :meth:`indexed` and :meth:`disown` are given the same ``keys``.
         """
-        if entries:
-            self._marks.put(partition, [entry.key for entry in entries])
+        if keys:
+            self._marks.put(partition, keys)
         covered = self._ahead.window(partition).covered
         if covered is None:
             return
@@ -279,59 +280,60 @@ class Delivery:
         room, bound = self._ahead.cap(partition), codec.due_upper_bound(covered)
         held, book = self._ahead.held, self._book.keys
         taken = sorted(
-            (entry for entry in entries if entry.key < bound and entry.key not in held
-             and entry.key not in book and entry.key in originals), key=lambda e: e.key)
+            (at for at, key in enumerate(keys) if key < bound and key not in held
+             and key not in book and key in originals), key=keys.__getitem__)
         shelf = self._ahead.shelf
         if shelf is not None:  # left in the index, found by a scan once not shelved
-            taken = [entry for entry in taken
-                     if not shelf.holds((entry.value.target or "").encode())]
+            taken = [at for at in taken if not shelf.holds(
+                (codec.decode_index_value(values[at]).target or "").encode())]
         del taken[max(0, room):]
         if taken:
-            self._ahead.adopt(partition, [e.key for e in taken],
-                              [e.raw or codec.encode_index_value(e.value) for e in taken],
-                              [originals[e.key] for e in taken])
+            self._ahead.adopt(partition, [keys[at] for at in taken],
+                              [values[at] for at in taken],
+                              [originals[keys[at]] for at in taken])
 
-    def indexed(self, partition: int, entries: list[Entry]) -> None:
-        """Learn that intake's ``entries`` are in ``partition``'s index now.
+    def indexed(self, partition: int, keys: list[bytes]) -> None:
+        """Learn that intake's puts ``keys`` (as given to :meth:`adopt`) are in
+        ``partition``'s index now.
 
         Adopted ones may leave it from now on; an entry inside the window that
         was not adopted is found by the next scan, which starts no later than it.
         """
-        if entries:
-            self._marks.applied(partition, entries[0].key)
+        if keys:
+            self._marks.applied(partition, keys[0])
         window = self._ahead.window(partition)
         bound = None if window.covered is None else codec.due_upper_bound(window.covered)
         lowest: bytes | None = None
-        rest = self._ahead.indexed(entries)
+        rest = self._ahead.indexed(keys)
         if not self._book.keys:  # no job to tell: only the lowest key inside the window counts
-            lowest = min((e.key for e in rest if bound is None or e.key < bound), default=None)
+            lowest = min((key for key in rest if bound is None or key < bound), default=None)
             rest = []
-        for entry in rest:
-            job = self._book.get(entry.key)
+        for key in rest:
+            job = self._book.get(key)
             if job is not None:
                 job.indexed = True
-            elif (bound is None or entry.key < bound) and (lowest is None or entry.key < lowest):
-                lowest = entry.key
+            elif (bound is None or key < bound) and (lowest is None or key < lowest):
+                lowest = key
         if lowest is not None:
             # Scan again (from no later than ``lowest``) until a scan had room for it.
             window.covered = None
             self.noted(partition, lowest)
 
-    def disown(self, entries: list[Entry]) -> None:
+    def disown(self, keys: list[bytes]) -> None:
         """Drop the adopted entries of a plan that was given back (never indexed)."""
-        if entries:
-            self._marks.given_back(entries[0].key)
-        for entry in entries:
-            run = self._ahead.held.get(entry.key)
-            at = None if run is None else run.position(entry.key)
+        if keys:
+            self._marks.given_back(keys[0])
+        for key in keys:
+            run = self._ahead.held.get(key)
+            at = None if run is None else run.position(key)
             if run is not None and (at is None or not run.in_index(at)):
                 if at is not None and at >= run.sent:
                     run.take(at)
-                    del self._ahead.held[entry.key]
+                    del self._ahead.held[key]
                 continue
-            job = self._book.get(entry.key)
+            job = self._book.get(key)
             if job is not None and not job.indexed and job.state is not State.IN_FLIGHT:
-                self._book.drop(entry.key)
+                self._book.drop(key)
 
     def drop_partition(self, partition: int) -> None:
         """Forget everything of a partition this instance no longer owns.

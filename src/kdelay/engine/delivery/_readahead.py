@@ -233,17 +233,18 @@ class ReadAhead:
         """Return how many entries of ``partition`` have landed and are not settled."""
         return sum(run.settles_to() - run.settled for run in self.runs.get(partition, ()))
 
-    def indexed(self, entries: list[Entry]) -> list[Entry]:
-        """Learn that ``entries`` are in the index now; return those not held in a run."""
+    def indexed(self, keys: list[bytes]) -> list[bytes]:
+        """Learn that the entries of ``keys`` are in the index now; return the keys of
+        those not held in a run."""
         if not self.held:  # intake's entries due beyond the window: none is
-            return entries
+            return keys
         runs: dict[int, tuple[Run, list[int]]] = {}
-        rest: list[Entry] = []
-        for entry in entries:
-            run = self.held.get(entry.key)
-            at = None if run is None else run.position(entry.key)
+        rest: list[bytes] = []
+        for key in keys:
+            run = self.held.get(key)
+            at = None if run is None else run.position(key)
             if run is None or at is None:
-                rest.append(entry)
+                rest.append(key)
             else:
                 runs.setdefault(id(run), (run, []))[1].append(at)
         for run, positions in runs.values():
