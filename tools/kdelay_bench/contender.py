@@ -116,7 +116,8 @@ def kdelay_side(setup: Setup, role: str) -> tuple[Side, str]:
                          setup.value_size, due_of, setup.partitions)
 
     def start() -> Contender:
-        return SchedulerProcess(kdelay_command(settings, port), log, port, scheduled)
+        return SchedulerProcess(kdelay_command(settings, port), log, port, scheduled,
+                                metric=SCHEDULED)
 
     return Side("kdelay", settings.group_id, settings.requests_topic, produce, start,
                 port), target

@@ -298,28 +298,44 @@ class Planner:
             # A record without a timestamp gets -1: relative delays are then
             # rejected (bad-time) instead of being measured from "now", which
             # would give a different key each time the record is re-read.
-            parsed = envelope.parse(_HEADERS(message), timestamp if known else -1, limits)
-            if isinstance(parsed, Schedule):
-                if parsed.lane is not None or parsed.target not in open_targets:
-                    refused = refusal(parsed.target, parsed.lane)  # the policy is fixed
-                    if refused is not None:
-                        self._reject(plan, message, refused)
-                        continue
-                    if parsed.lane is None and len(open_targets) < _OPEN_TARGETS:
-                        open_targets.add(parsed.target)
-                self._schedule(plan, message, parsed, offset, timestamp if known else 0)
-            elif isinstance(parsed, Cancel):
-                self._cancel(plan, message, parsed, offset, timestamp if known else None)
-            elif isinstance(parsed, Reschedule):
-                self._reschedule(plan, message, parsed, offset)
-            else:
-                self._other(plan, message, parsed)
+            headers = _HEADERS(message)
+            try:  # the usual request, read with no object made (envelope.parse's fast path)
+                target, due_ms, _, sid, lane = envelope.schedule_fields(
+                    headers, timestamp if known else -1, limits)
+            except envelope.Uncommon:
+                parsed = envelope.parse_general(headers, timestamp if known else -1, limits)
+                if not isinstance(parsed, Schedule):
+                    self._not_scheduled(plan, message, parsed, offset,
+                                        timestamp if known else None)
+                    continue
+                target, due_ms, _, sid, lane = parsed
+            if lane is not None or target not in open_targets:
+                refused = refusal(target, lane)  # the policy is fixed
+                if refused is not None:
+                    self._reject(plan, message, refused)
+                    continue
+                if lane is None and len(open_targets) < _OPEN_TARGETS:
+                    open_targets.add(target)
+            self._schedule(plan, message, target, due_ms, sid, lane, offset,
+                           timestamp if known else 0)
         if offset is not None:
             plan.changes.consumed = offset + 1
             self._fresh_from = max(self._fresh_from, offset + 1)
         for sid, state in plan.changes.ids.items():
             self._unapplied[sid] = (plan, state)
         return plan
+
+    def _not_scheduled(self, plan: Plan, message: Message,
+                       parsed: Cancel | Reschedule | Rejection, offset: int,
+                       timestamp: int | None) -> None:
+        """Plan a request that schedules nothing: a cancel, a reschedule, a forward or
+        a rejection (``timestamp`` None: the record has none)."""
+        if isinstance(parsed, Cancel):
+            self._cancel(plan, message, parsed, offset, timestamp)
+        elif isinstance(parsed, Reschedule):
+            self._reschedule(plan, message, parsed, offset)
+        else:
+            self._other(plan, message, parsed)
 
     def done(self, plan: Plan) -> None:
         """Forget the ids of ``plan``: it is in the index now, or it was given back."""
@@ -428,18 +444,17 @@ class Planner:
         plan.dead_letters.append(dead_letter(message, rejection, self._topics.dlq))
         plan.outcomes.append((Outcome.REJECTED, f"{rejection.code}: {rejection.detail}"))
 
-    def _schedule(self, plan: Plan, message: Message, schedule: Schedule, offset: int,
-                  timestamp: int) -> None:
-        """Index a valid request, its id by its id key (:func:`idkeys.id_key`: unique within
-        its lane); ``timestamp`` is as :func:`fingerprint_of` reads it."""
-        sid, lane = schedule.schedule_id, schedule.lane
+    def _schedule(self, plan: Plan, message: Message, target: str, due_ms: int,
+                  sid: str | None, lane: str | None, offset: int, timestamp: int) -> None:
+        """Index a valid request (the fields of its :class:`Schedule`), its id by its id
+        key (:func:`idkeys.id_key`: unique within its lane); ``timestamp`` is as
+        :func:`fingerprint_of` reads it."""
         if sid is None:  # most requests: no id to look up, nowhere else to go
-            due_ms = schedule.due_ms
             key = codec.encode_due_key(due_ms, plan.partition, offset)
             if offset >= self._fresh_from:  # read the first time: a new key, no Entry
                 raw = codec.encode_index_fields(
                     timestamp, codec.framed_crc(_KEY(message), _VALUE(message)), None,
-                    schedule.target)
+                    target)
                 plan.changes.fresh.add(key, raw, due_ms, timestamp)
                 if key < self._keep_below:
                     plan.originals[key] = message
@@ -448,7 +463,7 @@ class Planner:
             elif not self._pending_before(key, message):
                 crc = codec.framed_crc(_KEY(message), _VALUE(message))
                 self._put(plan, key, None, codec.encode_index_fields(
-                    timestamp, crc, None, schedule.target), message, False)
+                    timestamp, crc, None, target), message, False)
             plan.outcomes.append(_SCHEDULED)
             return
         if lane is not None:
@@ -457,12 +472,12 @@ class Planner:
         home = None if sid is None else self._elsewhere(plan, sid)
         if home is not None:
             assert sid is not None  # noqa: S101 - home is None without an id
-            found = Forward(idkeys.split_id_key(sid)[0], schedule.due_ms, plan.partition, offset,
-                            fingerprint, schedule.target, lane)
+            found = Forward(idkeys.split_id_key(sid)[0], due_ms, plan.partition, offset,
+                            fingerprint, target, lane)
             self._forward(plan, offset, home, sid, forward.schedule_headers(found))
             return
-        key = codec.encode_due_key(schedule.due_ms, plan.partition, offset)
-        self._index(plan, key, _new(IndexValue, (fingerprint, sid, schedule.target)), message,
+        key = codec.encode_due_key(due_ms, plan.partition, offset)
+        self._index(plan, key, _new(IndexValue, (fingerprint, sid, target)), message,
                     offset >= self._fresh_from)
 
     def _index(self, plan: Plan, key: bytes, value: IndexValue,

@@ -229,15 +229,16 @@ def parse(headers: AnyHeaders, timestamp_ms: int,
     if isinstance(headers, list):
         try:
             return _parse_common(headers, timestamp_ms, limits)
-        except _Uncommon:
-            return _parse_general(headers, timestamp_ms, limits)
-    return _parse_general(headers, timestamp_ms, limits)
+        except Uncommon:
+            return parse_general(headers, timestamp_ms, limits)
+    return parse_general(headers, timestamp_ms, limits)
 
 
-def _parse_general(
+def parse_general(
     headers: AnyHeaders, timestamp_ms: int, limits: Limits
 ) -> Schedule | Cancel | Reschedule | Rejection:
-    """Parse any envelope, checking each rule in turn: the path every rejection takes."""
+    """Parse any envelope, checking each rule in turn: the path every rejection takes,
+    and what :func:`parse` gives for a request :func:`schedule_fields` does not accept."""
     try:
         found = _collect(headers)
         if CANCEL in found:
@@ -249,21 +250,36 @@ def _parse_general(
         return rejected.rejection
 
 
-class _Uncommon(Exception):
+class Uncommon(Exception):
     """Raised by the fast path for anything it does not accept as it stands."""
+
+
+ScheduleFields = tuple[str, int, int | None, str | None, str | None]
+"""The fields of a :class:`Schedule`, in its order, as a plain tuple."""
 
 
 def _parse_common(
     headers: list[tuple[str, HeaderValue]], timestamp_ms: int, limits: Limits
 ) -> Schedule:
-    """Accept a well-formed schedule in one pass over its headers.
+    """:func:`schedule_fields` as a :class:`Schedule`."""
+    # tuple.__new__ skips the generated Python-level __new__, a third of the cost.
+    return tuple.__new__(Schedule, schedule_fields(headers, timestamp_ms, limits))
 
-    The fast path for the usual request: request headers at most once each,
-    bytes values, each valid as it stands. It returns a schedule only where
-    :func:`_parse_general` returns the same one, and raises :class:`_Uncommon`
+
+def schedule_fields(headers: AnyHeaders, timestamp_ms: int, limits: Limits) -> ScheduleFields:
+    """Accept a well-formed schedule in one pass over its headers; return its fields.
+
+    The fast path for the usual request: headers as a list (as a consumed
+    record has them), request headers at most once each, bytes values, each
+    valid as it stands. It returns the fields of a schedule only where
+    :func:`parse_general` returns the same one, and raises :class:`Uncommon`
     for everything else (a cancel, a str value, a value the general path
     rejects or reads more leniently), which then goes the general way.
+    Compiled, the fields pass to a compiled caller with no object made:
+    intake's loop calls this, then :func:`parse_general` only when it raises.
     """
+    if not isinstance(headers, list):
+        raise Uncommon
     target = time_raw = partition = schedule_id = lane = None
     time_name = ""
     for name, value in headers:
@@ -271,11 +287,11 @@ def _parse_common(
         if kind is None:
             continue
         if type(value) is not bytes:
-            raise _Uncommon
+            raise Uncommon
         if kind == _TARGET_KIND and target is None:
             target = _topic_name(value)
             if target is None:
-                raise _Uncommon
+                raise Uncommon
         elif kind == _TIME_KIND and time_raw is None:
             time_name, time_raw = name, value
         elif kind == _ID_KIND and schedule_id is None:
@@ -285,42 +301,41 @@ def _parse_common(
         elif kind == _LANE_KIND and lane is None and _LANE_BYTES.fullmatch(value) is not None:
             lane = value.decode("ascii")
         else:
-            raise _Uncommon
+            raise Uncommon
     if target is None or time_raw is None:
-        raise _Uncommon
+        raise Uncommon
     due_ms = _common_due_ms(time_name, time_raw, timestamp_ms, limits)
-    # tuple.__new__ skips the generated Python-level __new__, a third of the cost.
-    return tuple.__new__(Schedule, (target, due_ms, partition, schedule_id, lane))
+    return target, due_ms, partition, schedule_id, lane
 
 
 def _common_due_ms(name: str, raw: bytes, timestamp_ms: int, limits: Limits) -> int:
     """Resolve a plain decimal time header to a due time within ``limits``."""
     if not _ISDIGIT(raw) or len(raw) > _MILLIS_DIGITS:
-        raise _Uncommon
+        raise Uncommon
     amount = _digits(raw)
     if name == DUE_MS:
         due_ms = amount
     elif timestamp_ms < 0:
-        raise _Uncommon
+        raise Uncommon
     elif name == DELAY_MS:
         due_ms = timestamp_ms + amount
     elif amount >= 1:
         due_ms = timestamp_ms + limits.levels[min(amount, len(limits.levels)) - 1]
     else:
-        raise _Uncommon
+        raise Uncommon
     after = limits.max_due_after_ms
     if due_ms > MAX_TIME_MS or (after is not None and due_ms > timestamp_ms + after):
-        raise _Uncommon
+        raise Uncommon
     return due_ms
 
 
 def _common_partition(raw: bytes) -> int:
     """Return a plain decimal partition number in range."""
     if not _ISDIGIT(raw) or len(raw) > _PARTITION_DIGITS:
-        raise _Uncommon
+        raise Uncommon
     partition = _digits(raw)
     if partition > _MAX_PARTITION:
-        raise _Uncommon
+        raise Uncommon
     return partition
 
 
@@ -338,7 +353,7 @@ def _common_id(raw: bytes) -> str:
     """Return a non-empty UTF-8 schedule id."""
     schedule_id = _utf8(raw)
     if not schedule_id:
-        raise _Uncommon
+        raise Uncommon
     return schedule_id
 
 

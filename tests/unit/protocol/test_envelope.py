@@ -625,15 +625,16 @@ def near_requests(draw: st.DrawFn) -> Headers:
 def test_fast_path_agrees_with_the_general_path(
     headers: Headers, timestamp_ms: int, limits: Limits
 ) -> None:
-    general = envelope._parse_general(headers, timestamp_ms, limits)
+    general = envelope.parse_general(headers, timestamp_ms, limits)
     try:
-        fast = envelope._parse_common(headers, timestamp_ms, limits)
-    except envelope._Uncommon:
+        fast = envelope.schedule_fields(headers, timestamp_ms, limits)
+    except envelope.Uncommon:
         assert parse(headers, timestamp_ms, limits) == general
         return
-    assert fast == general
-    assert type(fast) is Schedule
-    assert parse(headers, timestamp_ms, limits) == general
+    assert Schedule(*fast) == general
+    assert type(general) is Schedule
+    parsed = parse(headers, timestamp_ms, limits)
+    assert (parsed, type(parsed)) == (general, Schedule)
 
 
 @pytest.mark.parametrize(
@@ -647,15 +648,27 @@ def test_fast_path_agrees_with_the_general_path(
     ],
 )
 def test_fast_path_takes_the_usual_requests(headers: Headers) -> None:
-    assert envelope._parse_common(headers, TS, UNLIMITED) == parse(headers, TS, UNLIMITED)
+    fields = envelope.schedule_fields(headers, TS, UNLIMITED)
+    assert Schedule(*fields) == parse(headers, TS, UNLIMITED)
 
 
 @pytest.mark.parametrize(("pairs", "code"), MALFORMED)
 def test_fast_path_leaves_every_malformed_request_to_the_general_path(
     pairs: list[tuple[str, HeaderValue]], code: ErrorCode
 ) -> None:
-    with pytest.raises(envelope._Uncommon):
-        envelope._parse_common(hdrs(*pairs), TS, UNLIMITED)
+    with pytest.raises(envelope.Uncommon):
+        envelope.schedule_fields(hdrs(*pairs), TS, UNLIMITED)
+
+
+def test_fast_path_takes_headers_as_a_consumed_record_has_them() -> None:
+    """A list; as a mapping, or none at all, a request goes the general way."""
+    headers = schedule_headers("orders", due_ms=TS)
+    with pytest.raises(envelope.Uncommon):
+        envelope.schedule_fields(dict(headers), TS, UNLIMITED)
+    with pytest.raises(envelope.Uncommon):
+        envelope.schedule_fields(None, TS, UNLIMITED)
+    assert parse(dict(headers), TS, UNLIMITED) == Schedule(*envelope.schedule_fields(
+        headers, TS, UNLIMITED))
 
 
 def test_target_policy_refuses_kdelay_and_kafka_internal_topics() -> None:

@@ -110,7 +110,7 @@ def test_the_envelope_reads_the_lane_on_both_paths() -> None:
     assert headers[-1] == (envelope.LANE, b"dev1")
     expected = Schedule("dev1.orders", 5, None, None, "dev1")
     assert envelope._parse_common(headers, 0, LIMITS) == expected
-    assert envelope._parse_general(headers, 0, LIMITS) == expected
+    assert envelope.parse_general(headers, 0, LIMITS) == expected
     assert parse(envelope.schedule_headers("orders", due_ms=5), 0, LIMITS) == Schedule(
         "orders", 5, None, None, None)
     str_valued = [(envelope.TARGET, "dev1.orders"), (envelope.DUE_MS, "5"),
