@@ -306,7 +306,8 @@ class Delivery:
         lowest: bytes | None = None
         rest = self._ahead.indexed(keys)
         if not self._book.keys:  # no job to tell: only the lowest key inside the window counts
-            lowest = min((key for key in rest if bound is None or key < bound), default=None)
+            least = min(rest, default=None)  # in C; inside the window if any key is
+            lowest = least if least is not None and (bound is None or least < bound) else None
             rest = []
         for key in rest:
             job = self._book.get(key)

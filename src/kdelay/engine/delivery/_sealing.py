@@ -254,9 +254,10 @@ class Marks:
         """A plan's puts were written; they are pending until applied (or given back)."""
         if not keys:
             return
-        self.unapplied[token] = (min(keys), keys)
+        least = min(keys)
+        self.unapplied[token] = (least, keys)
         bound = self.bound
-        if bound is not None:
+        if bound is not None and least < bound:  # intake's puts are mostly due beyond it
             self.below.update(key for key in keys if key < bound)
 
     def applied(self, token: bytes) -> None:
