@@ -505,7 +505,7 @@ def test_the_first_request_read_again_after_a_reschedule_and_its_end_is_no_confl
     moved = key(TS + 60_000, 8)
     ids.states["order-1"] = codec.ended(End.DELIVERED, TS + 60_001, moved, fingerprint_of(msg))
     result = plan(ids, [msg], answers=True)
-    assert result.changes.puts == []
+    assert result.changes.entries() == []
     assert result.outcomes == [(Outcome.DUPLICATE, "order-1 (first: delivered)")]
     assert result.conflicts == [], "the same request, rescheduled: no conflict to warn of"
     assert result.answers == [], "its outcome was published when it was first read"
