@@ -4,8 +4,9 @@ One :class:`~kdelay.state.index.PartitionIndex` in a temporary directory, with
 ``kdelay run``'s garbage-collector settings. Per record, in µs of this
 thread's CPU: ``plan`` (intake's planner over batches of 1 000 request
 records: headers parsed, fingerprints, keys and index values encoded, the
-changelog records built; no produce), ``apply_puts`` (intake's index write: encoded entries, tally
-multi-get and counts, one ``WriteBatch`` per 1 000), ``scan`` (delivery's
+changelog records built; no produce), ``apply_puts`` (intake's index write of
+its fresh puts: keys and encoded values, the tally counted from their extremes,
+one ``WriteBatch`` per 1 000), ``scan`` (delivery's
 read-ahead: 1 000 keys and values a scan from a cursor, the keys decoded to
 fetch their originals), ``send`` (the
 sender's hot loop over a run slice: fingerprint check, headers, one
