@@ -132,13 +132,17 @@ def restore_config(config: Mapping[str, str | int | bool],
     tuning: dict[str, str | int | bool] = {
         "auto.offset.reset": "earliest",
         # Changelog records are ~70 bytes: fetch in large chunks, not the 1 MiB default.
-        "max.partition.fetch.bytes": 16 * 1024 * 1024,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        # A 16 MiB fetch holds ~200 k records, past the default queued.min.messages
-        # (100 k), and each time the queue is past it librdkafka waits
-        # fetch.queue.backoff.ms (1 s) before fetching again: restore stalled on that
-        # wait. queued.max.messages.kbytes (64 MiB) still bounds the memory.
-        "queued.min.messages": 1_000_000,
+        "max.partition.fetch.bytes": 8 * 1024 * 1024,
+        "fetch.max.bytes": 8 * 1024 * 1024,
+        # The queue is bounded in records and bytes: a queued record costs
+        # librdkafka several hundred bytes beside its own ~70, and a queue of a
+        # million (64 MiB of records) took 520 MB of RSS in a 10 M restore. A fetch
+        # holds ~100 k records, so the queue is often past queued.min.messages:
+        # librdkafka then waits fetch.queue.backoff.ms before fetching again, 1 s by
+        # default, on which restore stalled; 5 ms keeps it fed.
+        "queued.min.messages": 100_000,
+        "queued.max.messages.kbytes": 16 * 1024,
+        "fetch.queue.backoff.ms": 5,
     }
     tuning.update(fetch or {})
     return reader_config(config, "kdelay-restore", **tuning)
