@@ -196,7 +196,8 @@ def show_command(
     """Show one request: whether it is pending, when and where it goes, and its original."""
     with operator_view(ctx, view_dir) as (settings, view, originals, now_ms):
         lanes = [lane] if lane is not None else [None, *settings.lanes]
-        found = lookup(view, originals, reference, settings.requests_topic, now_ms, lanes)
+        found = lookup(view, originals, reference, settings.requests_topic, now_ms, lanes,
+                       settings.levels)
         held = _held(settings)
     if as_json:
         typer.echo(show_json(found, settings.requests_topic, held))

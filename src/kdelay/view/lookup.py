@@ -11,12 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kdelay.errors import KdelayError
-from kdelay.protocol import codec
+from kdelay.protocol import codec, envelope
+from kdelay.protocol.durations import Limits
+from kdelay.protocol.envelope import Rejection
 from kdelay.recurring import Description, SeriesError, describe, occurrence_ids
-from kdelay.view.pending import Original, Originals, OriginalState, Pending, PendingView
+from kdelay.view.pending import (
+    Original,
+    Originals,
+    OriginalState,
+    Pending,
+    PendingView,
+    headers_of,
+)
 
 
 class NotARequest(KdelayError, ValueError):
@@ -62,9 +71,14 @@ def parse_reference(reference: str, requests_topic: str) -> tuple[int, int] | No
 
 
 def lookup(view: PendingView, originals: Originals, reference: str,
-           requests_topic: str, now_ms: int, lanes: Sequence[str | None] = (None,)) -> Lookup:
+           requests_topic: str, now_ms: int, lanes: Sequence[str | None] = (None,),
+           levels: tuple[int, ...] | None = None) -> Lookup:
     """Find one request by schedule id or ``topic/partition/offset``; never raises for
     an unknown one (see :func:`parse_reference` for a foreign topic).
+
+    Coordinates are found by reading the record there (see :func:`_at`);
+    ``levels`` is intake's level table (``Settings.levels``), without which a
+    request timed by ``kdelay-level`` is looked for by scanning the index.
 
     An id is unique within its lane: it is looked up in ``lanes`` in turn (None: the
     id of no lane), the first that holds it pending wins.
@@ -80,12 +94,51 @@ def lookup(view: PendingView, originals: Originals, reference: str,
     if partition not in view.partitions:
         return Lookup(reference, None, None, None,
                       f"{requests_topic} has no partition {partition}")
-    entry = view.find(partition, offset)
-    probe = entry or Pending(0, partition, offset, codec.Fingerprint(0, 0), None)
-    original = _read_one(originals, probe, check=entry is not None)
+    entry, original = _at(view, originals, partition, offset, levels)
     found = Lookup(reference, coordinates, entry, original,
                    _status(view, entry, partition, offset))
     return replace(found, series=_series(found, now_ms))
+
+
+def _at(view: PendingView, originals: Originals, partition: int, offset: int,
+        levels: tuple[int, ...] | None) -> tuple[Pending | None, Original]:
+    """The pending entry of the request at ``partition``/``offset``, and its original.
+
+    The record is read first, and its envelope tells where its entry would be
+    (:meth:`PendingView.find_request`: a few lookups at any pending count).
+    The index is scanned only when the record tells nothing: gone or unread, or
+    its due time given as a ``kdelay-level`` while ``levels`` (the level table
+    intake uses) is not known. A record that is no schedule (a cancel, a
+    reschedule, a forward, one rejected) is pending under no key of its own.
+    """
+    record = originals.read_raw(partition, offset)
+    parsed = _schedule_of(record, levels) if isinstance(record, Message) else None
+    if parsed is None or not isinstance(record, Message):
+        entry = view.find(partition, offset)
+        probe = entry or Pending(0, partition, offset, codec.Fingerprint(0, 0), None)
+        return entry, _read_one(originals, probe, check=entry is not None)
+    entry = None if isinstance(parsed, Rejection) else view.find_request(
+        partition, offset, parsed.due_ms, parsed.schedule_id, parsed.lane)
+    if entry is not None and codec.fingerprint(
+            record.key(), record.value(), codec.record_time(record, 0)) != entry.fingerprint:
+        return entry, Original(OriginalState.MISMATCH)
+    return entry, Original(OriginalState.FOUND, record)
+
+
+def _schedule_of(record: Message, levels: tuple[int, ...] | None
+                 ) -> envelope.Schedule | Rejection | None:
+    """What intake made of ``record``: a schedule, or a rejection for anything else
+    (a cancel, a reschedule, a forward, a malformed request); None when its due time
+    is a level and the level table is unknown. Parsed as intake parses it, without
+    the retention bound (a rejection for it is no entry either way)."""
+    kind, stamp = record.timestamp()
+    if levels is None and any(name == envelope.LEVEL for name, _ in headers_of(record)):
+        return None
+    parsed = envelope.parse(record.headers(), stamp if kind != TIMESTAMP_NOT_AVAILABLE else -1,
+                            Limits(levels or (1,), None))
+    if isinstance(parsed, envelope.Schedule | Rejection):
+        return parsed
+    return Rejection(envelope.ErrorCode.MISSING_TARGET, "not a schedule")
 
 
 def _series(found: Lookup, now_ms: int) -> Description | None:

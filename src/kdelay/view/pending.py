@@ -435,6 +435,34 @@ class PendingView:
                     return pending_of(key, raw)
         return None
 
+    def find_request(self, partition: int, offset: int, due_ms: int,
+                     schedule_id: str | None, lane: str | None = None) -> Pending | None:
+        """The pending entry of the request at ``partition``/``offset``, given what its
+        record says (its due time, schedule id and lane), or None; a few lookups,
+        whatever the pending count.
+
+        A request with an id is pending only as its id's entry: the id index names
+        that entry's key, in whichever partition's index holds it (forwarded to its
+        id's partition, rescheduled to another due time), and the entry is this
+        request's only if the key names ``partition``/``offset`` (else it is another
+        request with the same id). A request without an id is neither forwarded nor
+        rescheduled: it is pending under the key of its own due time and coordinates.
+        """
+        if partition not in self._indexes:
+            return None
+        if schedule_id is not None:
+            key = idkeys.id_key(schedule_id, lane)
+            for index in self._indexes.values():
+                state = index.id_state(key)
+                held = None if state is None else state.pending_key
+                if held is not None and codec.decode_due_key(held)[1:] == (partition, offset):
+                    raw = index.raw_values([held])[0]
+                    return None if raw is None else pending_of(held, raw)
+            return None
+        due_key = codec.encode_due_key(due_ms, partition, offset)
+        raw = self._indexes[partition].raw_values([due_key])[0]
+        return None if raw is None else pending_of(due_key, raw)
+
     def intake_position(self, partition: int) -> int | None:
         """The next requests offset intake will read, as the changelog last recorded it."""
         index = self._indexes.get(partition)
