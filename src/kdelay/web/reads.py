@@ -563,7 +563,7 @@ class Reads:
         lanes = [lane] if lane is not None else [None, *self._settings.lanes]
         with self._opened() as (view, originals, now_ms):
             found = lookup(view, originals, reference, self._settings.requests_topic, now_ms,
-                           lanes)
+                           lanes, self._settings.levels)
             ended = _ended(view, originals, found, reference, lanes)
         if ended is not None and ended.state.ended_ms is not None:
             found = replace(found, status=f"{ended.state.end.word} at "
