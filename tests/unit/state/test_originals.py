@@ -1,5 +1,6 @@
 """Cutting wanted offsets into sequential runs, so originals are read by range, not by seek;
-and a read that finds the cluster silent gives the loop back at once."""
+a read that finds the cluster silent gives the loop back at once; and a partition read
+ahead while another lags keeps a bounded number of records."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import itertools
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kdelay.state.originals import OriginalReader, flat, runs
+from kdelay.state.originals import KEPT_RECORDS, OriginalReader, flat, runs
 
 
 def shape(partition: int, offsets: list[int], max_gap: int) -> list[list[int]]:
@@ -95,3 +96,70 @@ def test_a_read_that_finds_the_cluster_silent_says_so_and_leaves_everything_for_
     assert cluster.asked == [0], "one silent answer stops the read: no wait per partition"
     assert len(told) == 1
     assert "originals" in told[0]
+
+
+class Record:
+    """A fetched record of ``partition`` at ``offset``."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def error(self) -> None:
+        return None
+
+
+class RacingCluster:
+    """Partition 0 streams records from offset 0 on, fast; partition 1's one record
+    comes only after ``lag`` of partition 0's batches. A partition let go still hands
+    out the records it had queued, then nothing."""
+
+    def __init__(self, lag: int) -> None:
+        self.assigned: set[int] = set()
+        self.let_go: list[int] = []
+        self._next = 0
+        self._lag = lag
+        self._queued = 0
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float = -1,
+                              cached: bool = False) -> tuple[int, int]:
+        return 0, 1_000_000
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned |= {p.partition for p in partitions}
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        gone = {p.partition for p in partitions}
+        if not gone <= self.assigned:
+            raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "not assigned"))
+        self.assigned -= gone
+        self.let_go += [p.partition for p in partitions]
+        self._queued = 2_000  # records of partition 0 fetched before it was let go
+
+    def consume(self, limit: int, timeout: float = -1) -> list[Record]:
+        self._lag -= 1
+        if self._lag <= 0 and 1 in self.assigned:
+            return [Record(1, 5)]
+        if 0 not in self.assigned:
+            if not self._queued:
+                return []
+            self._queued -= 1
+        batch = [Record(0, self._next + at) for at in range(min(limit, 500))]
+        self._next += len(batch)
+        return batch
+
+
+def test_a_partition_done_early_keeps_a_bounded_number_of_records_while_another_lags() -> None:
+    reader = OriginalReader({}, "requests", timeout_s=30.0)
+    cluster = RacingCluster(lag=5_000)  # thousands of partition 0's records before partition 1's
+    reader._consumer = cluster  # type: ignore[assignment]
+    found = reader.read({0: [0], 1: [5]})
+    assert set(found[0]) == {0} and set(found[1]) == {5}
+    assert cluster.let_go == [0], "the partition that raced ahead is let go at the bound"
+    assert len(reader._kept.get(0, [])) <= KEPT_RECORDS
+    assert 0 not in reader._positions, "its next read assigns it anew, at its start"
