@@ -100,6 +100,8 @@ class StoreMemory:
         self.write_buffer_bytes = write_buffer_bytes
         self.cache = Cache(cache_bytes)
         self.write_buffers = WriteBufferManager(write_buffer_bytes, False)
+        self.pin_l0 = True
+        """Whether the index and filter blocks of level-0 files stay pinned in the cache."""
 
     def options(self, looked_up: bool = False) -> Options:
         """A column family's options on the shared budget; ``looked_up`` adds bloom filters
@@ -118,7 +120,7 @@ class StoreMemory:
         table.set_block_size(BLOCK_BYTES)
         table.set_format_version(5)
         table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(self.pin_l0)
         table.set_pin_top_level_index_and_filter(True)
         table.set_index_type(BlockBasedIndexType.two_level_index_search())
         if looked_up:

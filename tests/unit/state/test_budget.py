@@ -52,3 +52,26 @@ def test_an_encoded_value_round_trips_through_the_budgeted_store(tmp_path: Path)
         assert dict(index.raw_items()) == puts
     finally:
         index.close()
+
+
+def _pinned_after_reopening(budget: StoreBudget, path: Path) -> int:
+    index = PartitionIndex(path, 0, budget)
+    index.apply(Changes(raw_puts=_puts(50_000)))
+    index.close()
+    again = PartitionIndex(path, 0, budget)
+    try:
+        assert len(list(again.raw_items())) == 50_000
+        return budget.cache.get_pinned_usage()
+    finally:
+        again.close()
+
+
+def test_a_copys_level_0_filters_and_indexes_are_not_pinned_in_its_cache(
+        tmp_path: Path) -> None:
+    """A restore writes a copy's level-0 files in bulk: pinned, their filter and index
+    blocks outgrew the copy's cache at 10 M pending."""
+    pinning = StoreBudget()
+    pinning.pin_l0 = True
+    assert not StoreBudget().pin_l0
+    assert _pinned_after_reopening(StoreBudget(), tmp_path / "copy") < _pinned_after_reopening(
+        pinning, tmp_path / "pinning")
