@@ -133,11 +133,12 @@ class OriginalReader:
     where each one stands: a read that starts at (or a little past) where the
     last one ended reads on, from the records the last read fetched past its
     runs (kept aside, at most :data:`KEPT_RECORDS` a partition) and from
-    librdkafka's prefetched queue, with no seek; a burst of due entries is read as one sequential stream. A read elsewhere
-    seeks, and the partitions a read does not want are unassigned. Each
-    partition's watermarks are asked once and kept: an offset below the known
-    log start is expired for good (the start only moves up), and the end is
-    asked again only for an offset at or past the known one.
+    librdkafka's prefetched queue, with no seek; a burst of due entries is read
+    as one sequential stream. A read elsewhere seeks, and the partitions a read
+    does not want are unassigned. Each partition's watermarks are asked once and
+    kept: an offset below the known log start is expired for good (the start only
+    moves up), and the end is asked again only for an offset at or past the known
+    one.
     """
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,

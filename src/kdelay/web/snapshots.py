@@ -196,11 +196,14 @@ class Snapshots:
 
     def _rebuild(self, view: PendingView, originals: Originals, now_ms: int) -> None:
         """Build each partition's columns aside; swap them in one partition at a time
-        (all at once for the first summary), the ``as of`` last."""
+        (all at once for the first summary), the ``as of`` last. What a partition's
+        build freed is given back before the next one's (at 10 M pending, some 15 MB
+        of the glibc heaps the build's reads churned)."""
         built: dict[int, Columns] = {}
         partitions = view.partitions
         for partition in partitions:
             columns = self._builder.partition(view, originals, partition, self._loaded)
+            _give_back()  # the partition's temporaries, before the next one's build
             current = self._summary
             if current is None:
                 built[partition] = columns

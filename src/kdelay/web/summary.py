@@ -6,7 +6,10 @@ second and its milliseconds, the request partition and offset of the original,
 and a route number naming the ``(target, lane)`` of :attr:`Summary.routes`),
 each as narrow as its values allow: 12 bytes an entry in the usual case (due
 before 2106, offsets below 2³², fewer than 256 partitions and routes), 120 MB
-at 10 M pending, and no Python object per entry. Counting, bucketing and
+at 10 M pending, and no Python object per entry. A column whose values are all
+alike takes one value (:func:`repeated`): the request partition, unless the
+index partition holds forwarded schedules, and the route when every entry has
+the same target and lane (10 bytes an entry then). Counting, bucketing and
 filtering are vector operations over those columns, a slice of
 :data:`SPAN` entries at a time so that no screen allocates per entry, and a
 screen answers in well under a second whatever the backlog.
@@ -43,8 +46,10 @@ CHUNK = 50_000
 """Due keys decoded (and routes looked up) at a time while building."""
 READ_CHUNK = 10_000
 """Originals read at a time for routes not cached (their records held meanwhile)."""
-SPAN = 1 << 20
-"""Entries a screen's vector operations take at a time (temporaries of a few MB)."""
+SPAN = 1 << 18
+"""Entries a screen's vector operations take at a time: their temporaries (a few
+int64 arrays of a slice) stay under 10 MB. Slices of a million added some 30 MB
+to the console's peak at every screen."""
 RANK_SPAN = 1 << 18
 """Entries a sort other than by due time ranks at a time (its temporaries: about 5 MB)."""
 DUE_KEY = np.dtype([("due", ">u8"), ("partition", ">u4"), ("offset", ">u8")])
@@ -75,9 +80,9 @@ class Columns:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the columns take."""
-        return sum(column.nbytes for column in (self.due_s, self.due_rest, self.partition,
-                                                self.offset, self.route))
+        """Bytes the columns take (a :func:`repeated` column: one value)."""
+        return sum(held(column) for column in (self.due_s, self.due_rest, self.partition,
+                                               self.offset, self.route))
 
     def due_ms(self, low: int = 0, high: int | None = None) -> Ints:
         """The due times of entries ``low`` to ``high``, in ms."""
@@ -114,6 +119,22 @@ def slices(low: int, high: int, size: int | None = None) -> Iterator[tuple[int, 
         yield start, min(start + size, high)
 
 
+def repeated(value: int, size: int, dtype: np.dtype[Any]) -> Unsigned:
+    """``size`` times ``value`` (of ``dtype``, or a byte when it fits), read-only, in the
+    memory of one value: a column whose entries are all alike (the request partition
+    of an index partition holding no forwarded schedule; the route when every pending
+    entry has the same target and lane) takes no bytes an entry."""
+    kind = np.uint8 if value <= 0xFF else dtype
+    return np.broadcast_to(np.array([value], dtype=kind), (size,))
+
+
+def held(column: npt.NDArray[Any]) -> int:
+    """The bytes ``column`` holds: one value for a :func:`repeated` one."""
+    if column.ndim == 1 and len(column) > 1 and column.strides[0] == 0:
+        return column.itemsize
+    return column.nbytes
+
+
 class _Column:
     """A column filled a chunk at a time, widened when a chunk's values do not fit."""
 
@@ -135,8 +156,11 @@ class _Column:
         self._size = need
 
     def done(self) -> Unsigned:
-        """The values, in the narrowest unsigned type that holds them."""
+        """The values, in the narrowest unsigned type that holds them; values all alike
+        as one value repeated (:func:`repeated`)."""
         values = self._values[:self._size]
+        if self._size and int(values.min()) == int(values.max()):
+            return repeated(int(values[0]), self._size, values.dtype)
         if self._size and values.dtype.itemsize > 1 and int(values.max()) <= 0xFF:
             return values.astype(np.uint8)
         if len(self._values) - self._size > self._size // 16:

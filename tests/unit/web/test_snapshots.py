@@ -16,6 +16,7 @@ import pytest
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec
 from kdelay.view.pending import Originals, PendingView, encode_route
+from kdelay.web import snapshots as snapshots_module
 from kdelay.web.problems import Problem
 from kdelay.web.snapshots import Copy, Snapshots
 
@@ -41,6 +42,7 @@ class _View:
         self.targets = _Targets({})
         self.closed = False
         self.synced_at: list[int] = []
+        self.streamed: list[int] = []  # the partitions whose keys a build read
         self.streaming = threading.Event()  # a build is reading the keys
         self.proceed = threading.Event()  # ...and may go on
         self.proceed.set()
@@ -58,6 +60,7 @@ class _View:
         return len(self._keys)
 
     def key_stream(self, partition: int) -> Iterator[bytes]:
+        self.streamed.append(partition)
         keys = list(self._keys)
         self.streaming.set()
         assert self.proceed.wait(10), "the test never let the build go on"
@@ -166,3 +169,16 @@ def test_a_lookup_proceeds_while_a_rebuild_is_under_way_and_the_old_summary_is_s
     assert not rebuild.is_alive()
     assert snapshots.summary().total == 6
     assert snapshots.freshness.as_of_ms == 15
+
+
+def test_a_build_gives_the_heap_back_after_each_partition(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[int] = []
+    view = _View([(_keys(3), 3)])
+    monkeypatch.setattr(snapshots_module, "_give_back",
+                        lambda: built.append(len(view.streamed)))
+    view.partitions = [0, 1, 2]
+    snapshots, _ = _snapshots(view, ManualClock(5))
+    assert snapshots.refresh() is True
+    assert snapshots.summary().total == 9
+    assert [0, 1, 2, 3] == sorted(set(built)), "before the build, after each partition"

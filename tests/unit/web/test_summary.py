@@ -240,3 +240,31 @@ def test_wide_values_widen_their_columns_and_bounds_are_exact_to_the_ms() -> Non
     assert [key for _, key in page] == [codec.encode_due_key(NOW + 499, 2, 7),
                                         codec.encode_due_key(NOW + 500, 2, 8)]
     assert summary.backlog(NOW + 499, 60_000).overdue == 2
+
+
+@pytest.mark.usefixtures("span", "rank_span")
+def test_columns_whose_entries_are_all_alike_hold_one_value_and_count_the_same() -> None:
+    """No forwarded schedule and one target: the partition and route columns take one
+    value, not a byte an entry, and every screen counts as a plain count does."""
+    rng = random.Random(3)
+    entries: dict[int, list[Entry]] = {
+        index: sorted((NOW + rng.randrange(-3_600_000, 86_400_000), index, offset, "orders",
+                       None) for offset in range(500))
+        for index in (0, 1)}
+    rows = _all(entries)
+    summary = _summary(entries)
+    assert summary.nbytes == 1_000 * 10 + 2 * 2  # second, ms, offset; one value twice
+    for index, columns in summary.by_index.items():
+        assert decoded_keys(columns) == [codec.encode_due_key(d, p, o)
+                                         for d, p, o, _, _ in entries[index]]
+    found = summary.backlog(NOW, 3_600_000)
+    assert (found.pending, found.by_partition, found.by_target) == (
+        1_000, {0: 500, 1: 500}, {"orders": 1_000})
+    assert summary.timeline(3_600_000, Filter(target="orders")).by_target == {"orders": dict(
+        sorted(Counter(d // 3_600_000 * 3_600_000 for d, *_ in rows).items()))}
+    for sort in ("due", "target", "request"):
+        kept = sorted(rows, key=lambda row, s=sort: _plain(row, s))  # type: ignore[misc]
+        total, page = summary.page(Filter(target="orders"), 10, 20, Order(sort))
+        assert total == 1_000
+        assert [key for _, key in page] == [codec.encode_due_key(d, p, o)
+                                            for d, p, o, _, _ in kept[10:30]]
