@@ -473,8 +473,14 @@ class Summary:
         totals = np.zeros(len(candidates), dtype=np.int64)
         for columns, start, end, keep in self._slices(chosen, wanted):
             second = _seconds(columns, start, end, keep)
-            totals += (np.searchsorted(second, candidates, side="right")
-                       - np.searchsorted(second, candidates, side="left"))
+            if not len(second):
+                continue
+            # Only the candidates within the slice's seconds: not every candidate each slice.
+            low = int(np.searchsorted(candidates, second[0], side="left"))
+            high = int(np.searchsorted(candidates, second[-1], side="right"))
+            within = candidates[low:high]
+            totals[low:high] += (np.searchsorted(second, within, side="right")
+                                 - np.searchsorted(second, within, side="left"))
         burst = totals >= BURST_MIN
         return Counter(dict(zip((candidates[burst] * 1_000).tolist(), totals[burst].tolist(),
                                 strict=True)))
