@@ -25,6 +25,7 @@ from kdelay.view.pending import (
     Pending,
     PendingView,
     headers_of,
+    judge,
 )
 
 
@@ -119,10 +120,7 @@ def _at(view: PendingView, originals: Originals, partition: int, offset: int,
         return entry, _read_one(originals, probe, check=entry is not None)
     entry = None if isinstance(parsed, Rejection) else view.find_request(
         partition, offset, parsed.due_ms, parsed.schedule_id, parsed.lane)
-    if entry is not None and codec.fingerprint(
-            record.key(), record.value(), codec.record_time(record, 0)) != entry.fingerprint:
-        return entry, Original(OriginalState.MISMATCH)
-    return entry, Original(OriginalState.FOUND, record)
+    return entry, Original(OriginalState.FOUND, record) if entry is None else judge(entry, record)
 
 
 def _schedule_of(record: Message, levels: tuple[int, ...] | None

@@ -455,7 +455,8 @@ class PendingView:
             for index in self._indexes.values():
                 state = index.id_state(key)
                 held = None if state is None else state.pending_key
-                if held is not None and codec.decode_due_key(held)[1:] == (partition, offset):
+                if held is not None and codec.same_request(
+                        held, codec.encode_due_key(0, partition, offset)):
                     raw = index.raw_values([held])[0]
                     return None if raw is None else pending_of(held, raw)
             return None
@@ -529,7 +530,7 @@ def header(record: Message, name: str) -> bytes | None:
     return found[-1] if found else None
 
 
-def _judge(entry: Pending, found: Message | Missing | None) -> Original:
+def judge(entry: Pending, found: Message | Missing | None) -> Original:
     """Turn what the reader returned for ``entry`` into an :class:`Original`."""
     if found is None:
         return Original(OriginalState.UNREAD)
@@ -598,7 +599,7 @@ class Originals:
                 wanted.setdefault(entry.partition, []).append(entry.offset)
             found = self._reader.read(wanted)
             for entry in chunk:
-                result[(entry.partition, entry.offset)] = _judge(
+                result[(entry.partition, entry.offset)] = judge(
                     entry, found[entry.partition].get(entry.offset))
             if self._progress is not None:
                 self._progress("original records", start + len(chunk), len(ordered))
