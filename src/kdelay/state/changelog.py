@@ -229,9 +229,9 @@ class Replay:
     """One partition's restore under way, advanced a slice at a time (:meth:`advance`).
 
     The index is written without its write-ahead log meanwhile and flushed
-    when the replay ends (:meth:`PartitionIndex.bulk`); an empty store keeps no
-    tally meanwhile and is counted once at the end
-    (:meth:`PartitionIndex.defer_tally`). :meth:`close` ends it, done or not
+    when the replay ends (:meth:`PartitionIndex.bulk`); an empty store counts
+    its tally as it goes without looking up the keys it is given for the first
+    time (:meth:`PartitionIndex.fresh`). :meth:`close` ends it, done or not
     (a replay given up leaves a store that the next restore carries on from).
     """
 
@@ -250,7 +250,7 @@ class Replay:
         self._open = True
         if index.offset(CHANGELOG) is None and not index.tally.total and \
                 index.first_key_any() is None:
-            index.defer_tally()  # an empty store: counted once at the end
+            index.fresh(True)  # an empty store: its keys are new until seen
         index.bulk(True)
 
     def __enter__(self) -> Replay:
@@ -267,8 +267,8 @@ class Replay:
     def advance(self, budget_s: float = math.inf) -> bool:
         """Replay for about ``budget_s`` seconds (at least one batch); return :attr:`done`.
 
-        Once done, the store is flushed and counted. :class:`RestoreError` when
-        no record came for the stall timeout.
+        Once done, the store is flushed. :class:`RestoreError` when no record
+        came for the stall timeout.
         """
         until = time.monotonic() + budget_s
         with _collector_paused():
@@ -278,7 +278,7 @@ class Replay:
                     break
         if self.done and self._open:
             self.index.bulk(False)
-            self.index.recount()
+            self.index.fresh(False)
         return self.done
 
     def _slice(self, until: float) -> None:
@@ -308,6 +308,7 @@ class Replay:
         if not self._open:
             return
         self._open = False
+        self.index.fresh(False)
         try:
             self.index.bulk(False)
         finally:
@@ -471,13 +472,15 @@ def _delete(index: PartitionIndex, staged: Staged, changes: Changes) -> None:
     """Move the tombstones out of ``staged`` into deletes, releasing their schedule ids.
 
     Keys the index does not hold (put and tombstoned inside one batch, or
-    replayed twice) need no write at all.
+    replayed twice) need no write at all; the values of those it holds, just
+    read, spare the tally a second lookup (``changes.known``).
     """
     tombstones = [key for key, raw in staged.items() if raw is None]
     for key, old in zip(tombstones, index.raw_values(tombstones), strict=True):
         del staged[key]
         if old is not None:
             changes.deletes.append(key)
+            changes.known[key] = old
             schedule_id = codec.schedule_id_of(old)
             if schedule_id is not None:
                 changes.ids[schedule_id] = None

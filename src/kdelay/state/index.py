@@ -31,6 +31,7 @@ lives.
 from __future__ import annotations
 
 import itertools
+import operator
 import shutil
 import struct
 import time
@@ -56,6 +57,9 @@ SWEEP_CF = "sweep"
 # The most keys one sweep chunk holds (20 kB).
 SWEEP_CHUNK = 1_000
 _SEQUENCE = struct.Struct(">Q")
+# The request partition and offset of a due key, as bytes that order as the pair.
+_WHERE = operator.itemgetter(slice(codec.DUE_KEY_SIZE - 12, codec.DUE_KEY_SIZE))
+_PARTITION_BYTES = 4
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
@@ -162,8 +166,10 @@ class PartitionIndex:
         self.puts_applied = 0
         self._put_spans: deque[tuple[int, bytes, bytes]] = deque(maxlen=PUT_SPANS)
         self.tally = self._load_tally()
-        # While set (a fresh restore), writes skip the tally: see :meth:`defer_tally`.
-        self._untallied = False
+        # While set (a restore into an empty store), the highest request partition and
+        # offset (:data:`_WHERE`) of any key put since, by request partition: see
+        # :meth:`fresh`.
+        self._fresh: dict[bytes, bytes] | None = None
         self._bulk = False  # writing without the write-ahead log: see :meth:`bulk`
         raw = self._meta.get(WATERMARK)
         self.watermark: Watermark | None = None if raw is None else codec.decode_watermark(raw)
@@ -278,7 +284,13 @@ class PartitionIndex:
         # Fresh puts alone (intake's usual batch) are written from their lists, no dict.
         new = changes.encoded_puts() if changes.puts or changes.raw_puts else {}
         put_keys = [*new] if new else fresh.keys
-        change = Change() if self._untallied else self._tally_change(new, changes)
+        absent = changes.absent
+        if self._fresh is not None:
+            if new:
+                absent = self._unseen(new, absent, self._fresh)
+            if fresh.keys:  # certainly new; only the highest put moves
+                self._unseen(dict.fromkeys(fresh.keys, b""), set(), self._fresh)
+        change = self._tally_change(new, changes, absent)
         for key, count in self.tally.rows(change):
             if count > 0:
                 put(key, codec.encode_count(count), self._meta_handle)
@@ -373,11 +385,13 @@ class PartitionIndex:
                 raise StateDirFull(self.path, str(exc)) from None
             raise
 
-    def _tally_change(self, new: dict[bytes, bytes], changes: Changes) -> Change:
+    def _tally_change(self, new: dict[bytes, bytes], changes: Changes,
+                      absent: set[bytes]) -> Change:
         """How the puts ``new`` and the deletes of ``changes`` move the tally
         (:func:`change_of`). Deletes whose values ``changes`` names, or that a scan
         read (untouched since: certainly in the store), need no lookup; a batch of
-        only such deletes (delivery's) is counted without one."""
+        only such deletes (delivery's) is counted without one; nor do puts
+        ``absent`` names (certainly not in the store)."""
         deletes, given, fresh = changes.deletes, changes.known, changes.fresh
         if not new and not fresh.keys and changes.deleted_values is not None:
             return deleted_change(deletes, changes.deleted_values)
@@ -388,7 +402,6 @@ class PartitionIndex:
             change.count_all(fresh.keys, fresh.values, 1, extremes=fresh.extremes(),
                              origin=fresh.origin)
             return change
-        absent = changes.absent
         if fresh.keys:
             if not new:
                 new = dict(zip(fresh.keys, fresh.values, strict=True))
@@ -404,26 +417,53 @@ class PartitionIndex:
             known.update(given)
         return change_of(new, deletes, known, absent, self.raw_values)
 
-    def defer_tally(self) -> None:
-        """Stop keeping the tally until :meth:`recount` (a restore into an empty store).
+    def fresh(self, on: bool) -> None:
+        """While ``on`` (a restore into an empty store), tell most keys put new without
+        looking them up.
 
-        Writes then need no lookup to tell new keys from keys already there (the
-        tally's multi-get, most of a restore's cost); :meth:`recount` counts
-        the store once at the end instead. The stored tally is marked
-        incomplete first, so a store whose restore a crash cut short is counted
-        from scratch when it is next opened. ValueError when the store holds entries.
+        Every entry of a store that was empty was put since: a key whose
+        request offset lies above the highest of its request partition (both in
+        the due key) put since cannot be in the store, and the tally counts it
+        new without the multi-get that tells new keys from keys already there
+        (most of a restore's cost). A changelog replays a partition's requests
+        in about their offset order, so that is nearly every key; the others
+        (a schedule rescheduled back, a record replayed twice) are looked up as
+        usual. The tally stays exact and is written with every batch, so a
+        restore cut short leaves a counted store. ValueError when ``on`` and the
+        store holds entries.
         """
-        if self.tally.total or self.first_key_any() is not None:
-            raise ValueError(f"index {self.path} holds entries: its tally cannot be deferred")
-        self._meta.delete(codec.TALLY_COMPLETE)
-        self._untallied = True
-
-    def recount(self) -> None:
-        """Count the store from scratch and store the tally (after :meth:`defer_tally`)."""
-        if not self._untallied:
+        if not on:
+            self._fresh = None
             return
-        self.tally = self._counted()
-        self._untallied = False
+        if self.tally.total or self.first_key_any() is not None:
+            raise ValueError(f"index {self.path} holds entries: it is not fresh")
+        self._fresh = {}
+
+    @staticmethod
+    def _unseen(new: dict[bytes, bytes], absent: set[bytes], seen: dict[bytes, bytes]
+                ) -> set[bytes]:
+        """``absent`` and the keys of ``new`` above the highest put so far of their request
+        partition (``seen``, see :meth:`fresh`), which takes ``new`` in.
+
+        The bytes of partition and offset are compared in C; a batch of one
+        request partition (the usual) costs no Python code a key.
+        """
+        keys = list(new)
+        where = list(map(_WHERE, keys))
+        low, high = min(where), max(where)
+        partition = low[:_PARTITION_BYTES]
+        if high.startswith(partition):  # one request partition
+            before = seen.get(partition, b"")
+            unseen = set(keys) if low > before else {
+                key for key, at in zip(keys, where, strict=True) if at > before}
+            seen[partition] = max(high, before)
+        else:
+            unseen = {key for key, at in zip(keys, where, strict=True)
+                      if at > seen.get(at[:_PARTITION_BYTES], b"")}
+            for at in where:
+                if at > seen.get(at[:_PARTITION_BYTES], b""):
+                    seen[at[:_PARTITION_BYTES]] = at
+        return unseen | absent if absent else unseen
 
     def first_key_any(self) -> bytes | None:
         """The smallest key of the due index, tombstones skipped (one seek from the start)."""

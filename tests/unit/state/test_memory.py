@@ -1,5 +1,5 @@
 """RocksDB's memory: one budget shared by every store, measured where it goes; a
-restore into an empty store that defers its tally counts it exactly at the end."""
+restore into an empty store counts its tally exactly without looking up new keys."""
 
 from __future__ import annotations
 
@@ -50,48 +50,63 @@ def test_stores_share_the_budget_and_report_where_memory_goes(tmp_path: Path) ->
         second.close()
 
 
-def test_a_deferred_tally_is_counted_from_the_store(tmp_path: Path) -> None:
+def test_a_fresh_store_counts_its_tally_exactly_as_it_goes(tmp_path: Path) -> None:
     index = PartitionIndex(tmp_path / "p0", 0)
+    lookups: list[int] = []
+    looked_up = index.raw_values
+
+    def counted(keys: list[bytes]) -> list[bytes | None]:
+        lookups.append(len(keys))
+        return looked_up(keys)
+
+    index.raw_values = counted  # type: ignore[method-assign]
     try:
-        index.defer_tally()
+        index.fresh(True)
         index.bulk(True)
         index.apply(Changes(raw_puts=puts(300)))
+        assert lookups == []  # every key above any put before: new without a lookup
         index.apply(Changes(raw_puts=puts(300, 100)))  # 200 of them again: not twice
+        assert lookups == [200]  # only those at or below the highest offset seen
         index.apply(Changes(deletes=[encode_due_key(NOW, 0, 0)]))
-        assert index.tally.total == 0  # not kept meanwhile
+        index.apply(Changes(raw_puts=puts(1, 0)))  # put again after its delete: counted
+        forwarded = {encode_due_key(NOW, 2, 5): encode_index_value(
+            IndexValue(Fingerprint(NOW, 5), None, "orders"))}
+        index.apply(Changes(raw_puts={**puts(2, 400), **forwarded}))  # two partitions
+        assert index.tally.total == 403
         index.bulk(False)
-        index.recount()
+        index.fresh(False)
         expected = Tally.of(index.raw_items())
-        assert index.tally.total == 399
-        assert index.tally.due == expected.due
-        assert index.tally.slack == expected.slack
+        assert (index.tally.due, index.tally.slack, index.tally.origin) == (
+            expected.due, expected.slack, expected.origin)
     finally:
         index.close()
     reopened = PartitionIndex(tmp_path / "p0", 0)
     try:
-        assert reopened.tally.total == 399  # stored, complete
+        assert reopened.tally.total == 403  # stored with every batch
     finally:
         reopened.close()
 
 
-def test_a_store_cut_short_while_untallied_is_counted_when_opened(tmp_path: Path) -> None:
+def test_a_fresh_store_cut_short_is_counted(tmp_path: Path) -> None:
     index = PartitionIndex(tmp_path / "p0", 0)
-    index.defer_tally()
+    index.fresh(True)
+    index.bulk(True)
     index.apply(Changes(raw_puts=puts(50)))
-    index.close()  # no recount: as if the restore had died
+    index.close()  # closed mid-restore: flushed as it is
     reopened = PartitionIndex(tmp_path / "p0", 0)
     try:
         assert reopened.tally.total == 50
+        assert reopened.tally.due == Tally.of(reopened.raw_items()).due
     finally:
         reopened.close()
 
 
-def test_a_tally_cannot_be_deferred_over_entries(tmp_path: Path) -> None:
+def test_a_store_with_entries_is_not_fresh(tmp_path: Path) -> None:
     index = PartitionIndex(tmp_path / "p0", 0)
     try:
         index.apply(Changes(raw_puts=puts(5)))
-        with pytest.raises(ValueError, match="holds entries"):
-            index.defer_tally()
+        with pytest.raises(ValueError, match="not fresh"):
+            index.fresh(True)
     finally:
         index.close()
 
