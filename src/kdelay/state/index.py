@@ -207,11 +207,12 @@ class PartitionIndex:
 
         Unlogged writes that a crash loses are harmless in a restore: the
         changelog offset is written in the same batches, and the store flushes
-        its column families atomically (:meth:`StoreMemory.store_options`), so
-        what survives a crash is a prefix of the batches, offset included, and
-        the next restore replays from wherever the flushed store stands.
-        Turning it off flushes every column family, after which the store is as
-        durable as one written with the log.
+        its column families atomically when a memtable fills
+        (:meth:`StoreMemory.store_options`), so what survives a crash is a
+        prefix of the batches, offset included, and the next restore replays
+        from wherever the flushed store stands. Turning it off flushes every
+        column family (:meth:`_flush_all`), after which the store is as durable
+        as one written with the log.
         """
         if on == self._bulk:
             return
@@ -221,7 +222,21 @@ class PartitionIndex:
         options.disable_wal = on  # type: ignore[method-assign,assignment]
         self._db.set_write_options(options)
         if not on:
-            self._db.flush()  # atomic flush: every column family with it
+            self._flush_all()
+
+    def _flush_all(self) -> None:
+        """Flush every column family's memtable, the offsets last.
+
+        A manual flush of one family flushes that family alone, atomic flush
+        or not: flushing only the due index once left the offsets, watermark,
+        tally and ids of a whole restore in memory, unlogged, and a kill then
+        lost them while the entries stayed (a store whose watermark was gone
+        judged entries done that were pending). Entries go first and ``meta``
+        last, so a crash between two flushes leaves the offsets behind the
+        entries, never ahead: the next restore replays the difference again.
+        """
+        for family in (self._db, self._ids, self._expiry, self._sweep, self._meta):
+            family.flush()
 
     @staticmethod
     def destroy(path: Path) -> None:

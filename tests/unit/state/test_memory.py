@@ -3,6 +3,9 @@ restore into an empty store counts its tally exactly without looking up new keys
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from kdelay.protocol.codec import (
     encode_index_value,
 )
 from kdelay.state.changes import Changes
-from kdelay.state.index import PartitionIndex
+from kdelay.state.index import CHANGELOG, PartitionIndex
 from kdelay.state.memory import MB, StoreMemory
 from kdelay.state.tally import MINUTE_MS, Tally
 
@@ -116,3 +119,37 @@ def test_counting_in_chunks_matches_counting_one_by_one() -> None:
     whole = Tally.of(entries, ordered=True)
     assert whole.total == 70_000
     assert whole.due == Tally.of(entries[:10]).due + Tally.of(entries[10:]).due
+
+
+_RESTORE_THEN_KILL = """
+import os, sys
+import os
+import subprocess
+import sys
+from pathlib import Path
+from kdelay.protocol.codec import IndexValue, encode_due_key, encode_index_value, fingerprint
+from kdelay.state.changes import Changes
+from kdelay.state.index import CHANGELOG, PartitionIndex
+index = PartitionIndex(Path(sys.argv[1]), 0)
+index.bulk(True)
+value = encode_index_value(IndexValue(fingerprint(b"k", b"v", 1), None))
+index.apply(Changes(raw_puts={encode_due_key(1_000 + n, 0, n): value for n in range(10)},
+                    changelog=123))
+index.bulk(False)
+os._exit(0)  # killed: nothing closed
+"""
+
+
+def test_a_restore_ended_survives_a_kill_with_its_offsets(tmp_path: Path) -> None:
+    """Ending bulk mode makes every column family durable, not the due index alone: a
+    store killed right after its restore keeps its changelog offset and tally."""
+    path = tmp_path / "p0"
+    subprocess.run([sys.executable, "-c", _RESTORE_THEN_KILL, str(path)], check=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    reopened = PartitionIndex(path, 0)
+    try:
+        assert reopened.first_key_any() is not None
+        assert reopened.offset(CHANGELOG) == 123
+        assert reopened.tally.total == 10
+    finally:
+        reopened.close()
