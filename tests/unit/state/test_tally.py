@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections import Counter
 
 import pytest
 from hypothesis import given
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from kdelay.protocol import codec
 from kdelay.protocol.codec import Fingerprint, IndexValue
+from kdelay.state import tally
 from kdelay.state.changes import FreshPuts
 from kdelay.state.tally import MINUTE_MS, Change, Tally, buckets, deleted_change, horizons
 
@@ -185,3 +187,29 @@ def test_entries_are_counted_by_the_partition_their_request_lies_on() -> None:
     assert tally.origin == loaded.origin == {3: 5, 7: 1, 0: 1}
     tally.commit(alike)
     assert tally.origin == {7: 1, 0: 1}
+
+
+_TIMES = st.one_of(st.integers(0, 2**64 - 1),
+                   st.integers(1_700_000_000_000, 1_700_000_000_000 + 10 * 3_600_000))
+_STAMPS = st.one_of(st.integers(-(2**63), 2**63 - 1),
+                    st.integers(1_700_000_000_000, 1_700_000_000_000 + 10 * 3_600_000))
+
+
+@given(st.lists(st.tuples(_TIMES, _STAMPS), max_size=60))
+def test_minute_runs_count_as_the_struct_passes(entries: list[tuple[int, int]]) -> None:
+    """The compiled pass (:func:`tally._minute_runs`) counts each entry in the due and
+    slack minutes the struct and Counter passes of ``count_all`` do, runs or not."""
+    keys = [codec.encode_due_key(due, 0, i) for i, (due, _) in enumerate(entries)]
+    values = [codec.encode_index_value(codec.IndexValue(codec.Fingerprint(stamp, 1), None, "t"))
+              for _, stamp in entries]
+    runs = tally._minute_runs(keys, values)
+    assert runs is not None
+    assert runs[0] == dict(Counter(due // MINUTE_MS for due, _ in entries))
+    assert runs[1] == dict(Counter((stamp - due) // MINUTE_MS for due, stamp in entries))
+
+
+def test_minute_runs_refuse_short_keys_and_values() -> None:
+    """A key or value too short to hold its time gives None (count_all then raises)."""
+    value = codec.encode_index_value(codec.IndexValue(codec.Fingerprint(1, 1), None, "t"))
+    assert tally._minute_runs([b"short"], [value]) is None
+    assert tally._minute_runs([codec.encode_due_key(1, 0, 0)], [b"short"]) is None
