@@ -156,7 +156,7 @@ class RacingCluster:
 
 def test_a_partition_done_early_keeps_a_bounded_number_of_records_while_another_lags() -> None:
     reader = OriginalReader({}, "requests", timeout_s=30.0)
-    cluster = RacingCluster(lag=5_000)  # thousands of partition 0's records before partition 1's
+    cluster = RacingCluster(lag=5 * KEPT_RECORDS)  # partition 0 races far ahead of partition 1
     reader._consumer = cluster  # type: ignore[assignment]
     found = reader.read({0: [0], 1: [5]})
     assert set(found[0]) == {0}
