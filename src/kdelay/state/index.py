@@ -302,9 +302,9 @@ class PartitionIndex:
         absent = changes.absent
         if self._fresh is not None:
             if new:
-                absent = self._unseen(new, absent, self._fresh)
+                absent = self._unseen(list(new), absent, self._fresh)
             if fresh.keys:  # certainly new; only the highest put moves
-                self._unseen(dict.fromkeys(fresh.keys, b""), set(), self._fresh)
+                self._unseen(fresh.keys, set(), self._fresh)
         change = self._tally_change(new, changes, absent)
         for key, count in self.tally.rows(change):
             if count > 0:
@@ -455,15 +455,14 @@ class PartitionIndex:
         self._fresh = {}
 
     @staticmethod
-    def _unseen(new: dict[bytes, bytes], absent: set[bytes], seen: dict[bytes, bytes]
+    def _unseen(keys: list[bytes], absent: set[bytes], seen: dict[bytes, bytes]
                 ) -> set[bytes]:
-        """``absent`` and the keys of ``new`` above the highest put so far of their request
-        partition (``seen``, see :meth:`fresh`), which takes ``new`` in.
+        """``absent`` and the put ``keys`` above the highest put so far of their request
+        partition (``seen``, see :meth:`fresh`), which takes ``keys`` in.
 
         The bytes of partition and offset are compared in C; a batch of one
         request partition (the usual) costs no Python code a key.
         """
-        keys = list(new)
         where = list(map(_WHERE, keys))
         low, high = min(where), max(where)
         partition = low[:_PARTITION_BYTES]
