@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Final, cast
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     OFFSET_INVALID,
     KafkaError,
     KafkaException,
@@ -675,7 +676,7 @@ class Service:
         clients.checkpoint.claim(consumer, partitions)
         self.health.assigned(self._owned.indexes)
         log.info("assigned %s", [tp.partition for tp in partitions])
-        consumer.assign(partitions)
+        consumer.assign([_explicit(tp) for tp in partitions])
         if behind:  # their requests wait for their stores: see _restore_slice
             consumer.pause(behind)
             log.info("partitions %s: restoring from the changelog, each served once its own "
@@ -841,3 +842,16 @@ class Service:
             if index is not None:
                 index.close()
         self.metrics.cluster.owned.set(len(self._owned.indexes))
+
+
+def _explicit(tp: TopicPartition) -> TopicPartition:
+    """``tp`` at an explicit start: its own offset, else the earliest (no commit yet).
+
+    The group's committed offsets were read before the assignment; a partition
+    left at ``OFFSET_INVALID`` makes librdkafka look them up again, and a
+    request-level ``NOT_COORDINATOR`` answer to that lookup (a coordinator that
+    moved in a rolling restart) leaves the partition unfetched for good while
+    the consumer looks healthy (librdkafka issue 5586).
+    """
+    return TopicPartition(tp.topic, tp.partition,
+                          tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import pytest
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
     KafkaError,
     KafkaException,
@@ -159,6 +160,7 @@ class FakeConsumer:
         self.position = 0
         self.assign_next: list[int] = [0]
         self.revoke_next: list[int] = []
+        self.assigned: list[tuple[int, int]] = []  # the last assignment's starts
         self._callbacks: dict[str, Rebalance | None] = {}
 
     def subscribe(self, topics: list[str], on_assign: Rebalance | None = None,
@@ -174,6 +176,7 @@ class FakeConsumer:
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.wire.events.append(("assign", [tp.partition for tp in partitions]))
+        self.assigned = [(tp.partition, tp.offset) for tp in partitions]
 
     def committed(self, partitions: list[TopicPartition],
                   timeout: float = -1) -> list[TopicPartition]:
@@ -845,6 +848,52 @@ def test_a_revoked_partition_is_drained_settled_and_committed_before_it_closes(
         assert list(index.entries()) == [], "the delivered entry left the index before close"
     finally:
         index.close()
+
+
+class BehindRestorer(FakeRestorer):
+    """A store the changelog is ahead of, with nothing to replay: restored in a step."""
+
+    def behind(self, index: PartitionIndex) -> bool:
+        return True
+
+
+# librdkafka looks up the committed offset of a partition assigned without one, and a
+# request-level NOT_COORDINATOR answer (the coordinator moved in a rolling restart)
+# leaves that partition unfetched for good (librdkafka issue 5586): a cluster test
+# lost every request after its roll. The service reads the offsets itself.
+def test_a_partition_is_assigned_at_an_explicit_start_never_at_the_stored_offset(
+    alo: Loop,
+) -> None:
+    alo.step()
+    assert alo.clients.group.assigned == [(0, OFFSET_BEGINNING)], "no commit, an empty store"
+    alo.request(T0 + 60_000, key=b"a")
+    alo.step()
+    alo.step()
+    alo.clients.group.revoke_next.append(0)
+    alo.step()
+    alo.clients.group.assign_next.append(0)
+    alo.step()
+    assert alo.clients.group.assigned == [(0, 1)], "after the request its store consumed"
+
+
+def test_a_restoring_partition_is_assigned_at_an_explicit_start_and_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Clients, "restorer", lambda self: BehindRestorer())
+    loop = Loop(tmp_path, Guarantee.AT_LEAST_ONCE)
+    try:
+        events = loop.step()
+        assert loop.clients.group.assigned == [(0, OFFSET_BEGINNING)]
+        assert ("pause", [0]) in events
+        events += loop.step()
+        assert ("resume", [0]) in events
+        assert loop.service.owned() == [0]
+        key = loop.request(T0 + 60_000, key=b"a")
+        loop.step()
+        loop.step()
+        assert loop.pending() == [key], "served from the start it was assigned at"
+    finally:
+        loop.service.close()
 
 
 def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
