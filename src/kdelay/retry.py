@@ -29,18 +29,26 @@ any user header, unlike its own ``kdelay-`` request envelope.
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import confluent_kafka
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from kdelay import client
 from kdelay.client import DeliveryError
 from kdelay.plumbing.callbacks import guarded
-from kdelay.plumbing.clients import produce, take
+from kdelay.plumbing.clients import explicit_start, produce, take
 from kdelay.plumbing.settings import Settings
 from kdelay.protocol import envelope
 from kdelay.protocol.durations import parse_levels
@@ -48,6 +56,12 @@ from kdelay.protocol.envelope import Headers
 
 if TYPE_CHECKING:  # confluent-kafka 2.15+: imported when a share consumer is made
     from confluent_kafka import AcknowledgeType, ShareConsumer
+
+log = logging.getLogger(__name__)
+
+COMMITTED_TIMEOUT_S = 10.0
+"""How long an assignment waits for the group's committed offsets before it leaves the
+lookup to librdkafka."""
 
 DEFAULT_BACKOFF = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 """RocketMQ's consumer retry steps: 16 retries from 10 s to 2 h."""
@@ -244,6 +258,24 @@ def next_offsets(messages: Sequence[Message]) -> list[TopicPartition]:
             for (topic, partition), offset in last.items()]
 
 
+def _assign_explicitly(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    """Assign ``partitions`` at their committed offsets, read here first
+    (see :func:`~kdelay.plumbing.clients.explicit_start`).
+
+    When Kafka does not answer the read within :data:`COMMITTED_TIMEOUT_S`,
+    the partitions are assigned as they came and librdkafka looks the offsets
+    up itself, as any consumer does.
+    """
+    try:
+        committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
+    except KafkaException as exc:
+        log.warning("reading the committed offsets of %d partitions: %s; librdkafka looks "
+                    "them up itself", len(partitions), exc)
+        consumer.assign(partitions)
+        return
+    consumer.assign([explicit_start(tp) for tp in committed])
+
+
 class Acks:
     """Delivery reports of one batch: the first error is kept and raised by :meth:`check`."""
 
@@ -304,7 +336,7 @@ class RetryingConsumer:
         self._producer = Producer(settings.client_config(**extra))
         if transactional:
             self._producer.init_transactions(flush_timeout_s)
-        self.consumer.subscribe(list(topics))
+        self.consumer.subscribe(list(topics), on_assign=_assign_explicitly)
 
     def step(self, timeout_s: float = 0.5) -> int:
         """Handle one batch (waiting up to ``timeout_s`` for it); return how many records.

@@ -30,7 +30,6 @@ from types import MappingProxyType
 from typing import Final, cast
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     OFFSET_INVALID,
     KafkaError,
     KafkaException,
@@ -69,7 +68,7 @@ from kdelay.engine.sweeper import Sweeper
 from kdelay.errors import ServiceError
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
-from kdelay.plumbing.clients import Consuming, produce, take
+from kdelay.plumbing.clients import Consuming, explicit_start, produce, take
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
@@ -676,7 +675,7 @@ class Service:
         clients.checkpoint.claim(consumer, partitions)
         self.health.assigned(self._owned.indexes)
         log.info("assigned %s", [tp.partition for tp in partitions])
-        consumer.assign([_explicit(tp) for tp in partitions])
+        consumer.assign([explicit_start(tp) for tp in partitions])
         if behind:  # their requests wait for their stores: see _restore_slice
             consumer.pause(behind)
             log.info("partitions %s: restoring from the changelog, each served once its own "
@@ -843,15 +842,3 @@ class Service:
                 index.close()
         self.metrics.cluster.owned.set(len(self._owned.indexes))
 
-
-def _explicit(tp: TopicPartition) -> TopicPartition:
-    """``tp`` at an explicit start: its own offset, else the earliest (no commit yet).
-
-    The group's committed offsets were read before the assignment; a partition
-    left at ``OFFSET_INVALID`` makes librdkafka look them up again, and a
-    request-level ``NOT_COORDINATOR`` answer to that lookup (a coordinator that
-    moved in a rolling restart) leaves the partition unfetched for good while
-    the consumer looks healthy (librdkafka issue 5586).
-    """
-    return TopicPartition(tp.topic, tp.partition,
-                          tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)

@@ -6,6 +6,8 @@
 - :func:`produce` waits for room in librdkafka's queue instead of failing on
   ``BufferError``; :func:`flush_until` flushes until the queue is empty or a
   deadline passes.
+- :func:`explicit_start` is a partition at the offset where a group member starts
+  it, so librdkafka never looks the committed offset up itself (see there).
 - :func:`reader_config` is the configuration of a group-less reader: a consumer
   that is assigned partitions and positions itself, never committing.
 - :func:`take` returns what is queued instead of waiting for a full batch
@@ -22,7 +24,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from kdelay.protocol.envelope import Headers
 
@@ -231,6 +239,21 @@ def flush_until(producer: Flushing, deadline: float,
         left = producer.flush(1.0)
         if left == 0 or monotonic() >= deadline or hopeless():
             return left
+
+
+def explicit_start(tp: TopicPartition) -> TopicPartition:
+    """``tp`` at an explicit start: its offset (one its group committed, or one the
+    member keeps itself), else the earliest (nothing committed yet).
+
+    A partition assigned at ``OFFSET_INVALID`` makes librdkafka look its
+    committed offset up after the assignment, and a request-level
+    ``NOT_COORDINATOR`` answer to that lookup (a coordinator that moved in a
+    rolling restart) leaves the partition unfetched for good while the
+    consumer looks healthy (librdkafka issue 5586). A group member that reads
+    the committed offsets first and assigns with them never takes that path.
+    """
+    return TopicPartition(tp.topic, tp.partition,
+                          tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
 
 
 def reader_config(config: Mapping[str, str | int | bool], group_id: str,

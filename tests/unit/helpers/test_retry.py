@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import cast
 
 import confluent_kafka
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from kdelay import retry
 from kdelay.plumbing.settings import Settings
@@ -116,3 +125,42 @@ def test_a_share_consumer_needs_confluent_kafka_2_15(monkeypatch: pytest.MonkeyP
     assert str(caught.value) == (
         f"share groups need confluent-kafka 2.15 or newer (ShareConsumer), this is "
         f"{confluent_kafka.version()[0]}: pip install 'kdelay[share]'")
+
+
+class Member:
+    """A group member's committed offsets and assignment; ``answers`` False: Kafka away."""
+
+    def __init__(self, committed: dict[int, int], answers: bool = True) -> None:
+        self.committed_offsets = committed
+        self.answers = answers
+        self.assigned: list[tuple[int, int]] = []
+
+    def committed(self, partitions: list[TopicPartition],
+                  timeout: float = -1) -> list[TopicPartition]:
+        if not self.answers:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed"))
+        return [TopicPartition(tp.topic, tp.partition,
+                               self.committed_offsets.get(tp.partition, OFFSET_INVALID))
+                for tp in partitions]
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = [(tp.partition, tp.offset) for tp in partitions]
+
+
+# librdkafka's own lookup of a committed offset can leave a partition unfetched for
+# good when the coordinator moved (librdkafka issue 5586): the helper reads them first.
+def test_an_assignment_starts_at_the_committed_offsets_read_first() -> None:
+    member = Member({0: 42})
+    retry._assign_explicitly(cast(Consumer, member),
+                             [TopicPartition("orders", 0), TopicPartition("orders", 1)])
+    assert member.assigned == [(0, 42), (1, OFFSET_BEGINNING)]
+
+
+def test_an_assignment_kafka_does_not_answer_for_is_left_to_librdkafka(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    member = Member({0: 42}, answers=False)
+    with caplog.at_level("WARNING"):
+        retry._assign_explicitly(cast(Consumer, member), [TopicPartition("orders", 0)])
+    assert member.assigned == [(0, OFFSET_INVALID)]
+    assert "librdkafka looks them up itself" in caplog.text
