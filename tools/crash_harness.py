@@ -97,6 +97,7 @@ class Report:
     restarts_served: int = 0
     serving_median_s: float = 0.0
     serving_max_s: float = 0.0
+    seed: int = 1
 
     @property
     def ok(self) -> bool:
@@ -264,7 +265,7 @@ def judge(options: Options, due: dict[str, int], delivered: list[Message],
         log(f"lost: {lost[:10]}")
     return Report(options.guarantee, options.kills, losses[1], losses[0], len(due),
                   len(arrivals.counts), len(lost), len(duplicated), len(unexplained),
-                  len(arrivals.early(due)), len(dead), round(seconds, 1))
+                  len(arrivals.early(due)), len(dead), round(seconds, 1), seed=options.seed)
 
 
 def main() -> int:
@@ -279,7 +280,9 @@ def main() -> int:
                         help="probability that a restart finds its state dir deleted")
     parser.add_argument("--broker-kills", type=int, default=0,
                         help="how many of the kills also SIGKILL the broker")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the random seed of the first run; with --guarantee both the "
+                        "second run takes the next one, so it kills at other moments")
     parser.add_argument("--ids", type=float, default=0.3,
                         help="share of requests with a kdelay-id (placed by key, not by id)")
     parser.add_argument("--min-up", type=float, default=1.0,
@@ -295,9 +298,9 @@ def main() -> int:
     bootstrap = kafka_broker.address()
     reports = [run(Options(bootstrap, g, args.kills, args.rate, state_loss=args.state_loss,
                            broker_kills=args.broker_kills, min_up_s=args.min_up,
-                           max_up_s=args.max_up, seed=args.seed, ids=args.ids,
+                           max_up_s=args.max_up, seed=args.seed + i, ids=args.ids,
                            controls=args.controls))
-               for g in guarantees]
+               for i, g in enumerate(guarantees)]
     for report in reports:
         print(report.table())
     if args.json:
