@@ -91,6 +91,7 @@ from kdelay.state.statedir import IndexLocked, StateDirLock, store_path
 log = logging.getLogger(__name__)
 _ERROR: Final = Message.error  # called through the method: mypyc makes a C call of it
 _PARTITION: Final = Message.partition
+_OFFSET: Final = Message.offset
 
 # How far past its start offset a partition's intake may read requests an instance
 # before it indexed without recording their offset (see Planner, rereads_below):
@@ -555,12 +556,38 @@ class Service:
             if partition != current:
                 current, run = partition, by_partition.setdefault(partition, [])
             run.append(message)
+        consumed = self._owned.consumed
+        stale = [p for p, run in by_partition.items()
+                 if (_OFFSET(run[0]) or 0) < consumed.get(p, 0)]
+        for partition in stale:
+            run = self._from_start(partition, by_partition.pop(partition), consumed[partition])
+            if run:
+                by_partition[partition] = run
         now = self._clock.now_ms()
         delays: list[int] = []  # each planner reads a timestamp once and notes its age
         plans = [self._owned.planners[p].plan(p, ms, now, delays) for p, ms in by_partition.items()
                  if p in self._owned.planners]
         self.metrics.intake.delay.observe_ms(delays)
         return plans
+
+    def _from_start(self, partition: int, run: list[Message], start: int) -> list[Message]:
+        """``run``'s records from ``start`` on, the offset ``partition`` was sought to.
+
+        Records below it were consumed before: taken in again, they would be
+        scheduled twice. librdkafka hands them out when a seek loses to an
+        offset lookup still under way (the seek of a restored partition right
+        after an assignment at a logical offset); the partition is sought again.
+        """
+        clients, _ = self._started()
+        try:
+            clients.consumer.seek(TopicPartition(self.settings.requests_topic, partition, start))
+        except KafkaException as exc:  # still looking up: dropped again next batch
+            log.debug("partition %d: seeking %d again: %s", partition, start, exc)
+        else:
+            log.warning("partition %d: the consumer read from offset %d, before the offset %d "
+                        "it was sought to; those records are dropped and it is sought again",
+                        partition, _OFFSET(run[0]), start)
+        return [message for message in run if (_OFFSET(message) or 0) >= start]
 
     def _write(self, plans: list[Plan], checkpoint: Checkpoint, delivery: Delivery) -> Batch:
         """Produce the plans' changelog records, dead letters, forwards and consumed markers.
@@ -664,8 +691,10 @@ class Service:
         for tp in partitions:
             index, restore = self._open(tp)
             if restore is not None:
-                # Served once restored from the later of this and the store's own offset.
-                restore.partition.offset = committed.get(tp.partition, -1)
+                # Served once restored from the later of this and the store's own offset;
+                # assigned (paused) at it meanwhile: a seek right after an assignment at the
+                # earliest offset can lose to the lookup of where that is.
+                restore.partition.offset = tp.offset = committed.get(tp.partition, -1)
                 self._owned.restoring[tp.partition] = restore
                 behind.append(tp)
                 continue

@@ -161,6 +161,7 @@ class FakeConsumer:
         self.assign_next: list[int] = [0]
         self.revoke_next: list[int] = []
         self.assigned: list[tuple[int, int]] = []  # the last assignment's starts
+        self.committed_offsets: dict[int, int] = {}  # the group's; none: -1001
         self._callbacks: dict[str, Rebalance | None] = {}
 
     def subscribe(self, topics: list[str], on_assign: Rebalance | None = None,
@@ -180,7 +181,9 @@ class FakeConsumer:
 
     def committed(self, partitions: list[TopicPartition],
                   timeout: float = -1) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
+        offsets = self.committed_offsets
+        return [TopicPartition(tp.topic, tp.partition, offsets.get(tp.partition, -1001))
+                for tp in partitions]
 
     def seek(self, partition: TopicPartition) -> None:
         self.wire.events.append(("seek", partition.partition, partition.offset))
@@ -894,6 +897,43 @@ def test_a_restoring_partition_is_assigned_at_an_explicit_start_and_resumed(
         assert loop.pending() == [key], "served from the start it was assigned at"
     finally:
         loop.service.close()
+
+
+def test_a_restoring_partition_is_assigned_at_its_committed_offset_then_sought(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A seek right after an assignment at the earliest offset can lose to librdkafka's
+    # lookup of where that is: the partition would be read again from its start.
+    monkeypatch.setattr(Clients, "restorer", lambda self: BehindRestorer())
+    loop = Loop(tmp_path, Guarantee.AT_LEAST_ONCE)
+    loop.clients.group.committed_offsets[0] = 1
+    try:
+        loop.step()
+        assert loop.clients.group.assigned == [(0, 1)]
+        events = loop.step()
+        assert ("seek", 0, 1) in events
+        assert ("resume", [0]) in events
+    finally:
+        loop.service.close()
+
+
+def test_records_below_the_offset_a_partition_was_sought_to_are_dropped_and_it_is_sought_again(
+    alo: Loop, caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = alo.request(T0 + 60_000, key=b"a")
+    alo.step()
+    alo.step()
+    assert alo.service._owned.consumed[0] == 1
+    alo.clients.group.position = 0  # librdkafka hands out offset 0 again
+    second = alo.request(T0 + 120_000, key=b"b")
+    with caplog.at_level("WARNING"):
+        events = alo.step()
+    assert ("seek", 0, 1) in events
+    assert "the consumer read from offset 0, before the offset 1 it was sought to" in caplog.text
+    alo.step()
+    assert alo.pending() == [first, second], "offset 1 taken in once, offset 0 not again"
+    assert [e for e in events if e[0] == "produce" and e[2] == CHANGELOG
+            and e[3] == first] == [], "no second put of the first request"
 
 
 def test_every_phase_of_a_step_with_work_is_timed(alo: Loop) -> None:
