@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 
 from kdelay.engine.delivery import Controls
 from kdelay.engine.metrics import ControlRow
+from kdelay.plumbing.clients import take
 from kdelay.plumbing.clock import Clock
 from kdelay.protocol.controls import ControlError, Subject, decode_control, decode_subject
 
@@ -96,7 +97,9 @@ class ControlFeed:
             if self._clock.monotonic() > deadline:
                 raise KafkaException(f"the controls topic {self._topic} was not read to its "
                                      f"end within {timeout_s:.0f} s")
-            for message in self._consumer.consume(500, 0.2):
+            # The first record ends the wait (a consume of 500 would wait out its timeout
+            # for fewer, on every start with a control in force).
+            for message in take(self._consumer, 500, 0.2):
                 if self._apply(message):
                     reached[message.partition() or 0] = message.offset() or 0
         return True
