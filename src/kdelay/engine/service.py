@@ -827,9 +827,7 @@ class Service:
         log.warning("restore in a child process failed: %s; replaying it in this process",
                     failed)
         index = restore.index
-        restore.index = self._waited(
-            lambda: PartitionIndex(index.path, index.partition, index.memory),
-            f"restoring partition {index.partition}")
+        restore.index = PartitionIndex(index.path, index.partition, index.memory)
         restore.begun, restore.replay, restore.detach = False, None, False
 
     def _restored(self, consumer: Consuming, partition: int, restore: Restore) -> None:
