@@ -13,13 +13,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from typer.testing import CliRunner
 
 from kdelay.cli import app
-from kdelay.engine import factory
 from kdelay.engine import service as service_module
 from kdelay.engine.service import Service
 from kdelay.plumbing.clock import ManualClock
 from kdelay.protocol import codec, envelope
 from kdelay.protocol.codec import Fingerprint, IdState, IndexValue
-from kdelay.state import changelog, replayer
+from kdelay.state import changelog
 from kdelay.state.changelog import Restorer
 from kdelay.state.index import CHANGELOG, CONSUMED, PartitionIndex
 from kdelay.state.statedir import store_path
@@ -300,127 +299,3 @@ def test_the_next_partitions_restore_begins_without_waiting_out_the_last_fetch(
         first.close()
         second.close()
         restorer.close()
-
-
-def _mixed_changelog(count: int) -> list[dict[str, Any]]:
-    """``count`` puts (every tenth with an id), a tombstone for every seventh, and a
-    consumed marker: what a replay must carry over exactly."""
-    keys = [codec.encode_due_key(T0 + i, 0, i) for i in range(count)]
-    records = [_put(key, i, f"id{i}" if i % 10 == 0 else None) for i, key in enumerate(keys)]
-    records += [_tombstone(key) for key in keys[::7]]
-    records.append({"key": codec.CONSUMED_MARKER, "value": codec.encode_offset(count),
-                    "partition": 0})
-    return records
-
-
-def _store(index: PartitionIndex) -> tuple[object, ...]:
-    return (list(index.raw_items()), index.tally.total, index.offset(CHANGELOG),
-            index.offset(CONSUMED), index.id_state("id10"), index.id_state("id0"))
-
-
-def test_a_replay_in_a_child_process_builds_the_store_the_consumers_replay_builds(
-    topic_factory: TopicFactory, bootstrap: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(changelog, "CHILD_FROM", 1_000)
-    topic = topic_factory("changelog", 1, {"cleanup.policy": "compact"})
-    produce(bootstrap, topic, _mixed_changelog(30_000))
-    restorer = Restorer({"bootstrap.servers": bootstrap}, topic, processes=1)
-    inline = PartitionIndex(tmp_path / "inline", 0)
-    try:
-        applied = restorer.restore(inline)
-        child = PartitionIndex(tmp_path / "child", 0)
-        assert restorer.spare(child)
-        reported: list[tuple[int, int]] = []
-        replay = restorer.begin(child, lambda done, all_: reported.append((done, all_)),
-                                detach=True)
-        assert replay is not None
-        assert replay.detached
-        assert not restorer.spare(inline), "its one process is busy"
-        deadline = time.monotonic() + 120
-        while not replay.advance(0.1):
-            assert time.monotonic() < deadline, "the child replay never ended"
-        try:
-            assert _store(replay.index) == _store(inline)
-            assert replay.applied == applied
-            assert reported[-1][0] == reported[-1][1] == inline.offset(CHANGELOG)
-        finally:
-            replay.index.close()
-    finally:
-        inline.close()
-        restorer.close()
-
-
-def test_a_child_replay_killed_midway_leaves_a_store_the_next_restore_completes(
-    topic_factory: TopicFactory, bootstrap: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(changelog, "CHILD_FROM", 1)
-    topic = topic_factory("changelog", 1, {"cleanup.policy": "compact"})
-    count = 200_000  # several of the child's batches
-    for first in range(0, count, 50_000):  # within the producer's queue
-        produce(bootstrap, topic, [_put(codec.encode_due_key(T0 + i, 0, i), i)
-                                   for i in range(first, first + 50_000)])
-    restorer = Restorer({"bootstrap.servers": bootstrap}, topic, processes=1)
-    path = tmp_path / "p0"
-    try:
-        reported: list[int] = []
-        replay = restorer.begin(PartitionIndex(path, 0), lambda done, _: reported.append(done),
-                                detach=True)
-        assert replay is not None
-        assert replay.detached
-        deadline = time.monotonic() + 120
-        while not reported and not replay.advance(0.01):
-            assert time.monotonic() < deadline, "no progress from the child"
-        replay.close()  # SIGKILL, as the end of a crashed service would end it
-        index = PartitionIndex(path, 0)
-        try:
-            held = len(list(index.raw_items()))
-            # A prefix of the batches with the changelog offset it reaches (offset i put
-            # entry i) and a tally that counts it, or nothing at all.
-            assert index.tally.total == held == (index.offset(CHANGELOG) or 0)
-            restorer.restore(index)
-            assert index.tally.total == count == len(list(index.raw_items()))
-            assert index.offset(CHANGELOG) == count
-        finally:
-            index.close()
-    finally:
-        restorer.close()
-
-
-def test_large_partitions_replay_in_child_processes_and_a_failed_one_falls_back(
-    deployment_factory: Make, running: Run, bootstrap: str, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    monkeypatch.setattr(changelog, "CHILD_FROM", 1_000)
-    monkeypatch.setattr(factory, "RESTORE_PROCESSES", 2)
-    # Partition 0's child fails at once (its command exits 3): replayed in process.
-    started: list[int] = []
-    spawn = replayer.ChildReplay.__init__
-
-    def spied(self: replayer.ChildReplay, config: Any, topic: str, index: PartitionIndex,
-              *args: Any) -> None:
-        started.append(index.partition)
-        with monkeypatch.context() as patch:
-            if index.partition == 0:
-                patch.setattr(replayer, "COMMAND", ("-c", "import sys; sys.exit(3)"))
-            spawn(self, config, topic, index, *args)
-
-    monkeypatch.setattr(replayer.ChildReplay, "__init__", spied)
-    deployment = deployment_factory(partitions=3)
-    clock = ManualClock(int(time.time() * 1000))
-    far = clock.now_ms() + 86_400_000
-    produce(bootstrap, deployment.settings.changelog_topic, [
-        {"key": codec.encode_due_key(far + i, i % 3, i),
-         "value": codec.encode_index_value(IndexValue(Fingerprint(T0, i), None)),
-         "partition": i % 3} for i in range(15_000)])
-    group = running(deployment, clock)
-    service = group.add()
-    group.until(lambda: service.owned() == [0, 1, 2], timeout_s=300)
-
-    assert started[:2] == [0, 1], "two children at once"
-    assert "partition 0: the process ended with status 3" in caplog.text
-    assert started.count(0) == 1, "replayed in process after its child failed"
-    for partition in (0, 1, 2):
-        assert service.indexes[partition].tally.total == 5_000
-        assert len(list(service.indexes[partition].raw_items())) == 5_000

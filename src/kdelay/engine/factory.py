@@ -7,7 +7,6 @@ unit tests), so the loop can be driven without a broker.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -19,10 +18,6 @@ from kdelay.plumbing.clients import Consuming, Transacting
 from kdelay.plumbing.settings import ClientConfig, Settings
 from kdelay.state.changelog import Restorer, Restoring
 from kdelay.state.originals import OriginalReader, Reading
-
-# The child processes that replay large partitions' changelogs at once, a core each
-# (see kdelay.state.replayer); the service's own consumer replays one more beside them.
-RESTORE_PROCESSES = os.cpu_count() or 1
 
 
 def membership(me: identity.Identity, session_timeout_ms: int,
@@ -109,8 +104,7 @@ class KafkaClients:
 
     def restorer(self) -> Restoring:
         """A :class:`Restorer` of the changelog topic."""
-        return Restorer(self._config("restore", {}, watch=False), self._settings.changelog_topic,
-                        processes=RESTORE_PROCESSES)
+        return Restorer(self._config("restore", {}, watch=False), self._settings.changelog_topic)
 
     def _config(self, name: str, overrides: Mapping[str, str | int | bool], *,
                 watch: bool = True) -> ClientConfig:

@@ -23,7 +23,6 @@ any point re-reads the request and re-derives the same index keys.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -77,7 +76,7 @@ from kdelay.protocol import durations
 from kdelay.protocol.status import RESTORING, SERVING, PartitionStatus
 from kdelay.protocol.targets import TargetPolicy
 from kdelay.state.changelog import (
-    Replaying,
+    Replay,
     Restoring,
     Staleness,
     logged_progress,
@@ -87,7 +86,6 @@ from kdelay.state.changelog import (
 from kdelay.state.index import CONSUMED, PartitionIndex
 from kdelay.state.memory import MB, StoreMemory
 from kdelay.state.originals import Reading
-from kdelay.state.replayer import ReplayFailed
 from kdelay.state.statedir import IndexLocked, StateDirLock, store_path
 
 log = logging.getLogger(__name__)
@@ -114,9 +112,6 @@ SWEEP_CLOSE_S = 5.0
 # How long a step replays the changelog of a partition in restore (see
 # Service._restore_slice): the served partitions' deliveries wait at most about this.
 RESTORE_SLICE_S = 0.2
-# How long a step waits for requests, at most, while only child processes replay: it
-# serves their partitions that soon after they are done, and spins no core they need.
-RESTORE_LOOK_MS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +170,7 @@ class Restore:
     index: PartitionIndex
     staleness: Staleness
     health: contextlib.ExitStack  # holds Health.restoring() while it lasts
-    begun: bool = False  # whether its turn came
-    replay: Replaying | None = None  # once begun, None when there was nothing to replay
-    detach: bool = True  # whether it may replay in a child process (not after one failed)
+    replay: Replay | None = None  # None until its turn comes
     done: int = 0  # changelog offsets replayed so far (for the status topic)
     total: int | None = None  # of those to replay; None until the replay begins
 
@@ -433,8 +426,8 @@ class Service:
         wait_ms = max(wait_ms, gather_ms)
         if max_wait_ms is not None:
             wait_ms = min(wait_ms, max_wait_ms)
-        if self._owned.restoring:  # an inline restore's next slice waits for no request
-            wait_ms = min(wait_ms, 0 if self._replays_inline() else RESTORE_LOOK_MS)
+        if self._owned.restoring:  # the next restore slice waits for no request
+            wait_ms = 0
         plans = self._plan(take(clients.consumer, self.settings.batch_size, wait_ms / 1000,
                                 gather_ms / 1000))
         phases.lap("consume")
@@ -766,76 +759,30 @@ class Service:
                               health)
 
     def _restore_slice(self, consumer: Consuming) -> None:
-        """Advance the partitions in restore; serve each once its own is done (its paused
-        requests resumed at their offset).
+        """Replay the first partition in restore for about :data:`RESTORE_SLICE_S`; serve it
+        once it is done (its paused requests resumed at their offset).
 
-        Their turns come in order. The restorer replays large ones in child
-        processes, several at once (:class:`~kdelay.state.replayer.ChildReplay`),
-        which a step only looks at, and the others one at a time on its own
-        consumer, for about :data:`RESTORE_SLICE_S` a step. The partitions
-        already served go on delivering between steps, whatever the others
-        still replay. A child that fails is reported and its partition replayed
-        here instead, from what the child left.
+        One partition at a time, a slice per step: the partitions already
+        served go on delivering between slices, whatever the others still replay.
         """
         clients, _ = self._started()
-        restoring = self._owned.restoring
-        inline = self._replays_inline(begun=True)
-        for partition, restore in list(restoring.items()):
-            if not restore.begun:
-                if inline and not self._spare(clients.restorer, partition, restore):
-                    continue  # its turn comes once the replay on the consumer is done
-                restore.replay = self._begin_restore(clients.restorer, partition, restore)
-                restore.begun = True
-                inline = inline or (restore.replay is not None and not restore.replay.detached)
-            replay = restore.replay
-            try:
-                done = replay is None or replay.advance(
-                    0.0 if replay.detached else RESTORE_SLICE_S)
-            except ReplayFailed as exc:
-                self._fall_back(restore, exc)
-                continue
-            if done:
-                self._restored(consumer, partition, restore)
+        partition, restore = next(iter(self._owned.restoring.items()))
+        if restore.replay is None:
+            state = self.metrics.state
+            logged = logged_progress(partition, state.restored, state.restore_remaining,
+                                     state.restore_total)
 
-    def _spare(self, restorer: Restoring, partition: int, restore: Restore) -> bool:
-        """Whether ``partition`` may begin in a child process now (Kafka waited for)."""
-        return restore.detach and self._waited(functools.partial(restorer.spare, restore.index),
-                                               f"restoring partition {partition}")
+            def progress(done: int, all_: int) -> None:
+                restore.done, restore.total = done, all_
+                logged(done, all_)
 
-    def _replays_inline(self, begun: bool = False) -> bool:
-        """Whether a restore replays (or, unless ``begun``, waits to) on this process's
-        own consumer: then each step gives it a slice."""
-        return any((r.begun and r.replay is not None and not r.replay.detached) or
-                   (not begun and not r.begun) for r in self._owned.restoring.values())
-
-    def _begin_restore(self, restorer: Restoring, partition: int,
-                       restore: Restore) -> Replaying | None:
-        """Begin ``partition``'s replay (Kafka waited for), its progress in the metrics."""
-        state = self.metrics.state
-        logged = logged_progress(partition, state.restored, state.restore_remaining,
-                                 state.restore_total)
-
-        def progress(done: int, all_: int) -> None:
-            restore.done, restore.total = done, all_
-            logged(done, all_)
-
-        return self._waited(lambda: restorer.begin(restore.index, progress, detach=restore.detach),
-                            f"restoring partition {partition}")
-
-    def _fall_back(self, restore: Restore, failed: ReplayFailed) -> None:
-        """A child replay failed: replay its partition in this process from what it left."""
-        log.warning("restore in a child process failed: %s; replaying it in this process",
-                    failed)
-        index = restore.index
-        restore.index = PartitionIndex(index.path, index.partition, index.memory)
-        restore.begun, restore.replay, restore.detach = False, None, False
-
-    def _restored(self, consumer: Consuming, partition: int, restore: Restore) -> None:
-        """Serve ``partition``, whose restore is done."""
+            restore.replay = self._waited(
+                lambda: clients.restorer.begin(restore.index, progress),
+                f"restoring partition {partition}")
         replay = restore.replay
+        if replay is not None and not replay.advance(RESTORE_SLICE_S):
+            return
         applied = 0 if replay is None else replay.applied
-        if replay is not None:
-            restore.index = replay.index  # a child's store, opened again
         self._end_restore(partition)
         tp = restore.partition
         committed = tp.offset

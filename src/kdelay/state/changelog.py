@@ -40,17 +40,12 @@ from kdelay.protocol.codec import IdState, Watermark
 from kdelay.state.changes import Changes
 from kdelay.state.index import CHANGELOG, IndexCorrupt, PartitionIndex
 from kdelay.state.memory import StoreMemory
-from kdelay.state.replayer import ChildReplay, plain_config
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 APPLY_EVERY = 50_000
 TAKE = 10_000  # the most records one consume returns
-# A replay of at least this many changelog offsets runs in a child process when the
-# restorer may start one (see Restorer): below it, starting a process costs more
-# than the core it brings saves.
-CHILD_FROM = 100_000
 Progress = Callable[[int, int], None]
 PartitionProgress = Callable[[int, int, int], None]
 # Replayed records by changelog key, the latest value winning; None is a tombstone.
@@ -109,36 +104,6 @@ class RestoreError(Exception):
     """The changelog could not be read to its end before the deadline."""
 
 
-class Replaying(Protocol):
-    """A partition's restore under way: :class:`Replay`, or a
-    :class:`~kdelay.state.replayer.ChildReplay` in a process of its own."""
-
-    detached: bool
-    """Whether it runs in a child process, apart from its restorer's consumer."""
-    applied: int
-    """The changelog records it applied so far."""
-
-    @property
-    def index(self) -> PartitionIndex:
-        """The store replayed into (a child's: open again once it is done)."""
-        ...
-
-    def advance(self, budget_s: float = math.inf) -> bool:
-        """Replay (or wait for the child) about ``budget_s`` seconds; return whether it is
-        done. A child's failure raises :class:`~kdelay.state.replayer.ReplayFailed`."""
-        ...
-
-    def close(self) -> None:
-        """End the replay, done or not."""
-        ...
-
-    def __enter__(self) -> Replaying:
-        ...
-
-    def __exit__(self, *_: object) -> None:
-        ...
-
-
 class Restoring(Protocol):
     """What the service asks of a restorer."""
 
@@ -146,19 +111,12 @@ class Restoring(Protocol):
         """Replay the changelog into ``index`` up to its end; return the records applied."""
         ...
 
-    def begin(self, index: PartitionIndex, progress: Progress | None = None, *,
-              detach: bool = False) -> Replaying | None:
-        """Start replaying the changelog into ``index``; None when it is already at the end.
-        With ``detach``, a large replay may run in a child process."""
+    def begin(self, index: PartitionIndex, progress: Progress | None = None) -> Replay | None:
+        """Start replaying the changelog into ``index``; None when it is already at the end."""
         ...
 
     def behind(self, index: PartitionIndex) -> bool:
         """Whether the changelog holds records ``index`` has not replayed."""
-        ...
-
-    def spare(self, index: PartitionIndex) -> bool:
-        """Whether :meth:`begin` with ``detach`` would replay ``index`` in a child process
-        now (one is free, and the replay large enough)."""
         ...
 
     def close(self) -> None:
@@ -195,26 +153,17 @@ def restore_config(config: Mapping[str, str | int | bool],
 
 
 class Restorer:
-    """Replays changelog partitions into indexes with one group-less consumer, and large
-    ones in up to ``processes`` child processes beside it (see :meth:`begin`)."""
+    """Replays changelog partitions into indexes with one group-less consumer."""
 
     def __init__(self, config: Mapping[str, str | int | bool], topic: str, *,
                  timeout_s: float = 600.0,
-                 fetch: Mapping[str, str | int | bool] | None = None,
-                 processes: int = 0) -> None:
-        settings = restore_config(config, fetch)
-        self._consumer = Consumer(settings)
+                 fetch: Mapping[str, str | int | bool] | None = None) -> None:
+        self._consumer = Consumer(restore_config(config, fetch))
         self._topic = topic
         self._timeout_s = timeout_s
-        self._plain = plain_config(settings)
-        self._processes = processes if self._plain is not None else 0
-        self._children: list[ChildReplay] = []
 
     def close(self) -> None:
-        """Close the consumer, and kill the child replays still running (their stores are
-        left as a crash would leave them)."""
-        for child in self._children:
-            child.close()
+        """Close the consumer."""
         self._consumer.close()
 
     def __enter__(self) -> Restorer:
@@ -251,58 +200,30 @@ class Restorer:
     def behind(self, index: PartitionIndex) -> bool:
         """Whether the changelog holds records ``index`` has not replayed (a look at the
         partition's offsets, no read). :class:`StaleIndex` as :meth:`restore`."""
-        begin, high = self._span(index)
-        return begin < high
-
-    def begin(self, index: PartitionIndex, progress: Progress | None = None, *,
-              detach: bool = False) -> Replaying | None:
-        """Start replaying the changelog into ``index`` up to its current end, or return
-        None when the index is already there. :class:`StaleIndex` as :meth:`restore`.
-
-        The restorer's consumer reads for the replay until it ends (it is
-        closed, or done): one such replay at a time. With ``detach``, a
-        replay of at least :data:`CHILD_FROM` offsets runs in a child process
-        instead (:class:`~kdelay.state.replayer.ChildReplay`, ``detached``)
-        while fewer than ``processes`` do: several of those run at once,
-        beside the consumer's. A child replay closes ``index``: the store is
-        the replay's ``index`` once it is done.
-        """
-        begin, high = self._span(index)
-        if begin >= high:
-            return None
-        if detach and self._detachable(high - begin):
-            assert self._plain is not None  # noqa: S101 - _detachable checks it
-            child = ChildReplay(self._plain, self._topic, index, progress, self._timeout_s)
-            self._children.append(child)
-            return child
-        tp = TopicPartition(self._topic, index.partition,
-                            begin if index.offset(CHANGELOG) is not None else OFFSET_BEGINNING)
-        self._consumer.assign([tp])
-        return Replay(self._consumer, self._topic, index, begin, high, progress, self._timeout_s)
-
-    def spare(self, index: PartitionIndex) -> bool:
-        """Whether :meth:`begin` with ``detach`` would replay ``index`` in a child process
-        now: a process is free, and the replay holds :data:`CHILD_FROM` offsets or more.
-        :class:`StaleIndex` as :meth:`restore`."""
-        if not self._detachable(CHILD_FROM):  # no process free: no need to look
-            return False
-        begin, high = self._span(index)
-        return self._detachable(high - begin)
-
-    def _detachable(self, offsets: int) -> bool:
-        """Whether a replay of ``offsets`` changelog offsets may start a child process now."""
-        self._children = [child for child in self._children if child.running]
-        return self._plain is not None and offsets >= CHILD_FROM and \
-            len(self._children) < self._processes
-
-    def _span(self, index: PartitionIndex) -> tuple[int, int]:
-        """The changelog offsets a replay into ``index`` reads: from the first up to (not
-        including) the second. :class:`StaleIndex` as :meth:`restore`."""
         low, high = self._watermarks(index.partition)
         start = index.offset(CHANGELOG)
         if start is not None and start > high:
             raise StaleIndex(f"index at changelog offset {start}, changelog ends at {high}")
-        return (low if start is None or start < low else start), high
+        return (low if start is None or start < low else start) < high
+
+    def begin(self, index: PartitionIndex, progress: Progress | None = None) -> Replay | None:
+        """Start replaying the changelog into ``index`` up to its current end, or return
+        None when the index is already there. :class:`StaleIndex` as :meth:`restore`.
+
+        The restorer's consumer reads for the replay until it ends (it is
+        closed, or done): one replay at a time.
+        """
+        low, high = self._watermarks(index.partition)
+        start = index.offset(CHANGELOG)
+        if start is not None and start > high:
+            raise StaleIndex(f"index at changelog offset {start}, changelog ends at {high}")
+        begin = low if start is None or start < low else start
+        if begin >= high:
+            return None
+        tp = TopicPartition(self._topic, index.partition,
+                            begin if start is not None else OFFSET_BEGINNING)
+        self._consumer.assign([tp])
+        return Replay(self._consumer, self._topic, index, begin, high, progress, self._timeout_s)
 
     def _watermarks(self, partition: int) -> tuple[int, int]:
         return watermarks(self._consumer, TopicPartition(self._topic, partition), 30)
@@ -317,8 +238,6 @@ class Replay:
     time (:meth:`PartitionIndex.fresh`). :meth:`close` ends it, done or not
     (a replay given up leaves a store that the next restore carries on from).
     """
-
-    detached = False
 
     def __init__(self, consumer: Consumer, topic: str, index: PartitionIndex, begin: int,
                  high: int, progress: Progress | None, stall_s: float) -> None:

@@ -171,21 +171,16 @@ class PartitionIndex:
         # :meth:`fresh`.
         self._fresh: dict[bytes, bytes] | None = None
         self._bulk = False  # writing without the write-ahead log: see :meth:`bulk`
-        self._closed = False
         raw = self._meta.get(WATERMARK)
         self.watermark: Watermark | None = None if raw is None else codec.decode_watermark(raw)
 
     def close(self) -> None:
-        """Close the store and release its lock; the object is unusable afterwards (closing
-        it again does nothing: a child replay closes the store it takes over).
+        """Close the store and release its lock; the object is unusable afterwards.
 
         Raises :class:`StateDirFull` when closing finds no room on the volume
         (it flushes what the store holds in memory): a store other than the
         one whose write failed meets the full volume here.
         """
-        if self._closed:
-            return
-        self._closed = True
         try:
             self._ids.close()
             self._meta.close()

@@ -237,12 +237,8 @@ class FakeRestorer:
     def restore(self, index: PartitionIndex, progress: Any = None) -> int:
         return 0
 
-    def begin(self, index: PartitionIndex, progress: Any = None, *,
-              detach: bool = False) -> Replay | None:
+    def begin(self, index: PartitionIndex, progress: Any = None) -> Replay | None:
         return None
-
-    def spare(self, index: PartitionIndex) -> bool:
-        return False
 
     def behind(self, index: PartitionIndex) -> bool:
         self.restore(index)
