@@ -272,30 +272,3 @@ def test_each_partition_serves_once_its_own_restore_is_done(
     assert service.indexes[1].tally.total == 20_000
     assert len(list(service.indexes[1].entries())) == 20_000
 
-
-def test_the_next_partitions_restore_begins_without_waiting_out_the_last_fetch(
-    topic_factory: TopicFactory, bootstrap: str, tmp_path: Path,
-) -> None:
-    topic = topic_factory("changelog", 2, {"cleanup.policy": "compact"})
-    produce(bootstrap, topic, [{**_put(codec.encode_due_key(T0 + i, p, i), i), "partition": p}
-                               for p in (0, 1) for i in range(1_000)])
-    restorer = Restorer({"bootstrap.servers": bootstrap}, topic)
-    first, second = PartitionIndex(tmp_path / "p0", 0), PartitionIndex(tmp_path / "p1", 1)
-    try:
-        assert restorer.restore(first) == 1_000
-        # The consumer's last fetch waits at the partition's end; the next partition's
-        # offsets, asked on the same connection, wait behind it (half a second with
-        # librdkafka's default fetch.wait.max.ms).
-        start = time.monotonic()
-        replay = restorer.begin(second)
-        began_s = time.monotonic() - start
-        assert replay is not None
-        with replay:
-            while not replay.advance():
-                pass
-        assert began_s < 0.25
-        assert second.tally.total == 1_000
-    finally:
-        first.close()
-        second.close()
-        restorer.close()
