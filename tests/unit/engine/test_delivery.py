@@ -38,7 +38,7 @@ from kdelay.engine.delivery._delivery import (
 )
 from kdelay.engine.delivery._failures import TopicCheck, backoff_ms
 from kdelay.engine.delivery._flights import STALL_S
-from kdelay.engine.delivery._readahead import MAX_HELD_BATCHES
+from kdelay.engine.delivery._readahead import AHEAD_BATCHES, MAX_HELD_BATCHES
 from kdelay.engine.delivery._sealing import RANGE_DELETE_MIN, SEAL_EVERY_STEPS
 from kdelay.engine.metrics import Metrics
 from kdelay.plumbing.clock import ManualClock
@@ -792,6 +792,28 @@ def test_entries_waiting_for_retry_do_not_use_up_the_read_ahead_room(tmp_path: P
         ]
     finally:
         world.close()
+
+
+def test_a_burst_is_read_ahead_several_batches_before_it_is_due(world: World) -> None:
+    """Entries due at one instant are read ahead AHEAD_BATCHES batches a partition during
+    the look-ahead, their originals in one read, so that the burst's first records wait
+    for no fetch when due; they go out in key order in one dispatch, and the rest after
+    they landed."""
+    count = AHEAD_BATCHES * CONFIG.batch_size
+    for offset in range(count + 10):
+        world.request(0, offset, T0 + 1_000)
+    world.at(T0)
+    assert world.targets.sent == []
+    assert world.reader.calls == [{0: list(range(count))}]
+    world.at(T0 + 1_000)
+    assert [s.origin for s in world.targets.sent] == [origin(0, o) for o in range(count)]
+    world.targets.report()
+    world.settle()
+    world.at(T0 + 1_001)
+    assert [s.origin for s in world.targets.sent] == [origin(0, o) for o in range(count + 10)]
+    world.targets.report()
+    world.settle()
+    assert world.pending() == []
 
 
 def test_a_buffer_error_leaves_the_entry_for_a_later_tick(world: World) -> None:
@@ -1885,7 +1907,9 @@ def test_a_paused_target_with_a_long_backlog_does_not_hold_back_another_target(
         world.step(T0 + 2 * count + n * 100)
     assert [s.origin for s in world.targets.sent] == [origin(0, count + n) for n in range(50)]
     assert world.pending() == held, "the paused target's records stay pending"
-    assert world.delivery.controls.holding(orders) < SHELF_AT + 2 * CONFIG.batch_size
+    # Past SHELF_AT, at most what one read ahead takes (AHEAD_BATCHES) and a batch more.
+    bound = SHELF_AT + (AHEAD_BATCHES + 1) * CONFIG.batch_size
+    assert world.delivery.controls.holding(orders) < bound
     assert world.delivery.held_back() == {orders: (count, T0)}, "in memory and shelved"
     resumed = T0 + 2 * count + 5_000
     world.delivery.controls.apply(orders, Control(), resumed)

@@ -30,13 +30,17 @@ from kdelay.state.originals import Found, Reading
 
 # A partition holds at most this many batches in memory, whatever their state.
 MAX_HELD_BATCHES: Final = 20
+AHEAD_BATCHES: Final = 4
+"""Batches of a partition that may wait, read ahead, to be sent. More than one: a
+burst's originals are fetched during the look-ahead, before they are due, rather
+than a batch a step after, and each dispatch sends several batches at once."""
 
 
 class ReadAhead:
     """The runs delivery holds, per partition and by key, and its read-ahead windows.
 
-    Holds at most ``batch_size`` entries waiting to be sent per partition (but
-    adopted ones) and at most :data:`MAX_HELD_BATCHES` batches in all; the
+    Holds at most :data:`AHEAD_BATCHES` of ``batch_size`` entries waiting to be sent
+    per partition (but adopted ones) and at most :data:`MAX_HELD_BATCHES` batches in all; the
     ``book``'s jobs count against both.
     """
 
@@ -175,7 +179,7 @@ class ReadAhead:
         waiting = sum(len(run.keys) - run.sent for run in self.runs.get(partition, ())
                       if not run.adopted)
         waiting += self._book.count(partition, State.READY)
-        return min(self.batch_size - waiting, self.cap(partition))
+        return min(AHEAD_BATCHES * self.batch_size - waiting, self.cap(partition))
 
     def cap(self, partition: int) -> int:
         """Return how many more entries ``partition`` may hold in memory, whatever their state."""
