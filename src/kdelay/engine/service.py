@@ -870,4 +870,3 @@ class Service:
             if index is not None:
                 index.close()
         self.metrics.cluster.owned.set(len(self._owned.indexes))
-
