@@ -52,6 +52,7 @@ HOT_PATH = (
     "kdelay.protocol.idkeys",
     "kdelay.state.changes",
     "kdelay.state.originals",
+    "kdelay.state.replay",
     "kdelay.state.tally",
 )
 """The compiled modules. Not the RocksDB index: compiled code frees a local after

@@ -40,6 +40,7 @@ from kdelay.protocol.codec import IdState, Watermark
 from kdelay.state.changes import Changes
 from kdelay.state.index import CHANGELOG, IndexCorrupt, PartitionIndex
 from kdelay.state.memory import StoreMemory
+from kdelay.state.replay import FreshRun
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -61,17 +62,41 @@ class Staging:
     one in ``after`` is not, whatever its key. A newer watermark says all an
     older one did (:class:`~kdelay.protocol.codec.Watermark`), so only the
     latest is kept, and ``after`` joins ``before`` when one arrives.
+
+    With a ``run`` (a restore into an empty store), records are kept in it for
+    as long as they continue it (:class:`~kdelay.state.replay.FreshRun`); the
+    first batch that does not moves the run into ``after``, and it and the rest
+    are staged as above.
     """
 
     before: Staged = field(default_factory=dict)
     after: Staged = field(default_factory=dict)
     mark: Watermark | None = None
+    run: FreshRun | None = None
 
     def __len__(self) -> int:
-        return len(self.before) + len(self.after)
+        return len(self.before) + len(self.after) + (len(self.run) if self.run else 0)
 
-    def add(self, keys: list[bytes], values: list[bytes | None]) -> None:
+    def add(self, keys: list[bytes | None], values: list[bytes | None]) -> None:
         """Stage records in changelog order, cutting at each watermark record."""
+        run = self.run
+        if run is not None:
+            if run.extend(keys, values):
+                return
+            self.end_run()
+        self._add([key or b"" for key in keys], values)
+
+    def end_run(self) -> None:
+        """Stage the run's records as any others (its puts, its consumed offset) and
+        keep no run from now on."""
+        run, self.run = self.run, None
+        if run is None:
+            return
+        self.after.update(zip(run.keys, run.values, strict=True))
+        if run.consumed is not None:
+            self.after[codec.CONSUMED_MARKER] = run.consumed
+
+    def _add(self, keys: list[bytes], values: list[bytes | None]) -> None:
         start = 0
         while True:
             try:
@@ -252,9 +277,12 @@ class Replay:
         self._moved = time.monotonic()
         self.applied = 0
         self._open = True
-        if index.offset(CHANGELOG) is None and not index.tally.total and \
-                index.first_key_any() is None:
-            index.fresh(True)  # an empty store: its keys are new until seen
+        # An empty store: its keys are new until seen, and runs of them are written
+        # as such (:class:`FreshRun`).
+        self._fresh = index.offset(CHANGELOG) is None and not index.tally.total and \
+            index.first_key_any() is None
+        if self._fresh:
+            index.fresh(True)
         index.bulk(True)
 
     def __enter__(self) -> Replay:
@@ -288,7 +316,7 @@ class Replay:
     def _slice(self, until: float) -> None:
         """Stage up to :data:`APPLY_EVERY` records (fewer once ``until`` has passed) and
         write them in one batch."""
-        staging = Staging()
+        staging = Staging(run=FreshRun() if self._fresh else None)
         while len(staging) < APPLY_EVERY and not self.done:
             if len(staging) and time.monotonic() >= until:
                 break
@@ -350,8 +378,7 @@ def _stage(staged: Staging, messages: list[Message], high: int, topic: str) -> i
     reached = None
     if any(map(Message.error, messages)):
         messages, reached = _usable(messages, high, topic)
-    keys = [key or b"" for key in map(Message.key, messages)]
-    staged.add(keys, list(map(Message.value, messages)))
+    staged.add(list(map(Message.key, messages)), list(map(Message.value, messages)))
     if reached is None and messages:
         reached = int(messages[-1].offset() or 0) + 1
     return reached
@@ -385,6 +412,10 @@ def _apply(index: PartitionIndex, staging: Staging | Staged, position: int) -> N
     """
     if not isinstance(staging, Staging):  # records with no watermark among them
         staging = Staging(before=staging)
+    if staging.run is not None:
+        if index.put_run(staging.run, position):
+            return
+        staging.end_run()
     changes = Changes(changelog=position)
     staged = staging.before
     if staging.mark is not None:

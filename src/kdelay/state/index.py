@@ -47,6 +47,7 @@ from kdelay.protocol import codec, idkeys
 from kdelay.protocol.codec import IdState, IndexValue, Watermark
 from kdelay.state.changes import Changes, Entry, collect, put_all, put_each
 from kdelay.state.memory import PropertyReader, StoreMemory, shared
+from kdelay.state.replay import FreshRun
 from kdelay.state.statedir import IndexLocked, StateDirFull, no_space
 from kdelay.state.tally import MINUTE_MS, Change, Tally, change_of, deleted_change
 
@@ -60,6 +61,7 @@ _SEQUENCE = struct.Struct(">Q")
 # The request partition and offset of a due key, as bytes that order as the pair.
 _WHERE = operator.itemgetter(slice(codec.DUE_KEY_SIZE - 12, codec.DUE_KEY_SIZE))
 _PARTITION_BYTES = 4
+_LAST_PARTITION, _LAST_OFFSET = 2**32 - 1, 2**64 - 1  # the largest a due key holds
 CONSUMED = b"consumed"
 CHANGELOG = b"changelog"
 SYNCED = b"synced"
@@ -478,6 +480,48 @@ class PartitionIndex:
                 if at > seen.get(at[:_PARTITION_BYTES], b""):
                     seen[at[:_PARTITION_BYTES]] = at
         return unseen | absent if absent else unseen
+
+    def put_run(self, run: FreshRun, changelog: int) -> bool:
+        """Write a restore's run of new puts (:class:`FreshRun`), its tally counted, with
+        its consumed offset and the changelog offset it reaches, in one batch, as
+        :meth:`apply` would; False (nothing written) unless the store is :meth:`fresh`
+        and the run's first key lies above every key put since for its request partition.
+        """
+        seen, keys = self._fresh, run.keys
+        if seen is None or not keys:
+            return False
+        first, last = _WHERE(keys[0]), _WHERE(keys[-1])  # the run's offsets increase
+        partition = first[:_PARTITION_BYTES]
+        if first <= seen.get(partition, b""):
+            return False
+        change = run.change()
+        batch = WriteBatch(raw_mode=True)
+        put = batch.put
+        for key, count in self.tally.rows(change):
+            if count > 0:
+                put(key, codec.encode_count(count), self._meta_handle)
+            else:
+                batch.delete(key, self._meta_handle)
+        put_each(put, keys, run.values)
+        if run.consumed is not None:
+            put(CONSUMED, codec.encode_offset(codec.decode_offset(run.consumed)),
+                self._meta_handle)
+        put(CHANGELOG, codec.encode_offset(changelog), self._meta_handle)
+        # Bounds of the keys put, from their due times (no pass over the keys): at or
+        # below the lowest, at or above the highest.
+        lowest = codec.encode_due_key(run.first_due, 0, 0)
+        self.puts_applied += 1
+        self._put_spans.append((self.puts_applied, lowest, codec.encode_due_key(
+            run.last_due, _LAST_PARTITION, _LAST_OFFSET)))
+        if self._head and lowest < self._head:
+            self._head = lowest
+        self._write(batch)
+        self.tally.commit(change)
+        seen[partition] = last
+        if self._scanned:
+            for key in keys:
+                self._scanned.pop(key, None)
+        return True
 
     def first_key_any(self) -> bytes | None:
         """The smallest key of the due index, tombstones skipped (one seek from the start)."""

@@ -39,6 +39,7 @@ from kdelay.state.index import (
     CONSUMED,
     PartitionIndex,
 )
+from kdelay.state.replay import FreshRun
 from kdelay.state.statedir import IndexLocked
 from kdelay.state.tally import Tally
 
@@ -396,6 +397,141 @@ def test_batched_replay_equals_record_at_a_time(tmp_path: Path, seed: int, batch
         assert index.tally.total == len(store), "and counts nothing twice"
     finally:
         index.close()
+
+
+# -- a restore into an empty store: runs of new puts ---------------------------------------
+
+
+def intake_history(seed: int, length: int) -> list[Record]:
+    """A changelog as intake and delivery write one: stretches of puts of increasing
+    request offsets without an id, with consumed offsets and clock probes between
+    them; and between those, a few records of the rest: a put replayed again, a
+    tombstone, a put with an id, a forwarded schedule (a key of another request
+    partition), a request timestamp before 1970, a watermark."""
+    rng = random.Random(seed)
+    records: list[Record] = []
+    puts: list[bytes] = []
+    offset, bound = 0, codec.encode_due_key(0, 0, 0)
+    now = Model()
+
+    def put(partition: int, schedule_id: str | None, stamp: int = T0) -> None:
+        key = codec.encode_due_key(T0 + rng.randrange(300_000), partition, offset)
+        value = IndexValue(Fingerprint(stamp, offset), schedule_id, rng.choice([None, "orders"]))
+        records.append((key, codec.encode_index_value(value)))
+        puts.append(key)
+
+    while len(records) < length:
+        for _ in range(rng.choice([0, 3, 30, 200, 700, 1_500])):  # intake's stretch
+            roll = rng.random()
+            if roll < 0.9:
+                offset += rng.randint(1, 3)
+                put(PART, None, T0 if roll > 0.02 else -rng.randrange(200_000))
+            else:
+                records.append((codec.CONSUMED_MARKER, codec.encode_offset(offset + 1))
+                               if roll < 0.97 else (codec.CLOCK_PROBE, None))
+            now.apply(*records[-1])
+        for _ in range(rng.randrange(4) if puts else 0):  # the rest
+            roll = rng.random()
+            if roll < 0.2:
+                again = rng.choice(puts)
+                records.append(next(r for r in reversed(records) if r[0] == again and r[1]))
+            elif roll < 0.4:
+                records.append((rng.choice(puts), None))
+            elif roll < 0.6:
+                offset += 1
+                put(PART, f"id-{offset}")
+            elif roll < 0.8:
+                put(PART + 1, None)
+            else:
+                bound = max(bound, codec.key_after(rng.choice(puts)))
+                pending = frozenset(k for k in now.store if k < bound and rng.random() < 0.2)
+                records.append((codec.WATERMARK_MARKER,
+                                codec.encode_watermark(codec.Watermark(bound, pending))))
+            now.apply(*records[-1])
+    return records
+
+
+def replay_slices(index: PartitionIndex, records: list[Record], take: int, per_write: int,
+                  fresh: bool) -> None:
+    """Replay ``records`` as :class:`Replay` does: ``take`` messages a consume, staged until
+    ``per_write`` records and applied; with runs of new puts when ``fresh``."""
+    offset = 0
+    while offset < len(records):
+        into = Staging(run=FreshRun() if fresh else None)
+        while len(into) < per_write and offset < len(records):
+            chunk = records[offset : offset + take]
+            _stage(into, [message(offset + i, k, v) for i, (k, v) in enumerate(chunk)],
+                   len(records), "chg")
+            offset += len(chunk)
+        _apply(index, into, offset)
+
+
+@pytest.mark.parametrize(("take", "per_write"), [(1, 1), (5, 20), (40, 100), (200, 600)])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fresh_replay_in_runs_equals_record_at_a_time(
+        tmp_path: Path, seed: int, take: int, per_write: int) -> None:
+    records = intake_history(seed, 4_000)
+    expected = model(records)
+    index = PartitionIndex(tmp_path / "runs", PART)
+    general = PartitionIndex(tmp_path / "general", PART)
+    written: list[bool] = []
+    put_run = index.put_run
+
+    def spied(run: FreshRun, changelog: int) -> bool:
+        written.append(put_run(run, changelog))
+        return written[-1]
+
+    index.put_run = spied  # type: ignore[method-assign]
+    try:
+        index.fresh(True)
+        replay_slices(index, records, take, per_write, fresh=True)
+        index.fresh(False)
+        replay_slices(general, records, take, per_write, fresh=False)
+        assert any(written), "runs were written as such"
+        store = expected.store
+        assert dict(index.raw_items()) == store == dict(general.raw_items())
+        assert index.offset(CONSUMED) == expected.consumed == general.offset(CONSUMED)
+        assert index.offset(CHANGELOG) == len(records)
+        assert sorted(index.id_states()) == sorted(general.id_states())
+        assert index.watermark == general.watermark
+        assert {k for _, c in index.unswept(100_000) for k in c} == \
+            {k for _, c in general.unswept(100_000) for k in c}
+        counted = Tally.of(store.items())
+        assert (index.tally.due, index.tally.slack, index.tally.origin) == (
+            counted.due, counted.slack, counted.origin), "the tally is exact after a replay"
+        assert sorted(index.tally.all_rows()) == sorted(general.tally.all_rows())
+    finally:
+        index.close()
+        general.close()
+
+
+def test_a_run_whose_first_key_was_put_before_is_written_the_general_way(
+        index: PartitionIndex) -> None:
+    def run_of(offsets: range) -> Staging:
+        into = Staging(run=FreshRun())
+        into.add([codec.encode_due_key(T0 + o * 60_000, PART, o) for o in offsets],
+                 [codec.encode_index_value(V2)] * len(offsets))
+        return into
+
+    index.fresh(True)
+    assert index.put_run(cast(FreshRun, run_of(range(10, 20)).run), 1)
+    again, earlier = run_of(range(15, 25)), run_of(range(5, 8))
+    assert not index.put_run(cast(FreshRun, again.run), 2), "15-19 may be in the store"
+    assert not index.put_run(cast(FreshRun, earlier.run), 3), "and 5-7 may have been"
+    _apply(index, again, 2)
+    _apply(index, earlier, 3)
+    assert index.tally.total == len(entries(index)) == 18, "each key counted once"
+    assert index.offset(CHANGELOG) == 3
+
+
+def test_a_run_is_not_written_as_such_into_a_store_that_was_not_empty(
+        index: PartitionIndex) -> None:
+    into = Staging(run=FreshRun())
+    into.add([K1], [codec.encode_index_value(V2)])
+    assert not index.put_run(cast(FreshRun, into.run), 4)
+    _apply(index, into, 4)
+    assert [e.key for e in entries(index)] == [K1]
+    assert index.tally.total == 1
 
 
 # -- the collector during a restore ------------------------------------------------------
