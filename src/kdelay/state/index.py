@@ -214,7 +214,9 @@ class PartitionIndex:
         prefix of the batches, offset included, and the next restore replays
         from wherever the flushed store stands. Turning it off flushes every
         column family (:meth:`_flush_all`), after which the store is as durable
-        as one written with the log.
+        as one written with the log. Meanwhile the due index's memtable is
+        smaller (:meth:`StoreMemory.memtable_bytes`): most of the restore is
+        flushed in the background as it goes, not in that last flush.
         """
         if on == self._bulk:
             return
@@ -223,6 +225,7 @@ class PartitionIndex:
         # A property at run time, a method in rocksdict's stubs.
         options.disable_wal = on  # type: ignore[method-assign,assignment]
         self._db.set_write_options(options)
+        self._db.set_options({"write_buffer_size": str(self.memory.memtable_bytes(on))})
         if not on:
             self._flush_all()
 

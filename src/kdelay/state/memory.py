@@ -42,6 +42,11 @@ DEFAULT_WRITE_BUFFER_MB = 128
 # One memtable of a column family; the manager flushes the largest when all of
 # them together pass its budget, so many partitions never hold 64 MB each.
 MEMTABLE_BYTES = 16 * MB
+# The due index's memtable while a restore writes a store (PartitionIndex.bulk): each
+# fills and flushes (atomically, every column family) in the background as the
+# restore goes on, and the flush that ends the restore, which the partition waits
+# for, holds no more than this.
+BULK_MEMTABLE_BYTES = 4 * MB
 BLOCK_BYTES = 16 * 1024
 BLOOM_BITS_PER_KEY = 10
 BLOOM_MEMTABLE_RATIO = 0.02  # of a memtable: 13 bits a key when full
@@ -111,7 +116,7 @@ class StoreMemory:
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         options.set_write_buffer_manager(self.write_buffers)
-        options.set_write_buffer_size(min(MEMTABLE_BYTES, self.write_buffer_bytes))
+        options.set_write_buffer_size(self.memtable_bytes())
         options.set_compression_type(DBCompressionType.zstd())
         options.set_bottommost_compression_type(DBCompressionType.zstd())
         options.set_level_compaction_dynamic_level_bytes(True)
@@ -130,6 +135,11 @@ class StoreMemory:
             table.set_partition_filters(True)
         options.set_block_based_table_factory(table)
         return options
+
+    def memtable_bytes(self, bulk: bool = False) -> int:
+        """The size of a column family's memtable; with ``bulk``, of the due index's while
+        a restore writes it (:data:`BULK_MEMTABLE_BYTES`)."""
+        return min(BULK_MEMTABLE_BYTES if bulk else MEMTABLE_BYTES, self.write_buffer_bytes)
 
     def store_options(self) -> Options:
         """The options of a store and its default column family (the due index, looked

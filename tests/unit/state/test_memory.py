@@ -90,6 +90,33 @@ def test_a_fresh_store_counts_its_tally_exactly_as_it_goes(tmp_path: Path) -> No
         reopened.close()
 
 
+@pytest.mark.parametrize("bulk", [True, False])
+def test_a_restore_fills_smaller_memtables_that_flush_as_it_goes(
+        tmp_path: Path, bulk: bool) -> None:
+    index = PartitionIndex(tmp_path / "p0", 0)
+    active = "rocksdb.num-entries-active-mem-table"
+    try:
+        index.bulk(bulk)
+        for start in range(0, 120_000, 10_000):  # about 6 MB of memtable
+            index.apply(Changes(raw_puts=puts(10_000, start)))
+        held = index.families()[0].property_int_value(active)
+        assert held is not None
+        if not bulk:
+            assert held == 120_000, "all in the one memtable of the store's usual size"
+            return
+        assert held < 120_000, "a memtable filled and was switched for flushing"
+        index.bulk(False)
+        assert index.families()[0].property_int_value(active) == 0, "flushed at the end"
+    finally:
+        index.close()
+    reopened = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        assert reopened.tally.total == 120_000
+        assert sum(1 for _ in reopened.raw_items()) == 120_000
+    finally:
+        reopened.close()
+
+
 def test_a_fresh_store_cut_short_is_counted(tmp_path: Path) -> None:
     index = PartitionIndex(tmp_path / "p0", 0)
     index.fresh(True)
