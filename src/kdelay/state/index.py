@@ -311,11 +311,7 @@ class PartitionIndex:
             if fresh.keys:  # certainly new; only the highest put moves
                 self._unseen(fresh.keys, set(), self._fresh)
         change = self._tally_change(new, changes, absent)
-        for key, count in self.tally.rows(change):
-            if count > 0:
-                put(key, codec.encode_count(count), self._meta_handle)
-            else:
-                batch.delete(key, self._meta_handle)
+        self._put_tally(batch, change)
         if new:
             put_all(put, new)
         else:
@@ -484,6 +480,14 @@ class PartitionIndex:
                     seen[at[:_PARTITION_BYTES]] = at
         return unseen | absent if absent else unseen
 
+    def _put_tally(self, batch: WriteBatch, change: Change) -> None:
+        """Add to ``batch`` the tally rows ``change`` moves (a row counted down to 0 deleted)."""
+        for key, count in self.tally.rows(change):
+            if count > 0:
+                batch.put(key, codec.encode_count(count), self._meta_handle)
+            else:
+                batch.delete(key, self._meta_handle)
+
     def put_run(self, run: FreshRun, changelog: int) -> bool:
         """Write a restore's run of new puts (:class:`FreshRun`), its tally counted, with
         its consumed offset and the changelog offset it reaches, in one batch, as
@@ -500,11 +504,7 @@ class PartitionIndex:
         change = run.change()
         batch = WriteBatch(raw_mode=True)
         put = batch.put
-        for key, count in self.tally.rows(change):
-            if count > 0:
-                put(key, codec.encode_count(count), self._meta_handle)
-            else:
-                batch.delete(key, self._meta_handle)
+        self._put_tally(batch, change)
         put_each(put, keys, run.values)
         if run.consumed is not None:
             put(CONSUMED, codec.encode_offset(codec.decode_offset(run.consumed)),
