@@ -68,7 +68,7 @@ from kdelay.engine.sweeper import Sweeper
 from kdelay.errors import ServiceError
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
-from kdelay.plumbing.clients import Consuming, explicit_start, produce, take
+from kdelay.plumbing.clients import Consuming, explicit_start, produce, take, watermarks
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
@@ -112,6 +112,8 @@ SWEEP_CLOSE_S = 5.0
 # How long a step replays the changelog of a partition in restore (see
 # Service._restore_slice): the served partitions' deliveries wait at most about this.
 RESTORE_SLICE_S = 0.2
+# How long one read of a partition's earliest offset may take (then it is an outage).
+EARLIEST_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -692,9 +694,10 @@ class Service:
             index, restore = self._open(tp)
             if restore is not None:
                 # Served once restored from the later of this and the store's own offset;
-                # assigned (paused) at it meanwhile: a seek right after an assignment at the
-                # earliest offset can lose to the lookup of where that is.
-                restore.partition.offset = tp.offset = committed.get(tp.partition, -1)
+                # assigned (paused) at it meanwhile, an explicit offset (see _earliest).
+                start = committed.get(tp.partition, -1)
+                restore.partition.offset = tp.offset = (
+                    start if start >= 0 else self._earliest(consumer, tp.partition))
                 self._owned.restoring[tp.partition] = restore
                 behind.append(tp)
                 continue
@@ -709,6 +712,18 @@ class Service:
             consumer.pause(behind)
             log.info("partitions %s: restoring from the changelog, each served once its own "
                      "restore is done", [tp.partition for tp in behind])
+
+    def _earliest(self, consumer: Consuming, partition: int) -> int:
+        """The low watermark of a requests partition nothing was committed for yet.
+
+        A partition in restore is assigned paused: assigned at the logical
+        earliest offset, librdkafka's lookup of where that is can be lost to
+        the pause (an operation it finds outdated), and the partition is then
+        never fetched after its resume. Read here, the start is an offset.
+        """
+        tp = TopicPartition(self.settings.requests_topic, partition)
+        return self._waited(lambda: watermarks(consumer, tp, EARLIEST_S)[0],
+                            f"reading partition {partition}'s earliest offset")
 
     def _topics(self) -> Topics:
         """The topics a planner writes to."""
