@@ -42,7 +42,9 @@ from tests.spark.conftest import cache_dir
 from tests.spark.test_placement import java_partitions
 
 __all__ = ["deploy"]
-pytestmark = pytest.mark.kafka
+# The hang guard: each test starts JVMs of its own (a master, a worker, the jobs' drivers
+# and executors) and took up to 240 s of the suite's 300 s on a loaded two-core machine.
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 HOUR_MS = 3_600_000
 READY_TIMEOUT_S = 90.0
 JOB_TIMEOUT_S = 300.0
