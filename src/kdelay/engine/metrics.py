@@ -25,8 +25,10 @@ LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
                     10.0, 30.0, 60.0)
 PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# A step at least this long is logged with its phases (PhaseTimer).
+# A step at least this long is logged with its phases (PhaseTimer), one line at most
+# every SLOW_LOG_EVERY_S; the slow steps between are summed up in the next line.
 SLOW_STEP_S = 1.0
+SLOW_LOG_EVERY_S = 60.0
 log = logging.getLogger(__name__)
 # Most overdue keys one partition's housekeeping counts; see kdelay.engine.outlook.
 OVERDUE_CAP = 10_000
@@ -418,16 +420,23 @@ class PhaseTimer:
 
     :meth:`start` begins a step, :meth:`lap` closes the phase running since the
     last lap (or the start) under its name. A step longer than ``slow_s`` is
-    logged with its phases, so a stall names the phase that held it.
-    ``monotonic`` is the service clock's.
+    logged with its phases, so a stall names the phase that held it; at most
+    one line every ``log_every_s``: the slow steps meanwhile are counted, and
+    the next line (at the next step past that time) gives their number and
+    the slowest of them. A machine that stays overloaded logs a line a
+    minute, not one a step. ``monotonic`` is the service clock's.
     """
 
     def __init__(self, histogram: Histogram, monotonic: Callable[[], float],
-                 slow_s: float = SLOW_STEP_S) -> None:
+                 slow_s: float = SLOW_STEP_S, log_every_s: float = SLOW_LOG_EVERY_S) -> None:
         self._histogram = histogram
         self._children: dict[str, Histogram] = {}
         self._monotonic = monotonic
         self._slow_s = slow_s
+        self._log_every_s = log_every_s
+        self._quiet_until = float("-inf")  # no slow-step line before this
+        self._held = 0  # slow steps not logged since the last line
+        self._slowest: tuple[float, str] = (0.0, "")  # the slowest of them, its phases
         self._begun = 0.0
         self._last = 0.0
         self._laps: list[tuple[str, float]] = []
@@ -449,8 +458,23 @@ class PhaseTimer:
         self._laps.append((phase, spent))
 
     def finish(self) -> None:
-        """End the step; log it when it was slow."""
+        """End the step; log it when it was slow (see the class)."""
         total = self._last - self._begun
-        if total >= self._slow_s:
-            phases = ", ".join(f"{name} {spent:.3f}" for name, spent in self._laps)
-            log.warning("slow step: %.3f s (%s)", total, phases)
+        slow = total >= self._slow_s
+        if not slow and not self._held:
+            return
+        phases = ", ".join(f"{name} {spent:.3f}" for name, spent in self._laps) if slow else ""
+        if self._last < self._quiet_until:
+            if slow:
+                self._held += 1
+                self._slowest = max(self._slowest, (total, phases))
+            return
+        held, (slowest, its_phases) = self._held, self._slowest
+        self._held, self._slowest = 0, (0.0, "")
+        self._quiet_until = self._last + self._log_every_s
+        since = (f"{held} more slow step{'s' if held > 1 else ''} since the last line, "
+                 f"the slowest {slowest:.3f} s ({its_phases})") if held else ""
+        if slow:
+            log.warning("slow step: %.3f s (%s)%s", total, phases, f"; {since}" if since else "")
+        else:
+            log.warning("%s", since)
