@@ -19,16 +19,11 @@ from typing import Any, ParamSpec, TypeVar
 
 from confluent_kafka import KafkaError
 
+from kdelay.plumbing.clientconfig import FAIL_LINE_EVERY_S, RARE_FACILITIES
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Most connection-failure lines one client logs, one per this many seconds.
-FAIL_LINE_EVERY_S = 60.0
-# librdkafka's lines that repeat while it retries something by itself, each passed at
-# most once per FAIL_LINE_EVERY_S: connection failures, and producer id requests
-# refused while a transaction coordinator finishes the transaction it took over
-# (``GETPID``: over a hundred lines in a second after a cluster refused writes).
-RARE_FACILITIES = frozenset({"FAIL", "GETPID"})
 # What librdkafka says while a new broker loads its coordinators (its first minute): it
 # retries by itself, and a user needs to hear of it once, not as a warning per client.
 COORDINATOR_LOADING = "Coordinator load in progress"

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from kdelay.errors import KdelayError
@@ -349,6 +350,13 @@ def _translate_keystore(config: dict[str, str]) -> Iterator[str]:
 # --- librdkafka's log lines --------------------------------------------------------------
 
 LOGGER = "kdelay.kafka"
+# Most lines of one repeating kind one client logs: one per this many seconds.
+FAIL_LINE_EVERY_S = 60.0
+# librdkafka's lines that repeat while it retries something by itself, each passed at
+# most once per FAIL_LINE_EVERY_S: connection failures, and producer id requests
+# refused while a transaction coordinator finishes the transaction it took over
+# (``GETPID``: over a hundred lines in a second after a cluster refused writes).
+RARE_FACILITIES = frozenset({"FAIL", "GETPID"})
 
 
 CHOSEN = ("enable.gapless.guarantee is experimental",)
@@ -372,14 +380,21 @@ class ClientLogger:
     lines follow kdelay's logging configuration. Lines below WARNING (idle
     connections closed, reconnects) are logged at DEBUG, so a service running
     at INFO shows librdkafka's warnings and errors only (but for the warnings in
-    :data:`CHOSEN`, about kdelay's own choices, and the :data:`FATAL` lines). Every secret value of
-    the client's configuration is replaced by ``***`` before a line is logged.
+    :data:`CHOSEN`, about kdelay's own choices, and the :data:`FATAL` lines). A warning
+    of :data:`RARE_FACILITIES` (a failed connection, a refused producer id: librdkafka
+    retries them by itself, a line each time) passes once per
+    :data:`FAIL_LINE_EVERY_S` of its kind, so a client whose broker stays away logs a
+    line a minute, not one a second. Every secret value of the client's configuration
+    is replaced by ``***`` before a line is logged.
     """
 
-    def __init__(self, client: str, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(self, client: str, secrets: tuple[str, ...] = (),
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         """Log to ``kdelay.kafka.<client>``, scrubbing ``secrets`` out of every line."""
         self.logger = logging.getLogger(f"{LOGGER}.{client}")
         self._secrets = tuple(s for s in secrets if s)
+        self._monotonic = monotonic
+        self._next_s: dict[object, float] = {}  # per rare facility: when a line may pass
 
     def log(self, level: int, message: str, *args: object) -> None:
         """Log one line at ``level`` (a Python level; below WARNING means DEBUG), scrubbed."""
@@ -391,6 +406,11 @@ class ClientLogger:
             level = logging.DEBUG
             if not self.logger.isEnabledFor(level):
                 return
+        if level >= logging.WARNING and args[:1] and args[0] in RARE_FACILITIES:
+            now = self._monotonic()
+            if now < self._next_s.get(args[0], float("-inf")):
+                return
+            self._next_s[args[0]] = now + FAIL_LINE_EVERY_S
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
         self.logger.log(level, "%s", text)

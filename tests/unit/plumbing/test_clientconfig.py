@@ -329,6 +329,29 @@ def test_client_logger_scrubs_secrets_and_names_the_client(
 
 
 
+def test_a_repeating_connection_failure_is_logged_once_a_minute_by_each_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client whose broker stays away (a retry helper, a producer of the client
+    library) logs librdkafka's failed connections once a minute, not once a try."""
+    now = [100.0]
+    logger = ClientLogger("retry", monotonic=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="kdelay.kafka"):
+        for _ in range(30):  # librdkafka's tries within the minute
+            logger.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "refused")
+            now[0] += 1.0
+        logger.log(logging.WARNING, "%s [%s] %s", "GETPID", "rdkafka#producer-1", "retrying")
+        logger.log(logging.INFO, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "idle: closed")
+        now[0] += 30.0
+        logger.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "refused")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, "FAIL [rdkafka#producer-1] refused"),
+        (logging.WARNING, "GETPID [rdkafka#producer-1] retrying"),  # another kind
+        (logging.DEBUG, "FAIL [rdkafka#producer-1] idle: closed"),  # detail, not counted
+        (logging.ERROR, "FAIL [rdkafka#producer-1] refused"),  # a minute on
+    ]
+
+
 def test_librdkafkas_fatal_line_is_detail_for_kdelay_says_it_itself(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
