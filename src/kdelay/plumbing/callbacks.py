@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from confluent_kafka import KafkaError
 
-from kdelay.plumbing.clientconfig import FAIL_LINE_EVERY_S, RARE_FACILITIES
+from kdelay.plumbing.clientconfig import RareLines
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -110,7 +110,7 @@ class ClientErrors:
         self._monotonic = monotonic
         self._session_lost_s: float | None = None
         self._said_loading = False
-        self._rare_lines: dict[str, dict[object, float]] = {}
+        self._rare_lines: dict[str, RareLines] = {}
 
     def loading_first_said(self) -> bool:
         """Return True the first time a client says the coordinators are loading, False
@@ -186,7 +186,7 @@ class ClientErrors:
         clients named ``client`` share that minute: a client replaced by a new
         one (a renewed producer, a consumer rejoining) does not say it again.
         """
-        rare = self._rare_lines.setdefault(client, {}) if client else {}
+        rare = self._rare_lines.setdefault(client, RareLines()) if client else RareLines()
         return _QuietLogger(logger, self, rare)
 
 
@@ -194,20 +194,18 @@ class _QuietLogger:
     """A librdkafka ``logger`` that drops ``FAIL`` lines while :class:`ClientErrors` says
     Kafka is unreachable, and passes every other line to the logger it wraps."""
 
-    def __init__(self, logger: Any, errors: ClientErrors, next_s: dict[object, float],
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        """``next_s`` holds, per facility of :data:`RARE_FACILITIES`, when its next line
-        may pass (shared by the clients of one name)."""
+    def __init__(self, logger: Any, errors: ClientErrors, rare: RareLines) -> None:
+        """``rare`` says when the next line of each rare kind may pass (shared by the
+        clients of one name)."""
         self._logger = logger
         self._errors = errors
-        self._monotonic = monotonic
-        self._next_s = next_s
+        self._rare = rare
 
     def log(self, level: int, message: str, *args: object) -> None:
-        """Pass the line on, unless it is a connection failure during an outage, a
-        line of :data:`RARE_FACILITIES` within a minute of the last one of its kind
-        passed, or a coordinator still loading (said once per process, as INFO);
-        note a session timeout."""
+        """Pass the line on, unless it is a connection failure during an outage, a line
+        of a rare kind (:class:`~kdelay.plumbing.clientconfig.RareLines`) within a minute
+        of the last one of its kind passed, or a coordinator still loading (said once per
+        process, as INFO); note a session timeout."""
         facility = args[0] if args else None
         if facility == "SESSTMOUT":
             self._errors.session_lost()
@@ -216,11 +214,8 @@ class _QuietLogger:
                 self._logger.log(logging.INFO, "waiting for the broker to load its group and "
                                  "transaction coordinators (a new broker's first minute)")
             return
-        if facility in RARE_FACILITIES:
-            now = self._monotonic()
-            if facility == "FAIL" and self._errors.unreachable() is not None:
-                return
-            if now < self._next_s.get(facility, 0.0):
-                return
-            self._next_s[facility] = now + FAIL_LINE_EVERY_S
+        if facility == "FAIL" and self._errors.unreachable() is not None:
+            return
+        if not self._rare.passes(facility):
+            return
         self._logger.log(level, message, *args)

@@ -359,6 +359,26 @@ FAIL_LINE_EVERY_S = 60.0
 RARE_FACILITIES = frozenset({"FAIL", "GETPID"})
 
 
+class RareLines:
+    """When the next line of each kind in :data:`RARE_FACILITIES` may pass: one a
+    :data:`FAIL_LINE_EVERY_S`. Shared by whoever should say a kind once between them."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._next_s: dict[object, float] = {}
+
+    def passes(self, facility: object) -> bool:
+        """Whether a line of ``facility`` may pass now (it then starts that kind's minute);
+        a line of any other facility always passes."""
+        if facility not in RARE_FACILITIES:
+            return True
+        now = self._monotonic()
+        if now < self._next_s.get(facility, float("-inf")):
+            return False
+        self._next_s[facility] = now + FAIL_LINE_EVERY_S
+        return True
+
+
 CHOSEN = ("enable.gapless.guarantee is experimental",)
 """librdkafka's warnings about settings kdelay chooses on purpose: logged at DEBUG (the
 changelog's producer is gapless, see :mod:`kdelay.engine.commit._writer`)."""
@@ -393,8 +413,7 @@ class ClientLogger:
         """Log to ``kdelay.kafka.<client>``, scrubbing ``secrets`` out of every line."""
         self.logger = logging.getLogger(f"{LOGGER}.{client}")
         self._secrets = tuple(s for s in secrets if s)
-        self._monotonic = monotonic
-        self._next_s: dict[object, float] = {}  # per rare facility: when a line may pass
+        self._rare = RareLines(monotonic)
 
     def log(self, level: int, message: str, *args: object) -> None:
         """Log one line at ``level`` (a Python level; below WARNING means DEBUG), scrubbed."""
@@ -406,11 +425,8 @@ class ClientLogger:
             level = logging.DEBUG
             if not self.logger.isEnabledFor(level):
                 return
-        if level >= logging.WARNING and args[:1] and args[0] in RARE_FACILITIES:
-            now = self._monotonic()
-            if now < self._next_s.get(args[0], float("-inf")):
-                return
-            self._next_s[args[0]] = now + FAIL_LINE_EVERY_S
+        if level >= logging.WARNING and args[:1] and not self._rare.passes(args[0]):
+            return
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
         self.logger.log(level, "%s", text)
