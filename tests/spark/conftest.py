@@ -27,12 +27,19 @@ from tests.e2e.conftest import deploy, receiver, start_kdelay
 # A deployment with its running service, and readers of its targets, as the e2e tests have.
 __all__ = ["deploy", "receiver", "start_kdelay"]
 
+# The JVMs of the tests (the shared session's driver here, the standalone cluster's
+# daemons, drivers and executors in test_cluster.py) compile with C1 alone and
+# collect with the serial collector: their jobs are many and tiny, and C2's
+# compilations of code that runs a few times and G1's threads were a third of their
+# CPU. Flags of the JVM only: the jobs' plans and results are the same.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 TEST_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
     "spark.driver.memory": "768m",
     "spark.ui.enabled": "false",
     "spark.sql.adaptive.enabled": "true",
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
 }
 
 

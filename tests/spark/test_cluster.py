@@ -38,7 +38,7 @@ from kdelay.spark.audit import AuditWindow, audit
 from kdelay.spark.forecast import ForecastWindow, forecast
 from tests.conftest import TopicFactory, produce_all
 from tests.e2e.conftest import Deployment, deploy, kdelay_command
-from tests.spark.conftest import cache_dir
+from tests.spark.conftest import TEST_JVM_OPTIONS, cache_dir
 from tests.spark.test_placement import java_partitions
 
 __all__ = ["deploy"]
@@ -52,7 +52,8 @@ JOB_TIMEOUT_S = 300.0
 # the two jobs run at once): the machine is shared, the data is a dozen records.
 JOB_CONF = ("spark.executor.memory=512m", "spark.executor.cores=1", "spark.cores.max=1",
             "spark.driver.memory=512m", "spark.sql.shuffle.partitions=2",
-            "spark.ui.enabled=false")
+            "spark.ui.enabled=false", f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}",
+            f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}")
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def _spark_class(main: str, args: list[str], log: Path) -> subprocess.Popen[byte
     """Start one Spark daemon with PySpark's ``spark-class``; its output goes to ``log``."""
     home = Path(pyspark.__file__).parent
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_DAEMON_MEMORY": "256m", "SPARK_NO_DAEMONIZE": "1"}
+           "SPARK_DAEMON_MEMORY": "256m", "SPARK_DAEMON_JAVA_OPTS": TEST_JVM_OPTIONS,
+           "SPARK_NO_DAEMONIZE": "1"}
     with log.open("wb") as out:
         return subprocess.Popen([str(home / "bin" / "spark-class"), main, *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -94,13 +96,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _until(what: str, check: Callable[[], bool], procs: list[subprocess.Popen[bytes]],
            logs: Path) -> None:
-    """Poll ``check`` until true; fail when a daemon exits or the time-out passes."""
+    """Poll ``check`` until true; fail when a daemon exits or the time-out passes.
+
+    A status page that does not answer yet, or answers with HTML, is not ready: early
+    in its start, on a loaded machine, the master once answered ``/json/`` with its UI's
+    home page.
+    """
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         try:
             if check():
                 return
-        except OSError:
+        except (OSError, ValueError):
             pass
         if any(proc.poll() is not None for proc in procs):
             pytest.fail(f"a Spark daemon exited before {what}; see {logs}")
