@@ -7,10 +7,15 @@ matches its sources. With ``KDELAY_PURE_PYTHON=1``, without mypyc or
 without a C compiler, nothing is compiled and every module runs interpreted;
 a compile that fails leaves the whole hot path interpreted too (``kdelay.native``
 finds the build incomplete at import and says so).
+
+pip runs this file three times an install (the build's requirements, its metadata,
+the build itself); mypyc translates the modules (about 15 s of CPU) only in the last,
+once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import runpy
@@ -22,7 +27,8 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.build_ext import build_ext
 
 PACKAGE = Path(__file__).resolve().parent / "src" / "kdelay"
 native = runpy.run_path(str(PACKAGE / "native.py"))
@@ -45,16 +51,25 @@ def clear_earlier_builds() -> None:
             library.unlink()
 
 
-def compiled() -> list[Any]:
-    """The hot path's extension modules, or none where they cannot be built."""
-    clear_earlier_builds()
-    manifest = PACKAGE / native["MANIFEST"]
+def compiling() -> bool:
+    """Whether this build compiles the hot path: asked for, a compiler and mypyc at hand."""
     if os.environ.get(native["PURE_PYTHON_ENV"]) or not compiler_found():
-        return []
+        return False
     try:
-        from mypyc.build import mypycify
+        import mypyc.build  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def translated() -> list[Any]:
+    """The hot path's extension modules, or none where they cannot be built."""
+    if not compiling():
         return []
+    from mypyc.build import mypycify
+
+    manifest = PACKAGE / native["MANIFEST"]
     modules = native["HOT_PATH"]
     sources = [str(native["source_of"](module, PACKAGE).relative_to(PACKAGE.parent.parent))
                for module in modules]
@@ -78,4 +93,31 @@ def compiled() -> list[Any]:
     return extensions
 
 
-setup(ext_modules=compiled())
+class HotPathDistribution(Distribution):
+    """A distribution with extension modules where the hot path will be compiled.
+
+    They are made by ``build_ext`` itself, so setuptools is told here that there
+    are some: else it would skip ``build_ext`` and tag the wheel pure Python.
+    """
+
+    def has_ext_modules(self) -> bool:
+        return bool(self.ext_modules) or compiling()
+
+
+METADATA_ONLY = frozenset({"egg_info", "dist_info", "sdist"})
+"""Commands that build nothing (they finalize ``build_ext`` all the same)."""
+
+
+class HotPathBuild(build_ext):
+    """``build_ext`` with the hot path's extension modules, translated by mypyc once a build."""
+
+    def finalize_options(self) -> None:
+        if not METADATA_ONLY.issuperset(self.distribution.commands):
+            self.distribution.ext_modules = translated()
+        super().finalize_options()
+
+
+# Whatever runs this file (an install, a metadata step, a pure build) starts from sources
+# alone: an earlier in-place build (an editable install) would outlive its sources.
+clear_earlier_builds()
+setup(distclass=HotPathDistribution, cmdclass={"build_ext": HotPathBuild})
