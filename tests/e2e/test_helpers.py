@@ -394,7 +394,10 @@ def test_a_series_survives_a_worker_crash_before_its_commit(
                                 transactional=guarantee is Guarantee.EXACTLY_ONCE,
                                 settle=settle)
 
-    interval = 4_000
+    # Long enough for the successor to be back within it on a loaded machine: with 4 s,
+    # a CI run whose load reached 45 had it back after more than 8 s, and the series
+    # rightly went on from the next occurrence to come, 12 s after the first.
+    interval = 15_000
     recurring.send_series(settings, target, b"tick", Every(interval, now + 300),
                           schedule_id=series_id, now_ms=now, headers=[("trace", series_id)],
                           count=2, series_topic=topics.series)
@@ -409,7 +412,8 @@ def test_a_series_survives_a_worker_crash_before_its_commit(
                       for m in forwarded(seen, target, series_id))
 
     try:
-        step_until(lambda: len(set(dues())) == 2, "two occurrences", second.step, seen.poll)
+        step_until(lambda: len(set(dues())) == 2, "two occurrences", second.step, seen.poll,
+                   timeout_s=DEADLINE_S + interval / 1000)
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
             second.step(0.05)
