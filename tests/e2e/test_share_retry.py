@@ -37,7 +37,6 @@ from tests.e2e.conftest import Deployment, KdelayProcess, Receiver, run_cli
 from tests.integration.conftest import header
 
 pytestmark = pytest.mark.kafka
-# tools/test reads the next line: its compatibility run of this version waits for e2e.
 SHARE_KAFKA_VERSION = "4.4.0"  # the newest tools/test also runs its compatibility subset on
 DEADLINE_S = 60.0
 
