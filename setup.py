@@ -51,6 +51,7 @@ def clear_earlier_builds() -> None:
             library.unlink()
 
 
+@functools.cache
 def compiling() -> bool:
     """Whether this build compiles the hot path: asked for, a compiler and mypyc at hand."""
     if os.environ.get(native["PURE_PYTHON_ENV"]) or not compiler_found():
