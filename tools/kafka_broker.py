@@ -145,14 +145,16 @@ class PrivateBroker:
     """A jar broker of this tool in ``cache``, a directory of its own, sharing only the
     downloaded jars: for a test or a probe that kills or stops its broker (never the
     shared one). Its port is any free one; ``env`` adds to the environment
-    ``tools/kafka`` runs with (none of the caller's ``KDELAY_*`` variables)."""
+    ``tools/kafka`` runs with (none of the caller's ``KDELAY_*`` variables but
+    ``KDELAY_BROKER_JVM_OPTIONS``: how Java runs, not which broker)."""
 
     def __init__(self, cache: Path, **env: str) -> None:
         cache.mkdir(parents=True, exist_ok=True)
         jars = cache / LIBS.name
         if not jars.exists():
             jars.symlink_to(LIBS)
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("KDELAY_")},
+        self.env = {**{k: v for k, v in os.environ.items()
+                       if not k.startswith("KDELAY_") or k == "KDELAY_BROKER_JVM_OPTIONS"},
                     "KDELAY_CACHE_DIR": str(cache), "KDELAY_BROKER_PORT": "0", **env}
         self.pid_file = cache / RUN.name / "pid"
         self.bootstrap = ""
@@ -550,7 +552,13 @@ def prioritise(pid: int, nice: int, proc: Path = Path("/proc")) -> str | None:
 
 
 def java_command(*args: str) -> list[str]:
-    """Return a ``java`` command line with the broker's classpath and JVM options."""
+    """Return a ``java`` command line with the broker's classpath and JVM options.
+
+    ``KDELAY_BROKER_JVM_OPTIONS`` adds options after Kafka's own (split on white
+    space): tools/test gives its brokers ``-XX:TieredStopAtLevel=1``, the quick
+    compiler alone, which cuts their CPU over a run of tests by a third to a
+    half; benchmarks keep the JVM's defaults, as a long-running broker has them.
+    """
     heap = os.environ.get("KDELAY_BROKER_HEAP", "1g")
     return [
         # Kafka's own defaults (kafka-server-start.sh, kafka-run-class.sh): a 1 GiB
@@ -559,6 +567,7 @@ def java_command(*args: str) -> list[str]:
         "java", f"-Xms{heap}", f"-Xmx{heap}", "-server", "-XX:+UseG1GC",
         "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
         "-XX:+ExplicitGCInvokesConcurrent", "-XX:MaxInlineLevel=15",
+        *os.environ.get("KDELAY_BROKER_JVM_OPTIONS", "").split(),
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
         "-cp", f"{LIBS}/*", *args,
