@@ -45,6 +45,7 @@ from kdelay.engine.commit import (
     MAX_UNACKED_RECORDS,
     Batch,
     Checkpoint,
+    Receipts,
     Takeover,
     owner_metadata,
 )
@@ -56,6 +57,7 @@ from kdelay.engine.intake import (
     IdWindow,
     Plan,
     Planner,
+    Record,
     Topics,
     count_conflicts,
     count_outcomes,
@@ -68,7 +70,15 @@ from kdelay.engine.sweeper import Sweeper
 from kdelay.errors import ServiceError
 from kdelay.plumbing import identity
 from kdelay.plumbing.callbacks import ClientErrors, fatal_code, guarded
-from kdelay.plumbing.clients import Consuming, explicit_start, produce, take, watermarks
+from kdelay.plumbing.clients import (
+    Consuming,
+    Producing,
+    Report,
+    explicit_start,
+    produce,
+    take,
+    watermarks,
+)
 from kdelay.plumbing.clock import Clock
 from kdelay.plumbing.settings import Guarantee, Settings
 from kdelay.plumbing.topics import Layout, id_window_ms
@@ -114,6 +124,16 @@ SWEEP_CLOSE_S = 5.0
 RESTORE_SLICE_S = 0.2
 # How long one read of a partition's earliest offset may take (then it is an outage).
 EARLIEST_S: Final = 10.0
+
+
+def _produce(producer: Producing, record: Record, report: Report, acks: Receipts) -> None:
+    """Produce one of a step's intake records (a dead letter, a forward, an answer), or
+    keep its refusal as a failure of the step (see :meth:`Receipts.refused`)."""
+    try:
+        produce(producer, record.topic, key=record.key, value=record.value,
+                partition=record.partition, headers=record.headers, on_delivery=report)
+    except KafkaException as exc:
+        acks.refused(exc, record.topic, record.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -606,15 +626,11 @@ class Service:
             floors.setdefault(plan.partition, writer.position(plan.partition))
             writer.puts(plan.partition, plan.log_keys, plan.log_values, acks)
             for record in plan.dead_letters:
-                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
-                        headers=record.headers, on_delivery=acks.dead_letter())
+                _produce(checkpoint.internal, record, acks.dead_letter(), acks)
             for record in plan.forwards:
-                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
-                        partition=record.partition, headers=record.headers,
-                        on_delivery=acks.forward())
+                _produce(checkpoint.internal, record, acks.forward(), acks)
             for record in plan.answers:  # lost, they lose no schedule: as dead letters
-                produce(checkpoint.internal, record.topic, key=record.key, value=record.value,
-                        partition=record.partition, on_delivery=acks.dead_letter())
+                _produce(checkpoint.internal, record, acks.dead_letter(), acks)
             if plan.changes.consumed is not None:
                 checkpoint.mark(plan, acks)
             delivery.adopt(plan.partition, *plan.changes.put_fields(), plan.originals)

@@ -238,6 +238,41 @@ def test_a_transactional_writers_errors_are_raised_as_before() -> None:
         writer.serve()
 
 
+def test_a_transaction_that_must_abort_makes_its_later_writes_failures_not_a_crash(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Once the broker refused a record of the open transaction, ``produce`` refuses
+    every later one with ``_STATE`` until it is aborted: each is a failed write (the
+    commit then aborts the transaction and delivery takes it all back), neither
+    counted as a changelog error nor logged, and a plan's puts stop at the first."""
+    producer = Producer()
+    writer, metrics = writer_with(producer, gapless=False)
+    producer.refuse = KafkaError(KafkaError._STATE, "Unable to produce message: Local: "
+                                 "Erroneous state")
+    acks = writer.acks()
+    writer.puts(0, [K1, K2], [b"v", b"w"], acks)
+    tombstone(writer, 0, K2)
+    writer.mark_consumed(0, 7, acks)
+    assert [(f.key, f.error.code()) for f in writer.take_failures()] == [
+        (K1, KafkaError._STATE), (K2, KafkaError._STATE),
+        (codec.CONSUMED_MARKER, KafkaError._STATE)]
+    assert errors(metrics) == 0
+    assert not acks.done
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_an_intake_record_refused_by_a_failed_transaction_fails_the_step() -> None:
+    """A dead letter, forward or answer refused with ``_STATE`` keeps the step from
+    committing (a forward failure); any other refusal is raised."""
+    acks = ChangelogWriter(Producer(), CHANGELOG, Metrics()).acks()
+    acks.refused(KafkaException(KafkaError(KafkaError._STATE, "state")), "requests", b"id")
+    assert [(f.topic, f.key, f.error.code()) for f in acks.forward_failures] == [
+        ("requests", b"id", KafkaError._STATE)]
+    with pytest.raises(KafkaException):
+        acks.refused(KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True)),
+                     "dlq", None)
+    assert len(acks.forward_failures) == 1
+
+
 def test_other_errors_of_produce_and_poll_are_raised() -> None:
     producer = Producer()
     writer, _ = writer_with(producer)

@@ -20,6 +20,7 @@ from kdelay.engine.commit._checkpoint import (
     for_settings,
 )
 from kdelay.engine.commit._takeover import Takeover, owner_metadata
+from kdelay.engine.commit._writer import Receipts
 
-__all__ = ["MAX_UNACKED_RECORDS", "Batch", "Checkpoint", "Fate", "Takeover",
+__all__ = ["MAX_UNACKED_RECORDS", "Batch", "Checkpoint", "Fate", "Receipts", "Takeover",
            "for_settings", "owner_metadata"]

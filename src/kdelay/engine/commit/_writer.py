@@ -101,6 +101,17 @@ class Receipts:
         self.waiting += 1
         return self.on_dead_letter
 
+    def refused(self, exc: KafkaException, topic: str, key: bytes | None) -> None:
+        """A dead letter, forward or answer that ``produce`` refused: with ``_STATE`` (a
+        record of the step's transaction failed, so it must be aborted) a failure that
+        keeps the step from committing, as a failed forward does (then the transaction
+        is aborted and the step's requests are read again); any other error is raised
+        again. Its report never comes, so the step stays undurable."""
+        error: KafkaError = exc.args[0]
+        if error.code() != KafkaError._STATE:
+            raise exc
+        self.forward_failures.append(Failure(topic, key, error))
+
     def on_changelog(self, error: KafkaError | None, message: Message) -> None:
         """The delivery callback of the step's puts and cancel tombstones."""
         try:
@@ -270,17 +281,25 @@ class ChangelogWriter:
             return len(self._producer)
 
     def _refused(self, exc: KafkaException, key: bytes | None) -> None:
-        """On the gapless producer, a fatal error (raised by ``poll``, or ``_FATAL`` by
-        ``produce`` once it is fatal) is a failed write, logged once; any other error,
-        or any error of a transactional producer, is raised again."""
+        """Keep a refused write as a failed one, or raise ``exc`` again.
+
+        On the gapless producer, a fatal error (raised by ``poll``, or ``_FATAL``
+        by ``produce`` once it is fatal) is a failed write, counted and logged
+        once. On the transactional producer, ``produce`` refuses with ``_STATE``
+        once a record of the open transaction failed (the broker refused it:
+        the transaction must be aborted); that is a failed write too, so that
+        the commit aborts it and delivery takes all of it back (nothing lost,
+        nothing to count). Any other error is raised again.
+        """
         error: KafkaError = exc.args[0]
-        if not (self._gapless and (error.fatal() or error.code() == KafkaError._FATAL)):
+        if self._gapless and (error.fatal() or error.code() == KafkaError._FATAL):
+            if not self._fatal_logged:
+                log.error("changelog producer failed for good: %s", error.str())
+                self._fatal_logged = True
+            self._metrics.state.changelog_errors.inc()
+        elif self._gapless or error.code() != KafkaError._STATE:
             raise exc
-        if not self._fatal_logged:
-            log.error("changelog producer failed for good: %s", error.str())
-            self._fatal_logged = True
         self._failures.append(Failure(self._topic, key, error))
-        self._metrics.state.changelog_errors.inc()
 
     def position(self, partition: int) -> int | None:
         """Return the confirmed position of ``partition``, or None if nothing was confirmed."""
