@@ -2,11 +2,12 @@
 
 Each test pins one behaviour that ``docs/kafka-behaviour.md`` records: reading
 one record back by (partition, offset), transactional visibility and the offset
-gaps control records leave, what an abort does to queued records and their
-delivery callbacks, the error a consumer gets below the log start offset,
-tombstones on compacted topics, and consumer offsets committed inside a
-producer transaction. Nothing here sleeps to let time pass: every wait is a
-bounded ``poll`` loop on the broker's answer.
+gaps control records leave, what a record the broker refuses does to its
+transaction, what an abort does to queued records and their delivery
+callbacks, the error a consumer gets below the log start offset, tombstones on
+compacted topics, and consumer offsets committed inside a producer transaction.
+Nothing here sleeps to let time pass: every wait is a bounded ``poll`` loop on
+the broker's answer.
 """
 
 from __future__ import annotations
@@ -314,6 +315,31 @@ def test_abort_purges_queued_records_with_purge_queue_reports(
     assert len(producer) == 0
     producer.begin_transaction()
     producer.produce(topic, value=b"next", on_delivery=guarded(deliveries))
+    producer.commit_transaction(TIMEOUT_S)
+    assert deliveries.reports == [(0, 0)]
+
+
+def test_a_record_the_broker_refuses_leaves_its_transaction_refusing_until_aborted(
+    bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """Once the broker refused a record of the open transaction (here: too large for its
+    topic), its report fails and every later ``produce`` raises ``_STATE`` (Erroneous
+    state), to any topic, until ``abort_transaction``; the next transaction works."""
+    small = topic_factory("refuse-small", 1, {"max.message.bytes": "1024"})
+    wide = topic_factory("refuse-wide")
+    producer = make_producer(bootstrap, {"transactional.id": f"refuse-{small}"})
+    deliveries = Deliveries(tolerated=frozenset({KafkaError.MSG_SIZE_TOO_LARGE}))
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(small, value=b"x" * 4_000, on_delivery=guarded(deliveries))
+    producer.flush(TIMEOUT_S)
+    assert deliveries.failures == [KafkaError.MSG_SIZE_TOO_LARGE]
+    with pytest.raises(KafkaException) as refused:
+        producer.produce(wide, value=b"later", on_delivery=guarded(deliveries))
+    assert refused.value.args[0].code() == KafkaError._STATE
+    producer.abort_transaction(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(wide, value=b"next", on_delivery=guarded(deliveries))
     producer.commit_transaction(TIMEOUT_S)
     assert deliveries.reports == [(0, 0)]
 
